@@ -1,0 +1,228 @@
+#include "lock_service.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace fencelock::server {
+
+LockService::LockService(ServiceOptions options) : options_(std::move(options)) {}
+
+void LockService::Commit(const Record& r, MonoTime now) {
+  state_.Apply(r, now);
+  if (observer_) observer_(r);
+}
+
+absl::StatusOr<absl::Duration> LockService::ResolveTtl(absl::Duration requested,
+                                                       absl::Duration default_ttl) const {
+  if (requested == absl::ZeroDuration()) return default_ttl;
+  if (requested < options_.min_ttl || requested > options_.max_ttl) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TTL ", absl::FormatDuration(requested), " is outside the accepted range [",
+                     absl::FormatDuration(options_.min_ttl), ", ",
+                     absl::FormatDuration(options_.max_ttl), "]"));
+  }
+  return requested;
+}
+
+absl::StatusOr<std::pair<SessionId, absl::Duration>> LockService::OpenSession(
+    absl::Duration ttl, MonoTime now) {
+  Advance(now);
+  auto resolved = ResolveTtl(ttl, options_.default_session_ttl);
+  if (!resolved.ok()) return resolved.status();
+  const SessionId id = state_.last_session_id() + 1;
+  Commit(record::SessionOpened{id, *resolved}, now);
+  return std::make_pair(id, *resolved);
+}
+
+absl::Status LockService::CheckHolder(SessionId session, const std::string& lock,
+                                      FenceToken token) {
+  if (token == 0 || token > state_.last_token()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token ", token, " for lock \"", lock, "\" was never issued"));
+  }
+  const HolderState* holder = state_.FindHolder(lock);
+  if (holder != nullptr && holder->token == token && holder->session == session) {
+    return absl::OkStatus();
+  }
+  ++stats_.fenced_out_total;
+  if (holder == nullptr) {
+    return absl::AbortedError(absl::StrCat("FENCED_OUT: token ", token, " no longer holds lock \"",
+                                           lock, "\" (the lock is free)"));
+  }
+  return absl::AbortedError(absl::StrCat("FENCED_OUT: token ", token, " no longer holds lock \"",
+                                         lock, "\" (current token ", holder->token, ")"));
+}
+
+absl::StatusOr<std::vector<absl::Status>> LockService::KeepAlive(
+    SessionId session, std::span<const LockRef> locks, MonoTime now) {
+  Advance(now);
+  if (state_.FindSession(session) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("session ", session, " does not exist"));
+  }
+  Commit(record::SessionRenewed{session}, now);
+  std::vector<absl::Status> results;
+  results.reserve(locks.size());
+  for (const LockRef& ref : locks) {
+    absl::Status s = CheckHolder(session, ref.lock, ref.token);
+    if (s.ok()) Commit(record::LockRenewed{ref.lock, ref.token}, now);
+    results.push_back(std::move(s));
+  }
+  return results;
+}
+
+absl::Status LockService::CloseSession(SessionId session, MonoTime now) {
+  Advance(now);
+  if (state_.FindSession(session) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("session ", session, " does not exist"));
+  }
+  EndSession(session, EndReason::kClosed, now);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AcquireResult> LockService::Acquire(SessionId session, const std::string& lock,
+                                                   absl::Duration ttl, absl::Duration wait,
+                                                   WaiterId waiter, MonoTime now) {
+  Advance(now);
+  if (state_.FindSession(session) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("session ", session, " does not exist"));
+  }
+  if (lock.empty() || lock.size() > options_.max_lock_name_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("lock name must be 1 to ",
+                                                   options_.max_lock_name_bytes, " bytes, got ",
+                                                   lock.size()));
+  }
+  auto resolved = ResolveTtl(ttl, options_.default_lock_ttl);
+  if (!resolved.ok()) return resolved.status();
+  if (wait < absl::ZeroDuration() || wait > options_.max_wait) {
+    return absl::InvalidArgumentError(absl::StrCat("wait ", absl::FormatDuration(wait),
+                                                   " is outside [0, ",
+                                                   absl::FormatDuration(options_.max_wait), "]"));
+  }
+  const HolderState* holder = state_.FindHolder(lock);
+  if (holder == nullptr) {
+    const FenceToken token = state_.last_token() + 1;
+    Commit(record::LockGranted{lock, session, token, *resolved}, now);
+    ++stats_.grants_total;
+    return AcquireResult{AcquireResult::Kind::kGranted, token, *resolved};
+  }
+  if (holder->session == session) {
+    return absl::InvalidArgumentError(absl::StrCat("session ", session, " already holds lock \"",
+                                                   lock, "\" (token ", holder->token, ")"));
+  }
+  if (wait == absl::ZeroDuration()) return AcquireResult{AcquireResult::Kind::kBusy};
+  if (waiter_index_.contains(waiter)) {
+    return absl::InvalidArgumentError(absl::StrCat("waiter id ", waiter, " is already queued"));
+  }
+  const MonoTime give_up_at = now + wait;
+  queues_[lock].push_back(Waiter{waiter, session, *resolved, give_up_at});
+  waiter_index_[waiter] = WaiterPlace{lock, session, give_up_at};
+  waiter_deadlines_.emplace(give_up_at, waiter);
+  return AcquireResult{AcquireResult::Kind::kQueued};
+}
+
+absl::Status LockService::Release(SessionId session, const std::string& lock, FenceToken token,
+                                  MonoTime now) {
+  Advance(now);
+  absl::Status s = CheckHolder(session, lock, token);
+  if (!s.ok()) return s;
+  ReleaseAndHandOff(lock, token, ReleaseReason::kReleased, now);
+  return absl::OkStatus();
+}
+
+absl::Status LockService::Validate(const std::string& lock, FenceToken token, MonoTime now) {
+  Advance(now);
+  const HolderState* holder = state_.FindHolder(lock);
+  // Validate has no session: any session presenting the holder's token passes.
+  return CheckHolder(holder != nullptr ? holder->session : 0, lock, token);
+}
+
+void LockService::ReleaseAndHandOff(const std::string& lock, FenceToken token,
+                                    ReleaseReason reason, MonoTime now) {
+  Commit(record::LockReleased{lock, token, reason}, now);
+  auto q = queues_.find(lock);
+  if (q == queues_.end()) return;
+  // Waiters are removed from the queue when their session ends or their wait runs out, so the
+  // front waiter is always live.
+  Waiter w = q->second.front();
+  q->second.pop_front();
+  if (q->second.empty()) queues_.erase(q);
+  waiter_index_.erase(w.id);
+  waiter_deadlines_.erase({w.give_up_at, w.id});
+  const FenceToken next = state_.last_token() + 1;
+  Commit(record::LockGranted{lock, w.session, next, w.ttl}, now);
+  ++stats_.grants_total;
+  outcomes_.push_back(WaiterOutcome{w.id, absl::OkStatus(), next, w.ttl});
+}
+
+void LockService::EndSession(SessionId session, EndReason reason, MonoTime now) {
+  std::vector<WaiterId> waiting;
+  for (const auto& [id, place] : waiter_index_) {
+    if (place.session == session) waiting.push_back(id);
+  }
+  for (WaiterId id : waiting) {
+    RemoveWaiter(id, absl::CancelledError(absl::StrCat(
+                         "session ", session,
+                         reason == EndReason::kExpired ? " expired" : " closed",
+                         " while waiting")));
+  }
+  const SessionState* s = state_.FindSession(session);
+  std::vector<std::string> held(s->locks.begin(), s->locks.end());
+  for (const std::string& lock : held) {
+    ReleaseAndHandOff(lock, state_.FindHolder(lock)->token, ReleaseReason::kSessionEnded, now);
+  }
+  Commit(record::SessionEnded{session, reason}, now);
+}
+
+void LockService::RemoveWaiter(WaiterId waiter, absl::Status outcome) {
+  auto place = waiter_index_.find(waiter);
+  if (place == waiter_index_.end()) return;
+  auto q = queues_.find(place->second.lock);
+  auto& dq = q->second;
+  dq.erase(std::find_if(dq.begin(), dq.end(), [&](const Waiter& w) { return w.id == waiter; }));
+  if (dq.empty()) queues_.erase(q);
+  waiter_deadlines_.erase({place->second.give_up_at, waiter});
+  waiter_index_.erase(place);
+  if (!outcome.ok()) outcomes_.push_back(WaiterOutcome{waiter, std::move(outcome)});
+}
+
+void LockService::CancelWaiter(WaiterId waiter) { RemoveWaiter(waiter, absl::OkStatus()); }
+
+void LockService::Advance(MonoTime now) {
+  // Settle events in the order they happened, so that a lock that expired before a waiter
+  // gave up is still handed to that waiter.
+  for (;;) {
+    const MonoTime waiter_due =
+        waiter_deadlines_.empty() ? MonoTime::Max() : waiter_deadlines_.begin()->first;
+    const MonoTime state_due = state_.NextExpiry();
+    const MonoTime due = std::min(waiter_due, state_due);
+    if (due > now) return;
+    if (auto session = state_.ExpiredSession(due)) {
+      ++stats_.session_expiries_total;
+      EndSession(*session, EndReason::kExpired, due);
+    } else if (auto lock = state_.ExpiredLock(due)) {
+      ++stats_.lock_expiries_total;
+      ReleaseAndHandOff(*lock, state_.FindHolder(*lock)->token, ReleaseReason::kLeaseExpired,
+                        due);
+    } else {
+      const WaiterId id = waiter_deadlines_.begin()->second;
+      const std::string name = waiter_index_.at(id).lock;
+      RemoveWaiter(id, absl::DeadlineExceededError(
+                           absl::StrCat("wait for lock \"", name, "\" ran out")));
+    }
+  }
+}
+
+MonoTime LockService::NextDeadline() const {
+  MonoTime next = state_.NextExpiry();
+  if (!waiter_deadlines_.empty()) next = std::min(next, waiter_deadlines_.begin()->first);
+  return next;
+}
+
+std::vector<WaiterOutcome> LockService::TakeWaiterOutcomes() {
+  std::vector<WaiterOutcome> out;
+  out.swap(outcomes_);
+  return out;
+}
+
+}  // namespace fencelock::server

@@ -1,0 +1,163 @@
+// The lock server's rules: sessions, exclusive locks with leases, FIFO waiters, fencing tokens
+// and fence 1, with no I/O and no clock of its own.
+//
+// Every method takes the server's `now` (the time the request was received) and first expires
+// whatever has run out by then, so the outcome never depends on when a timer happened to fire.
+// Mutations are expressed as StateMachine records. Waiters are not part of the durable state:
+// a queued acquire is identified by a WaiterId chosen by the caller, and its outcome (granted,
+// timed out, cancelled because its session ended) is collected with TakeWaiterOutcomes() after
+// any call, since any call can free a lock.
+//
+// Errors use canonical codes: kNotFound (unknown session), kAborted (stale token: FENCED_OUT),
+// kInvalidArgument (bad name, TTL out of range, token never issued, re-acquire by the holder),
+// kDeadlineExceeded (a wait ran out), kCancelled (a waiter's session ended).
+//
+// Not thread-safe: one owner thread.
+#ifndef FENCELOCK_LOCK_SERVER_LOCK_SERVICE_H_
+#define FENCELOCK_LOCK_SERVER_LOCK_SERVICE_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "clock/clock.h"
+#include "state_machine.h"
+
+namespace fencelock::server {
+
+using WaiterId = uint64_t;
+
+struct ServiceOptions {
+  // TTL for a session that asks for none (lock.session.ttl). Default: 15 s.
+  absl::Duration default_session_ttl = absl::Seconds(15);
+  // Lease TTL for an acquire that asks for none (lock.default.ttl). Default: 30 s.
+  absl::Duration default_lock_ttl = absl::Seconds(30);
+  // Accepted range for requested session and lock TTLs. Default: 10 ms to 1 h.
+  absl::Duration min_ttl = absl::Milliseconds(10);
+  absl::Duration max_ttl = absl::Hours(1);
+  // Longest queue wait an acquire may ask for. Default: 1 h.
+  absl::Duration max_wait = absl::Hours(1);
+  // Longest lock name, in bytes. Default: 512.
+  size_t max_lock_name_bytes = 512;
+};
+
+struct LockRef {
+  std::string lock;
+  FenceToken token;
+};
+
+struct AcquireResult {
+  enum class Kind { kGranted, kQueued, kBusy };
+  Kind kind;
+  FenceToken token = 0;      // kGranted only
+  absl::Duration ttl = absl::ZeroDuration();  // kGranted only
+};
+
+struct WaiterOutcome {
+  WaiterId waiter;
+  absl::Status status;       // OK: granted
+  FenceToken token = 0;
+  absl::Duration ttl = absl::ZeroDuration();
+};
+
+struct ServiceStats {
+  uint64_t grants_total = 0;
+  uint64_t fenced_out_total = 0;
+  uint64_t session_expiries_total = 0;
+  uint64_t lock_expiries_total = 0;
+};
+
+class LockService {
+ public:
+  explicit LockService(ServiceOptions options);
+
+  // Opens a session with `ttl` (zero: the default). Returns its id and effective TTL.
+  absl::StatusOr<std::pair<SessionId, absl::Duration>> OpenSession(absl::Duration ttl,
+                                                                   MonoTime now);
+
+  // Renews the session and each listed lock's lease from `now`. On success returns one status
+  // per lock, in order: OK or kAborted (stale token, counted as fenced out).
+  absl::StatusOr<std::vector<absl::Status>> KeepAlive(SessionId session,
+                                                      std::span<const LockRef> locks,
+                                                      MonoTime now);
+
+  // Ends the session: releases its locks (granting waiters) and cancels its waiters.
+  absl::Status CloseSession(SessionId session, MonoTime now);
+
+  // Grants `lock` to `session` when free. Otherwise, with a positive `wait`, queues `waiter`
+  // (outcome later via TakeWaiterOutcomes); with zero `wait`, answers kBusy.
+  absl::StatusOr<AcquireResult> Acquire(SessionId session, const std::string& lock,
+                                        absl::Duration ttl, absl::Duration wait,
+                                        WaiterId waiter, MonoTime now);
+
+  // Releases `lock` if `token` is its current holder's and `session` is that holder.
+  absl::Status Release(SessionId session, const std::string& lock, FenceToken token,
+                       MonoTime now);
+
+  // Fence 1 for resources that cannot store tokens: OK iff `token` holds `lock` now.
+  absl::Status Validate(const std::string& lock, FenceToken token, MonoTime now);
+
+  // Forgets a queued waiter whose requester went away. No outcome is produced for it.
+  void CancelWaiter(WaiterId waiter);
+
+  // Expires sessions, lock leases and waits that have run out by `now`.
+  void Advance(MonoTime now);
+
+  // When Advance() next has something to do; MonoTime::Max() if nothing is pending.
+  MonoTime NextDeadline() const;
+
+  // Outcomes of queued waiters settled since the last call.
+  std::vector<WaiterOutcome> TakeWaiterOutcomes();
+
+  // Called with each record right after it is applied (the durability hook). Optional.
+  void set_record_observer(std::function<void(const Record&)> observer) {
+    observer_ = std::move(observer);
+  }
+
+  const StateMachine& state() const { return state_; }
+  const ServiceStats& stats() const { return stats_; }
+  size_t waiter_count() const { return waiter_index_.size(); }
+
+ private:
+  struct Waiter {
+    WaiterId id;
+    SessionId session;
+    absl::Duration ttl;
+    MonoTime give_up_at;
+  };
+  struct WaiterPlace {
+    std::string lock;
+    SessionId session;
+    MonoTime give_up_at;
+  };
+
+  void Commit(const Record& r, MonoTime now);
+  absl::StatusOr<absl::Duration> ResolveTtl(absl::Duration requested,
+                                            absl::Duration default_ttl) const;
+  absl::Status CheckHolder(SessionId session, const std::string& lock, FenceToken token);
+  void ReleaseAndHandOff(const std::string& lock, FenceToken token, ReleaseReason reason,
+                         MonoTime now);
+  void EndSession(SessionId session, EndReason reason, MonoTime now);
+  void RemoveWaiter(WaiterId waiter, absl::Status outcome);
+
+  ServiceOptions options_;
+  StateMachine state_;
+  absl::flat_hash_map<std::string, std::deque<Waiter>> queues_;
+  absl::flat_hash_map<WaiterId, WaiterPlace> waiter_index_;
+  std::set<std::pair<MonoTime, WaiterId>> waiter_deadlines_;
+  std::vector<WaiterOutcome> outcomes_;
+  ServiceStats stats_;
+  std::function<void(const Record&)> observer_;
+};
+
+}  // namespace fencelock::server
+
+#endif  // FENCELOCK_LOCK_SERVER_LOCK_SERVICE_H_

@@ -1,0 +1,244 @@
+#include "lock_service.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace fencelock::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+MonoTime At(int ms) { return MonoTime::FromNanos(int64_t{ms} * 1'000'000); }
+
+class LockServiceTest : public ::testing::Test {
+ protected:
+  LockServiceTest() : service_(ServiceOptions{}) {}
+
+  SessionId Open(int at_ms, absl::Duration ttl = absl::Seconds(15)) {
+    auto s = service_.OpenSession(ttl, At(at_ms));
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s->first;
+  }
+  FenceToken Grant(SessionId s, const std::string& lock, int at_ms,
+                   absl::Duration ttl = absl::Seconds(30)) {
+    auto r = service_.Acquire(s, lock, ttl, absl::ZeroDuration(), 0, At(at_ms));
+    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->kind, AcquireResult::Kind::kGranted);
+    return r->token;
+  }
+
+  LockService service_;
+};
+
+TEST_F(LockServiceTest, GrantsTakeStrictlyIncreasingTokens) {
+  SessionId a = Open(0);
+  FenceToken t1 = Grant(a, "x", 1);
+  FenceToken t2 = Grant(a, "y", 2);
+  ASSERT_TRUE(service_.Release(a, "x", t1, At(3)).ok());
+  FenceToken t3 = Grant(a, "x", 4);
+  EXPECT_LT(t1, t2);
+  EXPECT_LT(t2, t3);
+  EXPECT_EQ(service_.stats().grants_total, 3u);
+}
+
+TEST_F(LockServiceTest, TryAcquireOnHeldLockIsBusy) {
+  SessionId a = Open(0), b = Open(0);
+  Grant(a, "x", 1);
+  auto r = service_.Acquire(b, "x", absl::ZeroDuration(), absl::ZeroDuration(), 0, At(2));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->kind, AcquireResult::Kind::kBusy);
+}
+
+TEST_F(LockServiceTest, ReacquireByHolderIsRefused) {
+  SessionId a = Open(0);
+  Grant(a, "x", 1);
+  auto r = service_.Acquire(a, "x", absl::ZeroDuration(), absl::Seconds(1), 7, At(2));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("already holds"));
+}
+
+TEST_F(LockServiceTest, WaitersAreGrantedInArrivalOrderOnRelease) {
+  SessionId a = Open(0), b = Open(0), c = Open(0);
+  FenceToken ta = Grant(a, "x", 1);
+  ASSERT_EQ(service_.Acquire(c, "x", {}, absl::Seconds(10), 300, At(2))->kind,
+            AcquireResult::Kind::kQueued);
+  ASSERT_EQ(service_.Acquire(b, "x", {}, absl::Seconds(10), 200, At(3))->kind,
+            AcquireResult::Kind::kQueued);
+  EXPECT_TRUE(service_.TakeWaiterOutcomes().empty());
+  ASSERT_TRUE(service_.Release(a, "x", ta, At(4)).ok());
+  auto out = service_.TakeWaiterOutcomes();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].waiter, 300u);  // c queued first
+  EXPECT_TRUE(out[0].status.ok());
+  EXPECT_GT(out[0].token, ta);
+  EXPECT_EQ(service_.state().FindHolder("x")->session, c);
+}
+
+TEST_F(LockServiceTest, SessionExpiryReleasesLocksAndGrantsWaiter) {
+  SessionId a = Open(0, absl::Seconds(1));
+  SessionId b = Open(0, absl::Seconds(100));
+  FenceToken ta = Grant(a, "x", 0);
+  ASSERT_EQ(service_.Acquire(b, "x", {}, absl::Seconds(50), 9, At(10))->kind,
+            AcquireResult::Kind::kQueued);
+  EXPECT_EQ(service_.NextDeadline(), At(1000));
+  service_.Advance(At(999));
+  EXPECT_TRUE(service_.TakeWaiterOutcomes().empty());
+  service_.Advance(At(1000));
+  auto out = service_.TakeWaiterOutcomes();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].waiter, 9u);
+  EXPECT_GT(out[0].token, ta);
+  EXPECT_EQ(service_.state().FindSession(a), nullptr);
+  EXPECT_EQ(service_.stats().session_expiries_total, 1u);
+}
+
+TEST_F(LockServiceTest, LockLeaseExpiryGrantsWaiterWhileHolderSessionLives) {
+  SessionId a = Open(0, absl::Seconds(100));
+  SessionId b = Open(0, absl::Seconds(100));
+  FenceToken ta = Grant(a, "x", 0, absl::Milliseconds(300));
+  ASSERT_EQ(service_.Acquire(b, "x", {}, absl::Seconds(5), 4, At(1))->kind,
+            AcquireResult::Kind::kQueued);
+  service_.Advance(At(300));
+  auto out = service_.TakeWaiterOutcomes();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].status.ok());
+  EXPECT_NE(service_.state().FindSession(a), nullptr);
+  EXPECT_EQ(service_.stats().lock_expiries_total, 1u);
+  // The old holder's release is stale now.
+  absl::Status s = service_.Release(a, "x", ta, At(301));
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(s.message(), HasSubstr("FENCED_OUT"));
+}
+
+TEST_F(LockServiceTest, KeepAliveRenewsSessionAndLocksFromReceipt) {
+  SessionId a = Open(0, absl::Seconds(1));
+  FenceToken t = Grant(a, "x", 0, absl::Seconds(1));
+  std::vector<LockRef> refs = {{"x", t}};
+  auto r = service_.KeepAlive(a, refs, At(900));
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->size(), 1u);
+  EXPECT_TRUE((*r)[0].ok());
+  service_.Advance(At(1899));
+  EXPECT_NE(service_.state().FindHolder("x"), nullptr);
+  service_.Advance(At(1900));
+  EXPECT_EQ(service_.state().FindHolder("x"), nullptr);
+  EXPECT_EQ(service_.state().FindSession(a), nullptr);
+}
+
+TEST_F(LockServiceTest, KeepAliveFencesStaleLockAndCountsIt) {
+  SessionId a = Open(0, absl::Seconds(100));
+  SessionId b = Open(0, absl::Seconds(100));
+  FenceToken ta = Grant(a, "x", 0, absl::Milliseconds(100));
+  service_.Advance(At(200));
+  FenceToken tb = Grant(b, "x", 201);
+  std::vector<LockRef> refs = {{"x", ta}};
+  auto r = service_.KeepAlive(a, refs, At(202));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)[0].code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(service_.stats().fenced_out_total, 1u);
+  EXPECT_EQ(service_.state().FindHolder("x")->token, tb);
+}
+
+TEST_F(LockServiceTest, KeepAliveOfUnknownSessionIsNotFound) {
+  auto r = service_.KeepAlive(42, {}, At(0));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(LockServiceTest, ValidateIsFenceOne) {
+  SessionId a = Open(0);
+  FenceToken t1 = Grant(a, "x", 0);
+  EXPECT_TRUE(service_.Validate("x", t1, At(1)).ok());
+  ASSERT_TRUE(service_.Release(a, "x", t1, At(2)).ok());
+  FenceToken t2 = Grant(a, "x", 3);
+  EXPECT_EQ(service_.Validate("x", t1, At(4)).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(service_.Validate("x", t2, At(4)).ok());
+  EXPECT_EQ(service_.Validate("x", t2 + 100, At(4)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_.stats().fenced_out_total, 1u);
+}
+
+TEST_F(LockServiceTest, WaiterTimesOut) {
+  SessionId a = Open(0), b = Open(0);
+  Grant(a, "x", 0);
+  ASSERT_EQ(service_.Acquire(b, "x", {}, absl::Milliseconds(500), 5, At(0))->kind,
+            AcquireResult::Kind::kQueued);
+  service_.Advance(At(500));
+  auto out = service_.TakeWaiterOutcomes();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(service_.waiter_count(), 0u);
+}
+
+TEST_F(LockServiceTest, WaiterWhoseSessionExpiresStopsWaiting) {
+  SessionId a = Open(0, absl::Seconds(100));
+  SessionId b = Open(0, absl::Seconds(1));
+  SessionId c = Open(0, absl::Seconds(100));
+  FenceToken ta = Grant(a, "x", 0);
+  ASSERT_TRUE(service_.Acquire(b, "x", {}, absl::Seconds(50), 1, At(0)).ok());
+  ASSERT_TRUE(service_.Acquire(c, "x", {}, absl::Seconds(50), 2, At(0)).ok());
+  service_.Advance(At(1000));
+  auto out = service_.TakeWaiterOutcomes();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].waiter, 1u);
+  EXPECT_EQ(out[0].status.code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(service_.Release(a, "x", ta, At(1001)).ok());
+  out = service_.TakeWaiterOutcomes();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].waiter, 2u);  // b is skipped: it no longer waits
+}
+
+TEST_F(LockServiceTest, LockExpiringBeforeWaitRunsOutIsHandedOverEvenIfSettledLate) {
+  SessionId a = Open(0, absl::Seconds(100));
+  SessionId b = Open(0, absl::Seconds(100));
+  Grant(a, "x", 0, absl::Milliseconds(400));
+  ASSERT_TRUE(service_.Acquire(b, "x", {}, absl::Milliseconds(500), 3, At(0)).ok());
+  service_.Advance(At(10'000));  // both moments passed; the lock expired first
+  auto out = service_.TakeWaiterOutcomes();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].status.ok());
+}
+
+TEST_F(LockServiceTest, CloseSessionCancelsWaitersAndReleasesLocks) {
+  SessionId a = Open(0), b = Open(0);
+  Grant(a, "x", 0);
+  Grant(b, "y", 0);
+  ASSERT_TRUE(service_.Acquire(a, "y", {}, absl::Seconds(5), 11, At(1)).ok());
+  ASSERT_TRUE(service_.Acquire(b, "x", {}, absl::Seconds(5), 12, At(1)).ok());
+  ASSERT_TRUE(service_.CloseSession(a, At(2)).ok());
+  auto out = service_.TakeWaiterOutcomes();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].waiter, 11u);
+  EXPECT_EQ(out[0].status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(out[1].waiter, 12u);
+  EXPECT_TRUE(out[1].status.ok());
+  EXPECT_EQ(service_.CloseSession(a, At(3)).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(LockServiceTest, BadInputIsInvalidArgument) {
+  SessionId a = Open(0);
+  EXPECT_EQ(service_.Acquire(a, "", {}, {}, 0, At(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_.Acquire(a, std::string(513, 'n'), {}, {}, 0, At(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_.Acquire(a, "x", absl::Milliseconds(1), {}, 0, At(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_.OpenSession(absl::Hours(2), At(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_.Acquire(a, "x", {}, absl::Seconds(-1), 0, At(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_.Acquire(999, "x", {}, {}, 0, At(1)).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(LockServiceTest, RecordsAreObservedInOrder) {
+  std::vector<size_t> kinds;
+  service_.set_record_observer([&](const Record& r) { kinds.push_back(r.index()); });
+  SessionId a = Open(0);
+  FenceToken t = Grant(a, "x", 0);
+  ASSERT_TRUE(service_.Release(a, "x", t, At(1)).ok());
+  ASSERT_TRUE(service_.CloseSession(a, At(2)).ok());
+  // SessionOpened, LockGranted, LockReleased, SessionEnded
+  EXPECT_EQ(kinds, (std::vector<size_t>{0, 3, 5, 2}));
+}
+
+}  // namespace
+}  // namespace fencelock::server

@@ -1,0 +1,119 @@
+#include "state_machine.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+namespace fencelock::server {
+namespace {
+
+[[noreturn]] void InvariantBroken(const std::string& what) {
+  std::fprintf(stderr, "lockd: state machine invariant broken: %s\n", what.c_str());
+  std::abort();
+}
+
+}  // namespace
+
+void StateMachine::Apply(const Record& r, MonoTime now) {
+  std::visit([&](const auto& rec) { ApplyOne(rec, now); }, r);
+}
+
+const SessionState* StateMachine::FindSession(SessionId id) const {
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : &it->second;
+}
+
+const HolderState* StateMachine::FindHolder(const std::string& lock) const {
+  auto it = holders_.find(lock);
+  return it == holders_.end() ? nullptr : &it->second;
+}
+
+MonoTime StateMachine::NextExpiry() const {
+  MonoTime next = MonoTime::Max();
+  if (!session_expiry_.empty()) next = std::min(next, session_expiry_.begin()->first);
+  if (!lock_expiry_.empty()) next = std::min(next, lock_expiry_.begin()->first);
+  return next;
+}
+
+std::optional<SessionId> StateMachine::ExpiredSession(MonoTime now) const {
+  if (session_expiry_.empty() || session_expiry_.begin()->first > now) return std::nullopt;
+  return session_expiry_.begin()->second;
+}
+
+std::optional<std::string> StateMachine::ExpiredLock(MonoTime now) const {
+  if (lock_expiry_.empty() || lock_expiry_.begin()->first > now) return std::nullopt;
+  return lock_expiry_.begin()->second;
+}
+
+void StateMachine::ApplyOne(const record::SessionOpened& r, MonoTime now) {
+  if (r.session <= last_session_id_) {
+    InvariantBroken(absl::StrCat("session id ", r.session, " not above last id ",
+                                 last_session_id_));
+  }
+  last_session_id_ = r.session;
+  SessionState& s = sessions_[r.session];
+  s.ttl = r.ttl;
+  s.expires_at = now + r.ttl;
+  session_expiry_.emplace(s.expires_at, r.session);
+}
+
+void StateMachine::ApplyOne(const record::SessionRenewed& r, MonoTime now) {
+  auto it = sessions_.find(r.session);
+  if (it == sessions_.end()) InvariantBroken(absl::StrCat("renew of unknown session ", r.session));
+  session_expiry_.erase({it->second.expires_at, r.session});
+  it->second.expires_at = now + it->second.ttl;
+  session_expiry_.emplace(it->second.expires_at, r.session);
+}
+
+void StateMachine::ApplyOne(const record::SessionEnded& r, MonoTime now) {
+  auto it = sessions_.find(r.session);
+  if (it == sessions_.end()) InvariantBroken(absl::StrCat("end of unknown session ", r.session));
+  if (!it->second.locks.empty()) {
+    InvariantBroken(absl::StrCat("session ", r.session, " ended while holding ",
+                                 it->second.locks.size(), " locks"));
+  }
+  session_expiry_.erase({it->second.expires_at, r.session});
+  sessions_.erase(it);
+}
+
+void StateMachine::ApplyOne(const record::LockGranted& r, MonoTime now) {
+  if (r.token <= last_token_) {
+    InvariantBroken(absl::StrCat("token ", r.token, " not above last token ", last_token_));
+  }
+  auto session = sessions_.find(r.session);
+  if (session == sessions_.end()) {
+    InvariantBroken(absl::StrCat("grant of ", r.lock, " to unknown session ", r.session));
+  }
+  auto [it, inserted] = holders_.try_emplace(r.lock);
+  if (!inserted) InvariantBroken(absl::StrCat("grant of held lock ", r.lock));
+  last_token_ = r.token;
+  it->second = HolderState{r.session, r.token, r.ttl, now + r.ttl};
+  lock_expiry_.emplace(it->second.expires_at, r.lock);
+  session->second.locks.insert(r.lock);
+}
+
+void StateMachine::ApplyOne(const record::LockRenewed& r, MonoTime now) {
+  auto it = holders_.find(r.lock);
+  if (it == holders_.end() || it->second.token != r.token) {
+    InvariantBroken(absl::StrCat("renew of ", r.lock, " with token ", r.token,
+                                 " that does not hold it"));
+  }
+  lock_expiry_.erase({it->second.expires_at, r.lock});
+  it->second.expires_at = now + it->second.ttl;
+  lock_expiry_.emplace(it->second.expires_at, r.lock);
+}
+
+void StateMachine::ApplyOne(const record::LockReleased& r, MonoTime now) {
+  auto it = holders_.find(r.lock);
+  if (it == holders_.end() || it->second.token != r.token) {
+    InvariantBroken(absl::StrCat("release of ", r.lock, " with token ", r.token,
+                                 " that does not hold it"));
+  }
+  lock_expiry_.erase({it->second.expires_at, r.lock});
+  auto session = sessions_.find(it->second.session);
+  if (session != sessions_.end()) session->second.locks.erase(r.lock);
+  holders_.erase(it);
+}
+
+}  // namespace fencelock::server

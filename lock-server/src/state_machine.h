@@ -1,0 +1,122 @@
+// The lock server's durable state and the records that change it.
+//
+// Every change to sessions, holders and the token sequence is a Record applied with the
+// server's `now`: Apply(state, record, now) -> new state. Nothing else mutates the state, so the
+// durability layer can log records and replay them without knowing the rules. The rules (who
+// may acquire, which token is stale) live in LockService, which decides which records to apply.
+// Applying a record that breaks an invariant (granting a held lock, a token that does not
+// increase) is a bug in the caller and aborts the process with a message.
+//
+// Not thread-safe: the server touches it from its one I/O thread.
+#ifndef FENCELOCK_LOCK_SERVER_STATE_MACHINE_H_
+#define FENCELOCK_LOCK_SERVER_STATE_MACHINE_H_
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <variant>
+
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/time/time.h"
+#include "clock/clock.h"
+
+namespace fencelock::server {
+
+using SessionId = uint64_t;
+using FenceToken = uint64_t;
+
+enum class EndReason { kClosed, kExpired };
+enum class ReleaseReason { kReleased, kLeaseExpired, kSessionEnded };
+
+namespace record {
+struct SessionOpened {
+  SessionId session;
+  absl::Duration ttl;
+};
+struct SessionRenewed {
+  SessionId session;
+};
+// The session must hold no locks: its locks are released by their own records first.
+struct SessionEnded {
+  SessionId session;
+  EndReason reason;
+};
+struct LockGranted {
+  std::string lock;
+  SessionId session;
+  FenceToken token;
+  absl::Duration ttl;
+};
+struct LockRenewed {
+  std::string lock;
+  FenceToken token;
+};
+struct LockReleased {
+  std::string lock;
+  FenceToken token;
+  ReleaseReason reason;
+};
+}  // namespace record
+
+using Record = std::variant<record::SessionOpened, record::SessionRenewed, record::SessionEnded,
+                            record::LockGranted, record::LockRenewed, record::LockReleased>;
+
+struct SessionState {
+  absl::Duration ttl;
+  MonoTime expires_at;
+  absl::btree_set<std::string> locks;  // names of the locks this session holds
+};
+
+struct HolderState {
+  SessionId session;
+  FenceToken token;
+  absl::Duration ttl;
+  MonoTime expires_at;
+};
+
+class StateMachine {
+ public:
+  // Applies `r` as of server time `now`. Aborts on a broken invariant.
+  void Apply(const Record& r, MonoTime now);
+
+  // Null when absent. Pointers are invalidated by the next Apply().
+  const SessionState* FindSession(SessionId id) const;
+  const HolderState* FindHolder(const std::string& lock) const;
+
+  FenceToken last_token() const { return last_token_; }
+  SessionId last_session_id() const { return last_session_id_; }
+  size_t session_count() const { return sessions_.size(); }
+  size_t held_lock_count() const { return holders_.size(); }
+
+  // The earliest session or lock lease expiry, or MonoTime::Max() when nothing can expire.
+  MonoTime NextExpiry() const;
+  // The session (or lock) whose lease ends first, if it has ended by `now`.
+  std::optional<SessionId> ExpiredSession(MonoTime now) const;
+  std::optional<std::string> ExpiredLock(MonoTime now) const;
+
+  const absl::flat_hash_map<SessionId, SessionState>& sessions() const { return sessions_; }
+  const absl::flat_hash_map<std::string, HolderState>& holders() const { return holders_; }
+
+ private:
+  void ApplyOne(const record::SessionOpened& r, MonoTime now);
+  void ApplyOne(const record::SessionRenewed& r, MonoTime now);
+  void ApplyOne(const record::SessionEnded& r, MonoTime now);
+  void ApplyOne(const record::LockGranted& r, MonoTime now);
+  void ApplyOne(const record::LockRenewed& r, MonoTime now);
+  void ApplyOne(const record::LockReleased& r, MonoTime now);
+
+  absl::flat_hash_map<SessionId, SessionState> sessions_;
+  absl::flat_hash_map<std::string, HolderState> holders_;
+  // Expiry indexes, kept in step with the maps above.
+  std::set<std::pair<MonoTime, SessionId>> session_expiry_;
+  std::set<std::pair<MonoTime, std::string>> lock_expiry_;
+  FenceToken last_token_ = 0;
+  SessionId last_session_id_ = 0;
+};
+
+}  // namespace fencelock::server
+
+#endif  // FENCELOCK_LOCK_SERVER_STATE_MACHINE_H_
