@@ -152,7 +152,7 @@ void LockService::ReleaseAndHandOff(const std::string& lock, FenceToken token,
   const FenceToken next = state_.last_token() + 1;
   Commit(record::LockGranted{lock, w.session, next, w.ttl}, now);
   ++stats_.grants_total;
-  outcomes_.push_back(WaiterOutcome{w.id, absl::OkStatus(), next, w.ttl});
+  outcomes_.push_back(WaiterOutcome{w.id, lock, absl::OkStatus(), next, w.ttl});
 }
 
 void LockService::EndSession(SessionId session, EndReason reason, MonoTime now) {
@@ -182,8 +182,9 @@ void LockService::RemoveWaiter(WaiterId waiter, absl::Status outcome) {
   dq.erase(std::find_if(dq.begin(), dq.end(), [&](const Waiter& w) { return w.id == waiter; }));
   if (dq.empty()) queues_.erase(q);
   waiter_deadlines_.erase({place->second.give_up_at, waiter});
+  std::string lock = std::move(place->second.lock);
   waiter_index_.erase(place);
-  if (!outcome.ok()) outcomes_.push_back(WaiterOutcome{waiter, std::move(outcome)});
+  if (!outcome.ok()) outcomes_.push_back(WaiterOutcome{waiter, std::move(lock), std::move(outcome)});
 }
 
 void LockService::CancelWaiter(WaiterId waiter) { RemoveWaiter(waiter, absl::OkStatus()); }

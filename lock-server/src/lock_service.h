@@ -63,6 +63,7 @@ struct AcquireResult {
 
 struct WaiterOutcome {
   WaiterId waiter;
+  std::string lock;
   absl::Status status;       // OK: granted
   FenceToken token = 0;
   absl::Duration ttl = absl::ZeroDuration();

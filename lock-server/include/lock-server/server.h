@@ -1,0 +1,65 @@
+// lockd, the lock server, as a library: listeners, connections and the lock service behind
+// them. The `lockd` binary is a thin command line around this; tests can also run it
+// in-process.
+//
+// The server speaks the fencelock wire protocol (docs/contracts.md) on TCP and, when asked, on
+// a Unix socket. All protocol handling and all state live on one I/O thread: the thread that
+// calls Run().
+#ifndef FENCELOCK_LOCK_SERVER_SERVER_H_
+#define FENCELOCK_LOCK_SERVER_SERVER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "clock/clock.h"
+
+namespace fencelock::server {
+
+struct ServerOptions {
+  // Address the TCP listener binds. Default: 127.0.0.1 (loopback only).
+  std::string tcp_host = "127.0.0.1";
+  // TCP port; 0 picks a free one, reported by Server::tcp_port(). Default: 7420.
+  uint16_t tcp_port = 7420;
+  // Path of a Unix-domain socket to listen on as well. Default: empty (none).
+  std::string unix_socket_path;
+  // lock.session.ttl for sessions that ask for none. Default: 15 s.
+  absl::Duration default_session_ttl = absl::Seconds(15);
+  // lock.default.ttl for acquires that ask for none. Default: 30 s.
+  absl::Duration default_lock_ttl = absl::Seconds(30);
+  // Accepted range of requested session and lock TTLs. Default: 10 ms to 1 h.
+  absl::Duration min_ttl = absl::Milliseconds(10);
+  absl::Duration max_ttl = absl::Hours(1);
+  // Longest queue wait an acquire may ask for. Default: 1 h.
+  absl::Duration max_wait = absl::Hours(1);
+  // Largest frame accepted or sent, in bytes. Default: 1 MiB.
+  size_t max_frame_bytes = size_t{1} << 20;
+  // Source of the server's time. Default: nullptr, the real boot-time clock.
+  Clock* clock = nullptr;
+};
+
+// Thread safety: Run() is called from one thread; Shutdown() and tcp_port() from any.
+class Server {
+ public:
+  // Binds the listeners. Returns kInvalidArgument for bad options, kUnavailable when an
+  // address cannot be bound (the message names it). Does not serve until Run().
+  static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options);
+
+  virtual ~Server() = default;
+
+  // The bound TCP port (the real one when options asked for 0).
+  virtual uint16_t tcp_port() const = 0;
+
+  // Serves on the calling thread until Shutdown(). Removes the Unix socket file on return.
+  virtual void Run() = 0;
+
+  // Stops serving: closes listeners and connections, makes Run() return. Non-blocking.
+  virtual void Shutdown() = 0;
+};
+
+}  // namespace fencelock::server
+
+#endif  // FENCELOCK_LOCK_SERVER_SERVER_H_

@@ -1,0 +1,530 @@
+#include "lock-server/server.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <deque>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "fencelock/wire.pb.h"
+#include "lock_service.h"
+#include "net/asio.h"
+#include "protocol/codes.h"
+#include "protocol/frame.h"
+#include "protocol/version.h"
+
+namespace fencelock::server {
+namespace {
+
+using asio::awaitable;
+using asio::use_awaitable;
+using Socket = asio::generic::stream_protocol::socket;
+
+absl::Duration FromMillis(uint64_t ms) {
+  return absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(ms, INT64_MAX / 1'000'000)));
+}
+uint64_t ToMillis(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
+
+// How long a connection that was told of a protocol error may keep sending before it is cut.
+constexpr auto kErrorLinger = std::chrono::seconds(1);
+
+class ServerImpl;
+
+// One client connection: a read coroutine that dispatches requests, and a write coroutine
+// that drains the outbox. Lives on the server's I/O thread only.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(ServerImpl* server, Socket socket, uint64_t id)
+      : server_(server), socket_(std::move(socket)), linger_(socket_.get_executor()), id_(id) {}
+
+  awaitable<void> ReadLoop();
+  void Send(const wire::Response& response);
+  // Sends `response`, then stops reading requests and closes once it is flushed.
+  void SendAndClose(const wire::Response& response);
+  void Close();
+  uint64_t id() const { return id_; }
+  absl::flat_hash_set<WaiterId>& waiters() { return waiters_; }
+
+ private:
+  void Dispatch(const std::string& payload, MonoTime now);
+  awaitable<void> WriteLoop();
+
+  ServerImpl* server_;
+  Socket socket_;
+  asio::steady_timer linger_;
+  uint64_t id_;
+  std::string outbox_;
+  bool writing_ = false;
+  bool closing_ = false;
+  bool closed_ = false;
+  bool hello_done_ = false;
+  absl::flat_hash_set<WaiterId> waiters_;
+};
+
+class ServerImpl final : public Server {
+ public:
+  explicit ServerImpl(const ServerOptions& options)
+      : options_(options),
+        clock_(options.clock != nullptr ? options.clock : Clock::Real()),
+        service_(ServiceOptions{options.default_session_ttl, options.default_lock_ttl,
+                                options.min_ttl, options.max_ttl, options.max_wait}),
+        tcp_acceptor_(io_),
+        unix_acceptor_(io_),
+        timer_(io_) {}
+
+  absl::Status Bind();
+  uint16_t tcp_port() const override { return tcp_port_; }
+  void Run() override;
+  void Shutdown() override {
+    asio::post(io_, [this] { StopLocked(); });
+  }
+
+  // Called from connections, on the I/O thread.
+  LockService& service() { return service_; }
+  Clock* clock() const { return clock_; }
+  size_t max_frame_bytes() const { return options_.max_frame_bytes; }
+  WaiterId RegisterWaiter(const std::shared_ptr<Connection>& c, uint64_t request_id) {
+    const WaiterId id = ++last_waiter_id_;
+    waiters_[id] = {c, request_id};
+    c->waiters().insert(id);
+    return id;
+  }
+  void ForgetWaiter(WaiterId id) { waiters_.erase(id); }
+  void ConnectionGone(Connection* c);
+  void CountProtocolError() { ++protocol_errors_total_; }
+  // Delivers settled waiter outcomes and re-arms the expiry timer. Call after every request.
+  void AfterRequest();
+  void FillStats(wire::StatsReply* stats) const;
+
+ private:
+  template <typename Acceptor>
+  awaitable<void> AcceptLoop(Acceptor& acceptor);
+  awaitable<void> TimerLoop();
+  void StopLocked();
+
+  struct WaiterRoute {
+    std::weak_ptr<Connection> connection;
+    uint64_t request_id;
+  };
+
+  ServerOptions options_;
+  Clock* clock_;
+  LockService service_;
+  asio::io_context io_{1};
+  asio::ip::tcp::acceptor tcp_acceptor_;
+  asio::local::stream_protocol::acceptor unix_acceptor_;
+  asio::steady_timer timer_;
+  MonoTime timer_armed_for_ = MonoTime::Max();
+  uint16_t tcp_port_ = 0;
+  bool stopping_ = false;
+  uint64_t last_connection_id_ = 0;
+  WaiterId last_waiter_id_ = 0;
+  uint64_t protocol_errors_total_ = 0;
+  absl::flat_hash_map<WaiterId, WaiterRoute> waiters_;
+  absl::flat_hash_map<uint64_t, std::weak_ptr<Connection>> connections_;
+};
+
+// ---- Connection ----
+
+awaitable<void> Connection::ReadLoop() {
+  auto self = shared_from_this();
+  protocol::FrameDecoder decoder(server_->max_frame_bytes());
+  std::string chunk(64 * 1024, '\0');
+  std::string payload;
+  boost::system::error_code ec;
+  for (;;) {
+    const size_t n =
+        co_await socket_.async_read_some(asio::buffer(chunk), asio::redirect_error(use_awaitable, ec));
+    if (ec) break;
+    if (closing_) continue;  // drain and discard until the peer or the linger timer closes
+    const MonoTime now = server_->clock()->Now();  // receipt time for every lease in this read
+    decoder.Feed(std::string_view(chunk.data(), n));
+    for (;;) {
+      const auto result = decoder.Next(&payload);
+      if (result == protocol::FrameDecoder::Result::kNeedMore) break;
+      if (result == protocol::FrameDecoder::Result::kTooLarge) {
+        server_->CountProtocolError();
+        wire::Response r;
+        r.set_code(wire::FRAME_TOO_LARGE);
+        r.set_message(absl::StrCat("frame announces ", decoder.announced_length(),
+                                   " bytes; the maximum is ", decoder.max_frame_bytes()));
+        SendAndClose(r);
+        break;
+      }
+      Dispatch(payload, now);
+      if (closing_) break;
+    }
+    server_->AfterRequest();
+  }
+  Close();
+}
+
+void Connection::Send(const wire::Response& response) {
+  if (closed_) return;
+  std::string payload = response.SerializeAsString();
+  if (!protocol::AppendFrame(payload, &outbox_, server_->max_frame_bytes()).ok()) {
+    wire::Response too_big;
+    too_big.set_request_id(response.request_id());
+    too_big.set_code(wire::UNAVAILABLE);
+    too_big.set_message("reply exceeds the maximum frame size");
+    (void)protocol::AppendFrame(too_big.SerializeAsString(), &outbox_);
+  }
+  if (!writing_) {
+    writing_ = true;
+    asio::co_spawn(socket_.get_executor(), WriteLoop(), asio::detached);
+  }
+}
+
+void Connection::SendAndClose(const wire::Response& response) {
+  Send(response);
+  closing_ = true;
+  linger_.expires_after(kErrorLinger);
+  linger_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+    if (!ec) self->Close();
+  });
+}
+
+awaitable<void> Connection::WriteLoop() {
+  auto self = shared_from_this();
+  boost::system::error_code ec;
+  while (!outbox_.empty() && !closed_) {
+    std::string batch;
+    batch.swap(outbox_);
+    co_await asio::async_write(socket_, asio::buffer(batch), asio::redirect_error(use_awaitable, ec));
+    if (ec) {
+      Close();
+      break;
+    }
+  }
+  writing_ = false;
+  if (closing_ && !closed_) {
+    // Tell the peer we are done; the read loop drains until it closes or the linger ends.
+    socket_.shutdown(Socket::shutdown_send, ec);
+  }
+}
+
+void Connection::Close() {
+  if (closed_) return;
+  closed_ = true;
+  boost::system::error_code ec;
+  linger_.cancel();
+  socket_.close(ec);
+  server_->ConnectionGone(this);
+}
+
+void Connection::Dispatch(const std::string& payload, MonoTime now) {
+  wire::Request req;
+  wire::Response resp;
+  if (!req.ParseFromString(payload)) {
+    server_->CountProtocolError();
+    resp.set_code(wire::MALFORMED_REQUEST);
+    resp.set_message(absl::StrCat("a frame of ", payload.size(),
+                                  " bytes does not parse as a fencelock Request"));
+    SendAndClose(resp);
+    return;
+  }
+  resp.set_request_id(req.request_id());
+  if (req.body_case() == wire::Request::BODY_NOT_SET) {
+    server_->CountProtocolError();
+    resp.set_code(wire::MALFORMED_REQUEST);
+    resp.set_message("request has no body: unknown message type for this protocol version");
+    SendAndClose(resp);
+    return;
+  }
+  if (!hello_done_ && req.body_case() != wire::Request::kHello) {
+    server_->CountProtocolError();
+    resp.set_code(wire::HELLO_REQUIRED);
+    resp.set_message("the first request on a connection must be Hello");
+    SendAndClose(resp);
+    return;
+  }
+  LockService& service = server_->service();
+  auto finish = [&](const absl::Status& s) {
+    resp.set_code(protocol::CodeFromStatus(s));
+    if (!s.ok()) resp.set_message(std::string(s.message()));
+    Send(resp);
+  };
+  switch (req.body_case()) {
+    case wire::Request::kHello: {
+      if (hello_done_) {
+        server_->CountProtocolError();
+        finish(absl::InvalidArgumentError("Hello was already received on this connection"));
+        return;
+      }
+      auto version = protocol::NegotiateVersion(
+          {req.hello().min_version(), req.hello().max_version()}, protocol::VersionRange{});
+      if (!version.ok()) {
+        server_->CountProtocolError();
+        resp.set_code(wire::UNSUPPORTED_VERSION);
+        resp.set_message(std::string(version.status().message()));
+        SendAndClose(resp);
+        return;
+      }
+      hello_done_ = true;
+      resp.mutable_hello()->set_version(*version);
+      resp.mutable_hello()->set_server_name("lockd");
+      finish(absl::OkStatus());
+      return;
+    }
+    case wire::Request::kOpenSession: {
+      auto opened = service.OpenSession(FromMillis(req.open_session().ttl_ms()), now);
+      if (opened.ok()) {
+        resp.mutable_open_session()->set_session_id(opened->first);
+        resp.mutable_open_session()->set_ttl_ms(ToMillis(opened->second));
+      }
+      finish(opened.status());
+      return;
+    }
+    case wire::Request::kKeepAlive: {
+      const auto& ka = req.keep_alive();
+      std::vector<LockRef> refs;
+      refs.reserve(ka.locks_size());
+      for (const auto& l : ka.locks()) refs.push_back(LockRef{l.lock(), l.token()});
+      auto results = service.KeepAlive(ka.session_id(), refs, now);
+      if (results.ok()) {
+        auto* reply = resp.mutable_keep_alive();
+        reply->set_session_ttl_ms(ToMillis(service.state().FindSession(ka.session_id())->ttl));
+        for (const absl::Status& s : *results) reply->add_lock_codes(protocol::CodeFromStatus(s));
+      }
+      finish(results.status());
+      return;
+    }
+    case wire::Request::kCloseSession: {
+      resp.mutable_close_session();
+      finish(service.CloseSession(req.close_session().session_id(), now));
+      return;
+    }
+    case wire::Request::kAcquire: {
+      const auto& a = req.acquire();
+      // The waiter id is only used if the request queues; registering lazily keeps the
+      // route table free of entries for immediate answers.
+      const WaiterId waiter_id = server_->RegisterWaiter(shared_from_this(), req.request_id());
+      auto result = service.Acquire(a.session_id(), a.lock(), FromMillis(a.ttl_ms()),
+                                    FromMillis(a.wait_timeout_ms()), waiter_id, now);
+      if (!result.ok() || result->kind != AcquireResult::Kind::kQueued) {
+        waiters_.erase(waiter_id);
+        server_->ForgetWaiter(waiter_id);
+      }
+      if (!result.ok()) {
+        finish(result.status());
+        return;
+      }
+      if (result->kind == AcquireResult::Kind::kQueued) return;  // answered when settled
+      auto* reply = resp.mutable_acquire();
+      reply->set_lock(a.lock());
+      if (result->kind == AcquireResult::Kind::kGranted) {
+        reply->set_granted(true);
+        reply->set_token(result->token);
+        reply->set_ttl_ms(ToMillis(result->ttl));
+      }
+      finish(absl::OkStatus());
+      return;
+    }
+    case wire::Request::kRelease: {
+      const auto& r = req.release();
+      resp.mutable_release();
+      finish(service.Release(r.session_id(), r.lock(), r.token(), now));
+      return;
+    }
+    case wire::Request::kValidate: {
+      resp.mutable_validate();
+      finish(service.Validate(req.validate().lock(), req.validate().token(), now));
+      return;
+    }
+    case wire::Request::kGetStats: {
+      service.Advance(now);
+      server_->FillStats(resp.mutable_stats());
+      finish(absl::OkStatus());
+      return;
+    }
+    case wire::Request::BODY_NOT_SET:
+      break;
+  }
+}
+
+// ---- ServerImpl ----
+
+absl::Status ServerImpl::Bind() {
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(options_.tcp_host, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot parse listen address \"", options_.tcp_host, "\": ", ec.message()));
+  }
+  asio::ip::tcp::endpoint endpoint(address, options_.tcp_port);
+  tcp_acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) tcp_acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) tcp_acceptor_.bind(endpoint, ec);
+  if (!ec) tcp_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on tcp ", options_.tcp_host, ":",
+                                               options_.tcp_port, ": ", ec.message()));
+  }
+  tcp_port_ = tcp_acceptor_.local_endpoint().port();
+
+  if (!options_.unix_socket_path.empty()) {
+    const std::string& path = options_.unix_socket_path;
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0) {
+      if (!S_ISSOCK(st.st_mode)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unix socket path ", path, " exists and is not a socket"));
+      }
+      // A socket file that nobody answers on is left over from a server that died.
+      asio::local::stream_protocol::socket probe(io_);
+      probe.connect(asio::local::stream_protocol::endpoint(path), ec);
+      if (!ec) {
+        return absl::UnavailableError(
+            absl::StrCat("unix socket ", path, " is in use by another server"));
+      }
+      ::unlink(path.c_str());
+    }
+    asio::local::stream_protocol::endpoint unix_endpoint(path);
+    unix_acceptor_.open(unix_endpoint.protocol(), ec);
+    if (!ec) unix_acceptor_.bind(unix_endpoint, ec);
+    if (!ec) unix_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on unix socket ", path, ": ", ec.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename Acceptor>
+awaitable<void> ServerImpl::AcceptLoop(Acceptor& acceptor) {
+  boost::system::error_code ec;
+  while (!stopping_) {
+    typename Acceptor::protocol_type::socket socket(io_);
+    co_await acceptor.async_accept(socket, asio::redirect_error(use_awaitable, ec));
+    if (stopping_) break;
+    if (ec) {
+      if (ec == asio::error::operation_aborted) break;
+      std::fprintf(stderr, "lockd: accept failed: %s\n", ec.message().c_str());
+      continue;
+    }
+    if constexpr (std::is_same_v<typename Acceptor::protocol_type, asio::ip::tcp>) {
+      socket.set_option(asio::ip::tcp::no_delay(true), ec);
+    }
+    const uint64_t id = ++last_connection_id_;
+    auto connection = std::make_shared<Connection>(this, Socket(std::move(socket)), id);
+    connections_[id] = connection;
+    asio::co_spawn(io_, connection->ReadLoop(), asio::detached);
+  }
+}
+
+awaitable<void> ServerImpl::TimerLoop() {
+  boost::system::error_code ec;
+  while (!stopping_) {
+    const MonoTime next = service_.NextDeadline();
+    timer_armed_for_ = next;
+    if (next == MonoTime::Max()) {
+      timer_.expires_after(std::chrono::hours(24));
+    } else {
+      const absl::Duration wait = std::max(next - clock_->Now(), absl::ZeroDuration());
+      timer_.expires_after(absl::ToChronoNanoseconds(wait));
+    }
+    co_await timer_.async_wait(asio::redirect_error(use_awaitable, ec));
+    if (stopping_) break;
+    service_.Advance(clock_->Now());
+    AfterRequest();
+  }
+}
+
+void ServerImpl::AfterRequest() {
+  for (WaiterOutcome& o : service_.TakeWaiterOutcomes()) {
+    auto it = waiters_.find(o.waiter);
+    if (it == waiters_.end()) continue;
+    WaiterRoute route = it->second;
+    waiters_.erase(it);
+    auto connection = route.connection.lock();
+    if (connection == nullptr) continue;
+    connection->waiters().erase(o.waiter);
+    wire::Response resp;
+    resp.set_request_id(route.request_id);
+    resp.set_code(protocol::CodeFromStatus(o.status));
+    if (o.status.ok()) {
+      auto* reply = resp.mutable_acquire();
+      reply->set_granted(true);
+      reply->set_token(o.token);
+      reply->set_ttl_ms(ToMillis(o.ttl));
+      reply->set_lock(o.lock);
+    } else {
+      resp.set_message(std::string(o.status.message()));
+    }
+    connection->Send(resp);
+  }
+  if (service_.NextDeadline() < timer_armed_for_) timer_.cancel();
+}
+
+void ServerImpl::ConnectionGone(Connection* c) {
+  for (WaiterId id : c->waiters()) {
+    service_.CancelWaiter(id);
+    waiters_.erase(id);
+  }
+  c->waiters().clear();
+  connections_.erase(c->id());
+}
+
+void ServerImpl::FillStats(wire::StatsReply* stats) const {
+  const ServiceStats& s = service_.stats();
+  stats->set_sessions(service_.state().session_count());
+  stats->set_locks_held(service_.state().held_lock_count());
+  stats->set_waiters(service_.waiter_count());
+  stats->set_grants_total(s.grants_total);
+  stats->set_fenced_out_total(s.fenced_out_total);
+  stats->set_session_expiries_total(s.session_expiries_total);
+  stats->set_lock_expiries_total(s.lock_expiries_total);
+  stats->set_last_token(service_.state().last_token());
+  stats->set_protocol_errors_total(protocol_errors_total_);
+}
+
+void ServerImpl::Run() {
+  asio::co_spawn(io_, AcceptLoop(tcp_acceptor_), asio::detached);
+  if (unix_acceptor_.is_open()) asio::co_spawn(io_, AcceptLoop(unix_acceptor_), asio::detached);
+  asio::co_spawn(io_, TimerLoop(), asio::detached);
+  io_.run();
+  if (!options_.unix_socket_path.empty()) ::unlink(options_.unix_socket_path.c_str());
+}
+
+void ServerImpl::StopLocked() {
+  if (stopping_) return;
+  stopping_ = true;
+  boost::system::error_code ec;
+  tcp_acceptor_.close(ec);
+  unix_acceptor_.close(ec);
+  timer_.cancel();
+  std::vector<std::shared_ptr<Connection>> open;
+  for (auto& [id, weak] : connections_) {
+    if (auto c = weak.lock()) open.push_back(std::move(c));
+  }
+  for (auto& c : open) c->Close();
+  io_.stop();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
+  if (options.min_ttl <= absl::ZeroDuration() || options.min_ttl > options.max_ttl) {
+    return absl::InvalidArgumentError("min_ttl must be positive and not above max_ttl");
+  }
+  for (absl::Duration d : {options.default_session_ttl, options.default_lock_ttl}) {
+    if (d < options.min_ttl || d > options.max_ttl) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "default TTL ", absl::FormatDuration(d), " is outside [",
+          absl::FormatDuration(options.min_ttl), ", ", absl::FormatDuration(options.max_ttl), "]"));
+    }
+  }
+  if (options.max_frame_bytes < 64) {
+    return absl::InvalidArgumentError("max_frame_bytes must be at least 64");
+  }
+  auto server = std::make_unique<ServerImpl>(options);
+  absl::Status bound = server->Bind();
+  if (!bound.ok()) return bound;
+  return server;
+}
+
+}  // namespace fencelock::server

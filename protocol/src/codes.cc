@@ -1,0 +1,52 @@
+#include "protocol/codes.h"
+
+namespace fencelock::protocol {
+
+wire::Code CodeFromStatus(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return wire::OK;
+    case absl::StatusCode::kAborted:
+      return wire::FENCED_OUT;
+    case absl::StatusCode::kNotFound:
+      return wire::SESSION_NOT_FOUND;
+    case absl::StatusCode::kDeadlineExceeded:
+      return wire::WAIT_TIMEOUT;
+    case absl::StatusCode::kInvalidArgument:
+      return wire::INVALID_ARGUMENT;
+    case absl::StatusCode::kCancelled:
+      return wire::CANCELLED;
+    case absl::StatusCode::kFailedPrecondition:
+      return wire::UNSUPPORTED_VERSION;
+    default:
+      return wire::UNAVAILABLE;
+  }
+}
+
+absl::Status StatusFromCode(wire::Code code, absl::string_view message) {
+  switch (code) {
+    case wire::OK:
+      return absl::OkStatus();
+    case wire::FENCED_OUT:
+      return absl::AbortedError(message);
+    case wire::SESSION_NOT_FOUND:
+      return absl::NotFoundError(message);
+    case wire::WAIT_TIMEOUT:
+      return absl::DeadlineExceededError(message);
+    case wire::INVALID_ARGUMENT:
+    case wire::MALFORMED_REQUEST:
+    case wire::FRAME_TOO_LARGE:
+      return absl::InvalidArgumentError(message);
+    case wire::UNSUPPORTED_VERSION:
+    case wire::HELLO_REQUIRED:
+      return absl::FailedPreconditionError(message);
+    case wire::CANCELLED:
+      return absl::CancelledError(message);
+    case wire::UNAVAILABLE:
+      return absl::UnavailableError(message);
+    default:
+      return absl::UnknownError(message);
+  }
+}
+
+}  // namespace fencelock::protocol
