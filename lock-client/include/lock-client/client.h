@@ -1,0 +1,166 @@
+// The lock client that worker code links: one session with lockd, exclusive locks with
+// fencing tokens, a background heartbeat, and a conservative local lease (ADR-006, see
+// docs/adr/0001-conservative-client-lease.md).
+//
+// The client never trusts the server's clock or a reply's arrival time. For every exchange
+// that renews a lease it reads its own boot-time clock immediately before the request is
+// written (t_send) and computes
+//
+//     deadline = t_send + ttl × (1 − safety_margin)
+//
+// A failed or timed-out exchange never extends a deadline; a later success never moves it
+// earlier than an earlier success did; once a deadline passes, or the server says the session
+// or lock is gone, the lock is lost for good. checkStillHeld() compares against that deadline
+// locally. The lease only buys quiet: safety comes from the fences that check the token
+// (lockd's Validate/Release, and the resource's own fence).
+//
+// Typical use:
+//
+//   auto client = fencelock::Client::Create({.server = "127.0.0.1:7420"});
+//   auto lock = (*client)->acquire("payout-42", absl::Seconds(10));
+//   if (!lock.ok()) ...;
+//   (*client)->checkStillHeld(*lock);          // throws LockLostException
+//   rail.Submit(payout, lock->token());        // the resource fences on the token
+//   (*client)->release(*lock);
+#ifndef FENCELOCK_LOCK_CLIENT_CLIENT_H_
+#define FENCELOCK_LOCK_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "clock/clock.h"
+
+namespace fencelock {
+
+namespace client_internal {
+class LeaseState;
+}  // namespace client_internal
+
+// Why a lock is no longer held.
+enum class LossReason : uint8_t {
+  kNone = 0,
+  kDeadlinePassed,  // the client's conservative deadline ran out
+  kFencedOut,       // the server answered that the token no longer holds the lock
+  kSessionLost,     // the server answered that the session is gone
+  kReleased,        // the caller released it
+  kEmptyHandle,     // the handle never held a lock
+};
+
+// The name of a LossReason, for messages and logs ("deadline_passed", ...).
+const char* LossReasonName(LossReason reason);
+
+// Thrown by Client::checkStillHeld when the caller may no longer hold the lock. Deliberately an
+// exception: losing the lock must unwind the critical section and must not be ignorable.
+class LockLostException : public std::runtime_error {
+ public:
+  LockLostException(std::string lock, uint64_t token, LossReason reason,
+                    const std::string& message)
+      : std::runtime_error(message), lock_(std::move(lock)), token_(token), reason_(reason) {}
+  const std::string& lock() const { return lock_; }
+  uint64_t token() const { return token_; }
+  LossReason reason() const { return reason_; }
+
+ private:
+  std::string lock_;
+  uint64_t token_;
+  LossReason reason_;
+};
+
+// A granted lock: its name, its fencing token, and the client's deadline for it. Copies share
+// the same lease (releasing through one ends them all). The deadline travels with the handle;
+// there is no thread-local or ambient "current lock". Thread-safe to read from any thread.
+class LockHandle {
+ public:
+  LockHandle() = default;  // holds nothing; checkStillHeld throws kEmptyHandle
+  const std::string& lock() const;
+  // The fencing token: strictly greater than every token issued before this grant.
+  uint64_t token() const;
+
+ private:
+  friend class ClientImpl;
+  explicit LockHandle(std::shared_ptr<client_internal::LeaseState> state)
+      : state_(std::move(state)) {}
+  std::shared_ptr<client_internal::LeaseState> state_;
+};
+
+struct ClientOptions {
+  // lockd's address: "host:port" for TCP or "unix:/path" for a Unix socket.
+  // Default: "127.0.0.1:7420".
+  std::string server = "127.0.0.1:7420";
+  // lock.session.ttl: the session's TTL on the server. Default: 15 s.
+  absl::Duration session_ttl = absl::Seconds(15);
+  // lock.default.ttl: lease TTL for acquires that do not give one. Default: 30 s.
+  absl::Duration default_lock_ttl = absl::Seconds(30);
+  // lock.client.safety-margin: the fraction of every lease the client refuses to use, in
+  // (0, 1). Default: 0.30.
+  double safety_margin = 0.30;
+  // Period of the background heartbeat. Default: zero, meaning a third of the shortest of the
+  // session TTL and the TTLs of the locks held.
+  absl::Duration heartbeat_interval = absl::ZeroDuration();
+  // How long one request may wait for its reply (a hop's read timeout). Default: 5 s.
+  absl::Duration request_timeout = absl::Seconds(5);
+  // How long connecting (TCP or Unix connect plus Hello) may take. Default: 5 s.
+  absl::Duration connect_timeout = absl::Seconds(5);
+  // Source of t_send and "now" for every lease decision. Default: nullptr, the real
+  // boot-time clock (CLOCK_BOOTTIME). Tests pass a SimulatedClock; it must outlive the client.
+  Clock* clock = nullptr;
+  // Name sent in Hello, for the server's logs. Default: "fencelock-client".
+  std::string client_name = "fencelock-client";
+};
+
+// A connection to lockd with one session. All methods are thread-safe. Blocking methods block
+// the calling thread only; the heartbeat runs on the client's own threads.
+class Client {
+ public:
+  // Connects, negotiates the protocol version and opens a session. Returns kInvalidArgument for
+  // bad options (the message names the value), kUnavailable when lockd cannot be reached,
+  // kFailedPrecondition when it speaks no common protocol version.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(const ClientOptions& options);
+
+  // Closes the session (lockd releases every lock it holds and grants waiters) and stops the
+  // client's threads. Blocks for at most one request timeout.
+  virtual ~Client() = default;
+
+  // Waits up to `wait` for `lock` and returns it with a fresh token; `ttl` zero means the
+  // default lock TTL. Errors: kDeadlineExceeded when the wait ran out, kUnavailable when lockd
+  // cannot be reached, kInvalidArgument for a bad name or TTL or a lock this session already
+  // holds. If the grant arrives so late that less than one heartbeat period of lease would be
+  // left, the lease is renewed before returning and measured from that renewal's send.
+  virtual absl::StatusOr<LockHandle> acquire(std::string_view lock, absl::Duration wait,
+                                             absl::Duration ttl = absl::ZeroDuration()) = 0;
+
+  // Like acquire() without waiting: std::nullopt when another session holds the lock.
+  virtual absl::StatusOr<std::optional<LockHandle>> tryAcquire(
+      std::string_view lock, absl::Duration ttl = absl::ZeroDuration()) = 0;
+
+  // Releases the lock. The handle is lost from this call on, whatever the answer. Returns
+  // kAborted (FENCED_OUT) when the token no longer held the lock, kUnavailable when lockd could
+  // not be reached (the server then frees it when the lease runs out).
+  virtual absl::Status release(const LockHandle& handle) = 0;
+
+  // Returns normally if the caller may still hold the lock; throws LockLostException otherwise.
+  // A local comparison with the handle's deadline: no network call, no allocation, no waiting
+  // on the heartbeat. A liveness narrowing, not a guarantee: the lease can lapse right after.
+  virtual void checkStillHeld(const LockHandle& handle) const = 0;
+
+  // Lease left before the handle's deadline; zero once lost. Never blocks.
+  virtual absl::Duration remaining(const LockHandle& handle) const = 0;
+
+  // Runs one heartbeat exchange now (renews the session and every held lock) and blocks until
+  // it is answered or times out. Deadlines move only on success, measured from this send.
+  virtual absl::Status renewNow() = 0;
+
+  // The current session's id on the server (0 while there is none).
+  virtual uint64_t session_id() const = 0;
+};
+
+}  // namespace fencelock
+
+#endif  // FENCELOCK_LOCK_CLIENT_CLIENT_H_

@@ -1,0 +1,369 @@
+#include "channel.h"
+
+#include <charconv>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "net/asio.h"
+#include "protocol/codes.h"
+#include "protocol/frame.h"
+#include "protocol/version.h"
+
+namespace fencelock::client_internal {
+namespace {
+
+using asio::awaitable;
+using asio::use_awaitable;
+using Socket = asio::generic::stream_protocol::socket;
+using Endpoint = asio::generic::stream_protocol::endpoint;
+
+struct PendingCall {
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  Reply reply ABSL_GUARDED_BY(mu);
+};
+
+absl::StatusOr<Endpoint> ResolveAddress(asio::io_context& io, const std::string& address) {
+  if (address.rfind("unix:", 0) == 0) {
+    const std::string path = address.substr(5);
+    if (path.empty() || path.size() >= sizeof(sockaddr_un::sun_path)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad unix socket path in \"", address, "\""));
+    }
+    return Endpoint(asio::local::stream_protocol::endpoint(path));
+  }
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "server address \"", address, "\" is neither host:port nor unix:/path"));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const std::string port_text = address.substr(colon + 1);
+  unsigned port = 0;
+  auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (ec != std::errc() || end != port_text.data() + port_text.size() || port == 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad port \"", port_text, "\" in server address \"", address, "\""));
+  }
+  boost::system::error_code rec;
+  asio::ip::tcp::resolver resolver(io);
+  auto results = resolver.resolve(host, port_text, asio::ip::tcp::resolver::numeric_service, rec);
+  if (rec || results.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve \"", host, "\": ", rec ? rec.message() : "no address"));
+  }
+  return Endpoint(results.begin()->endpoint());
+}
+
+class AsioChannel final : public Channel {
+ public:
+  explicit AsioChannel(Clock* clock)
+      : clock_(clock), work_(asio::make_work_guard(io_)), thread_([this] { io_.run(); }) {}
+
+  ~AsioChannel() override {
+    Close();
+    work_.reset();
+    io_.stop();
+    thread_.join();
+  }
+
+  absl::Status Connect(const std::string& address, const std::string& client_name,
+                       absl::Duration timeout) override;
+  bool connected() const override {
+    absl::MutexLock lock(&mu_);
+    return connected_;
+  }
+  absl::StatusOr<Reply> Call(wire::Request request, absl::Duration timeout) override;
+  void Post(wire::Request request) override;
+  void set_unmatched_reply_handler(std::function<void(const wire::Response&)> handler) override {
+    unmatched_ = std::move(handler);
+  }
+  void Close() override;
+
+ private:
+  // Registers a pending call (or none, for Post) and queues its frame. Returns the id, or an
+  // error if not connected or the request is too large.
+  absl::StatusOr<uint64_t> Submit(wire::Request& request, std::shared_ptr<PendingCall> call);
+  // I/O thread only.
+  void Enqueue(std::string frame, uint64_t id, uint64_t generation);
+  awaitable<void> WriteLoop(std::shared_ptr<Socket> socket, uint64_t generation);
+  awaitable<void> ReadLoop(std::shared_ptr<Socket> socket, uint64_t generation);
+  void FailConnection(uint64_t generation, const absl::Status& why);
+  void Deliver(wire::Response response);
+
+  Clock* const clock_;
+  asio::io_context io_{1};
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::function<void(const wire::Response&)> unmatched_;
+
+  mutable absl::Mutex mu_;
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<PendingCall>> pending_ ABSL_GUARDED_BY(mu_);
+
+  // I/O thread only.
+  std::shared_ptr<Socket> socket_;
+  uint64_t socket_generation_ = 0;
+  std::string outbox_;
+  std::vector<uint64_t> outbox_ids_;
+  bool writing_ = false;
+
+  std::thread thread_;  // last: starts after everything above is constructed
+};
+
+absl::Status AsioChannel::Connect(const std::string& address, const std::string& client_name,
+                                  absl::Duration timeout) {
+  Close();
+  const MonoTime give_up = clock_->Now() + timeout;
+  auto endpoint = ResolveAddress(io_, address);
+  if (!endpoint.ok()) return endpoint.status();
+
+  uint64_t generation;
+  {
+    absl::MutexLock lock(&mu_);
+    generation = ++generation_;
+  }
+  auto connected = std::make_shared<std::promise<boost::system::error_code>>();
+  auto result = connected->get_future();
+  asio::post(io_, [this, generation, ep = *endpoint, connected] {
+    socket_ = std::make_shared<Socket>(io_);
+    socket_generation_ = generation;
+    outbox_.clear();
+    outbox_ids_.clear();
+    socket_->async_connect(ep, [connected](boost::system::error_code ec) {
+      connected->set_value(ec);
+    });
+  });
+  if (result.wait_for(absl::ToChronoNanoseconds(timeout)) != std::future_status::ready) {
+    asio::post(io_, [this, generation] {
+      FailConnection(generation, absl::UnavailableError("connect timed out"));
+    });
+    return absl::UnavailableError(absl::StrCat("cannot connect to lockd at ", address,
+                                               ": no answer within ",
+                                               absl::FormatDuration(timeout)));
+  }
+  if (auto ec = result.get()) {
+    asio::post(io_, [this, generation] {
+      FailConnection(generation, absl::UnavailableError("connect failed"));
+    });
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to lockd at ", address, ": ", ec.message()));
+  }
+  asio::post(io_, [this, generation] {
+    if (generation != socket_generation_) return;
+    boost::system::error_code ec;
+    if (socket_->local_endpoint(ec).protocol().family() != AF_UNIX) {
+      socket_->set_option(asio::ip::tcp::no_delay(true), ec);
+    }
+    asio::co_spawn(io_, ReadLoop(socket_, generation), asio::detached);
+  });
+  {
+    absl::MutexLock lock(&mu_);
+    if (generation_ != generation) return absl::UnavailableError("connection replaced");
+    connected_ = true;
+  }
+
+  wire::Request hello;
+  hello.mutable_hello()->set_min_version(protocol::kMinProtocolVersion);
+  hello.mutable_hello()->set_max_version(protocol::kMaxProtocolVersion);
+  hello.mutable_hello()->set_client_name(client_name);
+  auto reply = Call(std::move(hello), std::max(give_up - clock_->Now(), absl::Milliseconds(1)));
+  absl::Status status = reply.ok() ? protocol::StatusFromCode(reply->response.code(),
+                                                              reply->response.message())
+                                   : reply.status();
+  if (!status.ok()) {
+    Close();
+    return absl::Status(status.code(),
+                        absl::StrCat("lockd at ", address, " refused Hello: ", status.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> AsioChannel::Submit(wire::Request& request,
+                                             std::shared_ptr<PendingCall> call) {
+  uint64_t id, generation;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!connected_) return absl::UnavailableError("not connected to lockd");
+    id = ++next_request_id_;
+    generation = generation_;
+    request.set_request_id(id);
+    if (call != nullptr) pending_[id] = call;
+  }
+  std::string frame;
+  absl::Status framed = protocol::AppendFrame(request.SerializeAsString(), &frame);
+  if (!framed.ok()) {
+    absl::MutexLock lock(&mu_);
+    pending_.erase(id);
+    return framed;
+  }
+  asio::post(io_, [this, frame = std::move(frame), id, generation]() mutable {
+    Enqueue(std::move(frame), id, generation);
+  });
+  return id;
+}
+
+absl::StatusOr<Reply> AsioChannel::Call(wire::Request request, absl::Duration timeout) {
+  auto call = std::make_shared<PendingCall>();
+  auto id = Submit(request, call);
+  if (!id.ok()) return id.status();
+  {
+    absl::MutexLock lock(&call->mu);
+    call->mu.AwaitWithTimeout(absl::Condition(&call->done), timeout);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    pending_.erase(*id);  // a reply arriving from now on is unmatched
+  }
+  absl::MutexLock lock(&call->mu);
+  if (!call->done) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("no reply from lockd within ", absl::FormatDuration(timeout)));
+  }
+  if (!call->status.ok()) return call->status;
+  return std::move(call->reply);
+}
+
+void AsioChannel::Post(wire::Request request) { (void)Submit(request, nullptr); }
+
+void AsioChannel::Enqueue(std::string frame, uint64_t id, uint64_t generation) {
+  if (generation != socket_generation_ || socket_ == nullptr) return;
+  outbox_.append(frame);
+  outbox_ids_.push_back(id);
+  if (!writing_) {
+    writing_ = true;
+    asio::co_spawn(io_, WriteLoop(socket_, generation), asio::detached);
+  }
+}
+
+awaitable<void> AsioChannel::WriteLoop(std::shared_ptr<Socket> socket, uint64_t generation) {
+  boost::system::error_code ec;
+  while (!outbox_.empty() && generation == socket_generation_) {
+    std::string batch;
+    std::vector<uint64_t> ids;
+    batch.swap(outbox_);
+    ids.swap(outbox_ids_);
+    // D2: t_send is read here, immediately before the bytes go to the socket.
+    const MonoTime t_send = clock_->Now();
+    {
+      absl::MutexLock lock(&mu_);
+      for (uint64_t id : ids) {
+        auto it = pending_.find(id);
+        if (it == pending_.end()) continue;
+        absl::MutexLock call_lock(&it->second->mu);
+        it->second->reply.sent_at = t_send;
+      }
+    }
+    co_await asio::async_write(*socket, asio::buffer(batch),
+                               asio::redirect_error(use_awaitable, ec));
+    if (ec) {
+      FailConnection(generation, absl::UnavailableError(
+                                     absl::StrCat("write to lockd failed: ", ec.message())));
+      break;
+    }
+  }
+  if (generation == socket_generation_) writing_ = false;
+}
+
+awaitable<void> AsioChannel::ReadLoop(std::shared_ptr<Socket> socket, uint64_t generation) {
+  protocol::FrameDecoder decoder;
+  std::string chunk(64 * 1024, '\0');
+  std::string payload;
+  boost::system::error_code ec;
+  for (;;) {
+    const size_t n = co_await socket->async_read_some(asio::buffer(chunk),
+                                                      asio::redirect_error(use_awaitable, ec));
+    if (ec) {
+      FailConnection(generation, absl::UnavailableError(
+                                     absl::StrCat("connection to lockd lost: ", ec.message())));
+      co_return;
+    }
+    decoder.Feed(std::string_view(chunk.data(), n));
+    for (;;) {
+      const auto result = decoder.Next(&payload);
+      if (result == protocol::FrameDecoder::Result::kNeedMore) break;
+      wire::Response response;
+      if (result == protocol::FrameDecoder::Result::kTooLarge ||
+          !response.ParseFromString(payload)) {
+        FailConnection(generation,
+                       absl::UnavailableError("lockd sent a frame that does not parse"));
+        co_return;
+      }
+      Deliver(std::move(response));
+    }
+  }
+}
+
+void AsioChannel::Deliver(wire::Response response) {
+  std::shared_ptr<PendingCall> call;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(response.request_id());
+    if (it != pending_.end()) {
+      call = std::move(it->second);
+      pending_.erase(it);
+    }
+  }
+  if (call == nullptr) {
+    if (unmatched_) unmatched_(response);
+    return;
+  }
+  absl::MutexLock lock(&call->mu);
+  call->reply.response = std::move(response);
+  call->done = true;
+}
+
+void AsioChannel::FailConnection(uint64_t generation, const absl::Status& why) {
+  if (generation != socket_generation_ || socket_ == nullptr) return;
+  boost::system::error_code ec;
+  socket_->close(ec);
+  socket_.reset();
+  outbox_.clear();
+  outbox_ids_.clear();
+  writing_ = false;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<PendingCall>> failed;
+  {
+    absl::MutexLock lock(&mu_);
+    if (generation_ == generation) connected_ = false;
+    failed.swap(pending_);
+  }
+  for (auto& [id, call] : failed) {
+    absl::MutexLock lock(&call->mu);
+    call->status = why;
+    call->done = true;
+  }
+}
+
+void AsioChannel::Close() {
+  if (std::this_thread::get_id() == thread_.get_id()) {
+    FailConnection(socket_generation_, absl::UnavailableError("channel closed"));
+    return;
+  }
+  std::promise<void> done;
+  asio::post(io_, [this, &done] {
+    FailConnection(socket_generation_, absl::UnavailableError("channel closed"));
+    done.set_value();
+  });
+  done.get_future().wait();
+  absl::MutexLock lock(&mu_);
+  connected_ = false;
+}
+
+}  // namespace
+
+std::unique_ptr<Channel> Channel::Create(Clock* clock) {
+  return std::make_unique<AsioChannel>(clock);
+}
+
+}  // namespace fencelock::client_internal

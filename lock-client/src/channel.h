@@ -1,0 +1,64 @@
+// One connection from the client to lockd: framing, request ids, and t_send.
+//
+// Call() writes a request and waits for the reply with the same request id. The time the
+// client measures leases from, Reply::sent_at, is read from the injected clock on the I/O
+// thread immediately before the bytes are handed to the socket (ADR-006 D2): never at the
+// reply. Replies nobody waits for any more (their caller timed out) go to the unmatched-reply
+// handler, so the client can give back a grant that arrived too late.
+//
+// Thread-safe: Call(), Post() and Close() may be used from any thread; the socket lives on the
+// channel's own I/O thread.
+#ifndef FENCELOCK_LOCK_CLIENT_CHANNEL_H_
+#define FENCELOCK_LOCK_CLIENT_CHANNEL_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "clock/clock.h"
+#include "fencelock/wire.pb.h"
+
+namespace fencelock::client_internal {
+
+struct Reply {
+  wire::Response response;
+  MonoTime sent_at;  // read just before the request was written
+};
+
+class Channel {
+ public:
+  // `clock` must outlive the channel.
+  static std::unique_ptr<Channel> Create(Clock* clock);
+  virtual ~Channel() = default;
+
+  // (Re)connects to `address` ("host:port" or "unix:/path") and exchanges Hello. Closes any
+  // previous connection first; its pending calls fail with kUnavailable. Blocks up to
+  // `timeout`. Errors: kInvalidArgument (bad address), kUnavailable (cannot connect or no
+  // Hello reply), kFailedPrecondition (no common protocol version; the message names both).
+  virtual absl::Status Connect(const std::string& address, const std::string& client_name,
+                               absl::Duration timeout) = 0;
+
+  virtual bool connected() const = 0;
+
+  // Sends `request` (the channel sets its request_id) and blocks until its reply arrives, the
+  // connection fails (kUnavailable), or `timeout` passes (kDeadlineExceeded). A reply is
+  // returned whatever its code; callers interpret the code.
+  virtual absl::StatusOr<Reply> Call(wire::Request request, absl::Duration timeout) = 0;
+
+  // Sends `request` without waiting; its reply goes to the unmatched-reply handler.
+  virtual void Post(wire::Request request) = 0;
+
+  // Called on the I/O thread for replies no caller waits for. Must not block. Set before
+  // Connect().
+  virtual void set_unmatched_reply_handler(
+      std::function<void(const wire::Response&)> handler) = 0;
+
+  // Closes the connection; pending calls fail with kUnavailable.
+  virtual void Close() = 0;
+};
+
+}  // namespace fencelock::client_internal
+
+#endif  // FENCELOCK_LOCK_CLIENT_CHANNEL_H_

@@ -1,0 +1,447 @@
+#include "lock-client/client.h"
+
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "channel.h"
+#include "lease.h"
+#include "protocol/codes.h"
+
+namespace fencelock {
+
+using client_internal::Channel;
+using client_internal::LeaseState;
+using client_internal::Reply;
+
+const char* LossReasonName(LossReason reason) {
+  switch (reason) {
+    case LossReason::kNone:
+      return "none";
+    case LossReason::kDeadlinePassed:
+      return "deadline_passed";
+    case LossReason::kFencedOut:
+      return "fenced_out";
+    case LossReason::kSessionLost:
+      return "session_lost";
+    case LossReason::kReleased:
+      return "released";
+    case LossReason::kEmptyHandle:
+      return "empty_handle";
+  }
+  return "unknown";
+}
+
+namespace {
+const std::string kNoLock;
+uint64_t Millis(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
+}  // namespace
+
+const std::string& LockHandle::lock() const { return state_ ? state_->lock() : kNoLock; }
+uint64_t LockHandle::token() const { return state_ ? state_->token() : 0; }
+
+class ClientImpl final : public Client {
+ public:
+  ClientImpl(const ClientOptions& options, Clock* clock)
+      : options_(options), clock_(clock), channel_(Channel::Create(clock)) {}
+  ~ClientImpl() override;
+
+  absl::Status Start();
+
+  absl::StatusOr<LockHandle> acquire(std::string_view lock, absl::Duration wait,
+                                     absl::Duration ttl) override;
+  absl::StatusOr<std::optional<LockHandle>> tryAcquire(std::string_view lock,
+                                                       absl::Duration ttl) override;
+  absl::Status release(const LockHandle& handle) override;
+  void checkStillHeld(const LockHandle& handle) const override;
+  absl::Duration remaining(const LockHandle& handle) const override;
+  absl::Status renewNow() override;
+  uint64_t session_id() const override {
+    absl::MutexLock lock(&mu_);
+    return session_id_;
+  }
+
+ private:
+  struct HeldLock {
+    std::shared_ptr<LeaseState> state;
+    MonoTime lock_deadline;  // D1 for the lock's own lease
+  };
+
+  // Connects (again) and reopens the session if needed. Serialized by heartbeat_mu_.
+  absl::Status EnsureSessionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(heartbeat_mu_);
+  // One KeepAlive exchange for the session and every held lock.
+  absl::Status HeartbeatLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(heartbeat_mu_);
+  absl::StatusOr<std::optional<LockHandle>> AcquireImpl(std::string_view lock,
+                                                        absl::Duration wait, absl::Duration ttl);
+  // The session is gone on the server: every held lock is lost.
+  void LoseSession(LossReason reason) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops held locks that are lost; releases on the server those whose deadline passed.
+  void SweepLost();
+  absl::Duration HeartbeatInterval() const ABSL_LOCKS_EXCLUDED(mu_);
+  void HeartbeatThread();
+  void OnUnmatchedReply(const wire::Response& response);
+
+  const ClientOptions options_;
+  Clock* const clock_;
+  std::unique_ptr<Channel> channel_;
+
+  // Serializes heartbeats (background and renewNow) and reconnection.
+  absl::Mutex heartbeat_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+
+  mutable absl::Mutex mu_;
+  uint64_t session_id_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration session_ttl_ ABSL_GUARDED_BY(mu_);
+  MonoTime session_deadline_ ABSL_GUARDED_BY(mu_) = MonoTime::Min();
+  absl::flat_hash_map<std::string, HeldLock> held_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_heartbeat_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::thread heartbeat_thread_;
+};
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
+  if (!(options.safety_margin > 0.0 && options.safety_margin < 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lock.client.safety-margin must be in (0, 1), got ", options.safety_margin));
+  }
+  for (auto [name, d] : {std::pair{"lock.session.ttl", options.session_ttl},
+                         std::pair{"lock.default.ttl", options.default_lock_ttl},
+                         std::pair{"request timeout", options.request_timeout},
+                         std::pair{"connect timeout", options.connect_timeout}}) {
+    if (d <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " must be positive, got ", absl::FormatDuration(d)));
+    }
+  }
+  if (options.heartbeat_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("heartbeat interval must not be negative");
+  }
+  if (options.server.empty()) return absl::InvalidArgumentError("server address is empty");
+  auto client = std::make_unique<ClientImpl>(
+      options, options.clock != nullptr ? options.clock : Clock::Real());
+  absl::Status started = client->Start();
+  if (!started.ok()) return started;
+  return client;
+}
+
+absl::Status ClientImpl::Start() {
+  channel_->set_unmatched_reply_handler(
+      [this](const wire::Response& response) { OnUnmatchedReply(response); });
+  {
+    absl::MutexLock lock(&heartbeat_mu_);
+    absl::Status s = EnsureSessionLocked();
+    if (!s.ok()) return s;
+  }
+  heartbeat_thread_ = std::thread([this] { HeartbeatThread(); });
+  return absl::OkStatus();
+}
+
+ClientImpl::~ClientImpl() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  uint64_t session;
+  {
+    absl::MutexLock lock(&mu_);
+    session = session_id_;
+    for (auto& [name, held] : held_) held.state->MarkLost(LossReason::kReleased);
+    held_.clear();
+  }
+  if (session != 0 && channel_->connected()) {
+    wire::Request close;
+    close.mutable_close_session()->set_session_id(session);
+    (void)channel_->Call(std::move(close), options_.request_timeout);
+  }
+  // Stops the I/O thread before the members its callbacks touch are destroyed.
+  channel_.reset();
+}
+
+absl::Status ClientImpl::EnsureSessionLocked() {
+  if (!channel_->connected()) {
+    absl::Status s =
+        channel_->Connect(options_.server, options_.client_name, options_.connect_timeout);
+    if (!s.ok()) return s;
+    // A session that survived on the server is resumed by the next KeepAlive.
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (session_id_ != 0) return absl::OkStatus();
+  }
+  wire::Request open;
+  open.mutable_open_session()->set_ttl_ms(Millis(options_.session_ttl));
+  auto reply = channel_->Call(std::move(open), options_.request_timeout);
+  if (!reply.ok()) return reply.status();
+  const wire::Response& r = reply->response;
+  if (r.code() != wire::OK) return protocol::StatusFromCode(r.code(), r.message());
+  absl::MutexLock lock(&mu_);
+  session_id_ = r.open_session().session_id();
+  session_ttl_ = absl::Milliseconds(r.open_session().ttl_ms());
+  session_deadline_ = UsableDeadline(reply->sent_at, session_ttl_, options_.safety_margin);
+  return absl::OkStatus();
+}
+
+absl::Status ClientImpl::HeartbeatLocked() {
+  absl::Status ensured = EnsureSessionLocked();
+  if (!ensured.ok()) return ensured;
+  SweepLost();
+  wire::Request request;
+  std::vector<std::shared_ptr<LeaseState>> sent;
+  {
+    absl::MutexLock lock(&mu_);
+    auto* ka = request.mutable_keep_alive();
+    ka->set_session_id(session_id_);
+    for (auto& [name, held] : held_) {
+      auto* ref = ka->add_locks();
+      ref->set_lock(name);
+      ref->set_token(held.state->token());
+      sent.push_back(held.state);
+    }
+  }
+  auto reply = channel_->Call(std::move(request), options_.request_timeout);
+  // D5: a failed or timed-out exchange changes no deadline; they keep running out.
+  if (!reply.ok()) return reply.status();
+  const wire::Response& r = reply->response;
+  if (r.code() == wire::SESSION_NOT_FOUND) {
+    LoseSession(LossReason::kSessionLost);
+    return protocol::StatusFromCode(r.code(), r.message());
+  }
+  if (r.code() != wire::OK) return protocol::StatusFromCode(r.code(), r.message());
+  if (r.keep_alive().lock_codes_size() != static_cast<int>(sent.size())) {
+    return absl::UnavailableError("lockd answered KeepAlive with the wrong number of locks");
+  }
+  const MonoTime t_send = reply->sent_at;
+  const MonoTime now = clock_->Now();
+  absl::Status result = absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  session_deadline_ = std::max(session_deadline_,
+                               UsableDeadline(t_send, session_ttl_, options_.safety_margin));
+  for (size_t i = 0; i < sent.size(); ++i) {
+    const std::shared_ptr<LeaseState>& state = sent[i];
+    auto it = held_.find(state->lock());
+    const bool still_ours = it != held_.end() && it->second.state == state;
+    if (r.keep_alive().lock_codes(i) != wire::OK) {
+      // The server says this token no longer holds the lock: lost at once.
+      state->MarkLost(LossReason::kFencedOut);
+      if (still_ours) held_.erase(it);
+      result = absl::AbortedError(
+          absl::StrCat("lock \"", state->lock(), "\" token ", state->token(), " was fenced out"));
+      continue;
+    }
+    if (!still_ours) continue;
+    HeldLock& held = it->second;
+    held.lock_deadline = std::max(held.lock_deadline,
+                                  UsableDeadline(t_send, state->ttl(), options_.safety_margin));
+    state->Extend(std::min(held.lock_deadline, session_deadline_), now);
+  }
+  return result;
+}
+
+void ClientImpl::LoseSession(LossReason reason) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [name, held] : held_) held.state->MarkLost(reason);
+  held_.clear();
+  session_id_ = 0;
+  session_deadline_ = MonoTime::Min();
+}
+
+void ClientImpl::SweepLost() {
+  const MonoTime now = clock_->Now();
+  std::vector<std::shared_ptr<LeaseState>> expired;
+  uint64_t session;
+  {
+    absl::MutexLock lock(&mu_);
+    session = session_id_;
+    for (auto it = held_.begin(); it != held_.end();) {
+      const LossReason reason = it->second.state->Check(now);
+      if (reason == LossReason::kNone) {
+        ++it;
+        continue;
+      }
+      it->second.state->MarkLost(reason);
+      if (reason == LossReason::kDeadlinePassed) expired.push_back(it->second.state);
+      held_.erase(it++);
+    }
+  }
+  // The client gave these up at its deadline; tell the server so waiters need not wait for the
+  // server's own expiry. A stale answer (FENCED_OUT) is expected and harmless.
+  for (const auto& state : expired) {
+    wire::Request release;
+    release.mutable_release()->set_session_id(session);
+    release.mutable_release()->set_lock(state->lock());
+    release.mutable_release()->set_token(state->token());
+    channel_->Post(std::move(release));
+  }
+}
+
+absl::Duration ClientImpl::HeartbeatInterval() const {
+  if (options_.heartbeat_interval > absl::ZeroDuration()) return options_.heartbeat_interval;
+  absl::MutexLock lock(&mu_);
+  absl::Duration shortest = session_id_ != 0 ? session_ttl_ : options_.session_ttl;
+  for (const auto& [name, held] : held_) shortest = std::min(shortest, held.state->ttl());
+  return shortest / 3;
+}
+
+void ClientImpl::HeartbeatThread() {
+  for (;;) {
+    const absl::Duration interval = HeartbeatInterval();
+    {
+      absl::MutexLock lock(&mu_);
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || wake_heartbeat_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&woken), interval);
+      if (stopping_) return;
+      wake_heartbeat_ = false;
+    }
+    absl::MutexLock lock(&heartbeat_mu_);
+    (void)HeartbeatLocked();
+  }
+}
+
+absl::Status ClientImpl::renewNow() {
+  absl::MutexLock lock(&heartbeat_mu_);
+  return HeartbeatLocked();
+}
+
+absl::StatusOr<std::optional<LockHandle>> ClientImpl::AcquireImpl(std::string_view lock,
+                                                                 absl::Duration wait,
+                                                                 absl::Duration ttl) {
+  if (wait < absl::ZeroDuration()) return absl::InvalidArgumentError("wait must not be negative");
+  if (ttl < absl::ZeroDuration()) return absl::InvalidArgumentError("ttl must not be negative");
+  const std::string name(lock);
+  uint64_t session;
+  {
+    absl::MutexLock hb(&heartbeat_mu_);
+    absl::Status s = EnsureSessionLocked();
+    if (!s.ok()) return s;
+    absl::MutexLock l(&mu_);
+    session = session_id_;
+  }
+  wire::Request request;
+  auto* a = request.mutable_acquire();
+  a->set_session_id(session);
+  a->set_lock(name);
+  a->set_ttl_ms(Millis(ttl == absl::ZeroDuration() ? options_.default_lock_ttl : ttl));
+  a->set_wait_timeout_ms(Millis(wait));
+  auto reply = channel_->Call(std::move(request), wait + options_.request_timeout);
+  if (!reply.ok()) return reply.status();
+  const wire::Response& r = reply->response;
+  if (r.code() == wire::SESSION_NOT_FOUND) {
+    LoseSession(LossReason::kSessionLost);
+    return absl::UnavailableError(absl::StrCat("session ", session, " expired on lockd: ",
+                                               r.message(), "; retry to open a new one"));
+  }
+  if (r.code() != wire::OK) return protocol::StatusFromCode(r.code(), r.message());
+  if (!r.acquire().granted()) return std::optional<LockHandle>();
+
+  // D1: the lease is measured from when the Acquire was written, however long it queued.
+  const absl::Duration granted_ttl = absl::Milliseconds(r.acquire().ttl_ms());
+  const MonoTime lock_deadline =
+      UsableDeadline(reply->sent_at, granted_ttl, options_.safety_margin);
+  std::shared_ptr<LeaseState> state;
+  {
+    absl::MutexLock l(&mu_);
+    if (session_id_ != session) {
+      return absl::UnavailableError("session was lost while the acquire was in flight");
+    }
+    state = std::make_shared<LeaseState>(name, r.acquire().token(), granted_ttl,
+                                         std::min(lock_deadline, session_deadline_));
+    held_[name] = HeldLock{state, lock_deadline};
+  }
+  LockHandle handle(state);
+  // A grant that queued so long that the next regular heartbeat would come too late is renewed
+  // now, and measured from this renewal's send rather than from the reply's arrival.
+  if (remaining(handle) <= HeartbeatInterval()) {
+    absl::Status renewed = renewNow();
+    if (state->Check(clock_->Now()) != LossReason::kNone) {
+      (void)release(handle);
+      return absl::UnavailableError(absl::StrCat(
+          "lock \"", name, "\" was granted after a long wait and its lease could not be renewed "
+          "in time", renewed.ok() ? "" : ": ", renewed.message()));
+    }
+  }
+  return std::optional<LockHandle>(std::move(handle));
+}
+
+absl::StatusOr<LockHandle> ClientImpl::acquire(std::string_view lock, absl::Duration wait,
+                                               absl::Duration ttl) {
+  if (wait <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("acquire needs a positive wait; use tryAcquire to not wait");
+  }
+  auto result = AcquireImpl(lock, wait, ttl);
+  if (!result.ok()) return result.status();
+  if (!result->has_value()) {
+    return absl::UnavailableError("lockd answered a waiting acquire with no grant");
+  }
+  return std::move(**result);
+}
+
+absl::StatusOr<std::optional<LockHandle>> ClientImpl::tryAcquire(std::string_view lock,
+                                                                 absl::Duration ttl) {
+  return AcquireImpl(lock, absl::ZeroDuration(), ttl);
+}
+
+absl::Status ClientImpl::release(const LockHandle& handle) {
+  if (handle.state_ == nullptr) return absl::InvalidArgumentError("empty lock handle");
+  LeaseState& state = *handle.state_;
+  uint64_t session;
+  {
+    absl::MutexLock lock(&mu_);
+    session = session_id_;
+    auto it = held_.find(state.lock());
+    if (it != held_.end() && it->second.state == handle.state_) held_.erase(it);
+  }
+  state.MarkLost(LossReason::kReleased);
+  wire::Request request;
+  request.mutable_release()->set_session_id(session);
+  request.mutable_release()->set_lock(state.lock());
+  request.mutable_release()->set_token(state.token());
+  auto reply = channel_->Call(std::move(request), options_.request_timeout);
+  if (!reply.ok()) return reply.status();
+  return protocol::StatusFromCode(reply->response.code(), reply->response.message());
+}
+
+void ClientImpl::checkStillHeld(const LockHandle& handle) const {
+  const LeaseState* state = handle.state_.get();
+  if (state == nullptr) {
+    throw LockLostException("", 0, LossReason::kEmptyHandle, "checkStillHeld on an empty handle");
+  }
+  const MonoTime now = clock_->Now();
+  const LossReason reason = state->Check(now);
+  if (reason == LossReason::kNone) return;
+  std::string message = absl::StrCat("lock \"", state->lock(), "\" (token ", state->token(),
+                                     ") is no longer held: ", LossReasonName(reason));
+  throw LockLostException(state->lock(), state->token(), reason, message);
+}
+
+absl::Duration ClientImpl::remaining(const LockHandle& handle) const {
+  const LeaseState* state = handle.state_.get();
+  if (state == nullptr) return absl::ZeroDuration();
+  const MonoTime now = clock_->Now();
+  if (state->Check(now) != LossReason::kNone) return absl::ZeroDuration();
+  return state->deadline() - now;
+}
+
+void ClientImpl::OnUnmatchedReply(const wire::Response& response) {
+  // A grant whose caller stopped waiting: nobody will use it, so give it back at once rather
+  // than leaving the lock stuck until its lease runs out.
+  if (response.code() != wire::OK || !response.has_acquire() || !response.acquire().granted()) {
+    return;
+  }
+  wire::Request release;
+  {
+    absl::MutexLock lock(&mu_);
+    release.mutable_release()->set_session_id(session_id_);
+  }
+  release.mutable_release()->set_lock(response.acquire().lock());
+  release.mutable_release()->set_token(response.acquire().token());
+  channel_->Post(std::move(release));
+}
+
+}  // namespace fencelock
