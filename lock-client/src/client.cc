@@ -73,7 +73,13 @@ class ClientImpl final : public Client {
 
   // Connects (again) and reopens the session if needed. Serialized by heartbeat_mu_.
   absl::Status EnsureSessionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(heartbeat_mu_);
-  // One KeepAlive exchange for the session and every held lock.
+  // One KeepAlive for the session and `locks` (name, token). On an OK answer the session's
+  // deadline moves (measured from this send) and the reply is returned for the caller to
+  // apply to the locks; an answer that the session is gone loses every held lock.
+  absl::StatusOr<Reply> KeepAliveLocked(
+      const std::vector<std::pair<std::string, uint64_t>>& locks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heartbeat_mu_);
+  // One heartbeat: drops lost locks, renews the session and every held lock.
   absl::Status HeartbeatLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(heartbeat_mu_);
   absl::StatusOr<std::optional<LockHandle>> AcquireImpl(std::string_view lock,
                                                         absl::Duration wait, absl::Duration ttl);
@@ -186,22 +192,20 @@ absl::Status ClientImpl::EnsureSessionLocked() {
   return absl::OkStatus();
 }
 
-absl::Status ClientImpl::HeartbeatLocked() {
+absl::StatusOr<Reply> ClientImpl::KeepAliveLocked(
+    const std::vector<std::pair<std::string, uint64_t>>& locks) {
   absl::Status ensured = EnsureSessionLocked();
   if (!ensured.ok()) return ensured;
-  SweepLost();
   wire::Request request;
-  std::vector<std::shared_ptr<LeaseState>> sent;
+  auto* ka = request.mutable_keep_alive();
   {
     absl::MutexLock lock(&mu_);
-    auto* ka = request.mutable_keep_alive();
     ka->set_session_id(session_id_);
-    for (auto& [name, held] : held_) {
-      auto* ref = ka->add_locks();
-      ref->set_lock(name);
-      ref->set_token(held.state->token());
-      sent.push_back(held.state);
-    }
+  }
+  for (const auto& [name, token] : locks) {
+    auto* ref = ka->add_locks();
+    ref->set_lock(name);
+    ref->set_token(token);
   }
   auto reply = channel_->Call(std::move(request), options_.request_timeout);
   // D5: a failed or timed-out exchange changes no deadline; they keep running out.
@@ -212,20 +216,37 @@ absl::Status ClientImpl::HeartbeatLocked() {
     return protocol::StatusFromCode(r.code(), r.message());
   }
   if (r.code() != wire::OK) return protocol::StatusFromCode(r.code(), r.message());
-  if (r.keep_alive().lock_codes_size() != static_cast<int>(sent.size())) {
+  if (r.keep_alive().lock_codes_size() != static_cast<int>(locks.size())) {
     return absl::UnavailableError("lockd answered KeepAlive with the wrong number of locks");
   }
+  absl::MutexLock lock(&mu_);
+  session_deadline_ = std::max(
+      session_deadline_, UsableDeadline(reply->sent_at, session_ttl_, options_.safety_margin));
+  return reply;
+}
+
+absl::Status ClientImpl::HeartbeatLocked() {
+  SweepLost();
+  std::vector<std::shared_ptr<LeaseState>> sent;
+  std::vector<std::pair<std::string, uint64_t>> refs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, held] : held_) {
+      refs.emplace_back(name, held.state->token());
+      sent.push_back(held.state);
+    }
+  }
+  auto reply = KeepAliveLocked(refs);
+  if (!reply.ok()) return reply.status();
   const MonoTime t_send = reply->sent_at;
   const MonoTime now = clock_->Now();
   absl::Status result = absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  session_deadline_ = std::max(session_deadline_,
-                               UsableDeadline(t_send, session_ttl_, options_.safety_margin));
   for (size_t i = 0; i < sent.size(); ++i) {
     const std::shared_ptr<LeaseState>& state = sent[i];
     auto it = held_.find(state->lock());
     const bool still_ours = it != held_.end() && it->second.state == state;
-    if (r.keep_alive().lock_codes(i) != wire::OK) {
+    if (reply->response.keep_alive().lock_codes(i) != wire::OK) {
       // The server says this token no longer holds the lock: lost at once.
       state->MarkLost(LossReason::kFencedOut);
       if (still_ours) held_.erase(it);
@@ -342,30 +363,38 @@ absl::StatusOr<std::optional<LockHandle>> ClientImpl::AcquireImpl(std::string_vi
 
   // D1: the lease is measured from when the Acquire was written, however long it queued.
   const absl::Duration granted_ttl = absl::Milliseconds(r.acquire().ttl_ms());
-  const MonoTime lock_deadline =
-      UsableDeadline(reply->sent_at, granted_ttl, options_.safety_margin);
+  const uint64_t token = r.acquire().token();
+  MonoTime lock_deadline = UsableDeadline(reply->sent_at, granted_ttl, options_.safety_margin);
+  if (lock_deadline - clock_->Now() <= HeartbeatInterval()) {
+    // The grant queued so long that the lease left would run out before the next regular
+    // heartbeat (or already has, by the client's arithmetic). The handle is not published yet:
+    // renew this lock now and measure from the renewal's send, never from a reply's arrival.
+    absl::MutexLock hb(&heartbeat_mu_);
+    auto renewal = KeepAliveLocked({{name, token}});
+    const bool renewed = renewal.ok() && renewal->response.keep_alive().lock_codes(0) == wire::OK;
+    if (!renewed) {
+      wire::Request give_back;
+      give_back.mutable_release()->set_session_id(session);
+      give_back.mutable_release()->set_lock(name);
+      give_back.mutable_release()->set_token(token);
+      channel_->Post(std::move(give_back));
+      return absl::UnavailableError(absl::StrCat(
+          "lock \"", name, "\" was granted after a long wait and its lease could not be renewed",
+          renewal.ok() ? ": fenced out" : ": ", renewal.ok() ? "" : renewal.status().message()));
+    }
+    lock_deadline = UsableDeadline(renewal->sent_at, granted_ttl, options_.safety_margin);
+  }
   std::shared_ptr<LeaseState> state;
   {
     absl::MutexLock l(&mu_);
     if (session_id_ != session) {
       return absl::UnavailableError("session was lost while the acquire was in flight");
     }
-    state = std::make_shared<LeaseState>(name, r.acquire().token(), granted_ttl,
+    state = std::make_shared<LeaseState>(name, token, granted_ttl,
                                          std::min(lock_deadline, session_deadline_));
     held_[name] = HeldLock{state, lock_deadline};
   }
   LockHandle handle(state);
-  // A grant that queued so long that the next regular heartbeat would come too late is renewed
-  // now, and measured from this renewal's send rather than from the reply's arrival.
-  if (remaining(handle) <= HeartbeatInterval()) {
-    absl::Status renewed = renewNow();
-    if (state->Check(clock_->Now()) != LossReason::kNone) {
-      (void)release(handle);
-      return absl::UnavailableError(absl::StrCat(
-          "lock \"", name, "\" was granted after a long wait and its lease could not be renewed "
-          "in time", renewed.ok() ? "" : ": ", renewed.message()));
-    }
-  }
   return std::optional<LockHandle>(std::move(handle));
 }
 

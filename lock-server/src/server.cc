@@ -40,7 +40,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(ServerImpl* server, Socket socket, uint64_t id)
       : server_(server), socket_(std::move(socket)), linger_(socket_.get_executor()), id_(id) {}
 
-  awaitable<void> ReadLoop();
+  // Both coroutines take a strong reference as a parameter: a coroutine starts after
+  // co_spawn returns, when the caller's reference may be gone.
+  awaitable<void> ReadLoop(std::shared_ptr<Connection> self);
   void Send(const wire::Response& response);
   // Sends `response`, then stops reading requests and closes once it is flushed.
   void SendAndClose(const wire::Response& response);
@@ -50,7 +52,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
  private:
   void Dispatch(const std::string& payload, MonoTime now);
-  awaitable<void> WriteLoop();
+  awaitable<void> WriteLoop(std::shared_ptr<Connection> self);
 
   ServerImpl* server_;
   Socket socket_;
@@ -129,8 +131,7 @@ class ServerImpl final : public Server {
 
 // ---- Connection ----
 
-awaitable<void> Connection::ReadLoop() {
-  auto self = shared_from_this();
+awaitable<void> Connection::ReadLoop(std::shared_ptr<Connection> self) {
   protocol::FrameDecoder decoder(server_->max_frame_bytes());
   std::string chunk(64 * 1024, '\0');
   std::string payload;
@@ -174,7 +175,7 @@ void Connection::Send(const wire::Response& response) {
   }
   if (!writing_) {
     writing_ = true;
-    asio::co_spawn(socket_.get_executor(), WriteLoop(), asio::detached);
+    asio::co_spawn(socket_.get_executor(), WriteLoop(shared_from_this()), asio::detached);
   }
 }
 
@@ -187,8 +188,7 @@ void Connection::SendAndClose(const wire::Response& response) {
   });
 }
 
-awaitable<void> Connection::WriteLoop() {
-  auto self = shared_from_this();
+awaitable<void> Connection::WriteLoop(std::shared_ptr<Connection> self) {
   boost::system::error_code ec;
   while (!outbox_.empty() && !closed_) {
     std::string batch;
@@ -412,7 +412,7 @@ awaitable<void> ServerImpl::AcceptLoop(Acceptor& acceptor) {
     const uint64_t id = ++last_connection_id_;
     auto connection = std::make_shared<Connection>(this, Socket(std::move(socket)), id);
     connections_[id] = connection;
-    asio::co_spawn(io_, connection->ReadLoop(), asio::detached);
+    asio::co_spawn(io_, connection->ReadLoop(connection), asio::detached);
   }
 }
 

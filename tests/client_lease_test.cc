@@ -1,0 +1,237 @@
+// ADR-006 D1, D2, D3 and D5 through real bytes: a real lockd, the real client, a fault proxy
+// in between, and a simulated client clock that moves only when the test moves it. The
+// server keeps real time; its TTLs here are long unless a test is about the server's expiry.
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "fault_proxy.h"
+#include "fencelock/wire.pb.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lock-client/client.h"
+#include "lockd_process.h"
+#include "raw_connection.h"
+
+// Counts heap allocations made by the test thread while counting is on, to prove that
+// checkStillHeld allocates nothing.
+namespace {
+thread_local bool g_counting = false;
+thread_local int g_allocations = 0;
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (g_counting) ++g_allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace fencelock {
+namespace {
+
+using Dir = testing::FaultProxy::Direction;
+using Mode = testing::FaultProxy::Mode;
+using testing::FaultProxy;
+using testing::LockdProcess;
+
+constexpr absl::Duration kLockTtl = absl::Seconds(30);
+constexpr absl::Duration kUsable = absl::Seconds(21);  // 30 s × (1 − 0.30)
+
+class ClientLeaseTest : public ::testing::Test {
+ protected:
+  ClientLeaseTest() : proxy_(lockd_.port()) {}
+
+  std::unique_ptr<Client> NewClient(absl::Duration session_ttl = absl::Seconds(60),
+                                    absl::Duration request_timeout = absl::Seconds(10)) {
+    ClientOptions options;
+    options.server = "127.0.0.1:" + std::to_string(proxy_.port());
+    options.clock = &clock_;
+    options.session_ttl = session_ttl;
+    options.default_lock_ttl = kLockTtl;
+    options.heartbeat_interval = absl::Hours(1);  // the test drives every heartbeat
+    options.request_timeout = request_timeout;
+    auto client = Client::Create(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+  std::unique_ptr<Client> DirectRealClient() {
+    ClientOptions options;
+    options.server = lockd_.tcp_address();
+    auto client = Client::Create(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+  static LossReason ReasonThrown(const Client& client, const LockHandle& handle) {
+    try {
+      client.checkStillHeld(handle);
+    } catch (const LockLostException& e) {
+      return e.reason();
+    }
+    return LossReason::kNone;
+  }
+  uint64_t Waiters() {
+    auto admin = testing::RawConnection::Tcp(lockd_.port());
+    admin.Hello();
+    wire::Request r;
+    r.mutable_get_stats();
+    return admin.Call(r).stats().waiters();
+  }
+
+  LockdProcess lockd_;
+  FaultProxy proxy_;
+  SimulatedClock clock_;
+};
+
+TEST_F(ClientLeaseTest, D1DeadlineIsSendPlusTtlTimesOneMinusMargin) {
+  auto client = NewClient();
+  const MonoTime t_send = clock_.Now();
+  auto lock = client->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  EXPECT_EQ(client->remaining(*lock), kUsable);
+  clock_.Set(t_send + kUsable - absl::Nanoseconds(1));
+  EXPECT_NO_THROW(client->checkStillHeld(*lock));
+  clock_.Set(t_send + kUsable);
+  EXPECT_EQ(ReasonThrown(*client, *lock), LossReason::kDeadlinePassed);
+  EXPECT_EQ(client->remaining(*lock), absl::ZeroDuration());
+}
+
+TEST_F(ClientLeaseTest, D1ShorterSessionLeaseBoundsTheLock) {
+  auto client = NewClient(/*session_ttl=*/absl::Seconds(10));
+  auto lock = client->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  // The lock is valid only while its session is: 10 s × 0.7 from the session's open.
+  EXPECT_EQ(client->remaining(*lock), absl::Seconds(7));
+}
+
+TEST_F(ClientLeaseTest, D2StalledKeepAliveReplyIsMeasuredFromTheSend) {
+  auto client = NewClient();
+  const MonoTime t0 = clock_.Now();
+  auto lock = client->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+
+  clock_.Advance(absl::Seconds(5));
+  proxy_.Set(Dir::kToClient, Mode::kHold);
+  absl::Status renewed = absl::UnknownError("not run");
+  std::thread heartbeat([&] { renewed = client->renewNow(); });
+  // The keep-alive went out at t0+5 s; its reply is now held by the proxy.
+  while (proxy_.bytes_held(Dir::kToClient) == 0) absl::SleepFor(absl::Milliseconds(1));
+  clock_.Advance(absl::Seconds(2));  // the reply arrives 2 s after it was sent
+  proxy_.Release(Dir::kToClient);
+  heartbeat.join();
+  ASSERT_TRUE(renewed.ok()) << renewed;
+
+  // Measured from the send (t0+5 s), not from the arrival (t0+7 s).
+  clock_.Set(t0 + absl::Seconds(5) + kUsable - absl::Nanoseconds(1));
+  EXPECT_NO_THROW(client->checkStillHeld(*lock));
+  clock_.Set(t0 + absl::Seconds(5) + kUsable);
+  EXPECT_EQ(ReasonThrown(*client, *lock), LossReason::kDeadlinePassed);
+}
+
+TEST_F(ClientLeaseTest, D3CheckStillHeldDoesNotWaitForAStuckHeartbeatNorAllocate) {
+  auto client = NewClient();
+  auto lock = client->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  proxy_.Set(Dir::kToClient, Mode::kHold);
+  std::thread heartbeat([&] { (void)client->renewNow(); });
+  while (proxy_.bytes_held(Dir::kToClient) == 0) absl::SleepFor(absl::Milliseconds(1));
+  // A heartbeat is in flight and stuck. checkStillHeld answers anyway, without allocating.
+  g_allocations = 0;
+  g_counting = true;
+  for (int i = 0; i < 1000; ++i) client->checkStillHeld(*lock);
+  g_counting = false;
+  EXPECT_EQ(g_allocations, 0);
+  proxy_.Release(Dir::kToClient);
+  heartbeat.join();
+}
+
+TEST_F(ClientLeaseTest, D5FailedHeartbeatNeverExtendsAndTheDeadlineStillEndsTheLock) {
+  auto client = NewClient(absl::Seconds(60), /*request_timeout=*/absl::Milliseconds(300));
+  const MonoTime t0 = clock_.Now();
+  auto lock = client->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  clock_.Advance(absl::Seconds(10));
+  proxy_.Set(Dir::kToClient, Mode::kHold);  // replies never come back in time
+  absl::Status renewed = client->renewNow();
+  EXPECT_EQ(renewed.code(), absl::StatusCode::kDeadlineExceeded) << renewed;
+  EXPECT_EQ(client->remaining(*lock), absl::Seconds(11));  // still t0 + 21 s
+
+  // The server still holds the lock (its lease is 30 s of real time), but at the client's
+  // deadline the client stops believing it holds it.
+  clock_.Set(t0 + kUsable);
+  EXPECT_EQ(ReasonThrown(*client, *lock), LossReason::kDeadlinePassed);
+
+  // A renewal that succeeds afterwards does not bring the lock back.
+  proxy_.Release(Dir::kToClient);
+  ASSERT_TRUE(client->renewNow().ok());
+  EXPECT_EQ(ReasonThrown(*client, *lock), LossReason::kDeadlinePassed);
+}
+
+TEST_F(ClientLeaseTest, D5ServerSayingTheSessionIsGoneLosesTheLockAtOnce) {
+  // Server time is real here: the session lives 500 ms on lockd.
+  auto client = NewClient(/*session_ttl=*/absl::Milliseconds(500),
+                          /*request_timeout=*/absl::Milliseconds(200));
+  auto lock = client->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  proxy_.Set(Dir::kToServer, Mode::kDrop);
+  absl::SleepFor(absl::Milliseconds(800));  // the session expires on lockd
+  proxy_.CutAll();
+  proxy_.Set(Dir::kToServer, Mode::kPass);
+  // The client clock has not moved: by its own arithmetic the lease is still good.
+  EXPECT_GT(client->remaining(*lock), absl::ZeroDuration());
+  absl::Status renewed = client->renewNow();  // reconnects; lockd says the session is gone
+  EXPECT_EQ(renewed.code(), absl::StatusCode::kNotFound) << renewed;
+  EXPECT_EQ(ReasonThrown(*client, *lock), LossReason::kSessionLost);
+  // The client opens a new session for the next acquire.
+  auto again = client->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_GT(again->token(), lock->token());
+}
+
+TEST_F(ClientLeaseTest, D5FencedOutAnswerLosesTheLockAtOnce) {
+  auto client = NewClient();
+  auto lock = client->acquire("x", absl::Seconds(5), absl::Milliseconds(300));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  auto other = DirectRealClient();
+  auto taken = other->acquire("x", absl::Seconds(10));  // after lockd expires the 300 ms lease
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_GT(client->remaining(*lock), absl::ZeroDuration());  // simulated time stood still
+  EXPECT_EQ(client->renewNow().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(ReasonThrown(*client, *lock), LossReason::kFencedOut);
+}
+
+TEST_F(ClientLeaseTest, GrantAfterLongQueueIsRenewedAndMeasuredFromTheRenewal) {
+  auto holder = DirectRealClient();
+  auto held = holder->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(held.ok());
+  auto client = NewClient();
+  absl::StatusOr<LockHandle> waited = absl::UnknownError("not run");
+  std::thread waiter([&] { waited = client->acquire("x", absl::Seconds(60)); });
+  while (Waiters() != 1) absl::SleepFor(absl::Milliseconds(2));
+  // 25 s pass on the client's clock while it queues: more than the 21 s usable lease.
+  clock_.Advance(absl::Seconds(25));
+  const MonoTime renewal_send = clock_.Now();
+  ASSERT_TRUE(holder->release(*held).ok());
+  waiter.join();
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(client->remaining(*waited), kUsable);  // renewal_send + 21 s
+  clock_.Set(renewal_send + kUsable);
+  EXPECT_EQ(ReasonThrown(*client, *waited), LossReason::kDeadlinePassed);
+}
+
+TEST_F(ClientLeaseTest, ReleaseEndsTheHandleAndStaleReleaseIsFencedOut) {
+  auto client = NewClient();
+  auto lock = client->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(lock.ok());
+  LockHandle copy = *lock;
+  ASSERT_TRUE(client->release(*lock).ok());
+  EXPECT_EQ(ReasonThrown(*client, copy), LossReason::kReleased);
+  EXPECT_EQ(client->release(copy).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(ReasonThrown(*client, LockHandle()), LossReason::kEmptyHandle);
+}
+
+}  // namespace
+}  // namespace fencelock

@@ -1,0 +1,262 @@
+// Lock semantics against a real lockd process, over TCP and over a Unix socket: mutual
+// exclusion under contention, strictly increasing tokens, waiters granted by a push on
+// release, on the holder's session expiry and on lease expiry, and fence 1.
+#include <atomic>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "fencelock/wire.pb.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lock-client/client.h"
+#include "lockd_process.h"
+#include "raw_connection.h"
+
+namespace fencelock {
+namespace {
+
+using testing::LockdProcess;
+using testing::RawConnection;
+
+struct Transport {
+  const char* name;
+  bool unix_socket;
+};
+
+class LockSemanticsTest : public ::testing::TestWithParam<Transport> {
+ protected:
+  LockSemanticsTest() : lockd_(LockdProcess::Options{.unix_socket = GetParam().unix_socket}) {}
+
+  std::unique_ptr<Client> NewClient() {
+    ClientOptions options;
+    options.server = GetParam().unix_socket ? lockd_.unix_address() : lockd_.tcp_address();
+    auto client = Client::Create(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+  RawConnection Raw() {
+    return GetParam().unix_socket ? RawConnection::Unix(lockd_.unix_path())
+                                  : RawConnection::Tcp(lockd_.port());
+  }
+  wire::StatsReply Stats() {
+    RawConnection admin = Raw();
+    admin.Hello();
+    wire::Request r;
+    r.mutable_get_stats();
+    return admin.Call(r).stats();
+  }
+  // Waits (polling the server's own count) until `n` acquires are queued.
+  void WaitForWaiters(uint64_t n) {
+    for (int i = 0; i < 2000 && Stats().waiters() != n; ++i) absl::SleepFor(absl::Milliseconds(5));
+    ASSERT_EQ(Stats().waiters(), n);
+  }
+  static wire::Response RawAcquire(RawConnection& c, uint64_t session, const std::string& lock,
+                                   absl::Duration ttl) {
+    wire::Request r;
+    r.mutable_acquire()->set_session_id(session);
+    r.mutable_acquire()->set_lock(lock);
+    r.mutable_acquire()->set_ttl_ms(absl::ToInt64Milliseconds(ttl));
+    return c.Call(r);
+  }
+
+  LockdProcess lockd_;
+};
+
+TEST_P(LockSemanticsTest, ContendingClientsNeverOverlapAndSeeIncreasingTokens) {
+  constexpr int kClients = 8;
+  constexpr int kRounds = 40;
+  constexpr int kLocks = 3;
+  const unsigned seed = 1129;
+  std::printf("seed=%u\n", seed);
+
+  std::atomic<uint64_t> holder[kLocks] = {};
+  absl::Mutex mu;
+  std::vector<uint64_t> grant_order[kLocks];  // tokens in the order holders entered
+  std::atomic<int> overlaps{0}, failures{0};
+
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      auto client = NewClient();
+      if (!client) {
+        ++failures;
+        return;
+      }
+      std::mt19937 rng(seed + c);
+      for (int round = 0; round < kRounds; ++round) {
+        const int l = static_cast<int>(rng() % kLocks);
+        auto handle = client->acquire("contended-" + std::to_string(l), absl::Seconds(30));
+        if (!handle.ok()) {
+          ++failures;
+          continue;
+        }
+        uint64_t expected = 0;
+        if (!holder[l].compare_exchange_strong(expected, handle->token())) ++overlaps;
+        {
+          absl::MutexLock lock(&mu);
+          grant_order[l].push_back(handle->token());
+        }
+        if (rng() % 4 == 0) std::this_thread::yield();
+        client->checkStillHeld(*handle);
+        expected = handle->token();
+        if (!holder[l].compare_exchange_strong(expected, 0)) ++overlaps;
+        if (!client->release(*handle).ok()) ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(failures.load(), 0);
+  std::set<uint64_t> all;
+  size_t grants = 0;
+  for (int l = 0; l < kLocks; ++l) {
+    for (size_t i = 1; i < grant_order[l].size(); ++i) {
+      EXPECT_LT(grant_order[l][i - 1], grant_order[l][i]) << "lock " << l << " grant " << i;
+    }
+    all.insert(grant_order[l].begin(), grant_order[l].end());
+    grants += grant_order[l].size();
+  }
+  EXPECT_EQ(grants, size_t{kClients * kRounds});
+  EXPECT_EQ(all.size(), grants) << "a token was issued twice";
+  EXPECT_EQ(Stats().fenced_out_total(), 0u);
+}
+
+TEST_P(LockSemanticsTest, WaiterIsGrantedOnRelease) {
+  auto a = NewClient();
+  auto b = NewClient();
+  auto held = a->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(held.ok());
+  absl::StatusOr<LockHandle> waited = absl::UnknownError("not run");
+  std::thread waiter([&] { waited = b->acquire("x", absl::Seconds(20)); });
+  WaitForWaiters(1);
+  ASSERT_TRUE(a->release(*held).ok());
+  waiter.join();
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_GT(waited->token(), held->token());
+  EXPECT_NO_THROW(b->checkStillHeld(*waited));
+}
+
+TEST_P(LockSemanticsTest, WaiterIsGrantedWhenHolderSessionExpires) {
+  RawConnection silent = Raw();
+  const uint64_t session = silent.HelloAndOpenSession(absl::Milliseconds(300));
+  wire::Response grant = RawAcquire(silent, session, "x", absl::Seconds(30));
+  ASSERT_TRUE(grant.acquire().granted());
+  // The holder never sends a keep-alive: its session ends 300 ms after it was opened.
+  auto b = NewClient();
+  auto waited = b->acquire("x", absl::Seconds(20));
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_GT(waited->token(), grant.acquire().token());
+  wire::StatsReply stats = Stats();
+  EXPECT_EQ(stats.session_expiries_total(), 1u);
+  EXPECT_EQ(stats.lock_expiries_total(), 0u);
+}
+
+TEST_P(LockSemanticsTest, WaiterIsGrantedWhenLockLeaseExpires) {
+  RawConnection silent = Raw();
+  const uint64_t session = silent.HelloAndOpenSession(absl::Seconds(60));
+  wire::Response grant = RawAcquire(silent, session, "x", absl::Milliseconds(300));
+  ASSERT_TRUE(grant.acquire().granted());
+  auto b = NewClient();
+  auto waited = b->acquire("x", absl::Seconds(20));
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_GT(waited->token(), grant.acquire().token());
+  wire::StatsReply stats = Stats();
+  EXPECT_EQ(stats.lock_expiries_total(), 1u);
+  EXPECT_EQ(stats.session_expiries_total(), 0u);
+}
+
+TEST_P(LockSemanticsTest, StaleTokenIsFencedOutOnReleaseAndValidate) {
+  RawConnection old_holder = Raw();
+  const uint64_t session = old_holder.HelloAndOpenSession(absl::Seconds(60));
+  const uint64_t stale =
+      RawAcquire(old_holder, session, "x", absl::Milliseconds(300)).acquire().token();
+  auto b = NewClient();
+  auto current = b->acquire("x", absl::Seconds(20));  // granted once the 300 ms lease ends
+  ASSERT_TRUE(current.ok()) << current.status();
+
+  wire::Request release;
+  release.mutable_release()->set_session_id(session);
+  release.mutable_release()->set_lock("x");
+  release.mutable_release()->set_token(stale);
+  wire::Response r = old_holder.Call(release);
+  EXPECT_EQ(r.code(), wire::FENCED_OUT);
+  EXPECT_THAT(r.message(), ::testing::HasSubstr("current token"));
+
+  wire::Request validate;
+  validate.mutable_validate()->set_lock("x");
+  validate.mutable_validate()->set_token(stale);
+  EXPECT_EQ(old_holder.Call(validate).code(), wire::FENCED_OUT);
+  validate.mutable_validate()->set_token(current->token());
+  EXPECT_EQ(old_holder.Call(validate).code(), wire::OK);
+
+  EXPECT_EQ(Stats().fenced_out_total(), 2u);
+  EXPECT_NO_THROW(b->checkStillHeld(*current));
+  EXPECT_TRUE(b->release(*current).ok());
+}
+
+TEST_P(LockSemanticsTest, WaiterWhoseSessionExpiresIsToldAndStopsWaiting) {
+  auto a = NewClient();
+  auto held = a->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(held.ok());
+  RawConnection waiter = Raw();
+  const uint64_t session = waiter.HelloAndOpenSession(absl::Milliseconds(300));
+  wire::Request acquire;
+  acquire.set_request_id(77);
+  acquire.mutable_acquire()->set_session_id(session);
+  acquire.mutable_acquire()->set_lock("x");
+  acquire.mutable_acquire()->set_wait_timeout_ms(60'000);
+  ASSERT_TRUE(waiter.SendRequest(acquire));
+  auto pushed = waiter.ReadResponse(absl::Seconds(10));
+  ASSERT_TRUE(pushed.has_value());
+  EXPECT_EQ(pushed->request_id(), 77u);
+  EXPECT_EQ(pushed->code(), wire::CANCELLED);
+  EXPECT_EQ(Stats().waiters(), 0u);
+}
+
+TEST_P(LockSemanticsTest, TryAcquireAndWaitTimeout) {
+  auto a = NewClient();
+  auto b = NewClient();
+  auto held = a->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(held.ok());
+  auto busy = b->tryAcquire("x");
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  EXPECT_FALSE(busy->has_value());
+  auto timed_out = b->acquire("x", absl::Milliseconds(200));
+  EXPECT_EQ(timed_out.status().code(), absl::StatusCode::kDeadlineExceeded);
+  auto again = a->acquire("x", absl::Seconds(1));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(a->release(*held).ok());
+  auto free_now = b->tryAcquire("x");
+  ASSERT_TRUE(free_now.ok());
+  ASSERT_TRUE(free_now->has_value());
+  EXPECT_GT((*free_now)->token(), held->token());
+}
+
+TEST_P(LockSemanticsTest, ClosingTheClientReleasesItsLocksForWaiters) {
+  auto b = NewClient();
+  uint64_t first_token;
+  absl::StatusOr<LockHandle> waited = absl::UnknownError("not run");
+  {
+    auto a = NewClient();
+    auto held = a->acquire("x", absl::Seconds(5));
+    ASSERT_TRUE(held.ok());
+    first_token = held->token();
+    std::thread waiter([&] { waited = b->acquire("x", absl::Seconds(20)); });
+    WaitForWaiters(1);
+    a.reset();  // closes the session
+    waiter.join();
+  }
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_GT(waited->token(), first_token);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, LockSemanticsTest,
+                         ::testing::Values(Transport{"tcp", false}, Transport{"unix", true}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace fencelock

@@ -1,0 +1,184 @@
+// Bad input against a real lockd process: every case gets a clear error and only the
+// offending connection is closed, while another client's session keeps working.
+#include <memory>
+
+#include "fencelock/wire.pb.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lock-client/client.h"
+#include "lockd_process.h"
+#include "raw_connection.h"
+
+namespace fencelock {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::LockdProcess;
+using testing::RawConnection;
+
+class ProtocolErrorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ClientOptions options;
+    options.server = lockd_.tcp_address();
+    auto client = Client::Create(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    bystander_ = std::move(*client);
+    auto lock = bystander_->acquire("bystander", absl::Seconds(5));
+    ASSERT_TRUE(lock.ok()) << lock.status();
+    held_ = *lock;
+  }
+
+  // The other client's session, lock and connection are untouched by the bad connection.
+  void ExpectBystanderStillWorks() {
+    EXPECT_TRUE(bystander_->renewNow().ok());
+    EXPECT_NO_THROW(bystander_->checkStillHeld(held_));
+    EXPECT_TRUE(bystander_->release(held_).ok());
+    auto again = bystander_->acquire("bystander", absl::Seconds(5));
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_GT(again->token(), held_.token());
+  }
+
+  uint64_t ProtocolErrors() {
+    RawConnection admin = RawConnection::Tcp(lockd_.port());
+    admin.Hello();
+    wire::Request stats;
+    stats.mutable_get_stats();
+    return admin.Call(stats).stats().protocol_errors_total();
+  }
+
+  LockdProcess lockd_;
+  std::unique_ptr<Client> bystander_;
+  LockHandle held_;
+};
+
+TEST_F(ProtocolErrorTest, MalformedFrameIsAnsweredAndOnlyThatConnectionCloses) {
+  RawConnection bad = RawConnection::Tcp(lockd_.port());
+  ASSERT_EQ(bad.Hello().code(), wire::OK);
+  std::string frame;
+  ASSERT_TRUE(protocol::AppendFrame("\xff\xff\xff\xff garbage", &frame).ok());
+  ASSERT_TRUE(bad.SendBytes(frame));
+  auto reply = bad.ReadResponse();
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(reply->code(), wire::MALFORMED_REQUEST);
+  EXPECT_THAT(reply->message(), HasSubstr("does not parse"));
+  EXPECT_TRUE(bad.ClosedByPeer());
+  ExpectBystanderStillWorks();
+  EXPECT_EQ(ProtocolErrors(), 1u);
+}
+
+TEST_F(ProtocolErrorTest, OversizeFrameIsRefusedWithoutReadingIt) {
+  RawConnection bad = RawConnection::Tcp(lockd_.port());
+  ASSERT_EQ(bad.Hello().code(), wire::OK);
+  // Announces 2 MiB, sends a little of it.
+  ASSERT_TRUE(bad.SendBytes(std::string("\x00\x20\x00\x00", 4) + std::string(1000, 'x')));
+  auto reply = bad.ReadResponse();
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(reply->code(), wire::FRAME_TOO_LARGE);
+  EXPECT_THAT(reply->message(), HasSubstr("2097152 bytes; the maximum is 1048576"));
+  EXPECT_TRUE(bad.ClosedByPeer());
+  ExpectBystanderStillWorks();
+}
+
+TEST_F(ProtocolErrorTest, WrongProtocolVersionNamesBothRanges) {
+  RawConnection bad = RawConnection::Tcp(lockd_.port());
+  wire::Request hello;
+  hello.mutable_hello()->set_min_version(7);
+  hello.mutable_hello()->set_max_version(9);
+  wire::Response reply = bad.Call(hello);
+  EXPECT_EQ(reply.code(), wire::UNSUPPORTED_VERSION);
+  EXPECT_THAT(reply.message(), HasSubstr("client speaks versions [7, 9], server speaks [1, 1]"));
+  EXPECT_TRUE(bad.ClosedByPeer());
+  ExpectBystanderStillWorks();
+}
+
+TEST_F(ProtocolErrorTest, RequestBeforeHelloIsRefused) {
+  RawConnection bad = RawConnection::Tcp(lockd_.port());
+  wire::Request open;
+  open.mutable_open_session()->set_ttl_ms(1000);
+  wire::Response reply = bad.Call(open);
+  EXPECT_EQ(reply.code(), wire::HELLO_REQUIRED);
+  EXPECT_THAT(reply.message(), HasSubstr("must be Hello"));
+  EXPECT_TRUE(bad.ClosedByPeer());
+  ExpectBystanderStillWorks();
+}
+
+TEST_F(ProtocolErrorTest, UnknownMessageTypeIsRefused) {
+  RawConnection bad = RawConnection::Tcp(lockd_.port());
+  ASSERT_EQ(bad.Hello().code(), wire::OK);
+  // request_id = 5 (field 1, varint), then field 99 (length-delimited, empty): a message type
+  // this server does not know.
+  std::string payload = std::string("\x08\x05", 2) + std::string("\x9a\x06\x00", 3);
+  std::string frame;
+  ASSERT_TRUE(protocol::AppendFrame(payload, &frame).ok());
+  ASSERT_TRUE(bad.SendBytes(frame));
+  auto reply = bad.ReadResponse();
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(reply->request_id(), 5u);
+  EXPECT_EQ(reply->code(), wire::MALFORMED_REQUEST);
+  EXPECT_THAT(reply->message(), HasSubstr("unknown message type"));
+  EXPECT_TRUE(bad.ClosedByPeer());
+  ExpectBystanderStillWorks();
+}
+
+TEST_F(ProtocolErrorTest, BadArgumentsAreErrorsThatKeepTheConnection) {
+  RawConnection conn = RawConnection::Tcp(lockd_.port());
+  const uint64_t session = conn.HelloAndOpenSession(absl::Seconds(10));
+  wire::Request acquire;
+  acquire.mutable_acquire()->set_session_id(session);
+  acquire.mutable_acquire()->set_lock("");
+  wire::Response reply = conn.Call(acquire);
+  EXPECT_EQ(reply.code(), wire::INVALID_ARGUMENT);
+  EXPECT_THAT(reply.message(), HasSubstr("lock name"));
+  wire::Request unknown_session;
+  unknown_session.mutable_keep_alive()->set_session_id(session + 1000);
+  EXPECT_EQ(conn.Call(unknown_session).code(), wire::SESSION_NOT_FOUND);
+  // Still usable.
+  acquire.mutable_acquire()->set_lock("fine");
+  reply = conn.Call(acquire);
+  EXPECT_EQ(reply.code(), wire::OK);
+  EXPECT_TRUE(reply.acquire().granted());
+  ExpectBystanderStillWorks();
+}
+
+TEST(ClientCreateTest, RefusesBadOptionsAndUnreachableServer) {
+  ClientOptions bad_margin;
+  bad_margin.safety_margin = 1.0;
+  auto c = Client::Create(bad_margin);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("safety-margin"));
+
+  ClientOptions bad_address;
+  bad_address.server = "127.0.0.1:notaport";
+  EXPECT_EQ(Client::Create(bad_address).status().code(), absl::StatusCode::kInvalidArgument);
+
+  LockdProcess lockd;
+  const int port = lockd.port();
+  lockd.Stop();
+  ClientOptions gone;
+  gone.server = "127.0.0.1:" + std::to_string(port);
+  EXPECT_EQ(Client::Create(gone).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(UnixSocketTest, ClientAndProtocolErrorsOverUnixSocket) {
+  LockdProcess lockd(LockdProcess::Options{.unix_socket = true});
+  ClientOptions options;
+  options.server = lockd.unix_address();
+  auto client = Client::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto lock = (*client)->acquire("u", absl::Seconds(5));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+
+  RawConnection bad = RawConnection::Unix(lockd.unix_path());
+  wire::Request open;
+  open.mutable_open_session();
+  EXPECT_EQ(bad.Call(open).code(), wire::HELLO_REQUIRED);
+  EXPECT_TRUE(bad.ClosedByPeer());
+
+  EXPECT_TRUE((*client)->renewNow().ok());
+  EXPECT_NO_THROW((*client)->checkStillHeld(*lock));
+  EXPECT_TRUE((*client)->release(*lock).ok());
+}
+
+}  // namespace
+}  // namespace fencelock

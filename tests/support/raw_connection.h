@@ -1,0 +1,48 @@
+// A blocking, byte-level connection to lockd for tests that must send what the real client
+// never would: malformed frames, oversize frames, requests before Hello, wrong versions, or
+// a holder that goes silent.
+#ifndef FENCELOCK_TESTS_SUPPORT_RAW_CONNECTION_H_
+#define FENCELOCK_TESTS_SUPPORT_RAW_CONNECTION_H_
+
+#include <optional>
+#include <string>
+
+#include "absl/time/time.h"
+#include "fencelock/wire.pb.h"
+#include "protocol/frame.h"
+
+namespace fencelock::testing {
+
+class RawConnection {
+ public:
+  static RawConnection Tcp(int port);
+  static RawConnection Unix(const std::string& path);
+  RawConnection(RawConnection&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  ~RawConnection();
+
+  bool SendBytes(const std::string& bytes);
+  bool SendRequest(const wire::Request& request);
+  // The next response, or nullopt on EOF, error or `timeout`.
+  std::optional<wire::Response> ReadResponse(absl::Duration timeout = absl::Seconds(5));
+  // True if the server closes the connection (EOF or reset) within `timeout`, discarding
+  // anything it sends first.
+  bool ClosedByPeer(absl::Duration timeout = absl::Seconds(5));
+
+  // Sends `request` with the next request id and returns the reply to it (skipping pushes for
+  // other ids). Aborts the test on EOF or timeout.
+  wire::Response Call(wire::Request request);
+  // Hello with the current version range; returns the reply.
+  wire::Response Hello();
+  // Hello, then OpenSession with `ttl`; returns the session id.
+  uint64_t HelloAndOpenSession(absl::Duration ttl);
+
+ private:
+  explicit RawConnection(int fd) : fd_(fd) {}
+  int fd_;
+  uint64_t next_id_ = 1000;
+  protocol::FrameDecoder decoder_;
+};
+
+}  // namespace fencelock::testing
+
+#endif  // FENCELOCK_TESTS_SUPPORT_RAW_CONNECTION_H_
