@@ -67,7 +67,13 @@ LockdProcess::LockdProcess(Options options) {
 }
 
 LockdProcess::~LockdProcess() {
-  if (pid_ > 0) Stop();
+  if (pid_ <= 0) return;
+  const int status = Stop();
+  // A lockd that crashed, or that a sanitizer stopped, fails the test that started it.
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "lockd did not exit cleanly (wait status %d)\n", status);
+    std::abort();
+  }
 }
 
 void LockdProcess::Pause() { kill(pid_, SIGSTOP); }

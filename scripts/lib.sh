@@ -1,0 +1,42 @@
+# Shared by the README's two commands. Sourced, not run.
+set -euo pipefail
+
+FENCELOCK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+JOBS="${JOBS:-2}"
+
+# Debian packages the build, the tests and the demo need.
+FENCELOCK_PACKAGES=(
+  g++ cmake ninja-build ccache pkg-config
+  libabsl-dev libboost-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev
+  googletest libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev
+)
+
+say() { printf '\n==> %s\n' "$*"; }
+
+# Installs whatever in FENCELOCK_PACKAGES is missing; does nothing when all are present.
+ensure_packages() {
+  local missing=()
+  for p in "${FENCELOCK_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+      missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    say "all ${#FENCELOCK_PACKAGES[@]} Debian packages already installed"
+    return
+  fi
+  say "installing missing Debian packages: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# build_tree DIR [extra cmake args...]: configures (once) and builds DIR with Ninja.
+build_tree() {
+  local dir="$1"
+  shift
+  say "configuring $dir $*"
+  cmake -S "$FENCELOCK_ROOT" -B "$FENCELOCK_ROOT/$dir" -G Ninja "$@" > /dev/null
+  say "building $dir with $JOBS jobs"
+  cmake --build "$FENCELOCK_ROOT/$dir" -j "$JOBS"
+}
