@@ -88,13 +88,12 @@ class ServerImpl final : public Server {
   LockService& service() { return service_; }
   Clock* clock() const { return clock_; }
   size_t max_frame_bytes() const { return options_.max_frame_bytes; }
-  WaiterId RegisterWaiter(const std::shared_ptr<Connection>& c, uint64_t request_id) {
-    const WaiterId id = ++last_waiter_id_;
+  WaiterId NextWaiterId() { return ++last_waiter_id_; }
+  // Remembers where to push the answer to a queued acquire.
+  void RouteWaiter(WaiterId id, const std::shared_ptr<Connection>& c, uint64_t request_id) {
     waiters_[id] = {c, request_id};
     c->waiters().insert(id);
-    return id;
   }
-  void ForgetWaiter(WaiterId id) { waiters_.erase(id); }
   void ConnectionGone(Connection* c);
   void CountProtocolError() { ++protocol_errors_total_; }
   // Delivers settled waiter outcomes and re-arms the expiry timer. Call after every request.
@@ -299,20 +298,18 @@ void Connection::Dispatch(const std::string& payload, MonoTime now) {
     }
     case wire::Request::kAcquire: {
       const auto& a = req.acquire();
-      // The waiter id is only used if the request queues; registering lazily keeps the
-      // route table free of entries for immediate answers.
-      const WaiterId waiter_id = server_->RegisterWaiter(shared_from_this(), req.request_id());
+      const WaiterId waiter_id = server_->NextWaiterId();
       auto result = service.Acquire(a.session_id(), a.lock(), FromMillis(a.ttl_ms()),
                                     FromMillis(a.wait_timeout_ms()), waiter_id, now);
-      if (!result.ok() || result->kind != AcquireResult::Kind::kQueued) {
-        waiters_.erase(waiter_id);
-        server_->ForgetWaiter(waiter_id);
-      }
       if (!result.ok()) {
         finish(result.status());
         return;
       }
-      if (result->kind == AcquireResult::Kind::kQueued) return;  // answered when settled
+      if (result->kind == AcquireResult::Kind::kQueued) {
+        // Answered by a push when the wait is settled (AfterRequest).
+        server_->RouteWaiter(waiter_id, shared_from_this(), req.request_id());
+        return;
+      }
       auto* reply = resp.mutable_acquire();
       reply->set_lock(a.lock());
       if (result->kind == AcquireResult::Kind::kGranted) {
