@@ -22,6 +22,8 @@ thread_local bool g_counting = false;
 thread_local int g_allocations = 0;
 }  // namespace
 
+// The replacements below are a matched pair (malloc/free); GCC cannot see that.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void* operator new(std::size_t n) {
   if (g_counting) ++g_allocations;
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;

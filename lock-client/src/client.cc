@@ -207,7 +207,15 @@ absl::StatusOr<Reply> ClientImpl::KeepAliveLocked(
     ref->set_lock(name);
     ref->set_token(token);
   }
-  auto reply = channel_->Call(std::move(request), options_.request_timeout);
+  auto reply = channel_->Call(request, options_.request_timeout);
+  if (!reply.ok() && reply.status().code() == absl::StatusCode::kUnavailable) {
+    // The connection turned out to be dead (the request was never answered, so nothing
+    // changed on the server for it): reconnect and send once more, as a new exchange with
+    // its own t_send.
+    ensured = EnsureSessionLocked();
+    if (!ensured.ok()) return ensured;
+    reply = channel_->Call(std::move(request), options_.request_timeout);
+  }
   // D5: a failed or timed-out exchange changes no deadline; they keep running out.
   if (!reply.ok()) return reply.status();
   const wire::Response& r = reply->response;
