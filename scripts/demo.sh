@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's main command: installs what is missing, builds, starts lockd on a fresh state
-# folder and runs a short scripted client session against it, then stops lockd.
+# directory and runs a short scripted client session against it, then stops lockd.
 source "$(dirname "$0")/lib.sh"
 
 ensure_packages
@@ -17,9 +17,12 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-say "starting lockd on a free loopback port (state folder $work)"
-"$FENCELOCK_ROOT/build/lock-server/lockd" serve --port=0 --port_file="$work/port" \
-  --unix_socket="$work/lockd.sock" > "$work/lockd.log" 2>&1 &
+say "creating a fresh state folder: lockd init --data-dir $work/state"
+"$FENCELOCK_ROOT/build/lock-server/lockd" init --data-dir="$work/state" --wal-segment-bytes=4194304
+
+say "starting lockd on a free loopback port"
+"$FENCELOCK_ROOT/build/lock-server/lockd" serve --data-dir="$work/state" --port=0 \
+  --port-file="$work/port" --unix-socket="$work/lockd.sock" > "$work/lockd.log" 2>&1 &
 lockd_pid=$!
 for _ in $(seq 1 200); do [ -s "$work/port" ] && break; sleep 0.05; done
 [ -s "$work/port" ] || { cat "$work/lockd.log"; echo "lockd did not start" >&2; exit 1; }

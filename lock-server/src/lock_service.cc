@@ -8,6 +8,15 @@ namespace fencelock::server {
 
 LockService::LockService(ServiceOptions options) : options_(std::move(options)) {}
 
+LockService::LockService(ServiceOptions options, StateMachine restored)
+    : options_(std::move(options)), state_(std::move(restored)) {}
+
+void LockService::FailAllWaiters(const absl::Status& status) {
+  std::vector<WaiterId> all;
+  for (const auto& [id, place] : waiter_index_) all.push_back(id);
+  for (WaiterId id : all) RemoveWaiter(id, status);
+}
+
 void LockService::Commit(const Record& r, MonoTime now) {
   state_.Apply(r, now);
   if (observer_) observer_(r);

@@ -79,6 +79,8 @@ struct ServiceStats {
 class LockService {
  public:
   explicit LockService(ServiceOptions options);
+  // Starts from a recovered state (sessions and holders, no waiters).
+  LockService(ServiceOptions options, StateMachine restored);
 
   // Opens a session with `ttl` (zero: the default). Returns its id and effective TTL.
   absl::StatusOr<std::pair<SessionId, absl::Duration>> OpenSession(absl::Duration ttl,
@@ -126,6 +128,13 @@ class LockService {
   const StateMachine& state() const { return state_; }
   const ServiceStats& stats() const { return stats_; }
   size_t waiter_count() const { return waiter_index_.size(); }
+  size_t waiters_for(const std::string& lock) const {
+    auto it = queues_.find(lock);
+    return it == queues_.end() ? 0 : it->second.size();
+  }
+  // Answers every queued waiter with `status` and empties the queues (outcomes are collected
+  // with TakeWaiterOutcomes). Used when the server stops taking mutations.
+  void FailAllWaiters(const absl::Status& status);
 
  private:
   struct Waiter {

@@ -1,11 +1,14 @@
 // lockd: the fencelock lock server.
 //
-//   lockd serve [--listen=127.0.0.1] [--port=7420] [--unix_socket=PATH] [--port_file=PATH]
-//               [--session_ttl=15s] [--lock_ttl=30s]
+//   lockd init  --data-dir=DIR
+//   lockd serve --data-dir=DIR [--listen=127.0.0.1] [--port=7420] [--unix-socket=PATH]
+//               [--port-file=PATH] [--session-ttl=15s] [--lock-ttl=30s]
 //
-// Prints one line per listener ("lockd: listening on tcp 127.0.0.1:7420") once it accepts
-// connections, and writes the bound TCP port to --port_file when given (tests bind port 0 and
-// read it back). SIGINT or SIGTERM stops it cleanly.
+// `serve` restores the state in DIR before it listens and refuses (exit 1, naming the file and
+// offset or reason) a missing, uninitialized, damaged or unsupported one. It then prints one
+// line per listener ("lockd: listening on tcp 127.0.0.1:7420") and writes the bound TCP port to
+// --port-file when given (tests bind port 0 and read it back). SIGINT or SIGTERM stops it
+// cleanly. Flags accept dashes or underscores.
 #include <signal.h>
 
 #include <cstdio>
@@ -15,8 +18,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "lock-server/env.h"
 #include "lock-server/server.h"
+#include "storage.h"
 
+ABSL_FLAG(std::string, data_dir, "", "state directory (created by lockd init)");
+ABSL_FLAG(uint64_t, wal_segment_bytes, uint64_t{64} << 20,
+          "size of each preallocated WAL segment; a snapshot follows each new segment");
 ABSL_FLAG(std::string, listen, "127.0.0.1", "TCP address to listen on");
 ABSL_FLAG(int, port, 7420, "TCP port to listen on; 0 picks a free port");
 ABSL_FLAG(std::string, unix_socket, "", "also listen on this Unix-domain socket path");
@@ -42,6 +50,12 @@ int Serve() {
   options.unix_socket_path = absl::GetFlag(FLAGS_unix_socket);
   options.default_session_ttl = absl::GetFlag(FLAGS_session_ttl);
   options.default_lock_ttl = absl::GetFlag(FLAGS_lock_ttl);
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.wal_segment_bytes = absl::GetFlag(FLAGS_wal_segment_bytes);
+  if (options.data_dir.empty()) {
+    std::fprintf(stderr, "lockd: serve needs --data-dir (create one with lockd init)\n");
+    return 2;
+  }
 
   // Signals are taken by a dedicated thread, so no handler runs inside the server.
   sigset_t stop_signals;
@@ -55,6 +69,9 @@ int Serve() {
   if (!server.ok()) {
     std::fprintf(stderr, "lockd: %s\n", server.status().ToString().c_str());
     return 1;
+  }
+  for (const std::string& line : (*server)->recovery_summary()) {
+    std::printf("lockd: %s\n", line.c_str());
   }
   const uint16_t bound = (*server)->tcp_port();
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
@@ -94,16 +111,54 @@ int Serve() {
   return 0;
 }
 
+int Init() {
+  const std::string dir = absl::GetFlag(FLAGS_data_dir);
+  if (dir.empty()) {
+    std::fprintf(stderr, "lockd: init needs --data-dir\n");
+    return 2;
+  }
+  absl::Status s = fencelock::server::InitDataDir(fencelock::server::Env::Posix(), dir,
+                                                  absl::GetFlag(FLAGS_wal_segment_bytes));
+  if (!s.ok()) {
+    std::fprintf(stderr, "lockd: init: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::printf("lockd: initialized state directory %s\n", dir.c_str());
+  return 0;
+}
+
+// absl flags are spelled with underscores; accept the dashed spelling the docs use too.
+std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
+  std::vector<std::string> out;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (i > 0 && a.rfind("--", 0) == 0) {
+      const size_t end = std::min(a.find('='), a.size());
+      for (size_t k = 2; k < end; ++k) {
+        if (a[k] == '-') a[k] = '_';
+      }
+    }
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "the fencelock lock server\n  lockd serve [--listen=ADDR] [--port=N] [--unix_socket=PATH] "
-      "[--port_file=PATH] [--session_ttl=D] [--lock_ttl=D]");
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() != 2 || std::string(args[1]) != "serve") {
-    std::fprintf(stderr, "usage: lockd serve [flags]; lockd --help lists the flags\n");
-    return 2;
-  }
-  return Serve();
+      "the fencelock lock server\n"
+      "  lockd init  --data-dir=DIR\n"
+      "  lockd serve --data-dir=DIR [--listen=ADDR] [--port=N] [--unix-socket=PATH]\n"
+      "              [--port-file=PATH] [--session-ttl=D] [--lock-ttl=D]");
+  std::vector<std::string> normalized = NormalizeFlagNames(argc, argv);
+  std::vector<char*> normalized_argv;
+  for (auto& a : normalized) normalized_argv.push_back(a.data());
+  std::vector<char*> args =
+      absl::ParseCommandLine(static_cast<int>(normalized_argv.size()), normalized_argv.data());
+  const std::string command = args.size() == 2 ? args[1] : "";
+  if (command == "init") return Init();
+  if (command == "serve") return Serve();
+  std::fprintf(stderr, "usage: lockd init|serve --data-dir=DIR [flags]; lockd --help lists the flags\n");
+  return 2;
 }

@@ -10,7 +10,9 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "fencelock/wire.pb.h"
+#include "durable_log.h"
 #include "lock_service.h"
+#include "storage.h"
 #include "net/asio.h"
 #include "protocol/codes.h"
 #include "protocol/frame.h"
@@ -43,12 +45,23 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Both coroutines take a strong reference as a parameter: a coroutine starts after
   // co_spawn returns, when the caller's reference may be gone.
   awaitable<void> ReadLoop(std::shared_ptr<Connection> self);
+  // Replies go through the server, which holds them until what they reflect is durable.
   void Send(const wire::Response& response);
   // Sends `response`, then stops reading requests and closes once it is flushed.
   void SendAndClose(const wire::Response& response);
+  // Writes an encoded frame now (the server decided it may go).
+  void QueueFrame(const std::string& frame);
   void Close();
   uint64_t id() const { return id_; }
   absl::flat_hash_set<WaiterId>& waiters() { return waiters_; }
+
+  // Replies waiting for the WAL batch `batch` to be durable, oldest first.
+  struct GatedReply {
+    uint64_t batch;
+    uint64_t request_id;
+    std::string frame;
+  };
+  std::deque<GatedReply>& gated() { return gated_; }
 
  private:
   void Dispatch(const std::string& payload, MonoTime now);
@@ -64,21 +77,27 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool closed_ = false;
   bool hello_done_ = false;
   absl::flat_hash_set<WaiterId> waiters_;
+  std::deque<GatedReply> gated_;
 };
 
 class ServerImpl final : public Server {
  public:
-  explicit ServerImpl(const ServerOptions& options)
+  ServerImpl(const ServerOptions& options, Clock* clock, Recovered recovered)
       : options_(options),
-        clock_(options.clock != nullptr ? options.clock : Clock::Real()),
+        clock_(clock),
         service_(ServiceOptions{options.default_session_ttl, options.default_lock_ttl,
-                                options.min_ttl, options.max_ttl, options.max_wait}),
+                                options.min_ttl, options.max_ttl, options.max_wait},
+                 std::move(recovered.state)),
+        report_(std::move(recovered.report)),
         tcp_acceptor_(io_),
         unix_acceptor_(io_),
         timer_(io_) {}
 
+  // Takes over the state directory (after recovery) and starts logging every record.
+  absl::Status OpenLog();
   absl::Status Bind();
   uint16_t tcp_port() const override { return tcp_port_; }
+  std::vector<std::string> recovery_summary() const override;
   void Run() override;
   void Shutdown() override {
     asio::post(io_, [this] { StopLocked(); });
@@ -96,11 +115,19 @@ class ServerImpl final : public Server {
   }
   void ConnectionGone(Connection* c);
   void CountProtocolError() { ++protocol_errors_total_; }
+  // Sends `response` on `c` once every record it may reflect is durable.
+  void Reply(const std::shared_ptr<Connection>& c, const wire::Response& response);
+  // True once a disk fault stopped mutations; `message` says what failed.
+  bool faulted() const { return log_->faulted(); }
+  const absl::Status& fault() const { return log_->fault(); }
+  void FillList(wire::ListReply* list) const;
   // Delivers settled waiter outcomes and re-arms the expiry timer. Call after every request.
   void AfterRequest();
   void FillStats(wire::StatsReply* stats) const;
 
  private:
+  void OnDurable(uint64_t batch);
+  void OnFault(const absl::Status& status);
   template <typename Acceptor>
   awaitable<void> AcceptLoop(Acceptor& acceptor);
   awaitable<void> TimerLoop();
@@ -114,6 +141,7 @@ class ServerImpl final : public Server {
   ServerOptions options_;
   Clock* clock_;
   LockService service_;
+  RecoveryReport report_;
   asio::io_context io_{1};
   asio::ip::tcp::acceptor tcp_acceptor_;
   asio::local::stream_protocol::acceptor unix_acceptor_;
@@ -126,6 +154,10 @@ class ServerImpl final : public Server {
   uint64_t protocol_errors_total_ = 0;
   absl::flat_hash_map<WaiterId, WaiterRoute> waiters_;
   absl::flat_hash_map<uint64_t, std::weak_ptr<Connection>> connections_;
+  // Connections with replies waiting for a durable batch.
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Connection>> gated_connections_;
+  // Declared after io_: destroyed first, so its writer finishes while io_ still exists.
+  std::unique_ptr<DurableLog> log_;
 };
 
 // ---- Connection ----
@@ -163,15 +195,12 @@ awaitable<void> Connection::ReadLoop(std::shared_ptr<Connection> self) {
 }
 
 void Connection::Send(const wire::Response& response) {
+  if (!closed_) server_->Reply(shared_from_this(), response);
+}
+
+void Connection::QueueFrame(const std::string& frame) {
   if (closed_) return;
-  std::string payload = response.SerializeAsString();
-  if (!protocol::AppendFrame(payload, &outbox_, server_->max_frame_bytes()).ok()) {
-    wire::Response too_big;
-    too_big.set_request_id(response.request_id());
-    too_big.set_code(wire::UNAVAILABLE);
-    too_big.set_message("reply exceeds the maximum frame size");
-    (void)protocol::AppendFrame(too_big.SerializeAsString(), &outbox_);
-  }
+  outbox_ += frame;
   if (!writing_) {
     writing_ = true;
     asio::co_spawn(socket_.get_executor(), WriteLoop(shared_from_this()), asio::detached);
@@ -241,6 +270,17 @@ void Connection::Dispatch(const std::string& payload, MonoTime now) {
     return;
   }
   LockService& service = server_->service();
+  const bool read_only = req.body_case() == wire::Request::kHello ||
+                         req.body_case() == wire::Request::kGetStats ||
+                         req.body_case() == wire::Request::kListLocks;
+  if (!read_only && server_->faulted()) {
+    resp.set_code(wire::UNAVAILABLE);
+    resp.set_message(absl::StrCat("lockd stopped taking requests after a disk fault (",
+                                  server_->fault().message(),
+                                  "); restart it once the disk is fixed"));
+    Send(resp);
+    return;
+  }
   auto finish = [&](const absl::Status& s) {
     resp.set_code(protocol::CodeFromStatus(s));
     if (!s.ok()) resp.set_message(std::string(s.message()));
@@ -332,8 +372,12 @@ void Connection::Dispatch(const std::string& payload, MonoTime now) {
       return;
     }
     case wire::Request::kGetStats: {
-      service.Advance(now);
       server_->FillStats(resp.mutable_stats());
+      finish(absl::OkStatus());
+      return;
+    }
+    case wire::Request::kListLocks: {
+      server_->FillList(resp.mutable_list());
       finish(absl::OkStatus());
       return;
     }
@@ -426,6 +470,7 @@ awaitable<void> ServerImpl::TimerLoop() {
     }
     co_await timer_.async_wait(asio::redirect_error(use_awaitable, ec));
     if (stopping_) break;
+    if (log_->faulted()) continue;  // no mutations, expiries included, after a disk fault
     service_.Advance(clock_->Now());
     AfterRequest();
   }
@@ -454,7 +499,134 @@ void ServerImpl::AfterRequest() {
     }
     connection->Send(resp);
   }
+  log_->Flush();
   if (service_.NextDeadline() < timer_armed_for_) timer_.cancel();
+}
+
+void ServerImpl::Reply(const std::shared_ptr<Connection>& c, const wire::Response& response) {
+  std::string frame;
+  if (!protocol::AppendFrame(response.SerializeAsString(), &frame, options_.max_frame_bytes)
+           .ok()) {
+    wire::Response too_big;
+    too_big.set_request_id(response.request_id());
+    too_big.set_code(wire::UNAVAILABLE);
+    too_big.set_message("reply exceeds the maximum frame size");
+    frame.clear();
+    (void)protocol::AppendFrame(too_big.SerializeAsString(), &frame);
+  }
+  // Every reply may reflect any record applied so far (a grant, a release another client
+  // made, an expiry), so it waits for the newest batch. After a fault nothing becomes durable
+  // again; replies then carry no mutation and go at once.
+  const uint64_t batch = log_->newest_batch();
+  if (log_->faulted() || batch <= log_->durable_batch()) {
+    c->QueueFrame(frame);
+    return;
+  }
+  c->gated().push_back({batch, response.request_id(), std::move(frame)});
+  gated_connections_[c->id()] = c;
+}
+
+void ServerImpl::OnDurable(uint64_t batch) {
+  for (auto it = gated_connections_.begin(); it != gated_connections_.end();) {
+    auto& queue = it->second->gated();
+    while (!queue.empty() && queue.front().batch <= batch) {
+      it->second->QueueFrame(queue.front().frame);
+      queue.pop_front();
+    }
+    if (queue.empty()) {
+      gated_connections_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void ServerImpl::OnFault(const absl::Status& status) {
+  const std::string message =
+      absl::StrCat("lockd could not make this durable (", status.message(),
+                   ") and stopped taking requests; restart it once the disk is fixed");
+  // Nothing held back was made durable: none of it may be acknowledged.
+  for (auto& [id, connection] : gated_connections_) {
+    for (const auto& held : connection->gated()) {
+      wire::Response r;
+      r.set_request_id(held.request_id);
+      r.set_code(wire::UNAVAILABLE);
+      r.set_message(message);
+      std::string frame;
+      (void)protocol::AppendFrame(r.SerializeAsString(), &frame);
+      connection->QueueFrame(frame);
+    }
+    connection->gated().clear();
+  }
+  gated_connections_.clear();
+  service_.FailAllWaiters(absl::UnavailableError(message));
+  AfterRequest();
+}
+
+std::vector<std::string> ServerImpl::recovery_summary() const {
+  std::vector<std::string> lines = {
+      absl::StrCat("restored ", service_.state().session_count(), " sessions and ",
+                   service_.state().held_lock_count(), " held locks from ", options_.data_dir,
+                   " (snapshot lsn ", report_.snapshot_lsn, ", ", report_.records_replayed,
+                   " records replayed, last lsn ", report_.last_lsn, ")"),
+      absl::StrCat("next token above ", report_.token_floor, ", next session id above ",
+                   report_.session_floor)};
+  for (const std::string& w : report_.warnings) lines.push_back("warning: " + w);
+  return lines;
+}
+
+void ServerImpl::FillList(wire::ListReply* list) const {
+  const MonoTime now = clock_->Now();
+  auto left_ms = [&](MonoTime t) {
+    return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(t - now)));
+  };
+  std::vector<std::string> names;
+  for (const auto& [name, holder] : service_.state().holders()) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    const HolderState& h = *service_.state().FindHolder(name);
+    auto* info = list->add_locks();
+    info->set_lock(name);
+    info->set_session_id(h.session);
+    info->set_token(h.token);
+    info->set_ttl_ms(ToMillis(h.ttl));
+    info->set_expires_in_ms(left_ms(h.expires_at));
+    info->set_waiters(static_cast<uint32_t>(service_.waiters_for(name)));
+  }
+  std::vector<SessionId> ids;
+  for (const auto& [id, session] : service_.state().sessions()) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (SessionId id : ids) {
+    const SessionState& st = *service_.state().FindSession(id);
+    auto* info = list->add_sessions();
+    info->set_session_id(id);
+    info->set_ttl_ms(ToMillis(st.ttl));
+    info->set_expires_in_ms(left_ms(st.expires_at));
+    info->set_locks_held(static_cast<uint32_t>(st.locks.size()));
+  }
+}
+
+absl::Status ServerImpl::OpenLog() {
+  auto log = DurableLog::Open(
+      DurableLogOptions{options_.env, options_.data_dir, options_.wal_segment_bytes,
+                        options_.reservation_block},
+      report_, [this](std::function<void()> f) { asio::post(io_, std::move(f)); });
+  if (!log.ok()) return log.status();
+  log_ = std::move(*log);
+  log_->set_on_durable([this](uint64_t batch) { OnDurable(batch); });
+  log_->set_on_fault([this](const absl::Status& s) { OnFault(s); });
+  log_->set_on_rotated([this] { log_->Snapshot(service_.state()); });
+  service_.set_record_observer([this](const Record& r) {
+    // A reservation covering every id handed out goes to disk before the batch that holds
+    // the record, so a restart never reissues a token or session id, even if that batch is
+    // lost.
+    if (std::holds_alternative<record::LockGranted>(r) ||
+        std::holds_alternative<record::SessionOpened>(r)) {
+      log_->ReserveFor(service_.state().last_token(), service_.state().last_session_id());
+    }
+    log_->Append(r);
+  });
+  return absl::OkStatus();
 }
 
 void ServerImpl::ConnectionGone(Connection* c) {
@@ -477,6 +649,15 @@ void ServerImpl::FillStats(wire::StatsReply* stats) const {
   stats->set_lock_expiries_total(s.lock_expiries_total);
   stats->set_last_token(service_.state().last_token());
   stats->set_protocol_errors_total(protocol_errors_total_);
+  const DurableLogStats log = log_->stats();
+  stats->set_log_syncs_total(log.syncs);
+  stats->set_log_records_total(log.records);
+  stats->set_log_bytes_total(log.bytes);
+  stats->set_wal_segment(log.segment);
+  stats->set_snapshots_total(log.snapshots);
+  stats->set_last_lsn(log_->last_lsn());
+  stats->set_log_sync_ns_total(static_cast<uint64_t>(log.total_sync_ns));
+  if (log_->faulted()) stats->set_disk_fault(log_->fault().ToString());
 }
 
 void ServerImpl::Run() {
@@ -518,7 +699,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   if (options.max_frame_bytes < 64) {
     return absl::InvalidArgumentError("max_frame_bytes must be at least 64");
   }
-  auto server = std::make_unique<ServerImpl>(options);
+  if (options.data_dir.empty()) {
+    return absl::InvalidArgumentError("a state directory is required (--data-dir)");
+  }
+  if (options.wal_segment_bytes < 4096 || options.reservation_block == 0) {
+    return absl::InvalidArgumentError(
+        "WAL segments must be at least 4096 bytes and reservations at least 1");
+  }
+  ServerOptions resolved = options;
+  if (resolved.env == nullptr) resolved.env = Env::Posix();
+  Clock* clock = options.clock != nullptr ? options.clock : Clock::Real();
+  // Restore before anything listens: a directory we cannot trust is never served from.
+  auto recovered = Recover(resolved.env, resolved.data_dir, clock->Now());
+  if (!recovered.ok()) return recovered.status();
+  auto server = std::make_unique<ServerImpl>(resolved, clock, std::move(*recovered));
+  if (absl::Status s = server->OpenLog(); !s.ok()) return s;
   absl::Status bound = server->Bind();
   if (!bound.ok()) return bound;
   return server;

@@ -15,8 +15,84 @@ namespace {
 
 }  // namespace
 
+absl::Status StateMachine::Check(const Record& r) const {
+  return std::visit([&](const auto& rec) { return CheckOne(rec); }, r);
+}
+
 void StateMachine::Apply(const Record& r, MonoTime now) {
+  if (absl::Status s = Check(r); !s.ok()) InvariantBroken(std::string(s.message()));
   std::visit([&](const auto& rec) { ApplyOne(rec, now); }, r);
+}
+
+void StateMachine::RaiseFloors(FenceToken token_floor, SessionId session_floor) {
+  last_token_ = std::max(last_token_, token_floor);
+  last_session_id_ = std::max(last_session_id_, session_floor);
+}
+
+absl::Status StateMachine::CheckOne(const record::SessionOpened& r) const {
+  if (r.session <= last_session_id_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session id ", r.session, " not above last id ", last_session_id_));
+  }
+  if (r.ttl <= absl::ZeroDuration()) {
+    return absl::FailedPreconditionError(absl::StrCat("session ", r.session, " has no TTL"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StateMachine::CheckOne(const record::SessionRenewed& r) const {
+  if (!sessions_.contains(r.session)) {
+    return absl::FailedPreconditionError(absl::StrCat("renew of unknown session ", r.session));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StateMachine::CheckOne(const record::SessionEnded& r) const {
+  auto it = sessions_.find(r.session);
+  if (it == sessions_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("end of unknown session ", r.session));
+  }
+  if (!it->second.locks.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", r.session, " ended while holding ", it->second.locks.size(), " locks"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StateMachine::CheckOne(const record::LockGranted& r) const {
+  if (r.token <= last_token_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("token ", r.token, " not above last token ", last_token_));
+  }
+  if (!sessions_.contains(r.session)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("grant of ", r.lock, " to unknown session ", r.session));
+  }
+  if (holders_.contains(r.lock)) {
+    return absl::FailedPreconditionError(absl::StrCat("grant of held lock ", r.lock));
+  }
+  if (r.ttl <= absl::ZeroDuration()) {
+    return absl::FailedPreconditionError(absl::StrCat("grant of ", r.lock, " has no TTL"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StateMachine::CheckOne(const record::LockRenewed& r) const {
+  auto it = holders_.find(r.lock);
+  if (it == holders_.end() || it->second.token != r.token) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "renew of ", r.lock, " with token ", r.token, " that does not hold it"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StateMachine::CheckOne(const record::LockReleased& r) const {
+  auto it = holders_.find(r.lock);
+  if (it == holders_.end() || it->second.token != r.token) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "release of ", r.lock, " with token ", r.token, " that does not hold it"));
+  }
+  return absl::OkStatus();
 }
 
 const SessionState* StateMachine::FindSession(SessionId id) const {
@@ -47,10 +123,6 @@ std::optional<std::string> StateMachine::ExpiredLock(MonoTime now) const {
 }
 
 void StateMachine::ApplyOne(const record::SessionOpened& r, MonoTime now) {
-  if (r.session <= last_session_id_) {
-    InvariantBroken(absl::StrCat("session id ", r.session, " not above last id ",
-                                 last_session_id_));
-  }
   last_session_id_ = r.session;
   SessionState& s = sessions_[r.session];
   s.ttl = r.ttl;
@@ -60,7 +132,6 @@ void StateMachine::ApplyOne(const record::SessionOpened& r, MonoTime now) {
 
 void StateMachine::ApplyOne(const record::SessionRenewed& r, MonoTime now) {
   auto it = sessions_.find(r.session);
-  if (it == sessions_.end()) InvariantBroken(absl::StrCat("renew of unknown session ", r.session));
   session_expiry_.erase({it->second.expires_at, r.session});
   it->second.expires_at = now + it->second.ttl;
   session_expiry_.emplace(it->second.expires_at, r.session);
@@ -68,25 +139,13 @@ void StateMachine::ApplyOne(const record::SessionRenewed& r, MonoTime now) {
 
 void StateMachine::ApplyOne(const record::SessionEnded& r, MonoTime now) {
   auto it = sessions_.find(r.session);
-  if (it == sessions_.end()) InvariantBroken(absl::StrCat("end of unknown session ", r.session));
-  if (!it->second.locks.empty()) {
-    InvariantBroken(absl::StrCat("session ", r.session, " ended while holding ",
-                                 it->second.locks.size(), " locks"));
-  }
   session_expiry_.erase({it->second.expires_at, r.session});
   sessions_.erase(it);
 }
 
 void StateMachine::ApplyOne(const record::LockGranted& r, MonoTime now) {
-  if (r.token <= last_token_) {
-    InvariantBroken(absl::StrCat("token ", r.token, " not above last token ", last_token_));
-  }
   auto session = sessions_.find(r.session);
-  if (session == sessions_.end()) {
-    InvariantBroken(absl::StrCat("grant of ", r.lock, " to unknown session ", r.session));
-  }
-  auto [it, inserted] = holders_.try_emplace(r.lock);
-  if (!inserted) InvariantBroken(absl::StrCat("grant of held lock ", r.lock));
+  auto it = holders_.try_emplace(r.lock).first;
   last_token_ = r.token;
   it->second = HolderState{r.session, r.token, r.ttl, now + r.ttl};
   lock_expiry_.emplace(it->second.expires_at, r.lock);
@@ -95,10 +154,6 @@ void StateMachine::ApplyOne(const record::LockGranted& r, MonoTime now) {
 
 void StateMachine::ApplyOne(const record::LockRenewed& r, MonoTime now) {
   auto it = holders_.find(r.lock);
-  if (it == holders_.end() || it->second.token != r.token) {
-    InvariantBroken(absl::StrCat("renew of ", r.lock, " with token ", r.token,
-                                 " that does not hold it"));
-  }
   lock_expiry_.erase({it->second.expires_at, r.lock});
   it->second.expires_at = now + it->second.ttl;
   lock_expiry_.emplace(it->second.expires_at, r.lock);
@@ -106,10 +161,6 @@ void StateMachine::ApplyOne(const record::LockRenewed& r, MonoTime now) {
 
 void StateMachine::ApplyOne(const record::LockReleased& r, MonoTime now) {
   auto it = holders_.find(r.lock);
-  if (it == holders_.end() || it->second.token != r.token) {
-    InvariantBroken(absl::StrCat("release of ", r.lock, " with token ", r.token,
-                                 " that does not hold it"));
-  }
   lock_expiry_.erase({it->second.expires_at, r.lock});
   auto session = sessions_.find(it->second.session);
   if (session != sessions_.end()) session->second.locks.erase(r.lock);

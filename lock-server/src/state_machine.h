@@ -20,6 +20,7 @@
 
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "clock/clock.h"
 
@@ -79,8 +80,16 @@ struct HolderState {
 
 class StateMachine {
  public:
-  // Applies `r` as of server time `now`. Aborts on a broken invariant.
+  // OK if `r` can be applied to the current state; otherwise kFailedPrecondition saying which
+  // invariant it breaks. Recovery uses this to refuse a log that does not replay.
+  absl::Status Check(const Record& r) const;
+
+  // Applies `r` as of server time `now`. Aborts on a broken invariant (see Check).
   void Apply(const Record& r, MonoTime now);
+
+  // Raises the token and session-id sequences to at least these values (never lowers them),
+  // so that the next grant or session is above every value that may have been handed out.
+  void RaiseFloors(FenceToken token_floor, SessionId session_floor);
 
   // Null when absent. Pointers are invalidated by the next Apply().
   const SessionState* FindSession(SessionId id) const;
@@ -101,6 +110,12 @@ class StateMachine {
   const absl::flat_hash_map<std::string, HolderState>& holders() const { return holders_; }
 
  private:
+  absl::Status CheckOne(const record::SessionOpened& r) const;
+  absl::Status CheckOne(const record::SessionRenewed& r) const;
+  absl::Status CheckOne(const record::SessionEnded& r) const;
+  absl::Status CheckOne(const record::LockGranted& r) const;
+  absl::Status CheckOne(const record::LockRenewed& r) const;
+  absl::Status CheckOne(const record::LockReleased& r) const;
   void ApplyOne(const record::SessionOpened& r, MonoTime now);
   void ApplyOne(const record::SessionRenewed& r, MonoTime now);
   void ApplyOne(const record::SessionEnded& r, MonoTime now);

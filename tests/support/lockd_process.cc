@@ -1,5 +1,6 @@
 #include "lockd_process.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -9,9 +10,39 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 namespace fencelock::testing {
+namespace {
+
+// Runs lockd with `args` (after the binary name) to completion; stderr goes to `err_file`
+// when given.
+int RunToExit(const std::vector<std::string>& args, const std::string& err_file) {
+  const pid_t pid = fork();
+  if (pid < 0) {
+    std::perror("fork");
+    std::abort();
+  }
+  if (pid == 0) {
+    if (!err_file.empty()) {
+      const int fd = open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      dup2(fd, 2);
+    }
+    std::vector<std::string> all = {LOCKD_BINARY};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return status;
+}
+
+}  // namespace
 
 TempDir::TempDir() {
   const char* base = getenv("TMPDIR");
@@ -28,14 +59,45 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-LockdProcess::LockdProcess(Options options) {
-  const std::string port_file = dir_.path() + "/port";
-  std::vector<std::string> args = {LOCKD_BINARY, "serve", "--port=0", "--port_file=" + port_file};
-  if (options.unix_socket) {
-    unix_path_ = dir_.path() + "/lockd.sock";
-    args.push_back("--unix_socket=" + unix_path_);
+int InitDataDir(const std::string& data_dir, uint64_t segment_bytes) {
+  return RunToExit({"init", "--data-dir=" + data_dir,
+                    "--wal-segment-bytes=" + std::to_string(segment_bytes)},
+                   "");
+}
+
+std::pair<int, std::string> RunLockdToExit(const std::vector<std::string>& args) {
+  TempDir tmp;
+  const std::string err_file = tmp.path() + "/stderr";
+  const int status = RunToExit(args, err_file);
+  std::ifstream in(err_file);
+  std::stringstream err;
+  err << in.rdbuf();
+  return {status, err.str()};
+}
+
+LockdProcess::LockdProcess(Options options) : options_(std::move(options)) {
+  data_dir_ = options_.data_dir;
+  if (data_dir_.empty()) {
+    data_dir_ = dir_.path() + "/state";
+    if (InitDataDir(data_dir_, options_.segment_bytes) != 0) {
+      std::fprintf(stderr, "lockd init %s failed\n", data_dir_.c_str());
+      std::abort();
+    }
   }
-  for (const auto& a : options.extra_args) args.push_back(a);
+  if (options_.unix_socket) unix_path_ = dir_.path() + "/lockd.sock";
+  Start(0);
+}
+
+void LockdProcess::Start(int port) {
+  const std::string port_file = dir_.path() + "/port";
+  std::filesystem::remove(port_file);
+  std::vector<std::string> args = {LOCKD_BINARY,
+                                   "serve",
+                                   "--data-dir=" + data_dir_,
+                                   "--port=" + std::to_string(port),
+                                   "--port-file=" + port_file};
+  if (!unix_path_.empty()) args.push_back("--unix-socket=" + unix_path_);
+  for (const auto& a : options_.extra_args) args.push_back(a);
 
   pid_ = fork();
   if (pid_ < 0) {
@@ -53,13 +115,17 @@ LockdProcess::LockdProcess(Options options) {
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < give_up) {
     std::ifstream in(port_file);
-    if (in >> port_ && port_ > 0) return;
+    int bound = 0;
+    if (in >> bound && bound > 0) {
+      port_ = bound;
+      return;
+    }
     int status;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       std::fprintf(stderr, "lockd exited before listening (status %d)\n", status);
       std::abort();
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   std::fprintf(stderr, "lockd did not report its port within 20 s\n");
   kill(pid_, SIGKILL);
@@ -79,6 +145,19 @@ LockdProcess::~LockdProcess() {
 void LockdProcess::Pause() { kill(pid_, SIGSTOP); }
 void LockdProcess::Resume() { kill(pid_, SIGCONT); }
 
+void LockdProcess::Kill() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  int status;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+void LockdProcess::Restart() {
+  if (pid_ > 0) Kill();
+  Start(port_);
+}
+
 int LockdProcess::Stop() {
   if (pid_ <= 0) return -1;
   kill(pid_, SIGCONT);
@@ -91,7 +170,7 @@ int LockdProcess::Stop() {
       waitpid(pid_, &status, 0);
       break;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   pid_ = -1;
   return status;

@@ -5,7 +5,9 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fencelock::testing {
@@ -21,16 +23,35 @@ class TempDir {
   std::string path_;
 };
 
+// Runs `lockd init` on `data_dir`; returns lockd's exit status (0 on success).
+int InitDataDir(const std::string& data_dir, uint64_t segment_bytes = 1 << 20);
+
+// Runs `lockd serve` with `args` to completion (for commands expected to refuse); returns the
+// exit status and everything it wrote to stderr.
+std::pair<int, std::string> RunLockdToExit(const std::vector<std::string>& args);
+
 class LockdProcess {
  public:
   struct Options {
     bool unix_socket = false;
-    std::vector<std::string> extra_args;  // e.g. "--session_ttl=300ms"
+    std::vector<std::string> extra_args;  // e.g. "--session-ttl=300ms"
+    // State directory; empty: a fresh one in the process's temporary directory, initialized.
+    std::string data_dir;
+    // WAL segment size for the directory this creates (small keeps tests light).
+    uint64_t segment_bytes = 1 << 20;
   };
   // Starts lockd and waits until it listens; aborts the test binary if it cannot start.
   explicit LockdProcess(Options options);
   LockdProcess() : LockdProcess(Options{}) {}
-  ~LockdProcess();  // SIGTERM, then SIGKILL if it does not exit within 5 s
+  // SIGTERM, then SIGKILL if it does not exit within 5 s; aborts if lockd did not exit cleanly.
+  ~LockdProcess();
+
+  // SIGKILL, as a crash would, and reap it.
+  void Kill();
+  // Starts lockd again on the same state directory and, if it can, the same port.
+  void Restart();
+  bool running() const { return pid_ > 0; }
+  const std::string& data_dir() const { return data_dir_; }
 
   int port() const { return port_; }
   std::string tcp_address() const { return "127.0.0.1:" + std::to_string(port_); }
@@ -44,7 +65,11 @@ class LockdProcess {
   int Stop();
 
  private:
+  void Start(int port);
+
+  Options options_;
   TempDir dir_;
+  std::string data_dir_;
   pid_t pid_ = -1;
   int port_ = 0;
   std::string unix_path_;

@@ -12,14 +12,26 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "clock/clock.h"
+#include "lock-server/env.h"
 
 namespace fencelock::server {
 
 struct ServerOptions {
+  // State directory created by `lockd init`. Required: Create() restores from it before it
+  // listens, and refuses a missing, uninitialized, damaged or unsupported one.
+  std::string data_dir;
+  // File system access. Default: nullptr, the real file system (Env::Posix()).
+  Env* env = nullptr;
+  // Size of each preallocated WAL segment; a snapshot follows each move to a new one.
+  // Default: 64 MiB.
+  uint64_t wal_segment_bytes = uint64_t{64} << 20;
+  // Tokens and session ids reserved per durable SEQUENCES write. Default: 10000.
+  uint64_t reservation_block = 10000;
   // Address the TCP listener binds. Default: 127.0.0.1 (loopback only).
   std::string tcp_host = "127.0.0.1";
   // TCP port; 0 picks a free one, reported by Server::tcp_port(). Default: 7420.
@@ -44,14 +56,19 @@ struct ServerOptions {
 // Thread safety: Run() is called from one thread; Shutdown() and tcp_port() from any.
 class Server {
  public:
-  // Binds the listeners. Returns kInvalidArgument for bad options, kUnavailable when an
-  // address cannot be bound (the message names it). Does not serve until Run().
+  // Restores the state in options.data_dir, then binds the listeners. Returns kInvalidArgument
+  // for bad options, the recovery error (kNotFound, kDataLoss or kFailedPrecondition, naming
+  // the file and offset or reason) for a state directory it will not serve from, kUnavailable
+  // when an address cannot be bound. Does not serve until Run().
   static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options);
 
   virtual ~Server() = default;
 
   // The bound TCP port (the real one when options asked for 0).
   virtual uint16_t tcp_port() const = 0;
+
+  // What recovery restored, one line per fact, for lockd's startup log.
+  virtual std::vector<std::string> recovery_summary() const = 0;
 
   // Serves on the calling thread until Shutdown(). Removes the Unix socket file on return.
   virtual void Run() = 0;

@@ -1,0 +1,130 @@
+// The file operations lockd's durable state uses, behind an interface so that tests can run
+// recovery against an in-memory copy of a state directory and inject disk faults (in the manner
+// of LevelDB's Env and its fault-injection wrapper).
+//
+// Every operation that makes something durable says so; nothing else syncs. Implementations
+// are thread-safe.
+#ifndef FENCELOCK_LOCK_SERVER_ENV_H_
+#define FENCELOCK_LOCK_SERVER_ENV_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace fencelock::server {
+
+// A preallocated file written in place (a WAL segment).
+class SegmentFile {
+ public:
+  virtual ~SegmentFile() = default;
+  // Writes `data` at `offset`, which must lie inside the allocated size. Not durable until
+  // Sync(). kResourceExhausted or kDataLoss/kInternal on a disk error.
+  virtual absl::Status WriteAt(uint64_t offset, std::string_view data) = 0;
+  // Makes every write so far durable (fdatasync).
+  virtual absl::Status Sync() = 0;
+};
+
+class Env {
+ public:
+  virtual ~Env() = default;
+
+  // The real file system. Never null.
+  static Env* Posix();
+
+  // The whole file. kNotFound if it does not exist.
+  virtual absl::StatusOr<std::string> ReadFile(const std::string& path) = 0;
+  // Replaces `path` with `contents` durably and atomically: a temporary file is written and
+  // synced, renamed over `path`, and the directory is synced. Readers see the old or the new
+  // contents, never a mix.
+  virtual absl::Status WriteFileAtomically(const std::string& path, std::string_view contents) = 0;
+  // Creates `path` durably with `header` at offset 0 and zeros up to `size` bytes, atomically
+  // (a temporary name until it is complete and synced), and opens it for writing.
+  virtual absl::StatusOr<std::unique_ptr<SegmentFile>> CreateSegment(const std::string& path,
+                                                                     std::string_view header,
+                                                                     uint64_t size) = 0;
+  // Opens an existing segment for writing in place.
+  virtual absl::StatusOr<std::unique_ptr<SegmentFile>> OpenSegment(const std::string& path) = 0;
+  // Names (not paths) of the entries in `dir`. kNotFound if `dir` does not exist.
+  virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) = 0;
+  // Removes a file; durable once the directory is synced by a later atomic write or SyncDir.
+  virtual absl::Status RemoveFile(const std::string& path) = 0;
+  // Creates a directory (its parent must exist) and syncs the parent.
+  virtual absl::Status CreateDir(const std::string& dir) = 0;
+  virtual absl::Status SyncDir(const std::string& dir) = 0;
+};
+
+// An Env that keeps files in memory. For tests: load a real state directory into it, damage
+// it, run recovery. Thread-safe.
+class MemEnv : public Env {
+ public:
+  absl::StatusOr<std::string> ReadFile(const std::string& path) override;
+  absl::Status WriteFileAtomically(const std::string& path, std::string_view contents) override;
+  absl::StatusOr<std::unique_ptr<SegmentFile>> CreateSegment(const std::string& path,
+                                                             std::string_view header,
+                                                             uint64_t size) override;
+  absl::StatusOr<std::unique_ptr<SegmentFile>> OpenSegment(const std::string& path) override;
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override;
+  absl::Status RemoveFile(const std::string& path) override;
+  absl::Status CreateDir(const std::string& dir) override;
+  absl::Status SyncDir(const std::string& dir) override { return absl::OkStatus(); }
+
+  // Direct access for tests.
+  void PutFile(const std::string& path, std::string contents);
+  std::map<std::string, std::string> Files() const;
+
+ private:
+  friend class MemSegment;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, bool> dirs_ ABSL_GUARDED_BY(mu_);
+};
+
+// Wraps another Env and fails writes on command, as a full or failing disk would. Reads pass
+// through. Thread-safe.
+class FaultInjectingEnv : public Env {
+ public:
+  explicit FaultInjectingEnv(Env* base) : base_(base) {}
+
+  // While set, every write, sync, create and remove fails with kResourceExhausted
+  // ("No space left on device").
+  void SetDiskFull(bool full);
+  bool disk_full() const;
+  // Number of operations refused so far.
+  int refused() const;
+
+  absl::StatusOr<std::string> ReadFile(const std::string& path) override {
+    return base_->ReadFile(path);
+  }
+  absl::Status WriteFileAtomically(const std::string& path, std::string_view contents) override;
+  absl::StatusOr<std::unique_ptr<SegmentFile>> CreateSegment(const std::string& path,
+                                                             std::string_view header,
+                                                             uint64_t size) override;
+  absl::StatusOr<std::unique_ptr<SegmentFile>> OpenSegment(const std::string& path) override;
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
+    return base_->ListDir(dir);
+  }
+  absl::Status RemoveFile(const std::string& path) override;
+  absl::Status CreateDir(const std::string& dir) override;
+  absl::Status SyncDir(const std::string& dir) override;
+
+  // kResourceExhausted while the disk is full, OK otherwise (counts refusals).
+  absl::Status Check();
+
+ private:
+  Env* const base_;
+  mutable absl::Mutex mu_;
+  bool full_ ABSL_GUARDED_BY(mu_) = false;
+  int refused_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace fencelock::server
+
+#endif  // FENCELOCK_LOCK_SERVER_ENV_H_

@@ -1,0 +1,93 @@
+// lockd's state directory: its files, their encodings, init and recovery.
+//
+//   FORMAT                     "fencelock-lockd-state\nformat 1\n"; anything else is refused
+//   SEQUENCES                  token and session-id high-water marks reserved ahead of use
+//   snapshot-<20-digit lsn>    the whole state after record <lsn>
+//   wal-<20-digit number>      a preallocated, zero-filled log segment of checksummed records
+//
+// The layout and the rules behind it are in docs/durability.md. Recovery reads and never
+// writes: it either returns the last valid state (dropping only a torn tail of the final
+// segment) or an error that names the file and the offset or reason.
+#ifndef FENCELOCK_LOCK_SERVER_STORAGE_H_
+#define FENCELOCK_LOCK_SERVER_STORAGE_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "lock-server/env.h"
+#include "state_machine.h"
+
+namespace fencelock::server {
+
+inline constexpr char kFormatFile[] = "FORMAT";
+inline constexpr char kFormatContents[] = "fencelock-lockd-state\nformat 1\n";
+inline constexpr char kSequencesFile[] = "SEQUENCES";
+inline constexpr uint64_t kSegmentHeaderBytes = 32;
+inline constexpr uint64_t kRecordHeaderBytes = 16;
+inline constexpr uint64_t kDefaultSegmentBytes = uint64_t{64} << 20;
+
+std::string SnapshotName(uint64_t lsn);
+std::string SegmentName(uint64_t number);
+
+struct Sequences {
+  FenceToken token_hwm = 0;    // no token above this has been handed out
+  SessionId session_hwm = 0;   // no session id above this has been handed out
+};
+std::string EncodeSequences(const Sequences& s);
+
+// One WAL record frame: header (magic, length, checksum of the length, checksum of the
+// payload) and the serialized LogRecord. `lsn` 0 with `seal_next_segment` set encodes the
+// marker that closes a segment.
+std::string EncodeRecordFrame(uint64_t lsn, const Record& r);
+std::string EncodeSealFrame(uint64_t next_segment);
+std::string EncodeSegmentHeader(uint64_t number, uint64_t size);
+// The whole state after `last_lsn`, as a snapshot file.
+std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn);
+
+// Creates `dir` (which must not exist, or be empty) as a fresh state directory: FORMAT,
+// SEQUENCES, snapshot-0 and an empty first segment, all durable.
+absl::Status InitDataDir(Env* env, const std::string& dir,
+                         uint64_t segment_bytes = kDefaultSegmentBytes);
+
+struct RecoveryReport {
+  uint64_t snapshot_lsn = 0;
+  uint64_t last_lsn = 0;           // the newest record restored (or the snapshot's)
+  uint64_t records_replayed = 0;   // records applied on top of the snapshot
+  uint64_t segments = 0;
+  Sequences reserved;              // as read from SEQUENCES
+  FenceToken token_floor = 0;      // restart issues tokens above this
+  SessionId session_floor = 0;     // and session ids above this
+  // A damaged tail of the final segment that was dropped (never acknowledged).
+  uint64_t torn_tail_bytes = 0;
+  uint64_t torn_tail_offset = 0;
+  // Where appending continues: the final segment, its size, and the end of its last record.
+  uint64_t last_segment = 0;
+  uint64_t last_segment_size = 0;
+  uint64_t append_offset = 0;
+  // Highest record lsn in each segment (0 for one without records).
+  std::map<uint64_t, uint64_t> segment_last_lsn;
+  std::vector<std::string> snapshot_files;  // every snapshot file present, oldest first
+  std::vector<std::string> warnings;
+};
+
+struct Recovered {
+  StateMachine state;
+  RecoveryReport report;
+};
+
+// Restores the state in `dir` as of server time `now`: every restored session and lock gets
+// its full TTL from `now`. Records beyond `stop_after_lsn` are ignored (tests use this to
+// compute the expected state at a given point). Errors name the file and the offset or reason:
+// kNotFound (no such directory, or not initialized), kFailedPrecondition (unsupported format),
+// kDataLoss (damaged or missing state).
+absl::StatusOr<Recovered> Recover(Env* env, const std::string& dir, MonoTime now,
+                                  uint64_t stop_after_lsn = UINT64_MAX);
+
+}  // namespace fencelock::server
+
+#endif  // FENCELOCK_LOCK_SERVER_STORAGE_H_
