@@ -1,0 +1,239 @@
+// Group commit, rotation with snapshots, reservations, torn-tail repair and disk faults, on the
+// in-memory Env, with the lock service producing the records as it does in lockd.
+#include "durable_log.h"
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lock_service.h"
+
+namespace fencelock::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kDir[] = "/state";
+const MonoTime kNow = MonoTime::FromNanos(900'000'000'000);
+
+// Stands in for lockd's I/O thread: callbacks posted by the log run when the test asks.
+class OwnerLoop {
+ public:
+  void Post(std::function<void()> f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(f));
+    cv_.notify_all();
+  }
+  // Runs posted callbacks until `done` holds; fails the test after 10 s.
+  void RunUntil(const std::function<bool()>& done) {
+    while (!done()) {
+      std::function<void()> f;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (!cv_.wait_for(lock, std::chrono::seconds(10), [&] { return !queue_.empty(); })) {
+          ADD_FAILURE() << "timed out waiting for the log";
+          return;
+        }
+        f = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      f();
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+};
+
+std::string Describe(const StateMachine& s) {
+  std::vector<std::string> parts;
+  for (const auto& [id, st] : s.sessions()) {
+    parts.push_back(absl::StrCat("s", id, "/", absl::FormatDuration(st.ttl)));
+  }
+  for (const auto& [lock, h] : s.holders()) {
+    parts.push_back(absl::StrCat(lock, "=", h.token, "@s", h.session));
+  }
+  std::sort(parts.begin(), parts.end());
+  return absl::StrCat(absl::StrJoin(parts, " "), " | last token ", s.last_token(), " session ",
+                      s.last_session_id());
+}
+
+class DurableLogTest : public ::testing::Test {
+ protected:
+  void Start(Env* env, uint64_t segment_bytes = 4096, uint64_t block = 100) {
+    env_ = env;
+    auto recovered = Recover(env, kDir, kNow);
+    ASSERT_TRUE(recovered.ok()) << recovered.status();
+    service_ = std::make_unique<LockService>(ServiceOptions{}, std::move(recovered->state));
+    auto log = DurableLog::Open(DurableLogOptions{env, kDir, segment_bytes, block},
+                                recovered->report,
+                                [this](std::function<void()> f) { loop_.Post(std::move(f)); });
+    ASSERT_TRUE(log.ok()) << log.status();
+    log_ = std::move(*log);
+    log_->set_on_rotated([this] { log_->Snapshot(service_->state()); });
+    log_->set_on_fault([this](const absl::Status& s) { fault_ = s; });
+    service_->set_record_observer([this](const Record& r) {
+      log_->ReserveFor(service_->state().last_token(), service_->state().last_session_id());
+      log_->Append(r);
+    });
+  }
+  void WaitDurable() {
+    log_->Flush();
+    loop_.RunUntil([&] { return log_->durable_batch() >= log_->newest_batch() || !fault_.ok(); });
+  }
+  void Stop() {
+    log_.reset();
+    service_.reset();
+  }
+  // One session that takes and releases `n` locks, leaving every third one held.
+  void Workload(int n, int at_ms = 0) {
+    auto session = service_->OpenSession(absl::Seconds(20), kNow);
+    ASSERT_TRUE(session.ok());
+    for (int i = 0; i < n; ++i) {
+      auto g = service_->Acquire(session->first, absl::StrCat("lock-", at_ms, "-", i),
+                                 absl::Seconds(40), {}, 0, kNow);
+      ASSERT_TRUE(g.ok());
+      if (i % 3 != 0) {
+        ASSERT_TRUE(service_->Release(session->first, absl::StrCat("lock-", at_ms, "-", i),
+                                      g->token, kNow)
+                        .ok());
+      }
+    }
+  }
+
+  MemEnv mem_;
+  Env* env_ = nullptr;
+  OwnerLoop loop_;
+  std::unique_ptr<LockService> service_;
+  std::unique_ptr<DurableLog> log_;
+  absl::Status fault_;
+};
+
+TEST_F(DurableLogTest, WhatIsDurableRecoversExactly) {
+  ASSERT_TRUE(InitDataDir(&mem_, kDir, 4096).ok());
+  Start(&mem_, 1 << 20);
+  Workload(10);
+  WaitDurable();
+  const std::string before = Describe(service_->state());
+  Stop();
+  auto r = Recover(&mem_, kDir, kNow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Same sessions and holders. The floors come from SEQUENCES, reserved a block (100) ahead
+  // when the log was opened, so they are above every token the log holds.
+  EXPECT_THAT(Describe(r->state), HasSubstr(before.substr(0, before.find(" | "))));
+  EXPECT_EQ(r->report.token_floor, 100u);
+  EXPECT_EQ(r->report.records_replayed, 17u);  // 1 session, 10 grants, 6 releases
+}
+
+TEST_F(DurableLogTest, ConcurrentMutationsShareOneSync) {
+  ASSERT_TRUE(InitDataDir(&mem_, kDir, 4096).ok());
+  Start(&mem_, 1 << 20);
+  auto session = service_->OpenSession(absl::Seconds(20), kNow);
+  log_->Flush();  // batch 1 (the session) is now being written
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(service_->Acquire(session->first, absl::StrCat("l", i), {}, {}, 0, kNow).ok());
+  }
+  log_->Flush();  // a batch is in flight: the 50 grants wait and then go together
+  loop_.RunUntil([&] { return log_->durable_batch() >= log_->newest_batch(); });
+  EXPECT_EQ(log_->stats().batches, 2u);
+  EXPECT_EQ(log_->stats().syncs, 2u);
+  EXPECT_EQ(log_->stats().records, 51u);
+}
+
+TEST_F(DurableLogTest, RotationTakesASnapshotAndDropsWhatItCovers) {
+  ASSERT_TRUE(InitDataDir(&mem_, kDir, 4096).ok());
+  Start(&mem_, 4096);
+  for (int round = 0; round < 40; ++round) {
+    Workload(9, round);
+    WaitDurable();
+  }
+  loop_.RunUntil([&] { return log_->stats().snapshots >= 2; });
+  WaitDurable();
+  const std::string before = Describe(service_->state());
+  const uint64_t segment = log_->stats().segment;
+  Stop();
+  EXPECT_GT(segment, 3u);
+  int snapshots = 0, segments = 0;
+  for (const auto& [path, data] : mem_.Files()) {
+    if (path.find("/snapshot-") != std::string::npos) ++snapshots;
+    if (path.find("/wal-") != std::string::npos) ++segments;
+  }
+  EXPECT_EQ(snapshots, 1);
+  EXPECT_LE(segments, 2);
+  auto r = Recover(&mem_, kDir, kNow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GT(r->report.snapshot_lsn, 0u);
+  // Same sessions and holders; the floors may only be higher.
+  EXPECT_EQ(Describe(r->state).substr(0, Describe(r->state).find(" | ")),
+            before.substr(0, before.find(" | ")));
+}
+
+TEST_F(DurableLogTest, ReservationIsDurableBeforeTheGrantItCovers) {
+  ASSERT_TRUE(InitDataDir(&mem_, kDir, 4096).ok());
+  Start(&mem_, 1 << 20, /*block=*/5);
+  Workload(12);  // tokens 1..12: crosses several reservation blocks
+  WaitDurable();
+  Stop();
+  auto r = Recover(&mem_, kDir, kNow);
+  ASSERT_TRUE(r.ok());
+  EXPECT_GE(r->report.reserved.token_hwm, 12u);
+}
+
+TEST_F(DurableLogTest, TornTailIsZeroedSoNewAppendsRecover) {
+  ASSERT_TRUE(InitDataDir(&mem_, kDir, 4096).ok());
+  Start(&mem_, 1 << 20);
+  Workload(3);
+  WaitDurable();
+  Stop();
+  // A torn append: garbage right after the last good record.
+  auto first = Recover(&mem_, kDir, kNow);
+  ASSERT_TRUE(first.ok());
+  const std::string path = std::string(kDir) + "/" + SegmentName(first->report.last_segment);
+  std::string data = *mem_.ReadFile(path);
+  data.replace(first->report.append_offset, 7, "FLR1\x09\x00\x00", 7);
+  mem_.PutFile(path, data);
+
+  Start(&mem_, 1 << 20);  // recovers (dropping the tear) and zeroes it
+  Workload(3, 1);
+  WaitDurable();
+  const std::string before = Describe(service_->state());
+  Stop();
+  auto again = Recover(&mem_, kDir, kNow);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->report.warnings.empty());
+  EXPECT_EQ(Describe(again->state).substr(0, Describe(again->state).find(" | ")),
+            before.substr(0, before.find(" | ")));
+}
+
+TEST_F(DurableLogTest, DiskFaultStopsTheLogAndNothingAfterItIsAcknowledged) {
+  ASSERT_TRUE(InitDataDir(&mem_, kDir, 4096).ok());
+  FaultInjectingEnv faulty(&mem_);
+  Start(&faulty, 1 << 20);
+  Workload(3);
+  WaitDurable();
+  const uint64_t durable = log_->durable_batch();
+  faulty.SetDiskFull(true);
+  Workload(3, 1);
+  WaitDurable();
+  EXPECT_EQ(fault_.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(log_->faulted());
+  EXPECT_EQ(log_->durable_batch(), durable);
+  // Space comes back, but the log stays stopped until a restart recovers from disk.
+  faulty.SetDiskFull(false);
+  Workload(1, 2);
+  log_->Flush();
+  EXPECT_EQ(log_->durable_batch(), durable);
+  Stop();
+  auto r = Recover(&mem_, kDir, kNow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state.holders().size(), 1u);  // lock-0-0 from the first workload only
+}
+
+}  // namespace
+}  // namespace fencelock::server

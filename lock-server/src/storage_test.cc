@@ -1,0 +1,255 @@
+// Recovery rules on hand-built state directories in memory: what is restored, what is dropped
+// as a torn tail, and what is refused (with the file named).
+#include "storage.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace fencelock::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kDir[] = "/state";
+constexpr uint64_t kSegment = 4096;
+const MonoTime kNow = MonoTime::FromNanos(500'000'000'000);
+
+std::string P(const std::string& name) { return std::string(kDir) + "/" + name; }
+
+record::SessionOpened Open(SessionId id) { return {id, absl::Seconds(10)}; }
+record::LockGranted Grant(const std::string& lock, SessionId s, FenceToken t) {
+  return {lock, s, t, absl::Seconds(30)};
+}
+
+class StorageTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(InitDataDir(&env_, kDir, kSegment).ok()); }
+
+  // Writes segment `number` holding `frames` (and a seal if `sealed`).
+  void WriteSegment(uint64_t number, const std::vector<std::string>& frames, bool sealed = false) {
+    std::string data(kSegment, '\0');
+    const std::string header = EncodeSegmentHeader(number, kSegment);
+    data.replace(0, header.size(), header);
+    uint64_t at = kSegmentHeaderBytes;
+    for (const std::string& f : frames) {
+      data.replace(at, f.size(), f);
+      at += f.size();
+    }
+    if (sealed) data.replace(at, EncodeSealFrame(number + 1).size(), EncodeSealFrame(number + 1));
+    env_.PutFile(P(SegmentName(number)), data);
+  }
+  // The offset of frame `i` in a segment written by WriteSegment.
+  static uint64_t FrameOffset(const std::vector<std::string>& frames, size_t i) {
+    uint64_t at = kSegmentHeaderBytes;
+    for (size_t k = 0; k < i; ++k) at += frames[k].size();
+    return at;
+  }
+  void FlipByte(const std::string& name, uint64_t offset) {
+    std::string data = *env_.ReadFile(P(name));
+    data[offset] ^= 0x01;
+    env_.PutFile(P(name), data);
+  }
+  std::vector<std::string> ThreeRecords() {
+    return {EncodeRecordFrame(1, Open(1)), EncodeRecordFrame(2, Grant("x", 1, 1)),
+            EncodeRecordFrame(3, Grant("y", 1, 2))};
+  }
+
+  MemEnv env_;
+};
+
+TEST_F(StorageTest, FreshDirectoryRecoversEmpty) {
+  auto r = Recover(&env_, kDir, kNow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state.session_count(), 0u);
+  EXPECT_EQ(r->report.last_lsn, 0u);
+  EXPECT_EQ(r->report.token_floor, 0u);
+  EXPECT_EQ(r->report.append_offset, kSegmentHeaderBytes);
+  EXPECT_TRUE(r->report.warnings.empty());
+}
+
+TEST_F(StorageTest, InitRefusesAnInitializedOrNonEmptyDirectory) {
+  EXPECT_EQ(InitDataDir(&env_, kDir, kSegment).code(), absl::StatusCode::kAlreadyExists);
+  env_.PutFile("/other/file", "x");
+  absl::Status s = InitDataDir(&env_, "/other", kSegment);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("not empty"));
+}
+
+TEST_F(StorageTest, ReplaysRecordsAndGivesEveryLeaseItsFullTtlFromNow) {
+  WriteSegment(1, ThreeRecords());
+  auto r = Recover(&env_, kDir, kNow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->report.records_replayed, 3u);
+  EXPECT_EQ(r->report.last_lsn, 3u);
+  EXPECT_EQ(r->state.FindSession(1)->expires_at, kNow + absl::Seconds(10));
+  EXPECT_EQ(r->state.FindHolder("x")->expires_at, kNow + absl::Seconds(30));
+  EXPECT_EQ(r->state.FindHolder("y")->token, 2u);
+  EXPECT_EQ(r->report.token_floor, 2u);
+}
+
+TEST_F(StorageTest, ReservedSequencesRaiseTheFloorsAboveTheLog) {
+  WriteSegment(1, ThreeRecords());
+  env_.PutFile(P(kSequencesFile), EncodeSequences(Sequences{500, 70}));
+  auto r = Recover(&env_, kDir, kNow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->report.token_floor, 500u);
+  EXPECT_EQ(r->report.session_floor, 70u);
+  EXPECT_EQ(r->state.last_token(), 500u);
+}
+
+TEST_F(StorageTest, MissingOrUninitializedDirectoryIsRefusedWithAHint) {
+  auto missing = Recover(&env_, "/nowhere", kNow);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("lockd init --data-dir /nowhere"));
+  ASSERT_TRUE(env_.CreateDir("/empty").ok());
+  auto empty = Recover(&env_, "/empty", kNow);
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(empty.status().message(), HasSubstr("/empty/FORMAT is missing: /empty is empty"));
+}
+
+TEST_F(StorageTest, UnsupportedFormatVersionIsNamed) {
+  env_.PutFile(P(kFormatFile), "fencelock-lockd-state\nformat 2\n");
+  auto r = Recover(&env_, kDir, kNow);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("/state/FORMAT: unsupported format version \"2\""));
+}
+
+TEST_F(StorageTest, DamagedSequencesFileIsRefused) {
+  FlipByte(kSequencesFile, 10);
+  auto r = Recover(&env_, kDir, kNow);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("/state/SEQUENCES: checksum mismatch"));
+}
+
+TEST_F(StorageTest, TruncatedSegmentIsRefused) {
+  WriteSegment(1, ThreeRecords());
+  std::string data = *env_.ReadFile(P(SegmentName(1)));
+  env_.PutFile(P(SegmentName(1)), data.substr(0, 200));
+  auto r = Recover(&env_, kDir, kNow);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("truncated or extended"));
+}
+
+TEST_F(StorageTest, DamageFollowedByAGoodRecordIsRefused) {
+  auto frames = ThreeRecords();
+  WriteSegment(1, frames);
+  FlipByte(SegmentName(1), FrameOffset(frames, 1) + 20);  // payload of record 2
+  auto r = Recover(&env_, kDir, kNow);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr(absl::StrCat("offset ", FrameOffset(frames, 1), ": damaged record")));
+}
+
+TEST_F(StorageTest, DamagedLengthInTheMiddleIsRefused) {
+  auto frames = ThreeRecords();
+  WriteSegment(1, frames);
+  FlipByte(SegmentName(1), FrameOffset(frames, 0) + 5);  // length of record 1
+  auto r = Recover(&env_, kDir, kNow);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("a valid record follows"));
+}
+
+TEST_F(StorageTest, DamagedFinalRecordIsATornTailAndIsDropped) {
+  auto frames = ThreeRecords();
+  WriteSegment(1, frames);
+  FlipByte(SegmentName(1), FrameOffset(frames, 2) + 18);
+  auto r = Recover(&env_, kDir, kNow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->report.last_lsn, 2u);
+  EXPECT_EQ(r->state.FindHolder("y"), nullptr);
+  EXPECT_EQ(r->report.torn_tail_offset, FrameOffset(frames, 2));
+  EXPECT_GT(r->report.torn_tail_bytes, 0u);
+  ASSERT_EQ(r->report.warnings.size(), 1u);
+  EXPECT_THAT(r->report.warnings[0], HasSubstr("torn tail"));
+  EXPECT_EQ(r->report.append_offset, FrameOffset(frames, 2));
+}
+
+TEST_F(StorageTest, PartialFinalAppendIsATornTail) {
+  auto frames = ThreeRecords();
+  frames[2] = frames[2].substr(0, frames[2].size() / 2);  // the append stopped half-way
+  WriteSegment(1, frames);
+  auto r = Recover(&env_, kDir, kNow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->report.last_lsn, 2u);
+}
+
+TEST_F(StorageTest, TornDataInAClosedSegmentIsRefused) {
+  auto frames = ThreeRecords();
+  WriteSegment(1, {frames[0], frames[1]}, /*sealed=*/true);
+  WriteSegment(2, {frames[2]});
+  FlipByte(SegmentName(1), FrameOffset(frames, 1) + 18);  // record 2, then the seal is lost too
+  auto r = Recover(&env_, kDir, kNow);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr(SegmentName(1)));
+}
+
+TEST_F(StorageTest, SegmentsAcrossASealRecover) {
+  auto frames = ThreeRecords();
+  WriteSegment(1, {frames[0], frames[1]}, /*sealed=*/true);
+  WriteSegment(2, {frames[2]});
+  auto r = Recover(&env_, kDir, kNow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->report.last_lsn, 3u);
+  EXPECT_EQ(r->report.last_segment, 2u);
+}
+
+TEST_F(StorageTest, SealedSegmentWithoutItsSuccessorIsRefused) {
+  auto frames = ThreeRecords();
+  WriteSegment(1, frames, /*sealed=*/true);
+  auto r = Recover(&env_, kDir, kNow);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("is sealed but segment 2 is missing"));
+}
+
+TEST_F(StorageTest, MissingMiddleSegmentIsRefused) {
+  auto frames = ThreeRecords();
+  WriteSegment(1, {frames[0]}, true);
+  WriteSegment(3, {frames[2]});
+  auto r = Recover(&env_, kDir, kNow);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("segment 2 is missing"));
+}
+
+TEST_F(StorageTest, RecordThatDoesNotApplyIsRefusedWithItsOffset) {
+  std::vector<std::string> frames = {EncodeRecordFrame(1, Grant("x", 9, 1))};  // no session 9
+  WriteSegment(1, frames);
+  auto r = Recover(&env_, kDir, kNow);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("offset 32: record lsn 1 does not apply"));
+}
+
+TEST_F(StorageTest, GapInTheLogIsRefused) {
+  WriteSegment(1, {EncodeRecordFrame(1, Open(1)), EncodeRecordFrame(4, Open(2))});
+  auto r = Recover(&env_, kDir, kNow);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("records 2 to 3 are missing"));
+}
+
+TEST_F(StorageTest, SnapshotPlusNewerRecordsRecover) {
+  StateMachine s;
+  s.Apply(Open(1), kNow);
+  s.Apply(Grant("x", 1, 1), kNow);
+  env_.PutFile(P(SnapshotName(2)), EncodeSnapshot(s, 2));
+  // Records 1-2 are already in the snapshot; record 3 is not.
+  WriteSegment(1, {EncodeRecordFrame(1, Open(1)), EncodeRecordFrame(2, Grant("x", 1, 1)),
+                   EncodeRecordFrame(3, Grant("y", 1, 2))});
+  auto r = Recover(&env_, kDir, kNow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->report.snapshot_lsn, 2u);
+  EXPECT_EQ(r->report.records_replayed, 1u);
+  EXPECT_NE(r->state.FindHolder("y"), nullptr);
+}
+
+TEST_F(StorageTest, DamagedSnapshotIsRefused) {
+  StateMachine s;
+  s.Apply(Open(1), kNow);
+  std::string snap = EncodeSnapshot(s, 1);
+  snap[snap.size() - 1] ^= 0x40;
+  env_.PutFile(P(SnapshotName(1)), snap);
+  auto r = Recover(&env_, kDir, kNow);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr(SnapshotName(1)));
+}
+
+}  // namespace
+}  // namespace fencelock::server
