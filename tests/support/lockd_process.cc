@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,6 +26,7 @@ int RunToExit(const std::vector<std::string>& args, const std::string& err_file)
     std::abort();
   }
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (!err_file.empty()) {
       const int fd = open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       dup2(fd, 2);
@@ -95,7 +97,8 @@ void LockdProcess::Start(int port) {
                                    "serve",
                                    "--data-dir=" + data_dir_,
                                    "--port=" + std::to_string(port),
-                                   "--port-file=" + port_file};
+                                   "--port-file=" + port_file,
+                                   "--wal-segment-bytes=" + std::to_string(options_.segment_bytes)};
   if (!unix_path_.empty()) args.push_back("--unix-socket=" + unix_path_);
   for (const auto& a : options_.extra_args) args.push_back(a);
 
@@ -105,6 +108,7 @@ void LockdProcess::Start(int port) {
     std::abort();
   }
   if (pid_ == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a test that crashed
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
