@@ -53,6 +53,10 @@ absl::StatusOr<std::unique_ptr<DurableLog>> DurableLog::Open(const DurableLogOpt
     log->snapshot_lsns_.push_back(std::stoull(name.substr(sizeof("snapshot-") - 1)));
   }
   log->next_lsn_ = recovered.last_lsn + 1;
+  log->last_snapshot_bytes_ = recovered.snapshot_bytes;
+  for (const std::string& name : recovered.stale_temp_files) {
+    (void)env->RemoveFile(Path(options.dir, name));
+  }
   log->current_segment_ = log->segment_;
   log->writer_ = std::thread([l = log.get()] { l->WriterLoop(); });
   return log;
@@ -111,6 +115,7 @@ void DurableLog::SendPending() {
   auto bytes = std::make_shared<std::string>(std::move(pending_));
   const uint64_t last_lsn = pending_last_lsn_;
   const uint64_t records = pending_records_;
+  wal_bytes_queued_ += bytes->size();
   pending_.clear();
   pending_records_ = 0;
   ++in_flight_;
@@ -126,7 +131,10 @@ void DurableLog::SendPending() {
                 if (!s.ok()) return;
                 durable_batch_ = batch;
                 if (on_durable_) on_durable_(batch);
-                if (*rotated && on_rotated_) on_rotated_();
+                if (*rotated && on_snapshot_due_ &&
+                    wal_bytes_queued_ - wal_bytes_at_snapshot_ >= last_snapshot_bytes_) {
+                  on_snapshot_due_();
+                }
                 Flush();
               }});
 }
@@ -135,6 +143,8 @@ void DurableLog::Snapshot(const StateMachine& state) {
   if (!pending_.empty()) SendPending();
   const uint64_t lsn = last_lsn();
   auto bytes = std::make_shared<std::string>(EncodeSnapshot(state, lsn));
+  last_snapshot_bytes_ = bytes->size();
+  wal_bytes_at_snapshot_ = wal_bytes_queued_;
   Enqueue(Job{[this, bytes, lsn] { return WriteSnapshot(*bytes, lsn); },
               [this](const absl::Status& s) { OnJobDone(s); }});
 }

@@ -71,8 +71,10 @@ class DurableLog {
   void set_on_durable(std::function<void(uint64_t)> f) { on_durable_ = std::move(f); }
   // Called once, when the log enters its fault state.
   void set_on_fault(std::function<void(const absl::Status&)> f) { on_fault_ = std::move(f); }
-  // Called after a batch went to a new segment: a good moment for a snapshot.
-  void set_on_rotated(std::function<void()> f) { on_rotated_ = std::move(f); }
+  // Called after a batch went to a new segment, once the WAL written since the last snapshot
+  // is at least as large as that snapshot: a snapshot then costs no more I/O than the log it
+  // replaces, and the log stays within about twice the state plus a segment.
+  void set_on_snapshot_due(std::function<void()> f) { on_snapshot_due_ = std::move(f); }
 
   // Makes sure `token` and `session` are covered by a durable reservation before any batch
   // queued after this call; queues a SEQUENCES write when they are not.
@@ -112,7 +114,7 @@ class DurableLog {
   Post post_;
   std::function<void(uint64_t)> on_durable_;
   std::function<void(const absl::Status&)> on_fault_;
-  std::function<void()> on_rotated_;
+  std::function<void()> on_snapshot_due_;
 
   // Owner thread.
   uint64_t next_lsn_ = 1;
@@ -125,6 +127,9 @@ class DurableLog {
   int in_flight_ = 0;
   Sequences reserved_;
   absl::Status fault_;
+  uint64_t last_snapshot_bytes_ = 0;
+  uint64_t wal_bytes_at_snapshot_ = 0;  // bytes_ when the last snapshot was queued
+  uint64_t wal_bytes_queued_ = 0;       // bytes of every batch handed to the writer
 
   // Writer thread.
   std::unique_ptr<SegmentFile> file_;

@@ -76,7 +76,7 @@ class DurableLogTest : public ::testing::Test {
                                 [this](std::function<void()> f) { loop_.Post(std::move(f)); });
     ASSERT_TRUE(log.ok()) << log.status();
     log_ = std::move(*log);
-    log_->set_on_rotated([this] { log_->Snapshot(service_->state()); });
+    log_->set_on_snapshot_due([this] { log_->Snapshot(service_->state()); });
     log_->set_on_fault([this](const absl::Status& s) { fault_ = s; });
     service_->set_record_observer([this](const Record& r) {
       log_->ReserveFor(service_->state().last_token(), service_->state().last_session_id());

@@ -120,7 +120,7 @@ class ServerImpl final : public Server {
   // True once a disk fault stopped mutations; `message` says what failed.
   bool faulted() const { return log_->faulted(); }
   const absl::Status& fault() const { return log_->fault(); }
-  void FillList(wire::ListReply* list) const;
+  void FillList(const wire::ListLocks& query, wire::ListReply* list) const;
   // Delivers settled waiter outcomes and re-arms the expiry timer. Call after every request.
   void AfterRequest();
   void FillStats(wire::StatsReply* stats) const;
@@ -377,7 +377,12 @@ void Connection::Dispatch(const std::string& payload, MonoTime now) {
       return;
     }
     case wire::Request::kListLocks: {
-      server_->FillList(resp.mutable_list());
+      const auto& q = req.list_locks();
+      if (q.limit() > 10000) {
+        finish(absl::InvalidArgumentError("ListLocks limit is at most 10000"));
+        return;
+      }
+      server_->FillList(q, resp.mutable_list());
       finish(absl::OkStatus());
       return;
     }
@@ -575,14 +580,21 @@ std::vector<std::string> ServerImpl::recovery_summary() const {
   return lines;
 }
 
-void ServerImpl::FillList(wire::ListReply* list) const {
+void ServerImpl::FillList(const wire::ListLocks& query, wire::ListReply* list) const {
   const MonoTime now = clock_->Now();
+  const size_t limit = query.limit() == 0 ? 1000 : query.limit();
   auto left_ms = [&](MonoTime t) {
     return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(t - now)));
   };
   std::vector<std::string> names;
-  for (const auto& [name, holder] : service_.state().holders()) names.push_back(name);
+  for (const auto& [name, holder] : service_.state().holders()) {
+    if (name.rfind(query.prefix(), 0) == 0 && name > query.start_after()) names.push_back(name);
+  }
   std::sort(names.begin(), names.end());
+  if (names.size() > limit) {
+    names.resize(limit);
+    list->set_more(true);
+  }
   for (const std::string& name : names) {
     const HolderState& h = *service_.state().FindHolder(name);
     auto* info = list->add_locks();
@@ -593,9 +605,11 @@ void ServerImpl::FillList(wire::ListReply* list) const {
     info->set_expires_in_ms(left_ms(h.expires_at));
     info->set_waiters(static_cast<uint32_t>(service_.waiters_for(name)));
   }
+  if (!query.include_sessions()) return;
   std::vector<SessionId> ids;
   for (const auto& [id, session] : service_.state().sessions()) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
+  if (ids.size() > limit) ids.resize(limit);
   for (SessionId id : ids) {
     const SessionState& st = *service_.state().FindSession(id);
     auto* info = list->add_sessions();
@@ -615,7 +629,7 @@ absl::Status ServerImpl::OpenLog() {
   log_ = std::move(*log);
   log_->set_on_durable([this](uint64_t batch) { OnDurable(batch); });
   log_->set_on_fault([this](const absl::Status& s) { OnFault(s); });
-  log_->set_on_rotated([this] { log_->Snapshot(service_.state()); });
+  log_->set_on_snapshot_due([this] { log_->Snapshot(service_.state()); });
   service_.set_record_observer([this](const Record& r) {
     // A reservation covering every id handed out goes to disk before the batch that holds
     // the record, so a restart never reissues a token or session id, even if that batch is

@@ -382,6 +382,8 @@ absl::StatusOr<Recovered> Recover(Env* env, const std::string& dir, MonoTime now
       snapshots.push_back(*lsn);
     } else if (auto n = ParseNumbered(name, "wal-")) {
       segments.push_back(*n);
+    } else if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
+      report.stale_temp_files.push_back(name);
     } else if (name != kFormatFile && name != kSequencesFile) {
       report.warnings.push_back(absl::StrCat("ignoring unexpected file ", Path(dir, name)));
     }
@@ -398,6 +400,7 @@ absl::StatusOr<Recovered> Recover(Env* env, const std::string& dir, MonoTime now
   const std::string snap_path = Path(dir, SnapshotName(report.snapshot_lsn));
   auto snap_data = env->ReadFile(snap_path);
   if (!snap_data.ok()) return Damaged(snap_path, std::string(snap_data.status().message()));
+  report.snapshot_bytes = snap_data->size();
   auto state = LoadSnapshot(snap_path, *snap_data, report.snapshot_lsn, now);
   if (!state.ok()) return state.status();
   out.state = std::move(*state);

@@ -72,6 +72,9 @@ struct RecoveryReport {
   // Highest record lsn in each segment (0 for one without records).
   std::map<uint64_t, uint64_t> segment_last_lsn;
   std::vector<std::string> snapshot_files;  // every snapshot file present, oldest first
+  uint64_t snapshot_bytes = 0;               // size of the snapshot restored from
+  // Leftovers of writes a crash interrupted ("*.tmp"): never part of the state.
+  std::vector<std::string> stale_temp_files;
   std::vector<std::string> warnings;
 };
 

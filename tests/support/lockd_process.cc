@@ -57,6 +57,10 @@ TempDir::TempDir() {
 }
 
 TempDir::~TempDir() {
+  if (getenv("FENCELOCK_KEEP_TMP") != nullptr) {
+    std::fprintf(stderr, "kept %s (FENCELOCK_KEEP_TMP)\n", path_.c_str());
+    return;
+  }
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);
 }
