@@ -68,7 +68,7 @@ DurableLog::~DurableLog() {
     stopping_ = true;
   }
   cv_.notify_all();
-  writer_.join();
+  if (writer_.joinable()) writer_.join();  // Open() may fail before starting it
 }
 
 DurableLogStats DurableLog::stats() const {
