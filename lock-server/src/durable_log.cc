@@ -120,7 +120,7 @@ void DurableLog::SendPending() {
   pending_records_ = 0;
   ++in_flight_;
   auto rotated = std::make_shared<bool>(false);
-  Enqueue(Job{[this, bytes, last_lsn, records, rotated] {
+  Job job{[this, bytes, last_lsn, records, rotated] {
                 absl::Status s = WriteBatch(*bytes, last_lsn, rotated.get());
                 if (s.ok()) records_ += records;
                 return s;
@@ -136,7 +136,27 @@ void DurableLog::SendPending() {
                   on_snapshot_due_();
                 }
                 Flush();
-              }});
+              }};
+  if (records <= options_.inline_sync_max_records && RunInlineIfIdle(job)) return;
+  Enqueue(std::move(job));
+}
+
+bool DurableLog::RunInlineIfIdle(Job& job) {
+  absl::Status s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!jobs_.empty() || writer_busy_ || !writer_fault_.ok()) return false;
+    // Holding mu_ keeps the writer thread from starting anything while the owner uses the
+    // writer's state; only the owner enqueues, and it is here.
+    s = job.run();
+    if (!s.ok()) {
+      writer_fault_ = s;
+      std::fprintf(stderr, "lockd: disk fault, no longer accepting mutations: %s\n",
+                   s.ToString().c_str());
+    }
+  }
+  job.done(s);
+  return true;
 }
 
 void DurableLog::Snapshot(const StateMachine& state) {
@@ -172,6 +192,7 @@ void DurableLog::WriterLoop() {
       if (jobs_.empty()) return;  // stopping, and every queued job has run
       job = std::move(jobs_.front());
       jobs_.pop_front();
+      writer_busy_ = true;
     }
     // After the first failure nothing more is written: the disk state stays exactly what
     // recovery will find, and nothing queued behind the failure is acknowledged.
@@ -180,6 +201,10 @@ void DurableLog::WriterLoop() {
       writer_fault_ = s;
       std::fprintf(stderr, "lockd: disk fault, no longer accepting mutations: %s\n",
                    s.ToString().c_str());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      writer_busy_ = false;
     }
     post_([done = std::move(job.done), s] { done(s); });
   }

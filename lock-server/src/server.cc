@@ -127,6 +127,7 @@ class ServerImpl final : public Server {
 
  private:
   void OnDurable(uint64_t batch);
+  void ScheduleFlush();
   void OnFault(const absl::Status& status);
   template <typename Acceptor>
   awaitable<void> AcceptLoop(Acceptor& acceptor);
@@ -152,6 +153,7 @@ class ServerImpl final : public Server {
   uint64_t last_connection_id_ = 0;
   WaiterId last_waiter_id_ = 0;
   uint64_t protocol_errors_total_ = 0;
+  bool flush_scheduled_ = false;
   absl::flat_hash_map<WaiterId, WaiterRoute> waiters_;
   absl::flat_hash_map<uint64_t, std::weak_ptr<Connection>> connections_;
   // Connections with replies waiting for a durable batch.
@@ -168,8 +170,12 @@ awaitable<void> Connection::ReadLoop(std::shared_ptr<Connection> self) {
   std::string payload;
   boost::system::error_code ec;
   for (;;) {
-    const size_t n =
-        co_await socket_.async_read_some(asio::buffer(chunk), asio::redirect_error(use_awaitable, ec));
+    // Wait for readability, then read without blocking: unlike async_read_some, this makes no
+    // speculative recv that would only return EAGAIN after every request.
+    co_await socket_.async_wait(Socket::wait_read, asio::redirect_error(use_awaitable, ec));
+    if (ec) break;
+    const size_t n = socket_.read_some(asio::buffer(chunk), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) continue;
     if (ec) break;
     if (closing_) continue;  // drain and discard until the peer or the linger timer closes
     const MonoTime now = server_->clock()->Now();  // receipt time for every lease in this read
@@ -200,7 +206,20 @@ void Connection::Send(const wire::Response& response) {
 
 void Connection::QueueFrame(const std::string& frame) {
   if (closed_) return;
-  outbox_ += frame;
+  if (!writing_ && outbox_.empty()) {
+    // Most replies fit in the socket buffer: send at once, and only hand what is left to
+    // the write coroutine.
+    boost::system::error_code ec;
+    const size_t sent = socket_.write_some(asio::buffer(frame), ec);
+    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+      Close();
+      return;
+    }
+    if (sent == frame.size()) return;
+    outbox_.append(frame, sent, std::string::npos);
+  } else {
+    outbox_ += frame;
+  }
   if (!writing_) {
     writing_ = true;
     asio::co_spawn(socket_.get_executor(), WriteLoop(shared_from_this()), asio::detached);
@@ -456,6 +475,7 @@ awaitable<void> ServerImpl::AcceptLoop(Acceptor& acceptor) {
       socket.set_option(asio::ip::tcp::no_delay(true), ec);
     }
     const uint64_t id = ++last_connection_id_;
+    socket.non_blocking(true, ec);  // the reads and first writes above must never block
     auto connection = std::make_shared<Connection>(this, Socket(std::move(socket)), id);
     connections_[id] = connection;
     asio::co_spawn(io_, connection->ReadLoop(connection), asio::detached);
@@ -481,6 +501,17 @@ awaitable<void> ServerImpl::TimerLoop() {
   }
 }
 
+void ServerImpl::ScheduleFlush() {
+  // Flushing from a task posted behind the handlers that are already ready lets every request
+  // that arrived together join one batch.
+  if (flush_scheduled_) return;
+  flush_scheduled_ = true;
+  asio::post(io_, [this] {
+    flush_scheduled_ = false;
+    log_->Flush();
+  });
+}
+
 void ServerImpl::AfterRequest() {
   for (WaiterOutcome& o : service_.TakeWaiterOutcomes()) {
     auto it = waiters_.find(o.waiter);
@@ -504,7 +535,7 @@ void ServerImpl::AfterRequest() {
     }
     connection->Send(resp);
   }
-  log_->Flush();
+  ScheduleFlush();
   if (service_.NextDeadline() < timer_armed_for_) timer_.cancel();
 }
 
@@ -534,10 +565,13 @@ void ServerImpl::Reply(const std::shared_ptr<Connection>& c, const wire::Respons
 void ServerImpl::OnDurable(uint64_t batch) {
   for (auto it = gated_connections_.begin(); it != gated_connections_.end();) {
     auto& queue = it->second->gated();
+    // Everything this batch releases for one connection goes out in one write.
+    std::string frames;
     while (!queue.empty() && queue.front().batch <= batch) {
-      it->second->QueueFrame(queue.front().frame);
+      frames += queue.front().frame;
       queue.pop_front();
     }
+    if (!frames.empty()) it->second->QueueFrame(frames);
     if (queue.empty()) {
       gated_connections_.erase(it++);
     } else {
