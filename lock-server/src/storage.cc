@@ -347,7 +347,7 @@ absl::StatusOr<Recovered> Recover(Env* env, const std::string& dir, MonoTime now
   if (!format.ok()) {
     if (absl::IsNotFound(format.status())) {
       return absl::NotFoundError(absl::StrCat(
-          format_path, " is missing: ", dir, " is ", names->empty() ? "empty" : "not",
+          format_path, " is missing: ", dir, names->empty() ? " is empty, not" : " is not",
           " an initialized lockd state directory; run: lockd init --data-dir ", dir));
     }
     return format.status();

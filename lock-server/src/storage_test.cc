@@ -104,7 +104,7 @@ TEST_F(StorageTest, MissingOrUninitializedDirectoryIsRefusedWithAHint) {
   ASSERT_TRUE(env_.CreateDir("/empty").ok());
   auto empty = Recover(&env_, "/empty", kNow);
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(empty.status().message(), HasSubstr("/empty/FORMAT is missing: /empty is empty"));
+  EXPECT_THAT(empty.status().message(), HasSubstr("/empty/FORMAT is missing: /empty is empty, not an initialized"));
 }
 
 TEST_F(StorageTest, UnsupportedFormatVersionIsNamed) {
