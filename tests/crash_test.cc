@@ -35,18 +35,7 @@ using testing::TempDir;
 constexpr int kClients = 4;
 
 pid_t SpawnClient(const std::vector<std::string>& args) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    std::vector<std::string> all = {CRASH_LOAD_CLIENT_BINARY};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
+  return testing::SpawnProcess(CRASH_LOAD_CLIENT_BINARY, args);
 }
 
 void WaitOrKill(pid_t pid) {

@@ -71,6 +71,12 @@ class Conn {
     if (first.request_id() == b.request_id()) std::swap(first, second);
     co_return std::make_pair(std::move(first), std::move(second));
   }
+  awaitable<void> Hello() {
+    wire::Request hello;
+    hello.mutable_hello()->set_min_version(1);
+    hello.mutable_hello()->set_max_version(1);
+    co_await Call(hello);
+  }
   awaitable<wire::Response> Read() {
     std::string payload;
     for (;;) {
@@ -106,10 +112,7 @@ awaitable<void> RunClient(asio::io_context& io, int port, int index, Shared& sha
       use_awaitable);
   socket.set_option(asio::ip::tcp::no_delay(true));
   Conn conn(std::move(socket));
-  wire::Request hello;
-  hello.mutable_hello()->set_min_version(1);
-  hello.mutable_hello()->set_max_version(1);
-  co_await conn.Call(hello);
+  co_await conn.Hello();
   wire::Request open;
   open.mutable_open_session()->set_ttl_ms(600'000);
   const uint64_t session = (co_await conn.Call(open)).open_session().session_id();
@@ -203,10 +206,7 @@ wire::StatsReply Stats(int port) {
                                                          static_cast<uint16_t>(port)),
                                  use_awaitable);
         Conn conn(std::move(s));
-        wire::Request hello;
-        hello.mutable_hello()->set_min_version(1);
-        hello.mutable_hello()->set_max_version(1);
-        co_await conn.Call(hello);
+        co_await conn.Hello();
         wire::Request stats;
         stats.mutable_get_stats();
         out = (co_await conn.Call(stats)).stats();

@@ -20,31 +20,38 @@ namespace {
 // Runs lockd with `args` (after the binary name) to completion; stderr goes to `err_file`
 // when given.
 int RunToExit(const std::vector<std::string>& args, const std::string& err_file) {
-  const pid_t pid = fork();
-  if (pid < 0) {
-    std::perror("fork");
-    std::abort();
-  }
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (!err_file.empty()) {
-      const int fd = open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      dup2(fd, 2);
-    }
-    std::vector<std::string> all = {LOCKD_BINARY};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+  const pid_t pid = SpawnProcess(LOCKD_BINARY, args, err_file);
   int status = 0;
   waitpid(pid, &status, 0);
   return status;
 }
 
 }  // namespace
+
+pid_t SpawnProcess(const std::string& binary, const std::vector<std::string>& args,
+                   const std::string& stderr_file) {
+  std::vector<std::string> all = {binary};
+  all.insert(all.end(), args.begin(), args.end());
+  const pid_t pid = fork();
+  if (pid < 0) {
+    std::perror("fork");
+    std::abort();
+  }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a test that crashed
+    if (!stderr_file.empty()) {
+      const int fd = open(stderr_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      dup2(fd, 2);
+    }
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    std::perror("execv");
+    _exit(127);
+  }
+  return pid;
+}
 
 TempDir::TempDir() {
   const char* base = getenv("TMPDIR");
@@ -97,29 +104,14 @@ LockdProcess::LockdProcess(Options options) : options_(std::move(options)) {
 void LockdProcess::Start(int port) {
   const std::string port_file = dir_.path() + "/port";
   std::filesystem::remove(port_file);
-  std::vector<std::string> args = {LOCKD_BINARY,
-                                   "serve",
+  std::vector<std::string> args = {"serve",
                                    "--data-dir=" + data_dir_,
                                    "--port=" + std::to_string(port),
                                    "--port-file=" + port_file,
                                    "--wal-segment-bytes=" + std::to_string(options_.segment_bytes)};
   if (!unix_path_.empty()) args.push_back("--unix-socket=" + unix_path_);
   for (const auto& a : options_.extra_args) args.push_back(a);
-
-  pid_ = fork();
-  if (pid_ < 0) {
-    std::perror("fork");
-    std::abort();
-  }
-  if (pid_ == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a test that crashed
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    std::perror("execv lockd");
-    _exit(127);
-  }
+  pid_ = SpawnProcess(LOCKD_BINARY, args);
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < give_up) {
     std::ifstream in(port_file);

@@ -23,6 +23,11 @@ class TempDir {
   std::string path_;
 };
 
+// Starts `binary` with `args` as a child process that is killed if the test process dies;
+// its stderr goes to `stderr_file` when one is given. Aborts if it cannot fork.
+pid_t SpawnProcess(const std::string& binary, const std::vector<std::string>& args,
+                   const std::string& stderr_file = "");
+
 // Runs `lockd init` on `data_dir`; returns lockd's exit status (0 on success).
 int InitDataDir(const std::string& data_dir, uint64_t segment_bytes = 1 << 20);
 
