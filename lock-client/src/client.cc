@@ -1,5 +1,7 @@
 #include "lock-client/client.h"
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
 #include <thread>
 #include <vector>
@@ -32,6 +34,10 @@ const char* LossReasonName(LossReason reason) {
       return "released";
     case LossReason::kEmptyHandle:
       return "empty_handle";
+    case LossReason::kInsufficientLease:
+      return "insufficient_lease";
+    case LossReason::kUnconfirmed:
+      return "unconfirmed";
   }
   return "unknown";
 }
@@ -47,7 +53,34 @@ uint64_t LockHandle::token() const { return state_ ? state_->token() : 0; }
 class ClientImpl final : public Client {
  public:
   ClientImpl(const ClientOptions& options, Clock* clock)
-      : options_(options), clock_(clock), channel_(Channel::Create(clock)) {}
+      : options_(options),
+        clock_(clock),
+        metrics_(options.metrics != nullptr ? options.metrics
+                                            : std::make_shared<metrics::Registry>()),
+        fenced_out_(metrics_->GetCounter("lock_fenced_out_total",
+                                         "FENCED_OUT answers: a token that no longer held its lock")),
+        heartbeat_failures_(metrics_->GetCounter(
+            "lock_heartbeat_failures_total", "Heartbeats that failed or timed out (D5)")),
+        heartbeat_rtt_(metrics_->GetHistogram(
+            "lock_heartbeat_rtt_seconds", "Heartbeat round trip, from t_send to the reply",
+            metrics::LatencyBuckets())),
+        remaining_gauge_(metrics_->GetGauge(
+            "lock_lease_remaining_seconds",
+            "Least lease left among held locks at the last heartbeat (0 with none held)")),
+        revisit_gauge_(metrics_->GetGauge(
+            "lock_margin_revisit",
+            "1 while the heartbeat RTT p99 exceeds a third of lease x margin (ADR-006 6.5)")),
+        confirm_cost_(metrics_->GetHistogram(
+            "lock_confirm_seconds", "Time spent confirming with lockd in checkStillHeld (FR-13)",
+            metrics::LatencyBuckets())),
+        channel_(Channel::Create(clock)) {
+    for (LossReason r : {LossReason::kDeadlinePassed, LossReason::kFencedOut,
+                         LossReason::kSessionLost}) {
+      lease_lost_[static_cast<size_t>(r)] = &metrics_->GetCounter(
+          "lock_lease_lost_total", "Locks the client stopped holding, by reason",
+          {{"reason", LossReasonName(r)}});
+    }
+  }
   ~ClientImpl() override;
 
   absl::Status Start();
@@ -58,7 +91,11 @@ class ClientImpl final : public Client {
                                                        absl::Duration ttl) override;
   absl::Status release(const LockHandle& handle) override;
   void checkStillHeld(const LockHandle& handle) const override;
+  void checkStillHeld(const LockHandle& handle, Confirm confirm) const override;
+  void beginIrreversibleStep(const LockHandle& handle, const StepCost& step) const override;
   absl::Duration remaining(const LockHandle& handle) const override;
+  absl::Duration heartbeat_rtt_p99() const override;
+  std::shared_ptr<metrics::Registry> metrics() const override { return metrics_; }
   absl::Status renewNow() override;
   uint64_t session_id() const override {
     absl::MutexLock lock(&mu_);
@@ -90,9 +127,23 @@ class ClientImpl final : public Client {
   absl::Duration HeartbeatInterval() const ABSL_LOCKS_EXCLUDED(mu_);
   void HeartbeatThread();
   void OnUnmatchedReply(const wire::Response& response);
+  // Counts a lease that ended for `reason` (once per lease).
+  void CountLoss(LossReason reason) const;
+  // Records one heartbeat round trip and applies the margin-revisit trigger.
+  void RecordRtt(absl::Duration rtt) ABSL_LOCKS_EXCLUDED(mu_);
+  void Warn(const std::string& message) const;
+  [[noreturn]] void ThrowLost(const LeaseState& state, LossReason reason) const;
 
   const ClientOptions options_;
   Clock* const clock_;
+  const std::shared_ptr<metrics::Registry> metrics_;
+  metrics::Counter& fenced_out_;
+  metrics::Counter& heartbeat_failures_;
+  metrics::Histogram& heartbeat_rtt_;
+  metrics::Gauge& remaining_gauge_;
+  metrics::Gauge& revisit_gauge_;
+  metrics::Histogram& confirm_cost_;
+  std::array<metrics::Counter*, 8> lease_lost_{};
   std::unique_ptr<Channel> channel_;
 
   // Serializes heartbeats (background and renewNow) and reconnection.
@@ -105,6 +156,10 @@ class ClientImpl final : public Client {
   absl::flat_hash_map<std::string, HeldLock> held_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_heartbeat_ ABSL_GUARDED_BY(mu_) = false;
+  // The last 128 heartbeat round trips, for the p99 (ring buffer).
+  std::array<absl::Duration, 128> rtts_ ABSL_GUARDED_BY(mu_);
+  size_t rtt_count_ ABSL_GUARDED_BY(mu_) = 0;
+  bool revisit_warned_ ABSL_GUARDED_BY(mu_) = false;
 
   std::thread heartbeat_thread_;
 };
@@ -127,6 +182,24 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
     return absl::InvalidArgumentError("heartbeat interval must not be negative");
   }
   if (options.server.empty()) return absl::InvalidArgumentError("server address is empty");
+  // Progress must be possible while everything reports healthy (ADR-006 6.3, 6.5): the usable
+  // lease has to cover the costliest declared step.
+  const absl::Duration lease = std::min(options.session_ttl, options.default_lock_ttl);
+  const absl::Duration usable = lease * (1.0 - options.safety_margin);
+  for (const StepCost& step : options.steps) {
+    if (step.worst_case <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat("step \"", step.name,
+                                                     "\" has no positive worst-case cost"));
+    }
+    if (usable <= step.worst_case) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "no \"", step.name, "\" step could ever start: the usable lease min(lock.session.ttl ",
+          absl::FormatDuration(options.session_ttl), ", lock.default.ttl ",
+          absl::FormatDuration(options.default_lock_ttl), ") x (1 - lock.client.safety-margin ",
+          options.safety_margin, ") = ", absl::FormatDuration(usable),
+          " is not larger than its worst-case cost ", absl::FormatDuration(step.worst_case)));
+    }
+  }
   auto client = std::make_unique<ClientImpl>(
       options, options.clock != nullptr ? options.clock : Clock::Real());
   absl::Status started = client->Start();
@@ -217,13 +290,20 @@ absl::StatusOr<Reply> ClientImpl::KeepAliveLocked(
     reply = channel_->Call(std::move(request), options_.request_timeout);
   }
   // D5: a failed or timed-out exchange changes no deadline; they keep running out.
-  if (!reply.ok()) return reply.status();
+  if (!reply.ok()) {
+    heartbeat_failures_.Increment();
+    return reply.status();
+  }
+  RecordRtt(clock_->Now() - reply->sent_at);
   const wire::Response& r = reply->response;
   if (r.code() == wire::SESSION_NOT_FOUND) {
     LoseSession(LossReason::kSessionLost);
     return protocol::StatusFromCode(r.code(), r.message());
   }
-  if (r.code() != wire::OK) return protocol::StatusFromCode(r.code(), r.message());
+  if (r.code() != wire::OK) {
+    heartbeat_failures_.Increment();
+    return protocol::StatusFromCode(r.code(), r.message());
+  }
   if (r.keep_alive().lock_codes_size() != static_cast<int>(locks.size())) {
     return absl::UnavailableError("lockd answered KeepAlive with the wrong number of locks");
   }
@@ -256,6 +336,8 @@ absl::Status ClientImpl::HeartbeatLocked() {
     const bool still_ours = it != held_.end() && it->second.state == state;
     if (reply->response.keep_alive().lock_codes(i) != wire::OK) {
       // The server says this token no longer holds the lock: lost at once.
+      fenced_out_.Increment();
+      if (still_ours) CountLoss(LossReason::kFencedOut);
       state->MarkLost(LossReason::kFencedOut);
       if (still_ours) held_.erase(it);
       result = absl::AbortedError(
@@ -268,12 +350,76 @@ absl::Status ClientImpl::HeartbeatLocked() {
                                   UsableDeadline(t_send, state->ttl(), options_.safety_margin));
     state->Extend(std::min(held.lock_deadline, session_deadline_), now);
   }
+  absl::Duration least = absl::InfiniteDuration();
+  for (const auto& [name, held] : held_) least = std::min(least, held.state->deadline() - now);
+  remaining_gauge_.Set(held_.empty() ? 0.0 : absl::ToDoubleSeconds(std::max(least, absl::ZeroDuration())));
   return result;
+}
+
+void ClientImpl::RecordRtt(absl::Duration rtt) {
+  heartbeat_rtt_.Observe(absl::ToDoubleSeconds(rtt));
+  absl::Duration p99;
+  absl::Duration threshold;
+  bool warn = false;
+  {
+    absl::MutexLock lock(&mu_);
+    rtts_[rtt_count_ % rtts_.size()] = rtt;
+    ++rtt_count_;
+    const size_t n = std::min(rtt_count_, rtts_.size());
+    std::array<absl::Duration, 128> sorted = rtts_;
+    const size_t k = std::min(n - 1, static_cast<size_t>(0.99 * static_cast<double>(n)));
+    std::nth_element(sorted.begin(), sorted.begin() + static_cast<long>(k),
+                     sorted.begin() + static_cast<long>(n));
+    p99 = sorted[k];
+    // ADR-006 6.5: revisit the margin once the p99 exceeds a third of lease x margin.
+    const absl::Duration lease =
+        std::min(session_id_ != 0 ? session_ttl_ : options_.session_ttl, options_.default_lock_ttl);
+    threshold = lease * options_.safety_margin / 3;
+    if (p99 > threshold && !revisit_warned_) {
+      revisit_warned_ = true;
+      warn = true;
+    }
+  }
+  revisit_gauge_.Set(p99 > threshold ? 1.0 : 0.0);
+  if (warn) {
+    Warn(absl::StrCat("heartbeat RTT p99 ", absl::FormatDuration(p99),
+                      " exceeds a third of lease x margin (", absl::FormatDuration(threshold),
+                      "): the safety margin ", options_.safety_margin,
+                      " no longer covers observed jitter; raise it or shorten the heartbeat "
+                      "period (ADR-006 6.5)"));
+  }
+}
+
+absl::Duration ClientImpl::heartbeat_rtt_p99() const {
+  absl::MutexLock lock(&mu_);
+  const size_t n = std::min(rtt_count_, rtts_.size());
+  if (n == 0) return absl::ZeroDuration();
+  std::array<absl::Duration, 128> sorted = rtts_;
+  const size_t k = std::min(n - 1, static_cast<size_t>(0.99 * static_cast<double>(n)));
+  std::nth_element(sorted.begin(), sorted.begin() + static_cast<long>(k),
+                   sorted.begin() + static_cast<long>(n));
+  return sorted[k];
+}
+
+void ClientImpl::Warn(const std::string& message) const {
+  if (options_.log) {
+    options_.log(message);
+  } else {
+    std::fprintf(stderr, "fencelock client: warning: %s\n", message.c_str());
+  }
+}
+
+void ClientImpl::CountLoss(LossReason reason) const {
+  metrics::Counter* c = lease_lost_[static_cast<size_t>(reason)];
+  if (c != nullptr) c->Increment();
 }
 
 void ClientImpl::LoseSession(LossReason reason) {
   absl::MutexLock lock(&mu_);
-  for (auto& [name, held] : held_) held.state->MarkLost(reason);
+  for (auto& [name, held] : held_) {
+    if (held.state->Check(clock_->Now()) == LossReason::kNone) CountLoss(reason);
+    held.state->MarkLost(reason);
+  }
   held_.clear();
   session_id_ = 0;
   session_deadline_ = MonoTime::Min();
@@ -293,7 +439,10 @@ void ClientImpl::SweepLost() {
         continue;
       }
       it->second.state->MarkLost(reason);
-      if (reason == LossReason::kDeadlinePassed) expired.push_back(it->second.state);
+      if (reason == LossReason::kDeadlinePassed) {
+        CountLoss(reason);
+        expired.push_back(it->second.state);
+      }
       held_.erase(it++);
     }
   }
@@ -441,20 +590,92 @@ absl::Status ClientImpl::release(const LockHandle& handle) {
   request.mutable_release()->set_token(state.token());
   auto reply = channel_->Call(std::move(request), options_.request_timeout);
   if (!reply.ok()) return reply.status();
+  if (reply->response.code() == wire::FENCED_OUT) fenced_out_.Increment();
   return protocol::StatusFromCode(reply->response.code(), reply->response.message());
 }
 
+void ClientImpl::ThrowLost(const LeaseState& state, LossReason reason) const {
+  std::string message = absl::StrCat("lock \"", state.lock(), "\" (token ", state.token(),
+                                     ") is no longer held: ", LossReasonName(reason));
+  throw LockLostException(state.lock(), state.token(), reason, message);
+}
+
 void ClientImpl::checkStillHeld(const LockHandle& handle) const {
+  if (options_.confirm_with_server) return checkStillHeld(handle, Confirm::kWithServer);
   const LeaseState* state = handle.state_.get();
   if (state == nullptr) {
     throw LockLostException("", 0, LossReason::kEmptyHandle, "checkStillHeld on an empty handle");
   }
+  // D3: two atomic loads and a clock read; nothing here allocates unless it throws.
+  const LossReason reason = state->Check(clock_->Now());
+  if (reason != LossReason::kNone) ThrowLost(*state, reason);
+}
+
+void ClientImpl::checkStillHeld(const LockHandle& handle, Confirm confirm) const {
+  LeaseState* state = handle.state_.get();
+  if (state == nullptr) {
+    throw LockLostException("", 0, LossReason::kEmptyHandle, "checkStillHeld on an empty handle");
+  }
+  LossReason reason = state->Check(clock_->Now());
+  if (reason != LossReason::kNone) ThrowLost(*state, reason);
+  if (confirm == Confirm::kLocal) return;
+  // FR-13: one Validate hop. Its measured time counts against the lease like any other hop:
+  // the deadline is checked again when the answer is in.
+  const MonoTime start = clock_->Now();
+  wire::Request request;
+  request.mutable_validate()->set_lock(state->lock());
+  request.mutable_validate()->set_token(state->token());
+  auto reply = channel_->Call(std::move(request), options_.request_timeout);
+  const MonoTime end = clock_->Now();
+  confirm_cost_.Observe(absl::ToDoubleSeconds(end - start));
+  if (!reply.ok() || (reply->response.code() != wire::OK &&
+                      reply->response.code() != wire::FENCED_OUT)) {
+    const std::string why = reply.ok() ? reply->response.message()
+                                       : std::string(reply.status().message());
+    throw LockLostException(state->lock(), state->token(), LossReason::kUnconfirmed,
+                            absl::StrCat("lock \"", state->lock(), "\" (token ", state->token(),
+                                         ") could not be confirmed with lockd: ", why));
+  }
+  if (reply->response.code() == wire::FENCED_OUT) {
+    fenced_out_.Increment();
+    if (state->Check(end) == LossReason::kNone) CountLoss(LossReason::kFencedOut);
+    state->MarkLost(LossReason::kFencedOut);
+    ThrowLost(*state, LossReason::kFencedOut);
+  }
+  reason = state->Check(end);
+  if (reason != LossReason::kNone) ThrowLost(*state, reason);
+}
+
+void ClientImpl::beginIrreversibleStep(const LockHandle& handle, const StepCost& step) const {
+  const LeaseState* state = handle.state_.get();
+  if (state == nullptr) {
+    throw LockLostException("", 0, LossReason::kEmptyHandle,
+                            absl::StrCat("step \"", step.name, "\" on an empty handle"));
+  }
   const MonoTime now = clock_->Now();
   const LossReason reason = state->Check(now);
-  if (reason == LossReason::kNone) return;
-  std::string message = absl::StrCat("lock \"", state->lock(), "\" (token ", state->token(),
-                                     ") is no longer held: ", LossReasonName(reason));
-  throw LockLostException(state->lock(), state->token(), reason, message);
+  if (reason != LossReason::kNone) {
+    metrics_
+        ->GetCounter("lock_steps_abandoned_total",
+                     "Irreversible steps refused before they started (D4), by step and reason",
+                     {{"step", step.name}, {"reason", LossReasonName(reason)}})
+        .Increment();
+    ThrowLost(*state, reason);
+  }
+  const absl::Duration left = state->deadline() - now;
+  if (left > step.worst_case) return;
+  metrics_
+      ->GetCounter("lock_steps_abandoned_total",
+                   "Irreversible steps refused before they started (D4), by step and reason",
+                   {{"step", step.name}, {"reason", LossReasonName(LossReason::kInsufficientLease)}})
+      .Increment();
+  throw StepRefusedException(
+      state->lock(), state->token(),
+      absl::StrCat("step \"", step.name, "\" refused before it started: lock \"", state->lock(),
+                   "\" (token ", state->token(), ") has ", absl::FormatDuration(left),
+                   " of lease left, not more than the step's worst case ",
+                   absl::FormatDuration(step.worst_case)),
+      step.name, left, step.worst_case);
 }
 
 absl::Duration ClientImpl::remaining(const LockHandle& handle) const {

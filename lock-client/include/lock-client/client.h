@@ -26,16 +26,19 @@
 #define FENCELOCK_LOCK_CLIENT_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "clock/clock.h"
+#include "metrics/metrics.h"
 
 namespace fencelock {
 
@@ -51,6 +54,12 @@ enum class LossReason : uint8_t {
   kSessionLost,     // the server answered that the session is gone
   kReleased,        // the caller released it
   kEmptyHandle,     // the handle never held a lock
+  // Not a loss: the step the caller was about to start needs more lease than is left
+  // (StepRefusedException).
+  kInsufficientLease,
+  // Not a loss either: server confirmation (FR-13) was asked for and lockd could not be
+  // reached; the lock may still be held, but the caller cannot know.
+  kUnconfirmed,
 };
 
 // The name of a LossReason, for messages and logs ("deadline_passed", ...).
@@ -71,6 +80,42 @@ class LockLostException : public std::runtime_error {
   std::string lock_;
   uint64_t token_;
   LossReason reason_;
+};
+
+// The worst-case duration of one irreversible step, declared before the step starts (D4).
+struct StepCost {
+  std::string name;           // for messages and the abandoned-step counter's label
+  absl::Duration worst_case;  // how long the step can take, at most
+
+  // A hop whose reply the caller waits for at most `read_timeout`.
+  static StepCost Hop(std::string name, absl::Duration read_timeout) {
+    return {std::move(name), read_timeout};
+  }
+  // Submitting to the payment rail: its read timeout plus 2 s (ADR-006 D4).
+  static StepCost RailSubmit(absl::Duration rail_read_timeout) {
+    return {"rail_submit", rail_read_timeout + absl::Seconds(2)};
+  }
+};
+
+// Thrown by Client::beginIrreversibleStep when the lease left does not cover the step. It is a
+// LockLostException so that the same handler abandons the critical section; the lock itself
+// may still be held (reason() is kInsufficientLease) and is best released.
+class StepRefusedException : public LockLostException {
+ public:
+  StepRefusedException(std::string lock, uint64_t token, const std::string& message,
+                       std::string step, absl::Duration remaining, absl::Duration cost)
+      : LockLostException(std::move(lock), token, LossReason::kInsufficientLease, message),
+        step_(std::move(step)),
+        remaining_(remaining),
+        cost_(cost) {}
+  const std::string& step() const { return step_; }
+  absl::Duration remaining() const { return remaining_; }
+  absl::Duration cost() const { return cost_; }
+
+ private:
+  std::string step_;
+  absl::Duration remaining_;
+  absl::Duration cost_;
 };
 
 // A granted lock: its name, its fencing token, and the client's deadline for it. Copies share
@@ -113,7 +158,22 @@ struct ClientOptions {
   Clock* clock = nullptr;
   // Name sent in Hello, for the server's logs. Default: "fencelock-client".
   std::string client_name = "fencelock-client";
+  // The irreversible steps the caller will declare to beginIrreversibleStep. Create() refuses a
+  // configuration whose usable lease, min(session TTL, lock TTL) × (1 − margin), is not larger
+  // than the costliest of them: no such step could ever start. Default: none.
+  std::vector<StepCost> steps;
+  // FR-13: checkStillHeld(handle) also confirms with lockd, blocking for one Validate hop whose
+  // measured time counts against the lease. Default: false (a local comparison only).
+  bool confirm_with_server = false;
+  // Where the client records its metrics (docs/metrics.md). Default: nullptr, a registry of
+  // the client's own, available from Client::metrics() to serve or read.
+  std::shared_ptr<metrics::Registry> metrics;
+  // Receives the client's warnings (the margin-revisit trigger). Default: nullptr, standard
+  // error. Called from the client's threads; must not block.
+  std::function<void(const std::string&)> log;
 };
+
+enum class Confirm { kLocal, kWithServer };
 
 // A connection to lockd with one session. All methods are thread-safe. Blocking methods block
 // the calling thread only; the heartbeat runs on the client's own threads.
@@ -150,8 +210,27 @@ class Client {
   // on the heartbeat. A liveness narrowing, not a guarantee: the lease can lapse right after.
   virtual void checkStillHeld(const LockHandle& handle) const = 0;
 
+  // FR-13 on demand: with Confirm::kWithServer, after the local check, asks lockd whether the
+  // token still holds the lock (one Validate hop), then checks the deadline again at the end of
+  // the hop. Throws LockLostException with kFencedOut (lost for good) if lockd says no, with
+  // kUnconfirmed if lockd could not answer within the request timeout, with kDeadlinePassed if
+  // the hop used up the lease. Confirm::kLocal is checkStillHeld(handle).
+  virtual void checkStillHeld(const LockHandle& handle, Confirm confirm) const = 0;
+
+  // D4, do not start what you cannot finish: call right before an irreversible step. Returns
+  // normally if the lease left is strictly larger than step.worst_case; throws
+  // StepRefusedException otherwise, and LockLostException if the lock is already lost. Either
+  // way the refusal is counted (lock_steps_abandoned_total{step,reason}). No network call.
+  virtual void beginIrreversibleStep(const LockHandle& handle, const StepCost& step) const = 0;
+
   // Lease left before the handle's deadline; zero once lost. Never blocks.
   virtual absl::Duration remaining(const LockHandle& handle) const = 0;
+
+  // The 99th percentile of the last 128 heartbeat round trips (zero before the first).
+  virtual absl::Duration heartbeat_rtt_p99() const = 0;
+
+  // The registry holding this client's metrics.
+  virtual std::shared_ptr<metrics::Registry> metrics() const = 0;
 
   // Runs one heartbeat exchange now (renews the session and every held lock) and blocks until
   // it is answered or times out. Deadlines move only on success, measured from this send.

@@ -1,0 +1,128 @@
+#include "metrics/metrics.h"
+
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+
+namespace fencelock::metrics {
+
+void Counter::Increment(double by) { c_->Increment(by); }
+double Counter::value() const { return c_->Value(); }
+void Gauge::Set(double v) { g_->Set(v); }
+double Gauge::value() const { return g_->Value(); }
+void Histogram::Observe(double v) { h_->Observe(v); }
+
+struct Registry::Impl {
+  absl::Mutex mu;
+  std::map<std::string, prometheus::Family<prometheus::Counter>*> counter_families;
+  std::map<std::string, prometheus::Family<prometheus::Gauge>*> gauge_families;
+  std::map<std::string, prometheus::Family<prometheus::Histogram>*> histogram_families;
+  std::map<std::string, std::unique_ptr<Counter>> counters;
+  std::map<std::string, std::unique_ptr<Gauge>> gauges;
+  std::map<std::string, std::unique_ptr<Histogram>> histograms;
+};
+
+namespace {
+std::string Key(const std::string& name, const Labels& labels) {
+  return absl::StrCat(name, "{", absl::StrJoin(labels, ",", absl::PairFormatter("=")), "}");
+}
+}  // namespace
+
+Registry::Registry()
+    : registry_(std::make_shared<prometheus::Registry>()), impl_(std::make_unique<Impl>()) {}
+Registry::~Registry() = default;
+
+Counter& Registry::GetCounter(const std::string& name, const std::string& help,
+                              const Labels& labels) {
+  absl::MutexLock lock(&impl_->mu);
+  auto& slot = impl_->counters[Key(name, labels)];
+  if (slot == nullptr) {
+    auto*& family = impl_->counter_families[name];
+    if (family == nullptr) {
+      family = &prometheus::BuildCounter().Name(name).Help(help).Register(*registry_);
+    }
+    slot = std::make_unique<Counter>(&family->Add(labels));
+  }
+  return *slot;
+}
+
+Gauge& Registry::GetGauge(const std::string& name, const std::string& help,
+                          const Labels& labels) {
+  absl::MutexLock lock(&impl_->mu);
+  auto& slot = impl_->gauges[Key(name, labels)];
+  if (slot == nullptr) {
+    auto*& family = impl_->gauge_families[name];
+    if (family == nullptr) {
+      family = &prometheus::BuildGauge().Name(name).Help(help).Register(*registry_);
+    }
+    slot = std::make_unique<Gauge>(&family->Add(labels));
+  }
+  return *slot;
+}
+
+Histogram& Registry::GetHistogram(const std::string& name, const std::string& help,
+                                  const std::vector<double>& bounds, const Labels& labels) {
+  absl::MutexLock lock(&impl_->mu);
+  auto& slot = impl_->histograms[Key(name, labels)];
+  if (slot == nullptr) {
+    auto*& family = impl_->histogram_families[name];
+    if (family == nullptr) {
+      family = &prometheus::BuildHistogram().Name(name).Help(help).Register(*registry_);
+    }
+    slot = std::make_unique<Histogram>(
+        &family->Add(labels, prometheus::Histogram::BucketBoundaries(bounds)));
+  }
+  return *slot;
+}
+
+std::string Registry::TextExposition() const {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  return out.str();
+}
+
+namespace {
+class CivetExposer final : public Exposer {
+ public:
+  CivetExposer(std::unique_ptr<prometheus::Exposer> exposer, std::shared_ptr<Registry> registry)
+      : exposer_(std::move(exposer)), registry_(std::move(registry)) {
+    exposer_->RegisterCollectable(registry_->prometheus_registry());
+  }
+  int port() const override {
+    auto ports = exposer_->GetListeningPorts();
+    return ports.empty() ? 0 : ports.front();
+  }
+
+ private:
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::shared_ptr<Registry> registry_;  // keeps the collectable alive
+};
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Start(const std::string& host, int port,
+                                                        std::shared_ptr<Registry> registry) {
+  try {
+    auto exposer = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port));
+    return std::unique_ptr<Exposer>(
+        std::make_unique<CivetExposer>(std::move(exposer), std::move(registry)));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", host, ":", port, ": ", e.what()));
+  }
+}
+
+std::vector<double> LatencyBuckets() {
+  return {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+          0.025,   0.05,   0.1,     0.25,   0.5,   1.0,    2.5,    5.0,  10.0};
+}
+
+}  // namespace fencelock::metrics
