@@ -22,7 +22,8 @@ say "creating a fresh state folder: lockd init --data-dir $work/state"
 
 say "starting lockd on a free loopback port"
 "$FENCELOCK_ROOT/build/lock-server/lockd" serve --data-dir="$work/state" --port=0 \
-  --port-file="$work/port" --unix-socket="$work/lockd.sock" > "$work/lockd.log" 2>&1 &
+  --port-file="$work/port" --unix-socket="$work/lockd.sock" --metrics-port=0 \
+  > "$work/lockd.log" 2>&1 &
 lockd_pid=$!
 for _ in $(seq 1 200); do [ -s "$work/port" ] && break; sleep 0.05; done
 [ -s "$work/port" ] || { cat "$work/lockd.log"; echo "lockd did not start" >&2; exit 1; }

@@ -239,7 +239,7 @@ int Main() {
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     execl(lockd.c_str(), lockd.c_str(), "serve", ("--data-dir=" + data).c_str(), "--port=0",
-          ("--port-file=" + port_file).c_str(), static_cast<char*>(nullptr));
+          ("--port-file=" + port_file).c_str(), "--metrics-port=-1", static_cast<char*>(nullptr));
     _exit(127);
   }
   int port = 0;

@@ -228,6 +228,7 @@ absl::Status DurableLog::WriteBatch(const std::string& bytes, uint64_t last_lsn,
   bytes_ += bytes.size();
   last_sync_ns_ = ns;
   total_sync_ns_ += ns;
+  if (options_.on_sync) options_.on_sync(ns);
   return absl::OkStatus();
 }
 

@@ -46,6 +46,8 @@ struct DurableLogOptions {
   // batches go to the writer thread so that the owner keeps serving while they sync.
   // Default: 4. Zero always uses the writer thread.
   uint64_t inline_sync_max_records = 4;
+  // Called with the duration of every batch write + fdatasync, on whichever thread did it.
+  std::function<void(int64_t ns)> on_sync;
 };
 
 struct DurableLogStats {

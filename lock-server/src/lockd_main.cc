@@ -29,12 +29,34 @@ ABSL_FLAG(std::string, listen, "127.0.0.1", "TCP address to listen on");
 ABSL_FLAG(int, port, 7420, "TCP port to listen on; 0 picks a free port");
 ABSL_FLAG(std::string, unix_socket, "", "also listen on this Unix-domain socket path");
 ABSL_FLAG(std::string, port_file, "", "write the bound TCP port to this file");
+ABSL_FLAG(int, metrics_port, 9420,
+          "serve Prometheus metrics on 127.0.0.1 at this port; 0 picks a free one, -1 disables");
+ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
 ABSL_FLAG(absl::Duration, session_ttl, absl::Seconds(15),
           "lock.session.ttl: TTL of sessions that ask for none");
 ABSL_FLAG(absl::Duration, lock_ttl, absl::Seconds(30),
           "lock.default.ttl: lease TTL of acquires that ask for none");
 
 namespace {
+
+// Writes `port` to `path` atomically (temporary file, rename); nothing when `path` is empty.
+bool WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return true;
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    if (!out.flush()) {
+      std::fprintf(stderr, "lockd: cannot write %s\n", tmp.c_str());
+      return false;
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::fprintf(stderr, "lockd: cannot rename %s to %s\n", tmp.c_str(), path.c_str());
+    return false;
+  }
+  return true;
+}
 
 int Serve() {
   using fencelock::server::Server;
@@ -51,6 +73,7 @@ int Serve() {
   options.default_session_ttl = absl::GetFlag(FLAGS_session_ttl);
   options.default_lock_ttl = absl::GetFlag(FLAGS_lock_ttl);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.wal_segment_bytes = absl::GetFlag(FLAGS_wal_segment_bytes);
   if (options.data_dir.empty()) {
     std::fprintf(stderr, "lockd: serve needs --data-dir (create one with lockd init)\n");
@@ -74,25 +97,18 @@ int Serve() {
     std::printf("lockd: %s\n", line.c_str());
   }
   const uint16_t bound = (*server)->tcp_port();
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) {
-    const std::string tmp = port_file + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << bound << "\n";
-      if (!out.flush()) {
-        std::fprintf(stderr, "lockd: cannot write port file %s\n", tmp.c_str());
-        return 1;
-      }
-    }
-    if (std::rename(tmp.c_str(), port_file.c_str()) != 0) {
-      std::fprintf(stderr, "lockd: cannot rename %s to %s\n", tmp.c_str(), port_file.c_str());
-      return 1;
-    }
+  // The metrics port first: a waiter on the TCP port file can then read both.
+  if (!WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), (*server)->metrics_port()) ||
+      !WritePortFile(absl::GetFlag(FLAGS_port_file), bound)) {
+    return 1;
   }
   std::printf("lockd: listening on tcp %s:%u\n", options.tcp_host.c_str(), bound);
   if (!options.unix_socket_path.empty()) {
     std::printf("lockd: listening on unix %s\n", options.unix_socket_path.c_str());
+  }
+  if ((*server)->metrics_port() > 0) {
+    std::printf("lockd: serving metrics on http://127.0.0.1:%d/metrics\n",
+                (*server)->metrics_port());
   }
   std::fflush(stdout);
 

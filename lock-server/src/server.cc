@@ -12,6 +12,7 @@
 #include "fencelock/wire.pb.h"
 #include "durable_log.h"
 #include "lock_service.h"
+#include "metrics/metrics.h"
 #include "storage.h"
 #include "net/asio.h"
 #include "protocol/codes.h"
@@ -98,6 +99,8 @@ class ServerImpl final : public Server {
   absl::Status Bind();
   uint16_t tcp_port() const override { return tcp_port_; }
   std::vector<std::string> recovery_summary() const override;
+  int metrics_port() const override { return exposer_ ? exposer_->port() : 0; }
+  absl::Status StartMetrics();
   void Run() override;
   void Shutdown() override {
     asio::post(io_, [this] { StopLocked(); });
@@ -128,6 +131,9 @@ class ServerImpl final : public Server {
  private:
   void OnDurable(uint64_t batch);
   void ScheduleFlush();
+  // Copies the server's figures into the metrics registry (every 250 ms).
+  void ExportMetrics();
+  awaitable<void> MetricsLoop();
   void OnFault(const absl::Status& status);
   template <typename Acceptor>
   awaitable<void> AcceptLoop(Acceptor& acceptor);
@@ -158,8 +164,14 @@ class ServerImpl final : public Server {
   absl::flat_hash_map<uint64_t, std::weak_ptr<Connection>> connections_;
   // Connections with replies waiting for a durable batch.
   absl::flat_hash_map<uint64_t, std::shared_ptr<Connection>> gated_connections_;
+  // Before log_: the log's writer reports sync times into it until the log is destroyed.
+  std::shared_ptr<metrics::Registry> metrics_ = std::make_shared<metrics::Registry>();
   // Declared after io_: destroyed first, so its writer finishes while io_ still exists.
   std::unique_ptr<DurableLog> log_;
+  std::unique_ptr<metrics::Exposer> exposer_;
+  ServiceStats exported_;  // the totals already added to the counters
+  uint64_t exported_protocol_errors_ = 0;
+  uint64_t exported_syncs_ = 0;
 };
 
 // ---- Connection ----
@@ -654,10 +666,61 @@ void ServerImpl::FillList(const wire::ListLocks& query, wire::ListReply* list) c
   }
 }
 
+absl::Status ServerImpl::StartMetrics() {
+  if (options_.metrics_port < 0) return absl::OkStatus();
+  auto exposer = metrics::Exposer::Start(options_.metrics_host, options_.metrics_port, metrics_);
+  if (!exposer.ok()) return exposer.status();
+  exposer_ = std::move(*exposer);
+  ExportMetrics();
+  return absl::OkStatus();
+}
+
+void ServerImpl::ExportMetrics() {
+  auto& m = *metrics_;
+  const ServiceStats& s = service_.stats();
+  auto add = [&](const char* name, const char* help, uint64_t now, uint64_t& before) {
+    m.GetCounter(name, help).Increment(static_cast<double>(now - before));
+    before = now;
+  };
+  add("lock_fenced_out_total", "Requests that presented a stale token (fence 1); must be zero",
+      s.fenced_out_total, exported_.fenced_out_total);
+  add("lockd_grants_total", "Locks granted", s.grants_total, exported_.grants_total);
+  add("lockd_session_expiries_total", "Sessions that expired on lockd's clock",
+      s.session_expiries_total, exported_.session_expiries_total);
+  add("lockd_lock_expiries_total", "Lock leases that expired on lockd's clock",
+      s.lock_expiries_total, exported_.lock_expiries_total);
+  add("lockd_protocol_errors_total", "Connections closed for malformed or refused input",
+      protocol_errors_total_, exported_protocol_errors_);
+  const DurableLogStats log = log_->stats();
+  add("lockd_log_syncs_total", "WAL batches written and fdatasynced", log.syncs, exported_syncs_);
+  m.GetGauge("lockd_sessions", "Open sessions").Set(static_cast<double>(service_.state().session_count()));
+  m.GetGauge("lockd_locks_held", "Held locks").Set(static_cast<double>(service_.state().held_lock_count()));
+  m.GetGauge("lockd_waiters", "Queued acquires").Set(static_cast<double>(service_.waiter_count()));
+  m.GetGauge("lockd_last_token", "The newest fencing token issued")
+      .Set(static_cast<double>(service_.state().last_token()));
+  m.GetGauge("lockd_disk_fault", "1 after a failed write or sync: lockd refuses mutations until restarted")
+      .Set(log_->faulted() ? 1.0 : 0.0);
+}
+
+awaitable<void> ServerImpl::MetricsLoop() {
+  asio::steady_timer timer(io_);
+  boost::system::error_code ec;
+  while (!stopping_) {
+    timer.expires_after(std::chrono::milliseconds(250));
+    co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
+    if (stopping_) break;
+    ExportMetrics();
+  }
+}
+
 absl::Status ServerImpl::OpenLog() {
-  auto log = DurableLog::Open(
-      DurableLogOptions{options_.env, options_.data_dir, options_.wal_segment_bytes,
-                        options_.reservation_block},
+  metrics::Histogram& sync_latency = metrics_->GetHistogram(
+      "lockd_log_sync_seconds", "Duration of one WAL batch write + fdatasync",
+      metrics::LatencyBuckets());
+  DurableLogOptions log_options{options_.env, options_.data_dir, options_.wal_segment_bytes,
+                                options_.reservation_block};
+  log_options.on_sync = [&sync_latency](int64_t ns) { sync_latency.Observe(ns / 1e9); };
+  auto log = DurableLog::Open(log_options,
       report_, [this](std::function<void()> f) { asio::post(io_, std::move(f)); });
   if (!log.ok()) return log.status();
   log_ = std::move(*log);
@@ -712,6 +775,7 @@ void ServerImpl::Run() {
   asio::co_spawn(io_, AcceptLoop(tcp_acceptor_), asio::detached);
   if (unix_acceptor_.is_open()) asio::co_spawn(io_, AcceptLoop(unix_acceptor_), asio::detached);
   asio::co_spawn(io_, TimerLoop(), asio::detached);
+  if (exposer_) asio::co_spawn(io_, MetricsLoop(), asio::detached);
   io_.run();
   if (!options_.unix_socket_path.empty()) ::unlink(options_.unix_socket_path.c_str());
 }
@@ -723,6 +787,7 @@ void ServerImpl::StopLocked() {
   tcp_acceptor_.close(ec);
   unix_acceptor_.close(ec);
   timer_.cancel();
+  ExportMetrics();
   std::vector<std::shared_ptr<Connection>> open;
   for (auto& [id, weak] : connections_) {
     if (auto c = weak.lock()) open.push_back(std::move(c));
@@ -764,6 +829,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   if (absl::Status s = server->OpenLog(); !s.ok()) return s;
   absl::Status bound = server->Bind();
   if (!bound.ok()) return bound;
+  if (absl::Status s = server->StartMetrics(); !s.ok()) return s;
   return server;
 }
 

@@ -108,7 +108,9 @@ void LockdProcess::Start(int port) {
                                    "--data-dir=" + data_dir_,
                                    "--port=" + std::to_string(port),
                                    "--port-file=" + port_file,
-                                   "--wal-segment-bytes=" + std::to_string(options_.segment_bytes)};
+                                   "--wal-segment-bytes=" + std::to_string(options_.segment_bytes),
+                                   "--metrics-port=0",
+                                   "--metrics-port-file=" + dir_.path() + "/metrics-port"};
   if (!unix_path_.empty()) args.push_back("--unix-socket=" + unix_path_);
   for (const auto& a : options_.extra_args) args.push_back(a);
   pid_ = SpawnProcess(LOCKD_BINARY, args);
@@ -118,6 +120,8 @@ void LockdProcess::Start(int port) {
     int bound = 0;
     if (in >> bound && bound > 0) {
       port_ = bound;
+      std::ifstream metrics(dir_.path() + "/metrics-port");  // written before the TCP port
+      metrics >> metrics_port_;
       return;
     }
     int status;

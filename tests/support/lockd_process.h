@@ -59,6 +59,7 @@ class LockdProcess {
   const std::string& data_dir() const { return data_dir_; }
 
   int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
   std::string tcp_address() const { return "127.0.0.1:" + std::to_string(port_); }
   std::string unix_address() const { return "unix:" + unix_path_; }
   const std::string& unix_path() const { return unix_path_; }
@@ -77,6 +78,7 @@ class LockdProcess {
   std::string data_dir_;
   pid_t pid_ = -1;
   int port_ = 0;
+  int metrics_port_ = 0;
   std::string unix_path_;
 };
 

@@ -51,6 +51,10 @@ struct ServerOptions {
   size_t max_frame_bytes = size_t{1} << 20;
   // Source of the server's time. Default: nullptr, the real boot-time clock.
   Clock* clock = nullptr;
+  // Serve Prometheus metrics (GET /metrics) on this loopback port; 0 picks a free one, reported
+  // by metrics_port(). Default: -1, no metrics endpoint (lockd's flag turns it on).
+  int metrics_port = -1;
+  std::string metrics_host = "127.0.0.1";
 };
 
 // Thread safety: Run() is called from one thread; Shutdown() and tcp_port() from any.
@@ -66,6 +70,9 @@ class Server {
 
   // The bound TCP port (the real one when options asked for 0).
   virtual uint16_t tcp_port() const = 0;
+
+  // The bound metrics port, or 0 when metrics are not served.
+  virtual int metrics_port() const = 0;
 
   // What recovery restored, one line per fact, for lockd's startup log.
   virtual std::vector<std::string> recovery_summary() const = 0;
