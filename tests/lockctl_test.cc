@@ -1,0 +1,84 @@
+// lockctl against a real lockd: tables for people, JSON for scripts, a clear failure when lockd
+// is not there.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lock-client/client.h"
+#include "lockd_process.h"
+
+namespace fencelock {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// Runs lockctl with `args`; returns its exit status and standard output.
+std::pair<int, std::string> Lockctl(const std::string& args) {
+  FILE* pipe = popen((std::string(LOCKCTL_BINARY) + " " + args + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WEXITSTATUS(status), out};
+}
+
+TEST(LockctlTest, ShowsHoldersTokensAndWaitersAsTablesAndJson) {
+  testing::LockdProcess lockd;
+  ClientOptions options;
+  options.server = lockd.tcp_address();
+  auto holder = Client::Create(options);
+  auto waiter = Client::Create(options);
+  ASSERT_TRUE(holder.ok() && waiter.ok());
+  auto held = (*holder)->acquire("payout-42", absl::Seconds(5));
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE((*holder)->acquire("payout-43", absl::Seconds(5)).ok());
+  std::thread waiting([&] { (void)(*waiter)->acquire("payout-42", absl::Seconds(20)); });
+  const std::string server = "--server=" + lockd.tcp_address();
+  for (int i = 0; i < 500 && Lockctl(server + " waiters").second.find("payout-42") == std::string::npos; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+
+  auto [status_rc, status] = Lockctl(server + " status");
+  EXPECT_EQ(status_rc, 0);
+  EXPECT_THAT(status, HasSubstr("locks held        2"));
+  EXPECT_THAT(status, HasSubstr("waiters           1"));
+  EXPECT_THAT(status, HasSubstr("health            ok"));
+
+  auto [locks_rc, locks] = Lockctl(server + " locks");
+  EXPECT_EQ(locks_rc, 0);
+  EXPECT_THAT(locks, HasSubstr("payout-42"));
+  EXPECT_THAT(locks, HasSubstr(absl::StrCat(held->token())));
+  EXPECT_THAT(Lockctl(server + " locks --prefix=payout-43").second, Not(HasSubstr("payout-42")));
+
+  auto [waiters_rc, waiters] = Lockctl(server + " waiters");
+  EXPECT_THAT(waiters, HasSubstr("payout-42"));
+  EXPECT_THAT(waiters, Not(HasSubstr("payout-43")));
+
+  auto [json_rc, json] = Lockctl(server + " --json locks");
+  EXPECT_EQ(json_rc, 0);
+  EXPECT_THAT(json, HasSubstr("\"lock\": \"payout-42\""));
+  EXPECT_THAT(json, HasSubstr(absl::StrCat("\"token\": \"", held->token(), "\"")));
+  EXPECT_THAT(json, HasSubstr("\"waiters\": 1"));
+  EXPECT_THAT(Lockctl(server + " --json sessions").second, HasSubstr("\"locks_held\": 2"));
+  EXPECT_THAT(Lockctl(server + " --json status").second, HasSubstr("\"locks_held\": \"2\""));
+
+  ASSERT_TRUE((*holder)->release(*held).ok());
+  waiting.join();
+}
+
+TEST(LockctlTest, UnreachableServerAndBadUsageAreClearErrors) {
+  auto [rc, out] = Lockctl("--server=127.0.0.1:1 status");
+  EXPECT_EQ(rc, 1);
+  EXPECT_THAT(out, HasSubstr("cannot connect to lockd at 127.0.0.1:1"));
+  auto [usage_rc, usage] = Lockctl("--server=127.0.0.1:1 frobnicate");
+  EXPECT_EQ(usage_rc, 2);
+  EXPECT_THAT(usage, HasSubstr("unknown command \"frobnicate\""));
+}
+
+}  // namespace
+}  // namespace fencelock
