@@ -31,3 +31,6 @@ cat "$work/lockd.log"
 
 say "running the scripted client session"
 "$FENCELOCK_ROOT/build/lock-client/fencelock-session-demo" --server="127.0.0.1:$(cat "$work/port")"
+
+say "lockd's own view afterwards: lockctl status"
+"$FENCELOCK_ROOT/build/lock-server/lockctl" --server="127.0.0.1:$(cat "$work/port")" status
