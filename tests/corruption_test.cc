@@ -34,16 +34,6 @@ using testing::TempDir;
 constexpr char kDir[] = "/state";
 const MonoTime kNow = MonoTime::FromNanos(77'000'000'000);
 
-std::string Describe(const StateMachine& s) {
-  std::vector<std::string> parts;
-  for (const auto& [id, st] : s.sessions()) parts.push_back(absl::StrCat("s", id));
-  for (const auto& [lock, h] : s.holders()) {
-    parts.push_back(absl::StrCat(lock, "=", h.token, "@s", h.session));
-  }
-  std::sort(parts.begin(), parts.end());
-  return absl::StrJoin(parts, " ");
-}
-
 // Runs a workload against a real lockd with 4 KiB segments and returns the directory's files.
 std::map<std::string, std::string> MakeRealStateDirectory(const std::string& dir) {
   EXPECT_EQ(testing::InitDataDir(dir, 4096), 0);
@@ -99,7 +89,7 @@ TEST(CorruptionTest, EveryTruncationAndBitFlipRestoresAcknowledgedStateOrRefuses
   std::map<uint64_t, std::string> state_at;
   for (uint64_t lsn = last >= 3 ? last - 3 : 0; lsn <= last; ++lsn) {
     auto r = Recover(&env, kDir, kNow, lsn);
-    if (r.ok()) state_at[lsn] = Describe(r->state);
+    if (r.ok()) state_at[lsn] = r->state.DebugString();
   }
 
   int cases = 0, refused = 0, intact_restores = 0, torn_restores = 0;
@@ -122,13 +112,13 @@ TEST(CorruptionTest, EveryTruncationAndBitFlipRestoresAcknowledgedStateOrRefuses
                                       intact->report.token_floor, ")"));
     }
     const uint64_t got = r->report.last_lsn;
-    if (got == last && Describe(r->state) == state_at[last]) {
+    if (got == last && r->state.DebugString() == state_at[last]) {
       ++intact_restores;
       return;
     }
     // Only the final record may be lost, and only as a reported torn tail.
     if (r->report.torn_tail_bytes > 0 && got + 1 >= last && state_at.count(got) &&
-        Describe(r->state) == state_at[got]) {
+        r->state.DebugString() == state_at[got]) {
       ++torn_restores;
       return;
     }

@@ -131,6 +131,8 @@ class ClientImpl final : public Client {
   void CountLoss(LossReason reason) const;
   // Records one heartbeat round trip and applies the margin-revisit trigger.
   void RecordRtt(absl::Duration rtt) ABSL_LOCKS_EXCLUDED(mu_);
+  // The 99th percentile of the recorded round trips; zero before the first.
+  absl::Duration RttP99Locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Warn(const std::string& message) const;
   [[noreturn]] void ThrowLost(const LeaseState& state, LossReason reason) const;
 
@@ -365,12 +367,7 @@ void ClientImpl::RecordRtt(absl::Duration rtt) {
     absl::MutexLock lock(&mu_);
     rtts_[rtt_count_ % rtts_.size()] = rtt;
     ++rtt_count_;
-    const size_t n = std::min(rtt_count_, rtts_.size());
-    std::array<absl::Duration, 128> sorted = rtts_;
-    const size_t k = std::min(n - 1, static_cast<size_t>(0.99 * static_cast<double>(n)));
-    std::nth_element(sorted.begin(), sorted.begin() + static_cast<long>(k),
-                     sorted.begin() + static_cast<long>(n));
-    p99 = sorted[k];
+    p99 = RttP99Locked();
     // ADR-006 6.5: revisit the margin once the p99 exceeds a third of lease x margin.
     const absl::Duration lease =
         std::min(session_id_ != 0 ? session_ttl_ : options_.session_ttl, options_.default_lock_ttl);
@@ -392,6 +389,10 @@ void ClientImpl::RecordRtt(absl::Duration rtt) {
 
 absl::Duration ClientImpl::heartbeat_rtt_p99() const {
   absl::MutexLock lock(&mu_);
+  return RttP99Locked();
+}
+
+absl::Duration ClientImpl::RttP99Locked() const {
   const size_t n = std::min(rtt_count_, rtts_.size());
   if (n == 0) return absl::ZeroDuration();
   std::array<absl::Duration, 128> sorted = rtts_;

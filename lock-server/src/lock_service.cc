@@ -44,14 +44,15 @@ absl::StatusOr<std::pair<SessionId, absl::Duration>> LockService::OpenSession(
   return std::make_pair(id, *resolved);
 }
 
-absl::Status LockService::CheckHolder(SessionId session, const std::string& lock,
+absl::Status LockService::CheckHolder(std::optional<SessionId> session, const std::string& lock,
                                       FenceToken token) {
   if (token == 0 || token > state_.last_token()) {
     return absl::InvalidArgumentError(
         absl::StrCat("token ", token, " for lock \"", lock, "\" was never issued"));
   }
   const HolderState* holder = state_.FindHolder(lock);
-  if (holder != nullptr && holder->token == token && holder->session == session) {
+  if (holder != nullptr && holder->token == token &&
+      (!session.has_value() || holder->session == *session)) {
     return absl::OkStatus();
   }
   ++stats_.fenced_out_total;
@@ -141,9 +142,7 @@ absl::Status LockService::Release(SessionId session, const std::string& lock, Fe
 
 absl::Status LockService::Validate(const std::string& lock, FenceToken token, MonoTime now) {
   Advance(now);
-  const HolderState* holder = state_.FindHolder(lock);
-  // Validate has no session: any session presenting the holder's token passes.
-  return CheckHolder(holder != nullptr ? holder->session : 0, lock, token);
+  return CheckHolder(std::nullopt, lock, token);  // a resource has the token, not a session
 }
 
 void LockService::ReleaseAndHandOff(const std::string& lock, FenceToken token,

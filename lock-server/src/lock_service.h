@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -152,7 +153,10 @@ class LockService {
   void Commit(const Record& r, MonoTime now);
   absl::StatusOr<absl::Duration> ResolveTtl(absl::Duration requested,
                                             absl::Duration default_ttl) const;
-  absl::Status CheckHolder(SessionId session, const std::string& lock, FenceToken token);
+  // Fence 1: OK iff `token` is the current holder's (and, when given, `session` is that
+  // holder's session); otherwise counted and kAborted (FENCED_OUT).
+  absl::Status CheckHolder(std::optional<SessionId> session, const std::string& lock,
+                           FenceToken token);
   void ReleaseAndHandOff(const std::string& lock, FenceToken token, ReleaseReason reason,
                          MonoTime now);
   void EndSession(SessionId session, EndReason reason, MonoTime now);

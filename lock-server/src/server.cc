@@ -5,7 +5,6 @@
 
 #include <cstdio>
 #include <deque>
-#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -94,13 +93,6 @@ class ServerImpl final : public Server {
         tcp_acceptor_(io_),
         unix_acceptor_(io_),
         timer_(io_) {}
-
-  ~ServerImpl() override {
-    // Stopping the HTTP server behind the metrics endpoint takes its library up to two
-    // seconds (it polls for shutdown); nothing depends on that finishing, so lockd does not
-    // wait for it. The exposer keeps its own reference to the registry.
-    if (exposer_) std::thread([e = std::move(exposer_)]() mutable { e.reset(); }).detach();
-  }
 
   // Takes over the state directory (after recovery) and starts logging every record.
   absl::Status OpenLog();

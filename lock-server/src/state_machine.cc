@@ -2,8 +2,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace fencelock::server {
 namespace {
@@ -103,6 +105,18 @@ const SessionState* StateMachine::FindSession(SessionId id) const {
 const HolderState* StateMachine::FindHolder(const std::string& lock) const {
   auto it = holders_.find(lock);
   return it == holders_.end() ? nullptr : &it->second;
+}
+
+std::string StateMachine::DebugString() const {
+  std::vector<std::string> parts;
+  for (const auto& [id, s] : sessions_) {
+    parts.push_back(absl::StrCat("s", id, "/", absl::FormatDuration(s.ttl)));
+  }
+  for (const auto& [lock, h] : holders_) {
+    parts.push_back(absl::StrCat(lock, "=", h.token, "@s", h.session));
+  }
+  std::sort(parts.begin(), parts.end());
+  return absl::StrJoin(parts, " ");
 }
 
 MonoTime StateMachine::NextExpiry() const {

@@ -95,6 +95,10 @@ class StateMachine {
   const SessionState* FindSession(SessionId id) const;
   const HolderState* FindHolder(const std::string& lock) const;
 
+  // Sessions (id and TTL) and holders (lock, token, session), sorted, on one line: for
+  // comparing states in tests and logs. Expiry times and sequence floors are left out.
+  std::string DebugString() const;
+
   FenceToken last_token() const { return last_token_; }
   SessionId last_session_id() const { return last_session_id_; }
   size_t session_count() const { return sessions_.size(); }

@@ -515,6 +515,7 @@ absl::StatusOr<Recovered> Recover(Env* env, const std::string& dir, MonoTime now
     }
   }
   report.segments = segments.size();
+  report.logged_token = out.state.last_token();
   report.token_floor = std::max(out.state.last_token(), report.reserved.token_hwm);
   report.session_floor = std::max(out.state.last_session_id(), report.reserved.session_hwm);
   out.state.RaiseFloors(report.token_floor, report.session_floor);

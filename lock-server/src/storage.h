@@ -60,6 +60,7 @@ struct RecoveryReport {
   uint64_t records_replayed = 0;   // records applied on top of the snapshot
   uint64_t segments = 0;
   Sequences reserved;              // as read from SEQUENCES
+  FenceToken logged_token = 0;     // the highest token in the snapshot and replayed records
   FenceToken token_floor = 0;      // restart issues tokens above this
   SessionId session_floor = 0;     // and session ids above this
   // A damaged tail of the final segment that was dropped (never acknowledged).

@@ -1,6 +1,7 @@
 #include "metrics/metrics.h"
 
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -96,6 +97,13 @@ class CivetExposer final : public Exposer {
   CivetExposer(std::unique_ptr<prometheus::Exposer> exposer, std::shared_ptr<Registry> registry)
       : exposer_(std::move(exposer)), registry_(std::move(registry)) {
     exposer_->RegisterCollectable(registry_->prometheus_registry());
+  }
+  ~CivetExposer() override {
+    // Stopping civetweb takes up to two seconds (it polls for shutdown). Nothing depends on
+    // that finishing, so no owner waits for it: the server stops on a detached thread, which
+    // keeps the registry alive until then.
+    std::thread([e = std::move(exposer_), r = std::move(registry_)]() mutable { e.reset(); })
+        .detach();
   }
   int port() const override {
     auto ports = exposer_->GetListeningPorts();

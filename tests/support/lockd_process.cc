@@ -146,9 +146,6 @@ LockdProcess::~LockdProcess() {
   }
 }
 
-void LockdProcess::Pause() { kill(pid_, SIGSTOP); }
-void LockdProcess::Resume() { kill(pid_, SIGCONT); }
-
 void LockdProcess::Kill() {
   if (pid_ <= 0) return;
   kill(pid_, SIGKILL);

@@ -65,8 +65,6 @@ class LockdProcess {
   const std::string& unix_path() const { return unix_path_; }
   pid_t pid() const { return pid_; }
 
-  void Pause();   // SIGSTOP
-  void Resume();  // SIGCONT
   // Sends SIGTERM and waits; returns the exit status as waitpid() reported it.
   int Stop();
 
