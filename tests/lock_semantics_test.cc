@@ -30,8 +30,7 @@ class LockSemanticsTest : public ::testing::TestWithParam<Transport> {
  protected:
   LockSemanticsTest() : lockd_(LockdProcess::Options{.unix_socket = GetParam().unix_socket}) {}
 
-  std::unique_ptr<Client> NewClient() {
-    ClientOptions options;
+  std::unique_ptr<Client> NewClient(ClientOptions options = {}) {
     options.server = GetParam().unix_socket ? lockd_.unix_address() : lockd_.tcp_address();
     auto client = Client::Create(options);
     EXPECT_TRUE(client.ok()) << client.status();
@@ -167,6 +166,42 @@ TEST_P(LockSemanticsTest, WaiterIsGrantedWhenLockLeaseExpires) {
   wire::StatsReply stats = Stats();
   EXPECT_EQ(stats.lock_expiries_total(), 1u);
   EXPECT_EQ(stats.session_expiries_total(), 0u);
+}
+
+// A holder paused past its lease (here: its heartbeat never runs) wakes up, sees the loss and
+// releases. That is clean-up, not a stale request: both sides keep lock_fenced_out_total at 0.
+TEST_P(LockSemanticsTest, ReleasingALockAlreadyLostIsNotCountedAsFencedOut) {
+  auto paused = NewClient({.heartbeat_interval = absl::Hours(1)});
+  auto lost = paused->acquire("p", absl::Seconds(5), absl::Milliseconds(300));
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  auto other = NewClient();
+  auto current = other->acquire("p", absl::Seconds(20));  // once the 300 ms lease ends
+  ASSERT_TRUE(current.ok()) << current.status();
+  EXPECT_THROW(paused->checkStillHeld(*lost), LockLostException);
+
+  absl::Status s = paused->release(*lost);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("already lost before release: deadline_passed"));
+  EXPECT_EQ(paused->release(*lost).code(), absl::StatusCode::kAborted);  // twice: still quiet
+  EXPECT_EQ(paused->metrics()->GetCounter("lock_fenced_out_total", "").value(), 0);
+  EXPECT_EQ(paused->metrics()
+                ->GetCounter("lock_lease_lost_total", "", {{"reason", "deadline_passed"}})
+                .value(),
+            1);
+  EXPECT_NO_THROW(other->checkStillHeld(*current));  // the relinquish did not touch the holder
+  EXPECT_EQ(Stats().fenced_out_total(), 0u);
+
+  // The same stale token without the relinquish flag is a stale request, and counted.
+  RawConnection raw = Raw();
+  raw.Hello();
+  wire::Request release;
+  release.mutable_release()->set_session_id(paused->session_id());
+  release.mutable_release()->set_lock("p");
+  release.mutable_release()->set_token(lost->token());
+  EXPECT_EQ(raw.Call(release).code(), wire::FENCED_OUT);
+  release.mutable_release()->set_relinquish(true);
+  EXPECT_EQ(raw.Call(release).code(), wire::FENCED_OUT);
+  EXPECT_EQ(Stats().fenced_out_total(), 1u);
 }
 
 TEST_P(LockSemanticsTest, StaleTokenIsFencedOutOnReleaseAndValidate) {

@@ -127,6 +127,9 @@ class ClientImpl final : public Client {
   absl::Duration HeartbeatInterval() const ABSL_LOCKS_EXCLUDED(mu_);
   void HeartbeatThread();
   void OnUnmatchedReply(const wire::Response& response);
+  // Releases a lock this client has already given up (wire Release.relinquish): no reply is
+  // awaited, and a stale token is not counted as fenced out by the server.
+  void Relinquish(uint64_t session, const std::string& lock, uint64_t token);
   // Counts a lease that ended for `reason` (once per lease).
   void CountLoss(LossReason reason) const;
   // Records one heartbeat round trip and applies the margin-revisit trigger.
@@ -448,14 +451,8 @@ void ClientImpl::SweepLost() {
     }
   }
   // The client gave these up at its deadline; tell the server so waiters need not wait for the
-  // server's own expiry. A stale answer (FENCED_OUT) is expected and harmless.
-  for (const auto& state : expired) {
-    wire::Request release;
-    release.mutable_release()->set_session_id(session);
-    release.mutable_release()->set_lock(state->lock());
-    release.mutable_release()->set_token(state->token());
-    channel_->Post(std::move(release));
-  }
+  // server's own expiry. A stale answer is expected and harmless, and not counted.
+  for (const auto& state : expired) Relinquish(session, state->lock(), state->token());
 }
 
 absl::Duration ClientImpl::HeartbeatInterval() const {
@@ -531,11 +528,7 @@ absl::StatusOr<std::optional<LockHandle>> ClientImpl::AcquireImpl(std::string_vi
     auto renewal = KeepAliveLocked({{name, token}});
     const bool renewed = renewal.ok() && renewal->response.keep_alive().lock_codes(0) == wire::OK;
     if (!renewed) {
-      wire::Request give_back;
-      give_back.mutable_release()->set_session_id(session);
-      give_back.mutable_release()->set_lock(name);
-      give_back.mutable_release()->set_token(token);
-      channel_->Post(std::move(give_back));
+      Relinquish(session, name, token);
       return absl::UnavailableError(absl::StrCat(
           "lock \"", name, "\" was granted after a long wait and its lease could not be renewed",
           renewal.ok() ? ": fenced out" : ": ", renewal.ok() ? "" : renewal.status().message()));
@@ -578,11 +571,28 @@ absl::Status ClientImpl::release(const LockHandle& handle) {
   if (handle.state_ == nullptr) return absl::InvalidArgumentError("empty lock handle");
   LeaseState& state = *handle.state_;
   uint64_t session;
+  bool was_held = false;
   {
     absl::MutexLock lock(&mu_);
     session = session_id_;
     auto it = held_.find(state.lock());
-    if (it != held_.end() && it->second.state == handle.state_) held_.erase(it);
+    if (it != held_.end() && it->second.state == handle.state_) {
+      held_.erase(it);
+      was_held = true;
+    }
+  }
+  if (const LossReason lost = state.Check(clock_->Now()); lost != LossReason::kNone) {
+    // Already lost: nothing may be done under this token any more, so this is a clean-up, not
+    // a stale request. If only the client's (conservative) deadline passed, the server may
+    // still hold it for us: give it back so waiters need not wait for the server's expiry.
+    if (lost == LossReason::kDeadlinePassed) {
+      state.MarkLost(LossReason::kDeadlinePassed);
+      if (was_held) CountLoss(lost);  // the heartbeat's sweep has not seen it
+      Relinquish(session, state.lock(), state.token());
+    }
+    return absl::AbortedError(absl::StrCat("lock \"", state.lock(), "\" (token ", state.token(),
+                                           ") was already lost before release: ",
+                                           LossReasonName(lost)));
   }
   state.MarkLost(LossReason::kReleased);
   wire::Request request;
@@ -693,13 +703,20 @@ void ClientImpl::OnUnmatchedReply(const wire::Response& response) {
   if (response.code() != wire::OK || !response.has_acquire() || !response.acquire().granted()) {
     return;
   }
-  wire::Request release;
+  uint64_t session;
   {
     absl::MutexLock lock(&mu_);
-    release.mutable_release()->set_session_id(session_id_);
+    session = session_id_;
   }
-  release.mutable_release()->set_lock(response.acquire().lock());
-  release.mutable_release()->set_token(response.acquire().token());
+  Relinquish(session, response.acquire().lock(), response.acquire().token());
+}
+
+void ClientImpl::Relinquish(uint64_t session, const std::string& lock, uint64_t token) {
+  wire::Request release;
+  release.mutable_release()->set_session_id(session);
+  release.mutable_release()->set_lock(lock);
+  release.mutable_release()->set_token(token);
+  release.mutable_release()->set_relinquish(true);
   channel_->Post(std::move(release));
 }
 

@@ -45,7 +45,7 @@ absl::StatusOr<std::pair<SessionId, absl::Duration>> LockService::OpenSession(
 }
 
 absl::Status LockService::CheckHolder(std::optional<SessionId> session, const std::string& lock,
-                                      FenceToken token) {
+                                      FenceToken token, bool count) {
   if (token == 0 || token > state_.last_token()) {
     return absl::InvalidArgumentError(
         absl::StrCat("token ", token, " for lock \"", lock, "\" was never issued"));
@@ -55,7 +55,7 @@ absl::Status LockService::CheckHolder(std::optional<SessionId> session, const st
       (!session.has_value() || holder->session == *session)) {
     return absl::OkStatus();
   }
-  ++stats_.fenced_out_total;
+  if (count) ++stats_.fenced_out_total;
   if (holder == nullptr) {
     return absl::AbortedError(absl::StrCat("FENCED_OUT: token ", token, " no longer holds lock \"",
                                            lock, "\" (the lock is free)"));
@@ -132,9 +132,9 @@ absl::StatusOr<AcquireResult> LockService::Acquire(SessionId session, const std:
 }
 
 absl::Status LockService::Release(SessionId session, const std::string& lock, FenceToken token,
-                                  MonoTime now) {
+                                  MonoTime now, bool relinquish) {
   Advance(now);
-  absl::Status s = CheckHolder(session, lock, token);
+  absl::Status s = CheckHolder(session, lock, token, /*count=*/!relinquish);
   if (!s.ok()) return s;
   ReleaseAndHandOff(lock, token, ReleaseReason::kReleased, now);
   return absl::OkStatus();

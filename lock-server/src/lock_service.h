@@ -102,9 +102,11 @@ class LockService {
                                         absl::Duration ttl, absl::Duration wait,
                                         WaiterId waiter, MonoTime now);
 
-  // Releases `lock` if `token` is its current holder's and `session` is that holder.
+  // Releases `lock` if `token` is its current holder's and `session` is that holder. A
+  // `relinquish` release (the client already gave the lock up) is not counted as fenced out
+  // when its token is stale.
   absl::Status Release(SessionId session, const std::string& lock, FenceToken token,
-                       MonoTime now);
+                       MonoTime now, bool relinquish = false);
 
   // Fence 1 for resources that cannot store tokens: OK iff `token` holds `lock` now.
   absl::Status Validate(const std::string& lock, FenceToken token, MonoTime now);
@@ -154,9 +156,9 @@ class LockService {
   absl::StatusOr<absl::Duration> ResolveTtl(absl::Duration requested,
                                             absl::Duration default_ttl) const;
   // Fence 1: OK iff `token` is the current holder's (and, when given, `session` is that
-  // holder's session); otherwise counted and kAborted (FENCED_OUT).
+  // holder's session); otherwise kAborted (FENCED_OUT), counted unless `count` is false.
   absl::Status CheckHolder(std::optional<SessionId> session, const std::string& lock,
-                           FenceToken token);
+                           FenceToken token, bool count = true);
   void ReleaseAndHandOff(const std::string& lock, FenceToken token, ReleaseReason reason,
                          MonoTime now);
   void EndSession(SessionId session, EndReason reason, MonoTime now);

@@ -394,7 +394,7 @@ void Connection::Dispatch(const std::string& payload, MonoTime now) {
     case wire::Request::kRelease: {
       const auto& r = req.release();
       resp.mutable_release();
-      finish(service.Release(r.session_id(), r.lock(), r.token(), now));
+      finish(service.Release(r.session_id(), r.lock(), r.token(), now, r.relinquish()));
       return;
     }
     case wire::Request::kValidate: {

@@ -202,7 +202,11 @@ class Client {
 
   // Releases the lock. The handle is lost from this call on, whatever the answer. Returns
   // kAborted (FENCED_OUT) when the token no longer held the lock, kUnavailable when lockd could
-  // not be reached (the server then frees it when the lease runs out).
+  // not be reached (the server then frees it when the lease runs out). A handle the client
+  // already knows is lost (deadline passed, fenced out, session lost) gets kAborted naming the
+  // reason without a stale request: after a passed deadline the lock is relinquished, which
+  // neither side counts in lock_fenced_out_total, so a paused worker that wakes up, sees its
+  // loss and cleans up leaves the must-be-zero counter at zero.
   virtual absl::Status release(const LockHandle& handle) = 0;
 
   // Returns normally if the caller may still hold the lock; throws LockLostException otherwise.
