@@ -168,6 +168,31 @@ TEST_P(LockSemanticsTest, WaiterIsGrantedWhenLockLeaseExpires) {
   EXPECT_EQ(stats.session_expiries_total(), 0u);
 }
 
+// With a declared step, the default heartbeat keeps the lease left above the step's cost:
+// D4 never refuses a healthy holder just because a renewal is due. (A third of the 3 s TTL,
+// 1 s, would leave 2.1 s − 1 s = 1.1 s before each renewal, less than the 1.5 s step.)
+TEST_P(LockSemanticsTest, DeclaredStepsShortenTheHeartbeatSoD4DoesNotRefuseHealthyHolders) {
+  const StepCost submit = StepCost::Hop("submit", absl::Milliseconds(1500));
+  auto client = NewClient({.session_ttl = absl::Seconds(3),
+                           .default_lock_ttl = absl::Seconds(3),
+                           .steps = {submit}});
+  auto lock = client->acquire("stepper", absl::Seconds(5));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  int refused = 0;
+  absl::Duration lowest = absl::InfiniteDuration();
+  for (absl::Time end = absl::Now() + absl::Seconds(3); absl::Now() < end;) {
+    lowest = std::min(lowest, client->remaining(*lock));
+    try {
+      client->beginIrreversibleStep(*lock, submit);
+    } catch (const LockLostException&) {
+      ++refused;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(refused, 0) << "lowest lease left: " << lowest;
+  EXPECT_TRUE(client->release(*lock).ok());
+}
+
 // A holder paused past its lease (here: its heartbeat never runs) wakes up, sees the loss and
 // releases. That is clean-up, not a stale request: both sides keep lock_fenced_out_total at 0.
 TEST_P(LockSemanticsTest, ReleasingALockAlreadyLostIsNotCountedAsFencedOut) {

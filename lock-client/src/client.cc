@@ -55,6 +55,7 @@ class ClientImpl final : public Client {
   ClientImpl(const ClientOptions& options, Clock* clock)
       : options_(options),
         clock_(clock),
+        costliest_step_(CostliestStep(options.steps)),
         metrics_(options.metrics != nullptr ? options.metrics
                                             : std::make_shared<metrics::Registry>()),
         fenced_out_(metrics_->GetCounter("lock_fenced_out_total",
@@ -139,8 +140,15 @@ class ClientImpl final : public Client {
   void Warn(const std::string& message) const;
   [[noreturn]] void ThrowLost(const LeaseState& state, LossReason reason) const;
 
+  static absl::Duration CostliestStep(const std::vector<StepCost>& steps) {
+    absl::Duration costliest = absl::ZeroDuration();
+    for (const StepCost& step : steps) costliest = std::max(costliest, step.worst_case);
+    return costliest;
+  }
+
   const ClientOptions options_;
   Clock* const clock_;
+  const absl::Duration costliest_step_;  // of the declared steps; zero when none
   const std::shared_ptr<metrics::Registry> metrics_;
   metrics::Counter& fenced_out_;
   metrics::Counter& heartbeat_failures_;
@@ -460,7 +468,13 @@ absl::Duration ClientImpl::HeartbeatInterval() const {
   absl::MutexLock lock(&mu_);
   absl::Duration shortest = session_id_ != 0 ? session_ttl_ : options_.session_ttl;
   for (const auto& [name, held] : held_) shortest = std::min(shortest, held.state->ttl());
-  return shortest / 3;
+  absl::Duration interval = shortest / 3;
+  // Right before a heartbeat a lease has usable − interval left. Keep that above the costliest
+  // declared step, with room for one more interval, so that D4 does not refuse a step on a
+  // healthy client merely because the next renewal is due.
+  const absl::Duration slack = shortest * (1.0 - options_.safety_margin) - costliest_step_;
+  if (slack > absl::ZeroDuration()) interval = std::min(interval, slack / 2);
+  return std::max(interval, absl::Milliseconds(10));
 }
 
 void ClientImpl::HeartbeatThread() {

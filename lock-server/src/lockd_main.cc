@@ -20,6 +20,8 @@
 #include "absl/flags/usage.h"
 #include "lock-server/env.h"
 #include "lock-server/server.h"
+#include "process/flags.h"
+#include "process/process.h"
 #include "storage.h"
 
 ABSL_FLAG(std::string, data_dir, "", "state directory (created by lockd init)");
@@ -38,25 +40,6 @@ ABSL_FLAG(absl::Duration, lock_ttl, absl::Seconds(30),
           "lock.default.ttl: lease TTL of acquires that ask for none");
 
 namespace {
-
-// Writes `port` to `path` atomically (temporary file, rename); nothing when `path` is empty.
-bool WritePortFile(const std::string& path, int port) {
-  if (path.empty()) return true;
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << port << "\n";
-    if (!out.flush()) {
-      std::fprintf(stderr, "lockd: cannot write %s\n", tmp.c_str());
-      return false;
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::fprintf(stderr, "lockd: cannot rename %s to %s\n", tmp.c_str(), path.c_str());
-    return false;
-  }
-  return true;
-}
 
 int Serve() {
   using fencelock::server::Server;
@@ -98,9 +81,13 @@ int Serve() {
   }
   const uint16_t bound = (*server)->tcp_port();
   // The metrics port first: a waiter on the TCP port file can then read both.
-  if (!WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), (*server)->metrics_port()) ||
-      !WritePortFile(absl::GetFlag(FLAGS_port_file), bound)) {
-    return 1;
+  for (const auto& [file, port] : {std::pair{absl::GetFlag(FLAGS_metrics_port_file),
+                                              static_cast<int>((*server)->metrics_port())},
+                                    std::pair{absl::GetFlag(FLAGS_port_file), static_cast<int>(bound)}}) {
+    if (absl::Status s = fencelock::process::WritePortFile(file, port); !s.ok()) {
+      std::fprintf(stderr, "lockd: %s\n", s.ToString().c_str());
+      return 1;
+    }
   }
   std::printf("lockd: listening on tcp %s:%u\n", options.tcp_host.c_str(), bound);
   if (!options.unix_socket_path.empty()) {
@@ -143,22 +130,6 @@ int Init() {
   return 0;
 }
 
-// absl flags are spelled with underscores; accept the dashed spelling the docs use too.
-std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
-  std::vector<std::string> out;
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    if (i > 0 && a.rfind("--", 0) == 0) {
-      const size_t end = std::min(a.find('='), a.size());
-      for (size_t k = 2; k < end; ++k) {
-        if (a[k] == '-') a[k] = '_';
-      }
-    }
-    out.push_back(std::move(a));
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -167,11 +138,7 @@ int main(int argc, char** argv) {
       "  lockd init  --data-dir=DIR\n"
       "  lockd serve --data-dir=DIR [--listen=ADDR] [--port=N] [--unix-socket=PATH]\n"
       "              [--port-file=PATH] [--session-ttl=D] [--lock-ttl=D]");
-  std::vector<std::string> normalized = NormalizeFlagNames(argc, argv);
-  std::vector<char*> normalized_argv;
-  for (auto& a : normalized) normalized_argv.push_back(a.data());
-  std::vector<char*> args =
-      absl::ParseCommandLine(static_cast<int>(normalized_argv.size()), normalized_argv.data());
+  const std::vector<std::string> args = fencelock::process::ParseFlags(argc, argv);
   const std::string command = args.size() == 2 ? args[1] : "";
   if (command == "init") return Init();
   if (command == "serve") return Serve();

@@ -146,8 +146,10 @@ struct ClientOptions {
   // lock.client.safety-margin: the fraction of every lease the client refuses to use, in
   // (0, 1). Default: 0.30.
   double safety_margin = 0.30;
-  // Period of the background heartbeat. Default: zero, meaning a third of the shortest of the
-  // session TTL and the TTLs of the locks held.
+  // Period of the background heartbeat. Default: zero, meaning a third of the shortest TTL in
+  // play (the session's and the held locks'), shortened when `steps` are declared so that the
+  // lease left just before a renewal still covers the costliest step with room for one more
+  // period: at most (shortest TTL × (1 − margin) − costliest step) / 2.
   absl::Duration heartbeat_interval = absl::ZeroDuration();
   // How long one request may wait for its reply (a hop's read timeout). Default: 5 s.
   absl::Duration request_timeout = absl::Seconds(5);

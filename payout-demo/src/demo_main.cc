@@ -1,0 +1,538 @@
+// payout-demo: the README's main command. Starts lockd on a fresh state directory, the rail
+// simulator and N payout workers as separate processes, loads M payouts, freezes one worker
+// with SIGSTOP in the middle of a payout for longer than the session TTL, kills another with
+// SIGKILL, and reconciles the rail's ledger against the store when the work is done.
+//
+// Exit status: 0 when every payout was paid exactly once and the must-be-zero counters are
+// zero; 1 when not; 2 for bad flags; 130 when interrupted (every process it started is stopped
+// first, also then).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "payout-demo/rail.h"
+#include "payout-demo/store.h"
+#include "process/flags.h"
+#include "process/process.h"
+
+ABSL_FLAG(int, workers, 3, "payout worker processes (at least 3 with faults on)");
+ABSL_FLAG(int64_t, payouts, 300, "payouts to load");
+ABSL_FLAG(int64_t, amount_cents, 1000, "amount of each payout, in cents");
+ABSL_FLAG(absl::Duration, session_ttl, absl::Seconds(5), "lock.session.ttl of every worker");
+ABSL_FLAG(absl::Duration, lock_ttl, absl::Seconds(5), "TTL of each payout's lock");
+ABSL_FLAG(double, margin, 0.30, "lock.client.safety-margin of every worker");
+ABSL_FLAG(absl::Duration, rail_latency, absl::Milliseconds(20), "time the rail takes per request");
+ABSL_FLAG(absl::Duration, rail_jitter, absl::Milliseconds(10), "extra rail latency, up to this");
+ABSL_FLAG(absl::Duration, rail_read_timeout, absl::Milliseconds(500),
+          "how long a worker waits for the rail at most; a submit costs this + 2 s of lease");
+ABSL_FLAG(absl::Duration, freeze, absl::Seconds(7),
+          "how long worker w1 stays frozen (SIGSTOP); 0 disables; should exceed --session-ttl");
+ABSL_FLAG(std::string, freeze_at, "submitting",
+          "the w1 event at which it is frozen: submitting (its submit is at the rail) or claimed");
+ABSL_FLAG(bool, kill, true, "SIGKILL worker w2 in the middle of a payout");
+ABSL_FLAG(absl::Duration, fault_after, absl::Seconds(1),
+          "let the workers pay for this long before the freeze and the kill");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(120), "give up (and fail) after this long");
+ABSL_FLAG(std::string, state_dir, "",
+          "where lockd's state, the store, the ledger and the logs go (must not exist); default: "
+          "a fresh directory under $TMPDIR, removed after a green run unless --keep-state");
+ABSL_FLAG(bool, keep_state, false, "keep the state directory after a green run");
+ABSL_FLAG(std::string, report_json, "", "also write the reconciliation as JSON to this file");
+ABSL_FLAG(std::string, lockd_binary, LOCKD_BINARY, "the lockd executable");
+ABSL_FLAG(std::string, rail_binary, RAIL_BINARY, "the payout-rail executable");
+ABSL_FLAG(std::string, worker_binary, WORKER_BINARY, "the payout-worker executable");
+
+namespace fencelock::payout {
+namespace {
+
+std::atomic<int> g_signal{0};
+
+std::string Seconds(absl::Duration d) {
+  return absl::StrFormat("%.1fs", absl::ToDoubleSeconds(d));
+}
+
+// The value of an unlabelled series in lockd's /metrics (plain HTTP on loopback).
+absl::StatusOr<double> ScrapeMetric(int port, const std::string& name) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{.tv_sec = 5, .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot reach metrics on port ", port));
+  }
+  const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  std::string body;
+  if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+    char buf[4096];
+    for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) body.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  for (absl::string_view line : absl::StrSplit(body, '\n')) {
+    if (absl::ConsumePrefix(&line, name + " ")) {
+      double v = 0;
+      if (absl::SimpleAtod(line, &v)) return v;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat(name, " not in lockd's /metrics"));
+}
+
+// Follows the workers' event logs ("<name> <event> payout/<id> token <t> ...").
+class LogTail {
+ public:
+  explicit LogTail(std::string path) : path_(std::move(path)) {}
+  // New complete lines since the last call.
+  std::vector<std::string> Poll() {
+    std::vector<std::string> lines;
+    std::ifstream in(path_);
+    if (!in) return lines;
+    in.seekg(static_cast<std::streamoff>(offset_));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (in.eof()) break;  // a partial last line: read it whole next time
+      offset_ += line.size() + 1;
+      lines.push_back(line);
+    }
+    return lines;
+  }
+
+ private:
+  std::string path_;
+  size_t offset_ = 0;
+};
+
+struct Event {
+  std::string worker, kind, payout;
+  uint64_t token = 0;
+};
+std::optional<Event> ParseEvent(const std::string& line) {
+  std::vector<std::string> f = absl::StrSplit(line, ' ');
+  Event e;
+  if (f.size() < 5 || f[3] != "token" || !absl::SimpleAtoi(f[4], &e.token)) return std::nullopt;
+  e.worker = f[0];
+  e.kind = f[1];
+  e.payout = f[2];
+  return e;
+}
+
+struct Report {
+  int64_t payouts = 0, paid_once = 0, paid_twice = 0, left = 0;
+  double lock_fenced_out = -1;
+  int64_t rail_duplicates = 0, rail_fenced_out = 0, status_queries = 0, claims = 0;
+  std::map<std::string, int64_t> abandoned;
+  absl::Duration wall, paying;
+  std::vector<std::string> story;  // what the faults did, one line each
+  bool ok() const {
+    return paid_twice == 0 && left == 0 && paid_once == payouts && lock_fenced_out == 0 &&
+           rail_duplicates == 0;
+  }
+};
+
+class Demo {
+ public:
+  Demo(std::string dir) : dir_(std::move(dir)) {}
+
+  int Run() {
+    const absl::Time start = absl::Now();
+    if (absl::Status s = Setup(); !s.ok()) return Fail(s);
+    const absl::Time paying_from = absl::Now();
+    if (absl::Status s = Choreograph(start); !s.ok()) return Fail(s);
+    report_.paying = absl::Now() - paying_from;
+    if (absl::Status s = Reconcile(); !s.ok()) return Fail(s);
+    report_.wall = absl::Now() - start;
+    Print();
+    if (absl::Status s = WriteJson(); !s.ok()) return Fail(s);
+    return report_.ok() ? 0 : 1;
+  }
+
+ private:
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  static void Say(const std::string& line) {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+  void Note(absl::Time start, const std::string& what) {
+    const std::string line = absl::StrFormat("  %6.2fs  %s", absl::ToDoubleSeconds(absl::Now() - start), what);
+    report_.story.push_back(what);
+    Say(line);
+  }
+  int Fail(const absl::Status& s) {
+    std::fprintf(stderr, "payout-demo: %s\n", s.ToString().c_str());
+    std::fprintf(stderr, "payout-demo: logs and state are in %s\n", dir_.c_str());
+    return g_signal.load() != 0 ? 130 : 1;
+  }
+  absl::Status Interrupted() const {
+    if (g_signal.load() == 0) return absl::OkStatus();
+    return absl::CancelledError(absl::StrCat("interrupted by signal ", g_signal.load(),
+                                             "; every process started was stopped"));
+  }
+
+  absl::Status Spawn(process::Child* child, const std::string& binary,
+                     const std::vector<std::string>& args, const std::string& log) {
+    auto c = process::Child::Spawn(binary, args, {.stdout_file = Path(log), .stderr_file = Path(log)});
+    if (!c.ok()) return c.status();
+    *child = std::move(*c);
+    return absl::OkStatus();
+  }
+
+  absl::Status Setup() {
+    std::filesystem::create_directories(Path("logs"));
+    Say(absl::StrCat("state directory: ", dir_));
+    {
+      process::Child init;
+      if (absl::Status s = Spawn(&init, absl::GetFlag(FLAGS_lockd_binary),
+                                 {"init", "--data-dir=" + Path("lockd")}, "logs/lockd.log");
+          !s.ok()) {
+        return s;
+      }
+      if (int status = *init.Wait(); status != 0) {
+        return absl::InternalError(absl::StrCat("lockd init ", process::DescribeStatus(status),
+                                                "; see ", Path("logs/lockd.log")));
+      }
+    }
+    if (absl::Status s = Spawn(&lockd_, absl::GetFlag(FLAGS_lockd_binary),
+                               {"serve", "--data-dir=" + Path("lockd"), "--port=0",
+                                "--port-file=" + Path("lockd.port"), "--metrics-port=0",
+                                "--metrics-port-file=" + Path("lockd.metrics-port")},
+                               "logs/lockd.log");
+        !s.ok()) {
+      return s;
+    }
+    auto lockd_port = process::AwaitPortFile(Path("lockd.port"), lockd_, absl::Seconds(20));
+    if (!lockd_port.ok()) return lockd_port.status();
+    lockd_address_ = absl::StrCat("127.0.0.1:", *lockd_port);
+    std::ifstream(Path("lockd.metrics-port")) >> lockd_metrics_port_;
+
+    if (absl::Status s = Spawn(&rail_, absl::GetFlag(FLAGS_rail_binary),
+                               {"--db=" + Path("rail.db"), "--port=0", "--port-file=" + Path("rail.port"),
+                                "--latency=" + absl::FormatDuration(absl::GetFlag(FLAGS_rail_latency)),
+                                "--jitter=" + absl::FormatDuration(absl::GetFlag(FLAGS_rail_jitter)),
+                                "--read-timeout=" + absl::FormatDuration(absl::GetFlag(FLAGS_rail_read_timeout))},
+                               "logs/rail.log");
+        !s.ok()) {
+      return s;
+    }
+    auto rail_port = process::AwaitPortFile(Path("rail.port"), rail_, absl::Seconds(20));
+    if (!rail_port.ok()) return rail_port.status();
+    rail_address_ = absl::StrCat("127.0.0.1:", *rail_port);
+    Say(absl::StrCat("lockd on ", lockd_address_, " (metrics :", lockd_metrics_port_,
+                     "), rail on ", rail_address_));
+
+    auto store = PayoutStore::Open(Path("payouts.db"));
+    if (!store.ok()) return store.status();
+    auto first = (*store)->Load(absl::GetFlag(FLAGS_payouts), absl::GetFlag(FLAGS_amount_cents));
+    if (!first.ok()) return first.status();
+    store_ = std::move(*store);
+    Say(absl::StrCat("loaded ", absl::GetFlag(FLAGS_payouts), " PENDING payouts of ",
+                     absl::GetFlag(FLAGS_amount_cents), " cents"));
+    return Interrupted();
+  }
+
+  absl::Status StartWorker(int i) {
+    const std::string name = absl::StrCat("w", i + 1);
+    names_.push_back(name);
+    tails_.emplace_back(Path("logs/" + name + ".log"));
+    workers_.emplace_back();
+    return Spawn(&workers_.back(), absl::GetFlag(FLAGS_worker_binary),
+                 {"--name=" + name, "--lockd=" + lockd_address_, "--rail=" + rail_address_,
+                  "--store=" + Path("payouts.db"),
+                  "--session-ttl=" + absl::FormatDuration(absl::GetFlag(FLAGS_session_ttl)),
+                  "--lock-ttl=" + absl::FormatDuration(absl::GetFlag(FLAGS_lock_ttl)),
+                  absl::StrCat("--margin=", absl::GetFlag(FLAGS_margin))},
+                 "logs/" + name + ".log");
+  }
+
+  // Starts the workers, applies the faults when their moment comes, and waits for every
+  // surviving worker to finish.
+  absl::Status Choreograph(absl::Time start) {
+    const int n = absl::GetFlag(FLAGS_workers);
+    for (int i = 0; i < n; ++i) {
+      if (absl::Status s = StartWorker(i); !s.ok()) return s;
+    }
+    Note(start, absl::StrCat("started ", n, " workers"));
+    const absl::Duration freeze = absl::GetFlag(FLAGS_freeze);
+    const std::string freeze_at = absl::GetFlag(FLAGS_freeze_at);
+    bool want_freeze = freeze > absl::ZeroDuration(), frozen = false;
+    bool want_kill = absl::GetFlag(FLAGS_kill);
+    absl::Time frozen_at;
+    std::string frozen_payout;
+    std::map<std::string, std::string> watched;  // payout → whose it was when the fault hit
+    const absl::Time arm_at = start + absl::GetFlag(FLAGS_fault_after);
+    const absl::Time give_up = start + absl::GetFlag(FLAGS_timeout);
+    std::vector<bool> exited(n, false);
+    for (;;) {
+      if (absl::Status s = Interrupted(); !s.ok()) return s;
+      if (absl::Now() > give_up) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the payouts were not all paid within --timeout=",
+            absl::FormatDuration(absl::GetFlag(FLAGS_timeout))));
+      }
+      const bool armed = absl::Now() >= arm_at;
+      for (int i = 0; i < n; ++i) {
+        for (const std::string& line : tails_[i].Poll()) {
+          auto e = ParseEvent(line);
+          if (!e) continue;
+          if (armed && want_freeze && i == 0 && e->kind == freeze_at) {
+            workers_[0].Signal(SIGSTOP);
+            want_freeze = false;
+            frozen = true;
+            frozen_at = absl::Now();
+            frozen_payout = e->payout;
+            watched[e->payout] = "w1";
+            Note(start, absl::StrCat("w1 frozen (SIGSTOP) at \"", freeze_at, "\" of ", e->payout,
+                                     ", token ", e->token));
+          } else if (armed && want_kill && i == 1 && e->kind == "claimed") {
+            workers_[1].Signal(SIGKILL);
+            want_kill = false;
+            watched[e->payout] = "w2";
+            Note(start, absl::StrCat("w2 killed (SIGKILL) holding ", e->payout, ", token ",
+                                     e->token));
+          } else if (i == 0 && e->payout == frozen_payout && !frozen) {
+            Note(start, absl::StrCat("w1 after waking: ", e->kind, " ", e->payout, " token ",
+                                     e->token, Detail(line)));
+          } else if (auto w = watched.find(e->payout);
+                     w != watched.end() && e->worker != w->second &&
+                     ((e->kind == "claimed" && Detail(line) != " (was PAID)") ||
+                      e->kind == "found-paid" || e->kind == "paid" || e->kind == "submitted")) {
+            Note(start, absl::StrCat(e->worker, " took over ", w->second, "'s ", e->payout, ": ",
+                                     e->kind, " under token ", e->token, Detail(line)));
+          }
+        }
+      }
+      if (frozen && absl::Now() - frozen_at >= freeze) {
+        workers_[0].Signal(SIGCONT);
+        frozen = false;
+        Note(start, absl::StrCat("w1 resumed (SIGCONT) after ", Seconds(absl::Now() - frozen_at),
+                                 ", longer than its ", Seconds(absl::GetFlag(FLAGS_session_ttl)),
+                                 " session TTL"));
+      }
+      bool all_done = true;
+      for (int i = 0; i < n; ++i) {
+        if (exited[i]) continue;
+        if (auto status = workers_[i].Wait(absl::ZeroDuration())) {
+          exited[i] = true;
+          Note(start, absl::StrCat(names_[i], " ", process::DescribeStatus(*status)));
+        } else {
+          all_done = false;
+        }
+      }
+      if (all_done) return absl::OkStatus();
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+
+  // The part of an event line after the token ("txn 12", "deadline_passed", ...).
+  static std::string Detail(const std::string& line) {
+    std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(' ', 5));
+    return f.size() == 6 ? " (" + f[5] + ")" : "";
+  }
+
+  absl::Status Reconcile() {
+    auto fenced = ScrapeMetric(lockd_metrics_port_, "lock_fenced_out_total");
+    if (!fenced.ok()) return fenced.status();
+    report_.lock_fenced_out = *fenced;
+    lockd_.Stop();
+    rail_.Stop();
+    auto ledger = RailLedger::Open(Path("rail.db"));
+    if (!ledger.ok()) return ledger.status();
+    auto payments = (*ledger)->PaymentsPerPayout();
+    if (!payments.ok()) return payments.status();
+    auto stats = (*ledger)->Stats();
+    if (!stats.ok()) return stats.status();
+    auto summary = store_->Summary();
+    if (!summary.ok()) return summary.status();
+    report_.payouts = summary->total;
+    report_.claims = summary->claims;
+    report_.abandoned = summary->abandoned;
+    report_.rail_duplicates = stats->duplicate_attempted;
+    report_.rail_fenced_out = stats->fenced_out;
+    report_.status_queries = stats->status_queries;
+    auto unpaid = store_->Unpaid(std::numeric_limits<int64_t>::max());
+    if (!unpaid.ok()) return unpaid.status();
+    std::set<int64_t> unpaid_ids(unpaid->begin(), unpaid->end());
+    for (int64_t id = 1; id <= summary->total; ++id) {
+      const auto it = payments->find(PayoutKey(id));
+      const int64_t times = it == payments->end() ? 0 : it->second;
+      if (times >= 2) ++report_.paid_twice;
+      if (times == 0 || unpaid_ids.count(id) > 0) ++report_.left;
+      if (times == 1 && unpaid_ids.count(id) == 0) ++report_.paid_once;
+    }
+    return absl::OkStatus();
+  }
+
+  void Print() const {
+    const Report& r = report_;
+    auto row = [](const std::string& name, const std::string& value, const std::string& note = "") {
+      std::printf("  %-34s %10s  %s\n", name.c_str(), value.c_str(), note.c_str());
+    };
+    auto must_be_zero = [](double v) { return v == 0 ? "must be 0: ok" : "must be 0: FAILED"; };
+    std::printf("\nReconciliation (rail ledger against payout store)\n");
+    row("payouts", absl::StrCat(r.payouts));
+    row("paid exactly once", absl::StrCat(r.paid_once));
+    row("paid twice or more", absl::StrCat(r.paid_twice), must_be_zero(r.paid_twice));
+    row("left unpaid", absl::StrCat(r.left), must_be_zero(r.left));
+    row("lock_fenced_out_total (lockd)", absl::StrCat(r.lock_fenced_out), must_be_zero(r.lock_fenced_out));
+    row("rail_duplicate_attempted_total", absl::StrCat(r.rail_duplicates), must_be_zero(r.rail_duplicates));
+    row("rail_fenced_out_total", absl::StrCat(r.rail_fenced_out), "stale submits the rail refused");
+    int64_t abandoned = 0;
+    std::string reasons;
+    for (const auto& [reason, count] : r.abandoned) {
+      abandoned += count;
+      absl::StrAppend(&reasons, reasons.empty() ? "" : ", ", reason, " ", count);
+    }
+    row("abandoned steps", absl::StrCat(abandoned), reasons);
+    row("claims (retries under a new token)", absl::StrCat(r.claims),
+        absl::StrCat(r.claims - r.payouts, " more than payouts"));
+    row("rail status queries before a retry", absl::StrCat(r.status_queries));
+    row("wall time", Seconds(r.wall));
+    row("payouts per second", absl::StrFormat("%.1f", r.payouts / absl::ToDoubleSeconds(r.paying)),
+        "while workers ran, faults included");
+    std::printf("\n%s\n", r.ok() ? "RESULT: OK: every payout paid exactly once; must-be-zero counters at zero"
+                                 : "RESULT: FAILED: see the rows marked FAILED");
+    std::fflush(stdout);
+  }
+
+  absl::Status WriteJson() const {
+    const std::string path = absl::GetFlag(FLAGS_report_json);
+    if (path.empty()) return absl::OkStatus();
+    const Report& r = report_;
+    std::string abandoned;
+    for (const auto& [reason, count] : r.abandoned) {
+      absl::StrAppend(&abandoned, abandoned.empty() ? "" : ", ", "\"", reason, "\": ", count);
+    }
+    std::ofstream out(path, std::ios::trunc);
+    out << absl::StrFormat(
+        "{\"ok\": %s, \"payouts\": %d, \"paid_once\": %d, \"paid_twice\": %d, \"left\": %d,\n"
+        " \"lock_fenced_out_total\": %d, \"rail_duplicate_attempted_total\": %d,\n"
+        " \"rail_fenced_out_total\": %d, \"rail_status_queries\": %d, \"claims\": %d,\n"
+        " \"abandoned\": {%s}, \"wall_seconds\": %.3f, \"payouts_per_second\": %.2f,\n"
+        " \"events\": %d}\n",
+        r.ok() ? "true" : "false", r.payouts, r.paid_once, r.paid_twice, r.left,
+        static_cast<int64_t>(r.lock_fenced_out), r.rail_duplicates, r.rail_fenced_out,
+        r.status_queries, r.claims, abandoned, absl::ToDoubleSeconds(r.wall),
+        r.payouts / absl::ToDoubleSeconds(r.paying), r.story.size());
+    if (!out.flush()) return absl::UnavailableError(absl::StrCat("cannot write ", path));
+    return absl::OkStatus();
+  }
+
+  const std::string dir_;
+  process::Child lockd_, rail_;
+  std::vector<process::Child> workers_;
+  std::vector<std::string> names_;
+  std::vector<LogTail> tails_;
+  std::string lockd_address_, rail_address_;
+  int lockd_metrics_port_ = 0;
+  std::unique_ptr<PayoutStore> store_;
+  Report report_;
+};
+
+// Flags that cannot make a meaningful run are refused before anything starts.
+absl::Status CheckFlags() {
+  const int workers = absl::GetFlag(FLAGS_workers);
+  const bool faults = absl::GetFlag(FLAGS_freeze) > absl::ZeroDuration() || absl::GetFlag(FLAGS_kill);
+  if (workers < 1 || workers > 64) return absl::InvalidArgumentError("--workers must be 1 to 64");
+  if (faults && workers < 3) {
+    return absl::InvalidArgumentError(
+        "with faults on, --workers must be at least 3 (one frozen, one killed, one to take over); "
+        "or turn them off with --freeze=0 --nokill");
+  }
+  if (absl::GetFlag(FLAGS_payouts) < 1) return absl::InvalidArgumentError("--payouts must be >= 1");
+  const std::string at = absl::GetFlag(FLAGS_freeze_at);
+  if (at != "submitting" && at != "claimed") {
+    return absl::InvalidArgumentError("--freeze-at must be submitting or claimed");
+  }
+  const absl::Duration usable =
+      std::min(absl::GetFlag(FLAGS_session_ttl), absl::GetFlag(FLAGS_lock_ttl)) *
+      (1 - absl::GetFlag(FLAGS_margin));
+  const absl::Duration submit = absl::GetFlag(FLAGS_rail_read_timeout) + absl::Seconds(2);
+  if (usable <= submit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no payout could ever be paid: the usable lease, min(session TTL, lock TTL) x (1 - margin) = ",
+        absl::FormatDuration(usable), ", must exceed a rail submit's worst case, read timeout + 2s = ",
+        absl::FormatDuration(submit)));
+  }
+  return absl::OkStatus();
+}
+
+int Main() {
+  if (absl::Status s = CheckFlags(); !s.ok()) {
+    std::fprintf(stderr, "payout-demo: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  std::string dir = absl::GetFlag(FLAGS_state_dir);
+  const bool fresh = dir.empty();
+  if (fresh) {
+    const char* tmp = getenv("TMPDIR");
+    dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/fencelock-payouts-XXXXXX";
+    if (mkdtemp(dir.data()) == nullptr) {
+      std::perror("payout-demo: mkdtemp");
+      return 1;
+    }
+  } else if (std::filesystem::exists(dir)) {
+    std::fprintf(stderr, "payout-demo: --state-dir %s already exists; give a new path\n", dir.c_str());
+    return 2;
+  }
+  const absl::Duration usable =
+      std::min(absl::GetFlag(FLAGS_session_ttl), absl::GetFlag(FLAGS_lock_ttl)) *
+      (1 - absl::GetFlag(FLAGS_margin));
+  std::printf(
+      "fencelock payout demo: %d workers pay %ld payouts through a rail whose submit cannot be undone\n"
+      "  session TTL %s, lock TTL %s, safety margin %.2f: usable lease %s\n"
+      "  rail latency %s (+ up to %s), read timeout %s: a submit needs %s of lease (D4)\n"
+      "  faults: w1 frozen for %s at \"%s\", w2 killed mid-payout: %s\n\n",
+      absl::GetFlag(FLAGS_workers), static_cast<long>(absl::GetFlag(FLAGS_payouts)),
+      Seconds(absl::GetFlag(FLAGS_session_ttl)).c_str(), Seconds(absl::GetFlag(FLAGS_lock_ttl)).c_str(),
+      absl::GetFlag(FLAGS_margin), Seconds(usable).c_str(),
+      absl::FormatDuration(absl::GetFlag(FLAGS_rail_latency)).c_str(),
+      absl::FormatDuration(absl::GetFlag(FLAGS_rail_jitter)).c_str(),
+      absl::FormatDuration(absl::GetFlag(FLAGS_rail_read_timeout)).c_str(),
+      Seconds(absl::GetFlag(FLAGS_rail_read_timeout) + absl::Seconds(2)).c_str(),
+      Seconds(absl::GetFlag(FLAGS_freeze)).c_str(), absl::GetFlag(FLAGS_freeze_at).c_str(),
+      absl::GetFlag(FLAGS_kill) ? "yes" : "no");
+  int code;
+  {
+    Demo demo(dir);
+    code = demo.Run();
+  }  // every child is stopped and reaped here
+  if (code == 0 && fresh && !absl::GetFlag(FLAGS_keep_state)) {
+    std::filesystem::remove_all(dir);
+  } else {
+    std::printf("state and logs kept in %s\n", dir.c_str());
+  }
+  return code;
+}
+
+}  // namespace
+}  // namespace fencelock::payout
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "runs the payout demo end to end: lockd, the rail, N workers, a freeze and a kill, and a "
+      "reconciliation\n  payout-demo [--workers=3] [--payouts=300] [--session-ttl=5s] ...");
+  fencelock::process::ParseFlags(argc, argv);
+  struct sigaction on_signal = {};
+  on_signal.sa_handler = [](int sig) { fencelock::payout::g_signal.store(sig); };
+  sigaction(SIGINT, &on_signal, nullptr);
+  sigaction(SIGTERM, &on_signal, nullptr);
+  sigaction(SIGHUP, &on_signal, nullptr);
+  return fencelock::payout::Main();
+}
