@@ -1,5 +1,5 @@
-// A short scripted session against a running lockd, printing every grant and token: what the
-// README's main command runs until the payout demo exists.
+// A short scripted session against a running lockd, printing every grant and token: a first
+// look at the client API by hand (the README's main command runs the payout demo).
 //
 //   fencelock-session-demo --server=127.0.0.1:7420
 #include <cstdio>
