@@ -54,7 +54,7 @@ class PayoutDemoTest : public ::testing::Test {
 
     // The faults happened, in the order that matters.
     EXPECT_THAT(run.output, HasSubstr("w1 frozen (SIGSTOP)"));
-    EXPECT_THAT(run.output, HasSubstr("w2 killed (SIGKILL) holding payout/"));
+    EXPECT_THAT(run.output, HasSubstr("w2 killed (SIGKILL) in the middle of payout/"));
     EXPECT_THAT(run.output, HasSubstr("w1 resumed (SIGCONT) after 7.0s, longer than its 5.0s"));
     EXPECT_THAT(run.output, HasSubstr("RESULT: OK"));
 

@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <optional>
 #include <limits>
 #include <map>
 #include <set>
@@ -183,7 +185,7 @@ class Demo {
   absl::Status Interrupted() const {
     if (g_signal.load() == 0) return absl::OkStatus();
     return absl::CancelledError(absl::StrCat("interrupted by signal ", g_signal.load(),
-                                             "; every process started was stopped"));
+                                             "; stopping every process it started"));
   }
 
   absl::Status Spawn(process::Child* child, const std::string& binary,
@@ -251,6 +253,7 @@ class Demo {
     const std::string name = absl::StrCat("w", i + 1);
     names_.push_back(name);
     tails_.emplace_back(Path("logs/" + name + ".log"));
+    last_.emplace_back();
     workers_.emplace_back();
     return Spawn(&workers_.back(), absl::GetFlag(FLAGS_worker_binary),
                  {"--name=" + name, "--lockd=" + lockd_address_, "--rail=" + rail_address_,
@@ -288,24 +291,40 @@ class Demo {
       }
       const bool armed = absl::Now() >= arm_at;
       for (int i = 0; i < n; ++i) {
-        for (const std::string& line : tails_[i].Poll()) {
+        std::vector<std::string> lines = tails_[i].Poll();
+        for (size_t k = 0; k < lines.size(); ++k) {
+          const std::string& line = lines[k];
           auto e = ParseEvent(line);
           if (!e) continue;
-          if (armed && want_freeze && i == 0 && e->kind == freeze_at) {
-            workers_[0].Signal(SIGSTOP);
-            want_freeze = false;
-            frozen = true;
-            frozen_at = absl::Now();
-            frozen_payout = e->payout;
-            watched[e->payout] = "w1";
-            Note(start, absl::StrCat("w1 frozen (SIGSTOP) at \"", freeze_at, "\" of ", e->payout,
-                                     ", token ", e->token));
-          } else if (armed && want_kill && i == 1 && e->kind == "claimed") {
-            workers_[1].Signal(SIGKILL);
-            want_kill = false;
-            watched[e->payout] = "w2";
-            Note(start, absl::StrCat("w2 killed (SIGKILL) holding ", e->payout, ", token ",
-                                     e->token));
+          last_[i] = {*e, Detail(line)};
+          const bool newest = k + 1 == lines.size();
+          if (newest && armed && want_freeze && i == 0 && AtFreezePoint(last_[0], freeze_at)) {
+            // The log can lag the worker: stop it, then read what it logged before it stopped,
+            // and keep the freeze only if it is still at the freeze point.
+            auto caught = StopAndCatchUp(0);
+            if (caught.has_value() && AtFreezePoint(last_[0], freeze_at)) {
+              want_freeze = false;
+              frozen = true;
+              frozen_at = absl::Now();
+              frozen_payout = last_[0].event.payout;
+              watched[frozen_payout] = "w1";
+              Note(start, absl::StrCat("w1 frozen (SIGSTOP) at \"", freeze_at, "\" of ",
+                                       frozen_payout, ", token ", last_[0].event.token));
+            } else {
+              workers_[0].Signal(SIGCONT);  // it moved on; try again at its next one
+            }
+          } else if (newest && armed && want_kill && i == 1 && MidPayout(last_[1])) {
+            auto caught = StopAndCatchUp(1);
+            if (caught.has_value() && MidPayout(last_[1])) {
+              workers_[1].Signal(SIGKILL);
+              want_kill = false;
+              watched[last_[1].event.payout] = "w2";
+              Note(start, absl::StrCat("w2 killed (SIGKILL) in the middle of ",
+                                       last_[1].event.payout, " (token ", last_[1].event.token,
+                                       ", last logged: ", last_[1].event.kind, ")"));
+            } else {
+              workers_[1].Signal(SIGCONT);
+            }
           } else if (i == 0 && e->payout == frozen_payout && !frozen) {
             Note(start, absl::StrCat("w1 after waking: ", e->kind, " ", e->payout, " token ",
                                      e->token, Detail(line)));
@@ -340,6 +359,42 @@ class Demo {
     }
   }
 
+  struct Position {
+    Event event;
+    std::string detail;
+  };
+  // Claimed and not yet paid: a fault here leaves the payout for another worker to finish (a
+  // claim that found it PAID is already done).
+  static bool MidPayout(const Position& p) {
+    const std::string& k = p.event.kind;
+    if (k == "claimed") return p.detail != " (was PAID)";
+    return k == "submitting" || k == "submitted" || k == "found-paid";
+  }
+  static bool AtFreezePoint(const Position& p, const std::string& freeze_at) {
+    return p.event.kind == freeze_at && MidPayout(p);
+  }
+  // SIGSTOPs worker `i`, waits until the kernel reports it stopped, and reads the events it
+  // logged before that into last_[i] (they are printed in the story only as positions). Returns
+  // std::nullopt if it did not stop within a second.
+  std::optional<Position> StopAndCatchUp(int i) {
+    workers_[i].Signal(SIGSTOP);
+    const std::string stat_path = absl::StrCat("/proc/", workers_[i].pid(), "/stat");
+    for (int tries = 0; tries < 1000; ++tries) {
+      std::ifstream in(stat_path);
+      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const size_t paren = stat.rfind(')');
+      if (paren != std::string::npos && paren + 2 < stat.size() &&
+          (stat[paren + 2] == 'T' || stat[paren + 2] == 't')) {
+        for (const std::string& line : tails_[i].Poll()) {
+          if (auto e = ParseEvent(line)) last_[i] = {*e, Detail(line)};
+        }
+        return last_[i];
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return std::nullopt;
+  }
+
   // The part of an event line after the token ("txn 12", "deadline_passed", ...).
   static std::string Detail(const std::string& line) {
     std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(' ', 5));
@@ -347,6 +402,9 @@ class Demo {
   }
 
   absl::Status Reconcile() {
+    // lockd copies its counters into /metrics every 250 ms: wait one period so that a stale
+    // request answered just before the last worker exited is in the figure.
+    absl::SleepFor(absl::Milliseconds(300));
     auto fenced = ScrapeMetric(lockd_metrics_port_, "lock_fenced_out_total");
     if (!fenced.ok()) return fenced.status();
     report_.lock_fenced_out = *fenced;
@@ -439,6 +497,7 @@ class Demo {
   std::vector<process::Child> workers_;
   std::vector<std::string> names_;
   std::vector<LogTail> tails_;
+  std::vector<Position> last_;  // each worker's latest logged event
   std::string lockd_address_, rail_address_;
   int lockd_metrics_port_ = 0;
   std::unique_ptr<PayoutStore> store_;
