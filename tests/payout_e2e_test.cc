@@ -50,6 +50,10 @@ class PayoutDemoTest : public ::testing::Test {
                                "--report-json=" + Path("report.json")});
     DemoRun run = RunDemo(flags, Path("demo.out"));
     std::printf("%s", run.output.c_str());
+    if (run.status != 0) {
+      // lockd names every counted FENCED_OUT (lock, stale token, holder, session) in its log.
+      std::printf("--- lockd's log ---\n%s", ReadFile(Path("run/logs/lockd.log")).c_str());
+    }
     ASSERT_EQ(process::DescribeStatus(run.status), "exited 0") << run.output;
 
     // The faults happened, in the order that matters.

@@ -55,13 +55,20 @@ absl::Status LockService::CheckHolder(std::optional<SessionId> session, const st
       (!session.has_value() || holder->session == *session)) {
     return absl::OkStatus();
   }
-  if (count) ++stats_.fenced_out_total;
-  if (holder == nullptr) {
-    return absl::AbortedError(absl::StrCat("FENCED_OUT: token ", token, " no longer holds lock \"",
-                                           lock, "\" (the lock is free)"));
+  absl::Status fenced =
+      holder == nullptr
+          ? absl::AbortedError(absl::StrCat("FENCED_OUT: token ", token, " no longer holds lock \"",
+                                            lock, "\" (the lock is free)"))
+          : absl::AbortedError(absl::StrCat("FENCED_OUT: token ", token, " no longer holds lock \"",
+                                            lock, "\" (current token ", holder->token, ")"));
+  if (count) {
+    ++stats_.fenced_out_total;
+    if (options_.on_fenced_out) {
+      options_.on_fenced_out(absl::StrCat(fenced.message(), session.has_value() ? " from session " : "",
+                                          session.has_value() ? absl::StrCat(*session) : ""));
+    }
   }
-  return absl::AbortedError(absl::StrCat("FENCED_OUT: token ", token, " no longer holds lock \"",
-                                         lock, "\" (current token ", holder->token, ")"));
+  return fenced;
 }
 
 absl::StatusOr<std::vector<absl::Status>> LockService::KeepAlive(

@@ -48,6 +48,9 @@ struct ServiceOptions {
   absl::Duration max_wait = absl::Hours(1);
   // Longest lock name, in bytes. Default: 512.
   size_t max_lock_name_bytes = 512;
+  // Told about every counted FENCED_OUT (a must-be-zero event), with the lock, the stale token
+  // and the current holder, so that an operator can find who sent it. Default: none.
+  std::function<void(const std::string&)> on_fenced_out;
 };
 
 struct LockRef {

@@ -86,8 +86,15 @@ class ServerImpl final : public Server {
   ServerImpl(const ServerOptions& options, Clock* clock, Recovered recovered)
       : options_(options),
         clock_(clock),
-        service_(ServiceOptions{options.default_session_ttl, options.default_lock_ttl,
-                                options.min_ttl, options.max_ttl, options.max_wait},
+        service_(ServiceOptions{.default_session_ttl = options.default_session_ttl,
+                                .default_lock_ttl = options.default_lock_ttl,
+                                .min_ttl = options.min_ttl,
+                                .max_ttl = options.max_ttl,
+                                .max_wait = options.max_wait,
+                                .on_fenced_out =
+                                    [](const std::string& what) {
+                                      std::fprintf(stderr, "lockd: %s\n", what.c_str());
+                                    }},
                  std::move(recovered.state)),
         report_(std::move(recovered.report)),
         tcp_acceptor_(io_),
