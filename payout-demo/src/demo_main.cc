@@ -102,24 +102,31 @@ absl::StatusOr<double> ScrapeMetric(int port, const std::string& name) {
 class LogTail {
  public:
   explicit LogTail(std::string path) : path_(std::move(path)) {}
-  // New complete lines since the last call.
+  // New complete lines since the last call. The file is opened once it exists and then kept
+  // open; a partial last line is left for the next call.
   std::vector<std::string> Poll() {
     std::vector<std::string> lines;
-    std::ifstream in(path_);
-    if (!in) return lines;
-    in.seekg(static_cast<std::streamoff>(offset_));
+    if (!in_.is_open()) {
+      in_.open(path_);
+      if (!in_.is_open()) return lines;
+    }
+    in_.clear();  // past the last EOF: the worker may have written more since
     std::string line;
-    while (std::getline(in, line)) {
-      if (in.eof()) break;  // a partial last line: read it whole next time
-      offset_ += line.size() + 1;
-      lines.push_back(line);
+    while (std::getline(in_, line)) {
+      if (in_.eof()) {  // no newline yet: read it whole next time
+        partial_ += line;
+        break;
+      }
+      lines.push_back(partial_ + line);
+      partial_.clear();
     }
     return lines;
   }
 
  private:
   std::string path_;
-  size_t offset_ = 0;
+  std::ifstream in_;
+  std::string partial_;
 };
 
 struct Event {

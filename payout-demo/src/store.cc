@@ -98,7 +98,7 @@ absl::StatusOr<int64_t> PayoutStore::Load(int64_t count, int64_t amount_cents) {
   return first;
 }
 
-absl::StatusOr<Payout> PayoutStore::GetLocked(int64_t id) {
+absl::StatusOr<Payout> PayoutStore::Get(int64_t id) {
   sql::Stmt q(db_, absl::StrCat(kSelect, " WHERE id = ?1").c_str());
   auto row = q.Bind(1, id).Step();
   if (!row.ok()) return row.status();
@@ -106,10 +106,8 @@ absl::StatusOr<Payout> PayoutStore::GetLocked(int64_t id) {
   return Row(q);
 }
 
-absl::StatusOr<Payout> PayoutStore::Get(int64_t id) { return GetLocked(id); }
-
 absl::StatusOr<Payout> PayoutStore::Fenced(int64_t id, uint64_t token, bool claim_must_match) {
-  auto p = GetLocked(id);
+  auto p = Get(id);
   if (!p.ok()) return p.status();
   if (absl::Status s = fence::AdmitInTransaction(db_, PayoutKey(id), token); !s.ok()) return s;
   if (claim_must_match && p->token != token) {

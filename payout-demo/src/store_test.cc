@@ -152,12 +152,18 @@ TEST_F(PayoutStoreTest, BadInputIsAClearErrorAndChangesNothing) {
 TEST_F(PayoutStoreTest, OldestUnpaidAgeAndHeldBy) {
   EXPECT_EQ(*store_->OldestUnpaidAge(), absl::ZeroDuration());
   const int64_t id = *store_->Load(1, 100);
-  EXPECT_GE(*store_->OldestUnpaidAge(), absl::ZeroDuration());
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_GE(*store_->OldestUnpaidAge(), absl::Milliseconds(50));  // a lower bound only
+  EXPECT_LT(*store_->OldestUnpaidAge(), absl::Hours(1));
   EXPECT_FALSE(store_->HeldBy("w")->has_value());
   ASSERT_TRUE(store_->Claim(id, 5, "w").ok());
   auto held = store_->HeldBy("w");
   ASSERT_TRUE(held->has_value());
   EXPECT_EQ((*held)->id, id);
+  ASSERT_TRUE(store_->MarkSubmitted(id, 5).ok());
+  ASSERT_TRUE(store_->MarkPaid(id, 5, 9).ok());
+  EXPECT_FALSE(store_->HeldBy("w")->has_value());
+  EXPECT_EQ(*store_->OldestUnpaidAge(), absl::ZeroDuration()) << "nothing is unpaid";
 }
 
 }  // namespace

@@ -14,6 +14,8 @@
 #include <sstream>
 #include <thread>
 
+#include "process/process.h"
+
 namespace fencelock::testing {
 namespace {
 
@@ -30,27 +32,12 @@ int RunToExit(const std::vector<std::string>& args, const std::string& err_file)
 
 pid_t SpawnProcess(const std::string& binary, const std::vector<std::string>& args,
                    const std::string& stderr_file) {
-  std::vector<std::string> all = {binary};
-  all.insert(all.end(), args.begin(), args.end());
-  const pid_t pid = fork();
-  if (pid < 0) {
-    std::perror("fork");
+  auto child = process::Child::Spawn(binary, args, {.stderr_file = stderr_file});
+  if (!child.ok()) {
+    std::fprintf(stderr, "%s\n", child.status().ToString().c_str());
     std::abort();
   }
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a test that crashed
-    if (!stderr_file.empty()) {
-      const int fd = open(stderr_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      dup2(fd, 2);
-    }
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    std::perror("execv");
-    _exit(127);
-  }
-  return pid;
+  return child->Detach();
 }
 
 TempDir::TempDir() {

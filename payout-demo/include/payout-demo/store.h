@@ -97,7 +97,6 @@ class PayoutStore {
 
  private:
   explicit PayoutStore(sqlite3* db) : db_(db) {}
-  absl::StatusOr<Payout> GetLocked(int64_t id);
   // Admits `token` at the payout's fence and returns the payout; kAborted, naming the holder's
   // token, when `token` is not the latest claim's (`claim_must_match`).
   absl::StatusOr<Payout> Fenced(int64_t id, uint64_t token, bool claim_must_match);

@@ -53,6 +53,15 @@ class Child {
   // SIGTERM, then SIGKILL if it has not exited within `grace`; returns the wait status.
   int Stop(absl::Duration grace = absl::Seconds(5));
 
+  // Gives up ownership: returns the pid (the caller now signals and reaps it) and leaves this
+  // object empty, so its destructor does nothing.
+  pid_t Detach() {
+    const pid_t pid = pid_;
+    pid_ = -1;
+    status_.reset();
+    return pid;
+  }
+
   // The wait status once reaped.
   std::optional<int> status() const { return status_; }
 
