@@ -595,6 +595,13 @@ absl::Status ClientImpl::release(const LockHandle& handle) {
       was_held = true;
     }
   }
+  if (was_held) {
+    // A heartbeat may already carry this lock's token. Its KeepAlive must reach lockd before
+    // the Release (or Relinquish) does: arriving after, it would present a released token and
+    // be counted as fenced out. Heartbeats from now on no longer include the lock, so waiting
+    // for the one in flight is enough.
+    absl::MutexLock barrier(&heartbeat_mu_);
+  }
   if (const LossReason lost = state.Check(clock_->Now()); lost != LossReason::kNone) {
     // Already lost: nothing may be done under this token any more, so this is a clean-up, not
     // a stale request. If only the client's (conservative) deadline passed, the server may

@@ -202,7 +202,9 @@ class Client {
   virtual absl::StatusOr<std::optional<LockHandle>> tryAcquire(
       std::string_view lock, absl::Duration ttl = absl::ZeroDuration()) = 0;
 
-  // Releases the lock. The handle is lost from this call on, whatever the answer. Returns
+  // Releases the lock. The handle is lost from this call on, whatever the answer. If a
+  // heartbeat carrying this lock is in flight, waits for its answer first (at most one request
+  // timeout), so that lockd never sees a renewal of a released token. Returns
   // kAborted (FENCED_OUT) when the token no longer held the lock, kUnavailable when lockd could
   // not be reached (the server then frees it when the lease runs out). A handle the client
   // already knows is lost (deadline passed, fenced out, session lost) gets kAborted naming the
