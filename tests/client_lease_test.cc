@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
-#include "fault_proxy.h"
+#include "harness/fault_proxy.h"
 #include "fencelock/wire.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -35,9 +35,9 @@ void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 namespace fencelock {
 namespace {
 
-using Dir = testing::FaultProxy::Direction;
-using Mode = testing::FaultProxy::Mode;
-using testing::FaultProxy;
+using Dir = harness::FaultProxy::Direction;
+using Mode = harness::FaultProxy::Mode;
+using harness::FaultProxy;
 using testing::LockdProcess;
 
 constexpr absl::Duration kLockTtl = absl::Seconds(30);

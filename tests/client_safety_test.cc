@@ -2,7 +2,7 @@
 // simulated client clock against a real lockd, with a fault proxy to stall replies.
 #include <thread>
 
-#include "fault_proxy.h"
+#include "harness/fault_proxy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lock-client/client.h"
@@ -12,8 +12,8 @@ namespace fencelock {
 namespace {
 
 using ::testing::HasSubstr;
-using Dir = testing::FaultProxy::Direction;
-using Mode = testing::FaultProxy::Mode;
+using Dir = harness::FaultProxy::Direction;
+using Mode = harness::FaultProxy::Mode;
 
 double Abandoned(Client& client, const std::string& step, const std::string& reason) {
   return client.metrics()
@@ -42,7 +42,7 @@ class ClientSafetyTest : public ::testing::Test {
   }
 
   testing::LockdProcess lockd_;
-  testing::FaultProxy proxy_;
+  harness::FaultProxy proxy_;
   SimulatedClock clock_;
   std::vector<std::string> warnings_;
 };

@@ -4,7 +4,8 @@
 // and bounds derived from the protocol, not about how fast this machine is.
 #include <thread>
 
-#include "fault_proxy.h"
+#include "harness/fault_proxy.h"
+#include "harness/stalled_renewal.h"
 #include "gtest/gtest.h"
 #include "lock-client/client.h"
 #include "lockd_process.h"
@@ -12,12 +13,12 @@
 namespace fencelock {
 namespace {
 
-using Dir = testing::FaultProxy::Direction;
-using Mode = testing::FaultProxy::Mode;
+using Dir = harness::FaultProxy::Direction;
+using Mode = harness::FaultProxy::Mode;
 
 TEST(NetworkFaultTest, TwoSecondStalledReplyDoesNotExtendTheDeadline) {
   testing::LockdProcess lockd;
-  testing::FaultProxy proxy(lockd.port());
+  harness::FaultProxy proxy(lockd.port());
   ClientOptions options;
   options.server = "127.0.0.1:" + std::to_string(proxy.port());
   options.session_ttl = absl::Seconds(60);
@@ -29,31 +30,18 @@ TEST(NetworkFaultTest, TwoSecondStalledReplyDoesNotExtendTheDeadline) {
   auto lock = (*client)->acquire("x", absl::Seconds(5));
   ASSERT_TRUE(lock.ok());
 
-  proxy.Set(Dir::kToClient, Mode::kHold);
-  const uint64_t upstream = proxy.bytes_read(Dir::kToServer);
-  absl::Status renewed;
-  std::thread heartbeat([&] { renewed = (*client)->renewNow(); });
-  // t_send is read before the bytes reach the proxy, so it is no later than this moment.
-  while (proxy.bytes_read(Dir::kToServer) == upstream) absl::SleepFor(absl::Microseconds(200));
-  const MonoTime seen_by_proxy = Clock::Real()->Now();
-  while (proxy.bytes_held(Dir::kToClient) == 0) absl::SleepFor(absl::Milliseconds(1));
-  absl::SleepFor(absl::Seconds(2));
-  proxy.Release(Dir::kToClient);
-  heartbeat.join();
-  ASSERT_TRUE(renewed.ok()) << renewed;
-
-  const absl::Duration left = (*client)->remaining(*lock);
-  const MonoTime deadline_at_most = Clock::Real()->Now() + left;
+  auto stalled = harness::RenewThroughStall(proxy, **client, *lock, absl::Seconds(2));
+  ASSERT_TRUE(stalled.ok()) << stalled.status();
   // Measured from the send: at most seen_by_proxy + 21 s. Measured from the reply, it would be
   // at least 2 s later than that.
-  EXPECT_LE(deadline_at_most, seen_by_proxy + usable)
-      << "deadline is " << absl::FormatDuration(deadline_at_most - (seen_by_proxy + usable))
+  EXPECT_LE(stalled->deadline, stalled->seen_by_proxy + usable)
+      << "deadline is " << absl::FormatDuration(stalled->deadline - (stalled->seen_by_proxy + usable))
       << " past send + usable lease";
 }
 
 TEST(NetworkFaultTest, DroppedHeartbeatsEndTheLockOnTheClientBeforeLockdExpiresTheSession) {
   testing::LockdProcess lockd;
-  testing::FaultProxy proxy(lockd.port());
+  harness::FaultProxy proxy(lockd.port());
   ClientOptions options;
   options.server = "127.0.0.1:" + std::to_string(proxy.port());
   options.session_ttl = absl::Seconds(1);  // lockd expires the session 1 s after the last renewal

@@ -6,10 +6,7 @@
 // Exit status: 0 when every payout was paid exactly once and the must-be-zero counters are
 // zero; 1 when not; 2 for bad flags; 130 when interrupted (every process it started is stopped
 // first, also then).
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,9 +15,7 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
-#include <limits>
 #include <map>
-#include <set>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
@@ -28,8 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "payout-demo/rail.h"
-#include "payout-demo/store.h"
+#include "payout-demo/cluster.h"
 #include "process/flags.h"
 #include "process/process.h"
 
@@ -69,66 +63,6 @@ std::string Seconds(absl::Duration d) {
   return absl::StrFormat("%.1fs", absl::ToDoubleSeconds(d));
 }
 
-// The value of an unlabelled series in lockd's /metrics (plain HTTP on loopback).
-absl::StatusOr<double> ScrapeMetric(int port, const std::string& name) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{.tv_sec = 5, .tv_usec = 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot reach metrics on port ", port));
-  }
-  const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  std::string body;
-  if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-    char buf[4096];
-    for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) body.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  for (absl::string_view line : absl::StrSplit(body, '\n')) {
-    if (absl::ConsumePrefix(&line, name + " ")) {
-      double v = 0;
-      if (absl::SimpleAtod(line, &v)) return v;
-    }
-  }
-  return absl::NotFoundError(absl::StrCat(name, " not in lockd's /metrics"));
-}
-
-// Follows the workers' event logs ("<name> <event> payout/<id> token <t> ...").
-class LogTail {
- public:
-  explicit LogTail(std::string path) : path_(std::move(path)) {}
-  // New complete lines since the last call. The file is opened once it exists and then kept
-  // open; a partial last line is left for the next call.
-  std::vector<std::string> Poll() {
-    std::vector<std::string> lines;
-    if (!in_.is_open()) {
-      in_.open(path_);
-      if (!in_.is_open()) return lines;
-    }
-    in_.clear();  // past the last EOF: the worker may have written more since
-    std::string line;
-    while (std::getline(in_, line)) {
-      if (in_.eof()) {  // no newline yet: read it whole next time
-        partial_ += line;
-        break;
-      }
-      lines.push_back(partial_ + line);
-      partial_.clear();
-    }
-    return lines;
-  }
-
- private:
-  std::string path_;
-  std::ifstream in_;
-  std::string partial_;
-};
-
 struct Event {
   std::string worker, kind, payout;
   uint64_t token = 0;
@@ -143,17 +77,9 @@ std::optional<Event> ParseEvent(const std::string& line) {
   return e;
 }
 
-struct Report {
-  int64_t payouts = 0, paid_once = 0, paid_twice = 0, left = 0;
-  double lock_fenced_out = -1;
-  int64_t rail_duplicates = 0, rail_fenced_out = 0, status_queries = 0, claims = 0;
-  std::map<std::string, int64_t> abandoned;
+struct Report : Reconciliation {
   absl::Duration wall, paying;
   std::vector<std::string> story;  // what the faults did, one line each
-  bool ok() const {
-    return paid_twice == 0 && left == 0 && paid_once == payouts && lock_fenced_out == 0 &&
-           rail_duplicates == 0;
-  }
 };
 
 class Demo {
@@ -174,7 +100,6 @@ class Demo {
   }
 
  private:
-  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
   static void Say(const std::string& line) {
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
@@ -195,62 +120,25 @@ class Demo {
                                              "; stopping every process it started"));
   }
 
-  absl::Status Spawn(process::Child* child, const std::string& binary,
-                     const std::vector<std::string>& args, const std::string& log) {
-    auto c = process::Child::Spawn(binary, args, {.stdout_file = Path(log), .stderr_file = Path(log)});
-    if (!c.ok()) return c.status();
-    *child = std::move(*c);
-    return absl::OkStatus();
-  }
-
   absl::Status Setup() {
-    std::filesystem::create_directories(Path("logs"));
     Say(absl::StrCat("state directory: ", dir_));
-    {
-      process::Child init;
-      if (absl::Status s = Spawn(&init, absl::GetFlag(FLAGS_lockd_binary),
-                                 {"init", "--data-dir=" + Path("lockd")}, "logs/lockd.log");
-          !s.ok()) {
-        return s;
-      }
-      if (int status = *init.Wait(); status != 0) {
-        return absl::InternalError(absl::StrCat("lockd init ", process::DescribeStatus(status),
-                                                "; see ", Path("logs/lockd.log")));
-      }
-    }
-    if (absl::Status s = Spawn(&lockd_, absl::GetFlag(FLAGS_lockd_binary),
-                               {"serve", "--data-dir=" + Path("lockd"), "--port=0",
-                                "--port-file=" + Path("lockd.port"), "--metrics-port=0",
-                                "--metrics-port-file=" + Path("lockd.metrics-port")},
-                               "logs/lockd.log");
+    auto cluster = Cluster::Start({.dir = dir_,
+                                   .lockd_binary = absl::GetFlag(FLAGS_lockd_binary),
+                                   .rail_binary = absl::GetFlag(FLAGS_rail_binary),
+                                   .worker_binary = absl::GetFlag(FLAGS_worker_binary),
+                                   .rail_latency = absl::GetFlag(FLAGS_rail_latency),
+                                   .rail_jitter = absl::GetFlag(FLAGS_rail_jitter),
+                                   .rail_read_timeout = absl::GetFlag(FLAGS_rail_read_timeout),
+                                   .session_ttl = absl::GetFlag(FLAGS_session_ttl),
+                                   .lock_ttl = absl::GetFlag(FLAGS_lock_ttl),
+                                   .margin = absl::GetFlag(FLAGS_margin)});
+    if (!cluster.ok()) return cluster.status();
+    cluster_ = std::move(*cluster);
+    Say(absl::StrCat("lockd on ", cluster_->lockd_address(), ", rail on ", cluster_->rail_address()));
+    if (absl::Status s = cluster_->Load(absl::GetFlag(FLAGS_payouts), absl::GetFlag(FLAGS_amount_cents));
         !s.ok()) {
       return s;
     }
-    auto lockd_port = process::AwaitPortFile(Path("lockd.port"), lockd_, absl::Seconds(20));
-    if (!lockd_port.ok()) return lockd_port.status();
-    lockd_address_ = absl::StrCat("127.0.0.1:", *lockd_port);
-    std::ifstream(Path("lockd.metrics-port")) >> lockd_metrics_port_;
-
-    if (absl::Status s = Spawn(&rail_, absl::GetFlag(FLAGS_rail_binary),
-                               {"--db=" + Path("rail.db"), "--port=0", "--port-file=" + Path("rail.port"),
-                                "--latency=" + absl::FormatDuration(absl::GetFlag(FLAGS_rail_latency)),
-                                "--jitter=" + absl::FormatDuration(absl::GetFlag(FLAGS_rail_jitter)),
-                                "--read-timeout=" + absl::FormatDuration(absl::GetFlag(FLAGS_rail_read_timeout))},
-                               "logs/rail.log");
-        !s.ok()) {
-      return s;
-    }
-    auto rail_port = process::AwaitPortFile(Path("rail.port"), rail_, absl::Seconds(20));
-    if (!rail_port.ok()) return rail_port.status();
-    rail_address_ = absl::StrCat("127.0.0.1:", *rail_port);
-    Say(absl::StrCat("lockd on ", lockd_address_, " (metrics :", lockd_metrics_port_,
-                     "), rail on ", rail_address_));
-
-    auto store = PayoutStore::Open(Path("payouts.db"));
-    if (!store.ok()) return store.status();
-    auto first = (*store)->Load(absl::GetFlag(FLAGS_payouts), absl::GetFlag(FLAGS_amount_cents));
-    if (!first.ok()) return first.status();
-    store_ = std::move(*store);
     Say(absl::StrCat("loaded ", absl::GetFlag(FLAGS_payouts), " PENDING payouts of ",
                      absl::GetFlag(FLAGS_amount_cents), " cents"));
     return Interrupted();
@@ -258,17 +146,13 @@ class Demo {
 
   absl::Status StartWorker(int i) {
     const std::string name = absl::StrCat("w", i + 1);
+    auto worker = cluster_->StartWorker(name);
+    if (!worker.ok()) return worker.status();
     names_.push_back(name);
-    tails_.emplace_back(Path("logs/" + name + ".log"));
+    tails_.emplace_back(cluster_->Path("logs/" + name + ".log"));
     last_.emplace_back();
-    workers_.emplace_back();
-    return Spawn(&workers_.back(), absl::GetFlag(FLAGS_worker_binary),
-                 {"--name=" + name, "--lockd=" + lockd_address_, "--rail=" + rail_address_,
-                  "--store=" + Path("payouts.db"),
-                  "--session-ttl=" + absl::FormatDuration(absl::GetFlag(FLAGS_session_ttl)),
-                  "--lock-ttl=" + absl::FormatDuration(absl::GetFlag(FLAGS_lock_ttl)),
-                  absl::StrCat("--margin=", absl::GetFlag(FLAGS_margin))},
-                 "logs/" + name + ".log");
+    workers_.push_back(*worker);
+    return absl::OkStatus();
   }
 
   // Starts the workers, applies the faults when their moment comes, and waits for every
@@ -318,19 +202,19 @@ class Demo {
               Note(start, absl::StrCat("w1 frozen (SIGSTOP) at \"", freeze_at, "\" of ",
                                        frozen_payout, ", token ", last_[0].event.token));
             } else {
-              workers_[0].Signal(SIGCONT);  // it moved on; try again at its next one
+              workers_[0]->Signal(SIGCONT);  // it moved on; try again at its next one
             }
           } else if (newest && armed && want_kill && i == 1 && MidPayout(last_[1])) {
             auto caught = StopAndCatchUp(1);
             if (caught.has_value() && MidPayout(last_[1])) {
-              workers_[1].Signal(SIGKILL);
+              workers_[1]->Signal(SIGKILL);
               want_kill = false;
               watched[last_[1].event.payout] = "w2";
               Note(start, absl::StrCat("w2 killed (SIGKILL) in the middle of ",
                                        last_[1].event.payout, " (token ", last_[1].event.token,
                                        ", last logged: ", last_[1].event.kind, ")"));
             } else {
-              workers_[1].Signal(SIGCONT);
+              workers_[1]->Signal(SIGCONT);
             }
           } else if (i == 0 && e->payout == frozen_payout && !frozen) {
             Note(start, absl::StrCat("w1 after waking: ", e->kind, " ", e->payout, " token ",
@@ -345,7 +229,7 @@ class Demo {
         }
       }
       if (frozen && absl::Now() - frozen_at >= freeze) {
-        workers_[0].Signal(SIGCONT);
+        workers_[0]->Signal(SIGCONT);
         frozen = false;
         Note(start, absl::StrCat("w1 resumed (SIGCONT) after ", Seconds(absl::Now() - frozen_at),
                                  ", longer than its ", Seconds(absl::GetFlag(FLAGS_session_ttl)),
@@ -354,7 +238,7 @@ class Demo {
       bool all_done = true;
       for (int i = 0; i < n; ++i) {
         if (exited[i]) continue;
-        if (auto status = workers_[i].Wait(absl::ZeroDuration())) {
+        if (auto status = workers_[i]->Wait(absl::ZeroDuration())) {
           exited[i] = true;
           Note(start, absl::StrCat(names_[i], " ", process::DescribeStatus(*status)));
         } else {
@@ -384,8 +268,8 @@ class Demo {
   // logged before that into last_[i] (they are printed in the story only as positions). Returns
   // std::nullopt if it did not stop within a second.
   std::optional<Position> StopAndCatchUp(int i) {
-    workers_[i].Signal(SIGSTOP);
-    const std::string stat_path = absl::StrCat("/proc/", workers_[i].pid(), "/stat");
+    workers_[i]->Signal(SIGSTOP);
+    const std::string stat_path = absl::StrCat("/proc/", workers_[i]->pid(), "/stat");
     for (int tries = 0; tries < 1000; ++tries) {
       std::ifstream in(stat_path);
       std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -409,38 +293,9 @@ class Demo {
   }
 
   absl::Status Reconcile() {
-    // lockd copies its counters into /metrics every 250 ms: wait one period so that a stale
-    // request answered just before the last worker exited is in the figure.
-    absl::SleepFor(absl::Milliseconds(300));
-    auto fenced = ScrapeMetric(lockd_metrics_port_, "lock_fenced_out_total");
-    if (!fenced.ok()) return fenced.status();
-    report_.lock_fenced_out = *fenced;
-    lockd_.Stop();
-    rail_.Stop();
-    auto ledger = RailLedger::Open(Path("rail.db"));
-    if (!ledger.ok()) return ledger.status();
-    auto payments = (*ledger)->PaymentsPerPayout();
-    if (!payments.ok()) return payments.status();
-    auto stats = (*ledger)->Stats();
-    if (!stats.ok()) return stats.status();
-    auto summary = store_->Summary();
-    if (!summary.ok()) return summary.status();
-    report_.payouts = summary->total;
-    report_.claims = summary->claims;
-    report_.abandoned = summary->abandoned;
-    report_.rail_duplicates = stats->duplicate_attempted;
-    report_.rail_fenced_out = stats->fenced_out;
-    report_.status_queries = stats->status_queries;
-    auto unpaid = store_->Unpaid(std::numeric_limits<int64_t>::max());
-    if (!unpaid.ok()) return unpaid.status();
-    std::set<int64_t> unpaid_ids(unpaid->begin(), unpaid->end());
-    for (int64_t id = 1; id <= summary->total; ++id) {
-      const auto it = payments->find(PayoutKey(id));
-      const int64_t times = it == payments->end() ? 0 : it->second;
-      if (times >= 2) ++report_.paid_twice;
-      if (times == 0 || unpaid_ids.count(id) > 0) ++report_.left;
-      if (times == 1 && unpaid_ids.count(id) == 0) ++report_.paid_once;
-    }
+    auto r = cluster_->Reconcile();
+    if (!r.ok()) return r.status();
+    static_cast<Reconciliation&>(report_) = *r;
     return absl::OkStatus();
   }
 
@@ -500,14 +355,11 @@ class Demo {
   }
 
   const std::string dir_;
-  process::Child lockd_, rail_;
-  std::vector<process::Child> workers_;
+  std::unique_ptr<Cluster> cluster_;      // stops every process it started when destroyed
+  std::vector<process::Child*> workers_;  // owned by cluster_
   std::vector<std::string> names_;
-  std::vector<LogTail> tails_;
+  std::vector<LineTail> tails_;
   std::vector<Position> last_;  // each worker's latest logged event
-  std::string lockd_address_, rail_address_;
-  int lockd_metrics_port_ = 0;
-  std::unique_ptr<PayoutStore> store_;
   Report report_;
 };
 

@@ -15,6 +15,7 @@
 #include "net/asio.h"
 #include "payout-demo/rail.h"
 #include "process/flags.h"
+#include "process/history.h"
 #include "process/process.h"
 
 ABSL_FLAG(std::string, db, "", "the rail's ledger (SQLite file, created if missing); required");
@@ -28,6 +29,8 @@ ABSL_FLAG(absl::Duration, read_timeout, absl::Milliseconds(500),
 ABSL_FLAG(int, metrics_port, -1, "serve /metrics on this port; 0 picks one, -1 disables");
 ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
 ABSL_FLAG(uint64_t, seed, 1, "seed for the latency jitter");
+ABSL_FLAG(std::string, history, "",
+          "append one timed record per fence decision (admit/refuse) to this file (harness)");
 
 namespace fencelock::payout {
 namespace {
@@ -36,8 +39,10 @@ using asio::ip::tcp;
 
 class Rail {
  public:
-  Rail(std::unique_ptr<RailLedger> ledger, std::shared_ptr<metrics::Registry> registry)
+  Rail(std::unique_ptr<RailLedger> ledger, std::shared_ptr<metrics::Registry> registry,
+       std::unique_ptr<history::Writer> history)
       : ledger_(std::move(ledger)),
+        history_(std::move(history)),
         submits_(registry->GetCounter("rail_submits_total", "SUBMIT requests answered")),
         payments_(registry->GetCounter("rail_payments_total", "payouts paid (irreversible)")),
         duplicates_(registry->GetCounter(
@@ -58,6 +63,7 @@ class Rail {
   }
 
   RailReply Handle(const RailRequest& request) {
+    const int64_t begin = history::NowNanos();
     absl::StatusOr<RailReply> reply;
     switch (request.kind) {
       case RailRequest::Kind::kHello: {
@@ -85,6 +91,11 @@ class Rail {
         break;
     }
     if (!reply.ok()) return Error(reply.status());
+    // The rail serves one request at a time, so the file's order is the fence's order.
+    history_->Append(begin, reply->kind == RailReply::Kind::kFenced ? "refuse" : "admit",
+                     request.payout, request.token,
+                     absl::StrCat(request.kind == RailRequest::Kind::kSubmit ? "SUBMIT " : "STATUS ",
+                                  FormatRailReply(*reply)));
     if (reply->kind == RailReply::Kind::kPaid && request.kind == RailRequest::Kind::kSubmit) {
       payments_.Increment();
     }
@@ -110,6 +121,7 @@ class Rail {
   }
 
   std::unique_ptr<RailLedger> ledger_;
+  std::unique_ptr<history::Writer> history_;
   metrics::Counter& submits_;
   metrics::Counter& payments_;
   metrics::Counter& duplicates_;
@@ -203,7 +215,12 @@ int Main() {
     return 1;
   }
   auto registry = std::make_shared<metrics::Registry>();
-  Rail rail(std::move(*ledger), registry);
+  auto history = history::Writer::Open(absl::GetFlag(FLAGS_history), "rail");
+  if (!history.ok()) {
+    std::fprintf(stderr, "payout-rail: %s\n", history.status().ToString().c_str());
+    return 1;
+  }
+  Rail rail(std::move(*ledger), registry, std::move(*history));
   if (absl::Status s = rail.LoadCounters(); !s.ok()) {
     std::fprintf(stderr, "payout-rail: %s\n", s.ToString().c_str());
     return 1;

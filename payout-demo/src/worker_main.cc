@@ -6,7 +6,14 @@
 //   payout-worker --name=w1 --lockd=127.0.0.1:7420 --rail=127.0.0.1:7500 --store=payouts.db
 //
 // Every event is one line on standard output, "<name> <event> payout/<id> token <t> ...", for
-// the demo's log and the harness's history checker.
+// the demo's log. With --history it also appends timed records (process/history.h) for the
+// harness's history checker.
+//
+// Two switches exist for the harness only and are refused unless FENCELOCK_HARNESS=1 is in the
+// environment: --harness-pause-before-submit=<id> stops the worker (SIGSTOP to itself) right
+// before the irreversible step of payout <id>, and --harness-skip-client-check turns off
+// checkStillHeld and D4 so that a worker paused past its lease really attempts the submit
+// (ADR-006: UC-03 can only fire with the client check disabled; the fences must still hold).
 #include <signal.h>
 
 #include <atomic>
@@ -20,6 +27,7 @@
 #include "payout-demo/rail.h"
 #include "payout-demo/store.h"
 #include "process/flags.h"
+#include "process/history.h"
 #include "process/process.h"
 
 ABSL_FLAG(std::string, name, "", "this worker's name, as recorded on its claims; required");
@@ -33,6 +41,11 @@ ABSL_FLAG(absl::Duration, poll, absl::Milliseconds(20),
           "pause when every unpaid payout is locked by another worker");
 ABSL_FLAG(int, metrics_port, -1, "serve /metrics on this port; 0 picks one, -1 disables");
 ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
+ABSL_FLAG(std::string, history, "", "append timed event records to this file (harness)");
+ABSL_FLAG(int64_t, harness_pause_before_submit, 0,
+          "harness only: SIGSTOP itself right before submitting this payout id (0: never)");
+ABSL_FLAG(bool, harness_skip_client_check, false,
+          "harness only: skip checkStillHeld and D4, so that a stale worker reaches the fences");
 
 namespace fencelock::payout {
 namespace {
@@ -42,8 +55,9 @@ std::atomic<bool> g_stop{false};
 class Worker {
  public:
   Worker(std::string name, std::unique_ptr<Client> client, std::unique_ptr<RailClient> rail,
-         std::unique_ptr<PayoutStore> store)
+         std::unique_ptr<PayoutStore> store, std::unique_ptr<history::Writer> history)
       : name_(std::move(name)),
+        history_(std::move(history)),
         client_(std::move(client)),
         rail_(std::move(rail)),
         store_(std::move(store)),
@@ -71,7 +85,11 @@ class Worker {
       // Workers start at different places in the list so that they rarely race for a lock.
       for (size_t i = 0; i < unpaid->size() && !g_stop.load(); ++i) {
         const int64_t id = (*unpaid)[(offset + i) % unpaid->size()];
+        const int64_t sent = history::NowNanos();
         auto lock = client_->tryAcquire(PayoutKey(id), absl::GetFlag(FLAGS_lock_ttl));
+        if (lock.ok() && lock->has_value()) {
+          history_->Append(sent, "acquire", PayoutKey(id), (*lock)->token());
+        }
         if (!lock.ok()) {
           Log(absl::StrCat("lockd error: ", lock.status().ToString()));
           absl::SleepFor(absl::Milliseconds(100));
@@ -107,9 +125,11 @@ class Worker {
       abandon = Pay(id, lock, &claimed);
     } catch (const LockLostException& e) {
       abandon = LossReasonName(e.reason());
+      history_->Append(history::NowNanos(), "lost", PayoutKey(id), token, abandon);
     }
     if (!abandon.empty()) {
       Event("abandoned", id, token, abandon);
+      history_->Append(history::NowNanos(), "abandoned", PayoutKey(id), token, abandon);
       absl::Status s = claimed ? store_->Abandon(id, token, name_, abandon)
                                : store_->RecordAbandon(id, token, name_, abandon);
       if (!s.ok()) Event("abandon-refused", id, token, std::string(s.message()));
@@ -118,45 +138,71 @@ class Worker {
                        {{"reason", abandon}})
           .Increment();
     }
+    const int64_t release_sent = history::NowNanos();
     absl::Status released = client_->release(lock);
     Event("released", id, token, released.ok() ? "" : std::string(released.message()));
+    history_->Append(release_sent, "released", PayoutKey(id), token,
+                     released.ok() ? "" : std::string(released.message()));
   }
 
   // Returns "" when the payout ended PAID, else why it was abandoned.
   std::string Pay(int64_t id, const LockHandle& lock, bool* claimed) {
     const uint64_t token = lock.token();
+    const std::string key = PayoutKey(id);
+    int64_t begin = history::NowNanos();
     auto before = store_->Claim(id, token, name_);
     if (!before.ok()) {
       Event("claim-refused", id, token, std::string(before.status().message()));
+      Fenced(begin, "store", key, token, before.status());
       return before.status().code() == absl::StatusCode::kAborted ? "store_fenced_out"
                                                                   : "store_error";
     }
     *claimed = true;
     Event("claimed", id, token, absl::StrCat("was ", PayoutStateName(before->state)));
+    history_->Append(begin, "claimed", key, token,
+                     absl::StrCat("was ", PayoutStateName(before->state)));
     if (before->state == PayoutState::kPaid) {
       paid_.Increment();
       return "";
     }
-    client_->checkStillHeld(lock);
-    const std::string key = PayoutKey(id);
+    if (!skip_client_check_) client_->checkStillHeld(lock);
     if (before->state == PayoutState::kSubmitted) {
       // An earlier holder may have reached the rail: ask before paying. The question is fenced
       // too, so that holder's submit, should it still arrive, is now refused.
+      begin = history::NowNanos();
       auto status = rail_->Call({.kind = RailRequest::Kind::kStatus, .payout = key, .token = token});
       if (!status.ok()) return "rail_unavailable";
-      if (status->kind == RailReply::Kind::kFenced) return "rail_fenced_out";
+      if (status->kind == RailReply::Kind::kFenced) {
+        history_->Append(begin, "fenced", key, token, absl::StrCat("rail highest ", status->highest));
+        return "rail_fenced_out";
+      }
+      history_->Append(begin, "status-asked", key, token, FormatRailReply(*status));
       if (status->kind == RailReply::Kind::kPaid) {
         Event("found-paid", id, token, absl::StrCat("txn ", status->txn));
         return MarkPaid(id, token, status->txn);
       }
       if (status->kind != RailReply::Kind::kUnpaid) return "rail_error";
-    } else if (absl::Status s = store_->MarkSubmitted(id, token); !s.ok()) {
-      Event("submit-mark-refused", id, token, std::string(s.message()));
-      return s.code() == absl::StatusCode::kAborted ? "store_fenced_out" : "store_error";
+    } else {
+      begin = history::NowNanos();
+      if (absl::Status s = store_->MarkSubmitted(id, token); !s.ok()) {
+        Event("submit-mark-refused", id, token, std::string(s.message()));
+        Fenced(begin, "store", key, token, s);
+        return s.code() == absl::StatusCode::kAborted ? "store_fenced_out" : "store_error";
+      }
+      history_->Append(begin, "marked-submitted", key, token);
+    }
+    if (id == pause_before_submit_) {
+      pause_before_submit_ = 0;
+      history_->Append(history::NowNanos(), "paused", key, token, "SIGSTOP to itself");
+      Event("paused", id, token, "before the submit (harness)");
+      raise(SIGSTOP);
     }
     // D4: the submit cannot be undone, so it starts only if the lease covers its worst case.
-    client_->beginIrreversibleStep(lock, submit_cost_);
+    begin = history::NowNanos();
+    if (!skip_client_check_) client_->beginIrreversibleStep(lock, submit_cost_);
+    history_->Append(begin, "step-started", key, token, submit_cost_.name);
     Event("submitting", id, token);
+    begin = history::NowNanos();
     auto reply = rail_->Call({.kind = RailRequest::Kind::kSubmit,
                               .payout = key,
                               .token = token,
@@ -168,12 +214,14 @@ class Worker {
     switch (reply->kind) {
       case RailReply::Kind::kPaid:
         Event("submitted", id, token, absl::StrCat("txn ", reply->txn));
+        history_->Append(begin, "submitted", key, token, absl::StrCat("txn ", reply->txn));
         return MarkPaid(id, token, reply->txn);
       case RailReply::Kind::kDuplicate:
         Event("duplicate", id, token, absl::StrCat("txn ", reply->txn));
         return MarkPaid(id, token, reply->txn);
       case RailReply::Kind::kFenced:
         Event("rail-fenced", id, token, absl::StrCat("highest ", reply->highest));
+        history_->Append(begin, "fenced", key, token, absl::StrCat("rail highest ", reply->highest));
         return "rail_fenced_out";
       default:
         Event("rail-error", id, token, FormatRailReply(*reply));
@@ -182,18 +230,32 @@ class Worker {
   }
 
   std::string MarkPaid(int64_t id, uint64_t token, int64_t txn) {
+    const int64_t begin = history::NowNanos();
     absl::Status s = store_->MarkPaid(id, token, txn);
     if (!s.ok()) {
       // The rail has the payment; a later holder will find it there and record it.
       Event("paid-mark-refused", id, token, std::string(s.message()));
+      Fenced(begin, "store", PayoutKey(id), token, s);
       return s.code() == absl::StatusCode::kAborted ? "store_fenced_out" : "store_error";
     }
     Event("paid", id, token, absl::StrCat("txn ", txn));
+    history_->Append(begin, "paid", PayoutKey(id), token, absl::StrCat("txn ", txn));
     paid_.Increment();
     return "";
   }
 
+  // A refusal by a fence (kAborted) is a "fenced" record; other errors are not fence decisions.
+  void Fenced(int64_t begin, const char* fence, const std::string& key, uint64_t token,
+              const absl::Status& s) {
+    if (s.code() == absl::StatusCode::kAborted) {
+      history_->Append(begin, "fenced", key, token, absl::StrCat(fence, " ", s.message()));
+    }
+  }
+
   const std::string name_;
+  const std::unique_ptr<history::Writer> history_;
+  int64_t pause_before_submit_ = absl::GetFlag(FLAGS_harness_pause_before_submit);
+  const bool skip_client_check_ = absl::GetFlag(FLAGS_harness_skip_client_check);
   std::unique_ptr<Client> client_;
   std::unique_ptr<RailClient> rail_;
   std::unique_ptr<PayoutStore> store_;
@@ -211,6 +273,21 @@ int Main() {
       std::fprintf(stderr, "payout-worker: %s is required\n", flag);
       return 2;
     }
+  }
+  const char* harness = getenv("FENCELOCK_HARNESS");
+  if ((absl::GetFlag(FLAGS_harness_pause_before_submit) != 0 ||
+       absl::GetFlag(FLAGS_harness_skip_client_check)) &&
+      (harness == nullptr || std::string(harness) != "1")) {
+    std::fprintf(stderr,
+                 "payout-worker: --harness-pause-before-submit and --harness-skip-client-check "
+                 "are for the fault harness only (they disable safety checks); refused without "
+                 "FENCELOCK_HARNESS=1 in the environment\n");
+    return 2;
+  }
+  auto history = history::Writer::Open(absl::GetFlag(FLAGS_history), name);
+  if (!history.ok()) {
+    std::fprintf(stderr, "payout-worker %s: %s\n", name.c_str(), history.status().ToString().c_str());
+    return 1;
   }
   auto rail = RailClient::Connect(absl::GetFlag(FLAGS_rail), absl::Seconds(5));
   if (!rail.ok()) {
@@ -253,7 +330,7 @@ int Main() {
               absl::FormatDuration((*rail)->read_timeout()).c_str(),
               absl::FormatDuration(StepCost::RailSubmit((*rail)->read_timeout()).worst_case).c_str());
   std::fflush(stdout);
-  Worker worker(name, std::move(*client), std::move(*rail), std::move(*store));
+  Worker worker(name, std::move(*client), std::move(*rail), std::move(*store), std::move(*history));
   const int code = worker.Run();
   std::printf("%s %s\n", name.c_str(), code == 0 ? "done: no payout left unpaid" : "stopped");
   return code;

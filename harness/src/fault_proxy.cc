@@ -1,4 +1,4 @@
-#include "fault_proxy.h"
+#include "harness/fault_proxy.h"
 
 #include <atomic>
 #include <future>
@@ -8,7 +8,7 @@
 
 #include "net/asio.h"
 
-namespace fencelock::testing {
+namespace fencelock::harness {
 
 using asio::awaitable;
 using asio::use_awaitable;
@@ -72,6 +72,9 @@ class FaultProxy::Impl {
   void Set(int dir, Mode mode) {
     RunOnIo([&] { modes_[dir] = mode; });
   }
+  void SetDelay(int dir, absl::Duration delay) {
+    RunOnIo([&] { delays_[dir] = delay; });
+  }
   void Release(int dir) {
     RunOnIo([&] {
       modes_[dir] = Mode::kPass;
@@ -123,6 +126,7 @@ class FaultProxy::Impl {
   awaitable<void> Pump(std::shared_ptr<Link> link, int dir) {
     tcp::socket& from = dir == 0 ? link->client : link->server;
     std::string chunk(64 * 1024, '\0');
+    asio::steady_timer timer(io_);
     for (;;) {
       boost::system::error_code ec;
       size_t n = co_await from.async_read_some(asio::buffer(chunk),
@@ -130,6 +134,12 @@ class FaultProxy::Impl {
       if (ec) {
         link->Close();
         co_return;
+      }
+      if (delays_[dir] > absl::ZeroDuration() && modes_[dir] == Mode::kPass) {
+        // Later chunks queue behind this one in the socket, so the order is kept.
+        timer.expires_after(absl::ToChronoNanoseconds(delays_[dir]));
+        co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
+        if (link->closed) co_return;
       }
       read_[dir] += n;
       Pipe& pipe = link->pipes[dir];
@@ -176,6 +186,7 @@ class FaultProxy::Impl {
   tcp::acceptor acceptor_;
   int port_ = 0;
   Mode modes_[kDirections] = {Mode::kPass, Mode::kPass};
+  absl::Duration delays_[kDirections] = {absl::ZeroDuration(), absl::ZeroDuration()};
   std::atomic<uint64_t> read_[kDirections] = {0, 0};
   std::atomic<uint64_t> held_[kDirections] = {0, 0};
   std::list<std::weak_ptr<Link>> links_;
@@ -186,9 +197,10 @@ FaultProxy::FaultProxy(int target_port) : impl_(std::make_unique<Impl>(target_po
 FaultProxy::~FaultProxy() = default;
 int FaultProxy::port() const { return impl_->port(); }
 void FaultProxy::Set(Direction d, Mode m) { impl_->Set(Index(d), m); }
+void FaultProxy::SetDelay(Direction d, absl::Duration delay) { impl_->SetDelay(Index(d), delay); }
 void FaultProxy::Release(Direction d) { impl_->Release(Index(d)); }
 void FaultProxy::CutAll() { impl_->CutAll(); }
 uint64_t FaultProxy::bytes_read(Direction d) const { return impl_->bytes_read(Index(d)); }
 uint64_t FaultProxy::bytes_held(Direction d) const { return impl_->bytes_held(Index(d)); }
 
-}  // namespace fencelock::testing
+}  // namespace fencelock::harness

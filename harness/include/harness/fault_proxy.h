@@ -1,15 +1,19 @@
 // A userspace TCP proxy that sits between a client and lockd and misbehaves on command: it can
-// hold (stall) the bytes of one direction and let them go later, drop them, or cut every
-// connection. The kernel here has no netem; this is how tests inject network faults.
+// delay the bytes of one direction, hold (stall) them and let them go later, drop them, or cut
+// every connection. The kernel here has no netem; this is how the tests and the harness inject
+// network faults. Dropped bytes leave the TCP stream out of step, so a run that drops ends the
+// episode with CutAll(), as a real connection that lost its packets would time out.
 //
 // Thread-safe: the proxy runs on its own thread; the controls may be called from any thread.
-#ifndef FENCELOCK_TESTS_SUPPORT_FAULT_PROXY_H_
-#define FENCELOCK_TESTS_SUPPORT_FAULT_PROXY_H_
+#ifndef FENCELOCK_HARNESS_FAULT_PROXY_H_
+#define FENCELOCK_HARNESS_FAULT_PROXY_H_
 
 #include <cstdint>
 #include <memory>
 
-namespace fencelock::testing {
+#include "absl/time/time.h"
+
+namespace fencelock::harness {
 
 class FaultProxy {
  public:
@@ -27,6 +31,8 @@ class FaultProxy {
 
   int port() const;
   void Set(Direction direction, Mode mode);
+  // In kPass, forwards each chunk read in `direction` only after `delay` (in order). Zero: none.
+  void SetDelay(Direction direction, absl::Duration delay);
   // Forwards everything held in `direction`, in order, and switches it back to kPass.
   void Release(Direction direction);
   // Closes every proxied connection (both sides see a reset or EOF).
@@ -41,6 +47,6 @@ class FaultProxy {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace fencelock::testing
+}  // namespace fencelock::harness
 
-#endif  // FENCELOCK_TESTS_SUPPORT_FAULT_PROXY_H_
+#endif  // FENCELOCK_HARNESS_FAULT_PROXY_H_

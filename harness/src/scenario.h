@@ -1,0 +1,69 @@
+// The harness's scenarios (docs/harness.md): each starts lockd, the rail and workers as
+// processes in a fresh directory, injects one kind of fault, and judges the run by the
+// reconciliation, the must-be-zero counters and the history checker.
+#ifndef FENCELOCK_HARNESS_SCENARIO_H_
+#define FENCELOCK_HARNESS_SCENARIO_H_
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "harness/checker.h"
+
+namespace fencelock::harness {
+
+struct Binaries {
+  std::string lockd, rail, worker;
+};
+
+// What one run is given.
+struct Env {
+  std::string dir;  // fresh and empty; everything of the run goes here
+  uint64_t seed = 1;
+  bool quick = false;  // the short variant CTest runs
+  Binaries binaries;
+  std::mt19937_64 rng;
+  // A value in [lo, hi] from the run's seed.
+  int64_t Uniform(int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
+  }
+};
+
+// What one run found.
+struct Outcome {
+  std::string scenario;
+  uint64_t seed = 0;
+  std::string dir;
+  absl::Duration wall;
+  std::vector<std::string> failures;  // empty: passed
+  std::vector<std::pair<std::string, std::string>> figures;  // in the order measured
+  CheckResult check;
+  bool passed() const { return failures.empty(); }
+  void Figure(std::string name, std::string value) {
+    figures.emplace_back(std::move(name), std::move(value));
+  }
+  void Expect(bool holds, std::string failure) {
+    if (!holds) failures.push_back(std::move(failure));
+  }
+};
+
+struct Scenario {
+  std::string name;
+  std::string proves;  // one line, for `list` and the report
+  std::function<absl::Status(Env&, Outcome&)> run;
+};
+
+const std::vector<Scenario>& Scenarios();
+const Scenario* FindScenario(const std::string& name);
+
+// Runs `scenario` in env.dir and fills an outcome; an error while running is a failure.
+Outcome RunScenario(const Scenario& scenario, Env& env);
+
+}  // namespace fencelock::harness
+
+#endif  // FENCELOCK_HARNESS_SCENARIO_H_

@@ -1,0 +1,513 @@
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "harness/fault_proxy.h"
+#include "harness/stalled_renewal.h"
+#include "scenario.h"
+#include "lock-client/client.h"
+#include "payout-demo/cluster.h"
+#include "payout-demo/store.h"
+#include "process/history.h"
+
+namespace fencelock::harness {
+namespace {
+
+using payout::Cluster;
+using payout::ClusterOptions;
+using payout::PayoutKey;
+using Dir = FaultProxy::Direction;
+using Mode = FaultProxy::Mode;
+
+// Every scenario's processes use these. The usable lease, 4 s x 0.7 = 2.8 s, covers a rail
+// submit's worst case, 300 ms + 2 s (D4), with room for the heartbeat.
+constexpr absl::Duration kTtl = absl::Seconds(4);
+constexpr double kMargin = 0.30;
+constexpr absl::Duration kRailReadTimeout = absl::Milliseconds(300);
+
+std::string Secs(absl::Duration d) { return absl::StrFormat("%.2f s", absl::ToDoubleSeconds(d)); }
+absl::Duration Since(int64_t ns) { return absl::Nanoseconds(history::NowNanos() - ns); }
+
+// Starts lockd and the rail with the scenario settings and loads `payouts` payouts.
+absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(Env& env, int64_t payouts) {
+  auto cluster = Cluster::Start({.dir = env.dir,
+                         .lockd_binary = env.binaries.lockd,
+                         .rail_binary = env.binaries.rail,
+                         .worker_binary = env.binaries.worker,
+                         .rail_latency = absl::Milliseconds(10),
+                         .rail_jitter = absl::Milliseconds(10),
+                         .rail_read_timeout = kRailReadTimeout,
+                         .rail_seed = env.seed,
+                         .session_ttl = kTtl,
+                         .lock_ttl = kTtl,
+                         .margin = kMargin,
+                         .history = true});
+  if (!cluster.ok()) return cluster.status();
+  if (payouts == 0) return cluster;
+  if (absl::Status s = (*cluster)->Load(payouts, 1000); !s.ok()) return s;
+  return cluster;
+}
+
+// Starts w1, w2 and w3, reaching lockd at `via` (empty: directly).
+absl::Status StartWorkers(Cluster& c, const std::string& via = "") {
+  for (const char* name : {"w1", "w2", "w3"}) {
+    if (auto w = c.StartWorker(name, {}, via); !w.ok()) return w.status();
+  }
+  return absl::OkStatus();
+}
+
+// Follows every history file of the run as the processes append to them.
+class History {
+ public:
+  explicit History(std::string dir) : dir_(std::move(dir)) {}
+  void Poll() {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+      const std::string path = entry.path().string();
+      if (tails_.count(path) == 0) tails_.emplace(path, payout::LineTail(path));
+    }
+    for (auto& [path, tail] : tails_) {
+      for (const std::string& line : tail.Poll()) {
+        if (auto r = history::Parse(line); r.ok()) records_.push_back(std::move(*r));
+      }
+    }
+  }
+  std::optional<history::Record> Find(const std::function<bool(const history::Record&)>& match) {
+    Poll();
+    for (const auto& r : records_) {
+      if (match(r)) return r;
+    }
+    return std::nullopt;
+  }
+  int64_t Count(const std::string& event) {
+    Poll();
+    int64_t n = 0;
+    for (const auto& r : records_) n += r.event == event ? 1 : 0;
+    return n;
+  }
+
+ private:
+  std::string dir_;
+  std::map<std::string, payout::LineTail> tails_;
+  std::vector<history::Record> records_;
+};
+
+// Polls `done` every 5 ms until it holds or `timeout` passes.
+absl::Status WaitUntil(const std::function<bool()>& done, absl::Duration timeout,
+                       const std::string& what) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > give_up) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("gave up after ", absl::FormatDuration(timeout), " waiting for ", what));
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return absl::OkStatus();
+}
+
+bool IsStopped(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() &&
+         (stat[paren + 2] == 'T' || stat[paren + 2] == 't');
+}
+
+// Waits for every worker not in `killed` to exit; each must exit 0 (nothing left unpaid).
+absl::Status WaitWorkers(Cluster& cluster, Outcome& out, absl::Duration timeout,
+                         const std::set<std::string>& killed = {}) {
+  const absl::Time give_up = absl::Now() + timeout;
+  for (const std::string& name : cluster.worker_names()) {
+    if (killed.count(name) > 0) continue;
+    auto status = cluster.worker(name)->Wait(std::max(give_up - absl::Now(), absl::ZeroDuration()));
+    if (!status.has_value()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          name, " still running after ", absl::FormatDuration(timeout), ": payouts left unpaid?"));
+    }
+    out.Expect(*status == 0, absl::StrCat(name, " ", process::DescribeStatus(*status), "; see ",
+                                          cluster.Path("logs/" + name + ".log")));
+  }
+  return absl::OkStatus();
+}
+
+struct Expectations {
+  bool fences_quiet = true;       // lock_fenced_out_total and rail_fenced_out_total are zero
+  // lockd's counter is zero (checked only with fences_quiet). Not after lockd itself was frozen
+  // past the TTL: requests that waited in its socket for leases that ran out meanwhile are
+  // answered FENCED_OUT and counted, which is the alert a lockd stall deserves.
+  bool lockd_quiet = true;
+  bool expect_overlap = false;    // the client check is off: a client-believed overlap is due
+};
+
+// Reconciles the ledger against the store, runs the history checker, and judges the run.
+absl::Status Finish(Cluster& cluster, Outcome& out, const Expectations& expect) {
+  auto r = cluster.Reconcile();
+  if (!r.ok()) return r.status();
+  auto check = CheckDirectory(cluster.Path("history"));
+  if (!check.ok()) return check.status();
+  out.check = *check;
+  int64_t abandoned = 0;
+  for (const auto& [reason, n] : r->abandoned) abandoned += n;
+  out.Figure("payouts", absl::StrCat(r->payouts));
+  out.Figure("paid exactly once", absl::StrCat(r->paid_once));
+  out.Figure("lock_fenced_out_total", absl::StrCat(r->lock_fenced_out));
+  out.Figure("rail_duplicate_attempted_total", absl::StrCat(r->rail_duplicates));
+  out.Figure("rail_fenced_out_total", absl::StrCat(r->rail_fenced_out));
+  out.Figure("abandoned", absl::StrCat(abandoned));
+  out.Figure("history", absl::StrCat(check->records, " records, ", check->grants, " grants, ",
+                                     check->fence_decisions, " fence decisions, ",
+                                     check->violations.size(), " violations, ",
+                                     check->client_overlaps.size(), " client overlaps"));
+  out.Expect(r->paid_twice == 0, absl::StrCat(r->paid_twice, " payouts paid twice"));
+  out.Expect(r->left == 0 && r->paid_once == r->payouts,
+             absl::StrCat(r->left, " payouts left unpaid"));
+  out.Expect(r->rail_duplicates == 0,
+             absl::StrCat("rail_duplicate_attempted_total is ", r->rail_duplicates));
+  for (const std::string& v : check->violations) out.failures.push_back("history: " + v);
+  if (expect.fences_quiet) {
+    out.Expect(!expect.lockd_quiet || r->lock_fenced_out == 0,
+               absl::StrCat("lock_fenced_out_total is ", r->lock_fenced_out, "; see ",
+                            cluster.Path("logs/lockd.log")));
+    out.Expect(r->rail_fenced_out == 0,
+               absl::StrCat("rail_fenced_out_total is ", r->rail_fenced_out));
+  }
+  if (expect.expect_overlap) {
+    out.Expect(!check->client_overlaps.empty(),
+               "no client-believed overlap although the client check was off");
+  } else {
+    for (const std::string& o : check->client_overlaps) {
+      out.failures.push_back("client-believed overlap with the client check on: " + o);
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool OtherThan(const history::Record& r, const std::string& process) {
+  return r.process != process && r.process != "rail";
+}
+
+// Starts w1 with `args` and --harness-pause-before-submit=<id>, and waits until it has stopped
+// itself right before the submit of payout <id>, holding its lock. Returns the "paused" record.
+absl::StatusOr<history::Record> StartPausedHolder(Cluster& c, History& h, int64_t id,
+                                                  std::vector<std::string> args,
+                                                  process::Child** w1) {
+  args.push_back(absl::StrCat("--harness-pause-before-submit=", id));
+  auto started = c.StartWorker("w1", args);
+  if (!started.ok()) return started.status();
+  *w1 = *started;
+  std::optional<history::Record> paused;
+  absl::Status s = WaitUntil(
+      [&] {
+        paused = h.Find([&](const auto& r) { return r.process == "w1" && r.event == "paused"; });
+        return paused.has_value() && IsStopped((*w1)->pid());
+      },
+      absl::Seconds(60), "w1 to stop itself before submitting " + PayoutKey(id));
+  if (!s.ok()) return s;
+  return *paused;
+}
+
+// Starts w2 and w3 and waits until one of them records `event` for `key`.
+absl::StatusOr<history::Record> TakeOver(Cluster& c, History& h, const std::string& event,
+                                         const std::string& key) {
+  for (const char* name : {"w2", "w3"}) {
+    if (auto w = c.StartWorker(name); !w.ok()) return w.status();
+  }
+  std::optional<history::Record> found;
+  absl::Status s = WaitUntil(
+      [&] {
+        found = h.Find([&](const auto& r) {
+          return OtherThan(r, "w1") && r.event == event && r.key == key;
+        });
+        return found.has_value();
+      },
+      4 * kTtl + absl::Seconds(30), absl::StrCat("another worker's \"", event, "\" of ", key));
+  if (!s.ok()) return s;
+  return *found;
+}
+
+// UC-03: w1 stops itself right before its irreversible step of payout P and stays frozen until
+// another worker has taken P over under a higher token and paid it; then it resumes.
+absl::Status Uc03(Env& env, Outcome& out, bool client_check) {
+  const int64_t n = env.quick ? 12 : 40;
+  auto cluster = StartCluster(env, n);
+  if (!cluster.ok()) return cluster.status();
+  Cluster& c = **cluster;
+  const int64_t p = env.Uniform(1, n);
+  const std::string key = PayoutKey(p);
+  History h(c.Path("history"));
+  std::vector<std::string> args;
+  if (!client_check) args.push_back("--harness-skip-client-check");
+  process::Child* w1 = nullptr;
+  auto paused = StartPausedHolder(c, h, p, args, &w1);
+  if (!paused.ok()) return paused.status();
+  out.Figure("frozen payout", absl::StrCat(key, " under token ", paused->token));
+  auto taken = TakeOver(c, h, "paid", key);
+  if (!taken.ok()) return taken.status();
+  // Past the lease by a margin, however quickly the takeover came.
+  while (Since(paused->end_ns) < kTtl + absl::Milliseconds(500)) absl::SleepFor(absl::Milliseconds(5));
+  const absl::Duration frozen = Since(paused->end_ns);
+  w1->Signal(SIGCONT);
+  out.Figure("takeover", absl::StrCat(taken->process, " paid it under token ", taken->token));
+  out.Figure("w1 frozen for", absl::StrCat(Secs(frozen), " (lock TTL ", Secs(kTtl), ")"));
+  out.Expect(frozen > kTtl, "w1 was not frozen longer than the lock TTL");
+  out.Expect(taken->token > paused->token, "the takeover's token is not higher");
+  if (absl::Status s = WaitWorkers(c, out, absl::Seconds(60)); !s.ok()) return s;
+  // What w1 did after it woke up.
+  auto stale_step = h.Find([&](const auto& r) {
+    return r.process == "w1" && r.key == key && r.event == "step-started" && r.token == paused->token;
+  });
+  auto fenced = h.Find([&](const auto& r) {
+    return r.process == "w1" && r.key == key && r.event == "fenced" && r.token == paused->token;
+  });
+  auto lost = h.Find([&](const auto& r) {
+    return r.process == "w1" && r.key == key && r.event == "lost" && r.token == paused->token;
+  });
+  if (client_check) {
+    out.Figure("w1 after waking", lost ? "abandoned before the submit: " + lost->detail : "(no loss recorded)");
+    out.Expect(lost.has_value() && !stale_step.has_value(),
+               "w1 did not abandon before its submit after waking");
+  } else {
+    out.Figure("w1 after waking", fenced ? "submitted; refused by the " + fenced->detail : "(not fenced)");
+    out.Expect(stale_step.has_value(), "w1 did not attempt the submit with the client check off");
+    out.Expect(fenced.has_value(), "no fence refused w1's stale submit");
+  }
+  if (absl::Status s = Finish(c, out, {.fences_quiet = client_check, .expect_overlap = !client_check});
+      !s.ok()) {
+    return s;
+  }
+  if (!client_check) {
+    // The stale submit must show in a fence's counter: lockd's or the rail's.
+    int64_t shown = 0;
+    for (const auto& [name, value] : out.figures) {
+      if (name == "lock_fenced_out_total" || name == "rail_fenced_out_total") shown += std::stoll(value);
+    }
+    out.Expect(shown >= 1, "neither lock_fenced_out_total nor rail_fenced_out_total counted the stale submit");
+  }
+  return absl::OkStatus();
+}
+
+// UC-04: a holder dies (SIGKILL) in the middle of a payout; how long until another worker holds
+// the lock, against the session TTL.
+absl::Status Uc04(Env& env, Outcome& out) {
+  const int64_t n = env.quick ? 12 : 40;
+  auto cluster = StartCluster(env, n);
+  if (!cluster.ok()) return cluster.status();
+  Cluster& c = **cluster;
+  const int64_t p = env.Uniform(1, n);
+  const std::string key = PayoutKey(p);
+  History h(c.Path("history"));
+  process::Child* w1 = nullptr;
+  auto held = StartPausedHolder(c, h, p, {}, &w1);
+  if (!held.ok()) return held.status();
+  w1->Signal(SIGKILL);
+  w1->Wait();
+  const int64_t killed_at = history::NowNanos();
+  auto next = TakeOver(c, h, "acquire", key);
+  if (!next.ok()) return next.status();
+  const absl::Duration recovery = absl::Nanoseconds(next->end_ns - killed_at);
+  out.Figure("killed holder", absl::StrCat("w1 holding ", key, " under token ", held->token));
+  out.Figure("recovery latency", absl::StrCat(Secs(recovery), " until ", next->process,
+                                              " held it (token ", next->token, ")"));
+  out.Figure("session TTL", absl::StrCat(Secs(kTtl), "; recovery / TTL = ",
+                                         absl::StrFormat("%.2f", absl::FDivDuration(recovery, kTtl))));
+  // A protocol bound, not a speed target: lockd must free the lock once the dead holder's lease
+  // runs out, so recovery cannot take several TTLs.
+  out.Expect(recovery < 3 * kTtl, "the lock was not free within 3 TTLs of the holder's death");
+  if (absl::Status s = WaitWorkers(c, out, absl::Seconds(60), {"w1"}); !s.ok()) return s;
+  return Finish(c, out, {});
+}
+
+// A proxy between a client and lockd holds the KeepAlive's reply for 2 s. The client's new
+// deadline must be measured from when it sent the KeepAlive, not from the late reply.
+absl::Status StalledReply(Env& env, Outcome& out) {
+  auto cluster = StartCluster(env, 0);
+  if (!cluster.ok()) return cluster.status();
+  Cluster& c = **cluster;
+  FaultProxy proxy(c.lockd_port());
+  auto probe_history = history::Writer::Open(c.HistoryPath("probe"), "probe");
+  if (!probe_history.ok()) return probe_history.status();
+  const absl::Duration ttl = absl::Seconds(10);
+  const absl::Duration stall = absl::Seconds(2);
+  ClientOptions options;
+  options.server = absl::StrCat("127.0.0.1:", proxy.port());
+  options.session_ttl = ttl;
+  options.default_lock_ttl = ttl;
+  options.safety_margin = kMargin;
+  options.heartbeat_interval = absl::Hours(1);  // only the renewal below
+  options.client_name = "harness probe";
+  auto client = Client::Create(options);
+  if (!client.ok()) return client.status();
+  const int64_t sent = history::NowNanos();
+  auto lock = (*client)->acquire("stall/probe", absl::Seconds(5));
+  if (!lock.ok()) return lock.status();
+  (*probe_history)->Append(sent, "acquire", "stall/probe", lock->token());
+
+  auto stalled = RenewThroughStall(proxy, **client, *lock, stall);
+  if (!stalled.ok()) return stalled.status();
+  const MonoTime seen_by_proxy = stalled->seen_by_proxy, reply_at = stalled->reply_at;
+  const MonoTime deadline = stalled->deadline;
+  const absl::Duration usable = ttl * (1 - kMargin);
+  const absl::Duration past_send = deadline - (seen_by_proxy + usable);
+  out.Figure("reply held", Secs(reply_at - seen_by_proxy));
+  out.Figure("deadline vs send + usable lease",
+             absl::StrCat(absl::StrFormat("%+.1f ms", absl::ToDoubleMilliseconds(past_send)),
+                          " (measured from the reply it would be about +", Secs(stall), ")"));
+  out.Expect(past_send <= absl::ZeroDuration(),
+             absl::StrCat("the deadline is ", absl::FormatDuration(past_send),
+                          " later than send + usable lease: measured from the reply"));
+  out.Expect(reply_at - seen_by_proxy >= stall, "the proxy did not hold the reply for 2 s");
+  if (absl::Status s = (*client)->release(*lock); !s.ok()) return s;
+  (*probe_history)->Append(history::NowNanos(), "released", "stall/probe", lock->token());
+  client->reset();
+  return Finish(c, out, {});
+}
+
+// Workers pay while lockd is frozen (SIGSTOP) past the TTL and resumed.
+absl::Status ServerFreeze(Env& env, Outcome& out) {
+  const int64_t n = env.quick ? 30 : 80;
+  auto cluster = StartCluster(env, n);
+  if (!cluster.ok()) return cluster.status();
+  Cluster& c = **cluster;
+  if (absl::Status s = StartWorkers(c); !s.ok()) return s;
+  History h(c.Path("history"));
+  if (absl::Status s = WaitUntil([&] { return h.Count("paid") >= n / 5; }, absl::Seconds(60),
+                                 "a fifth of the payouts to be paid");
+      !s.ok()) {
+    return s;
+  }
+  const absl::Duration freeze = kTtl + absl::Milliseconds(env.Uniform(500, 2000));
+  const int64_t paid_before = h.Count("paid");
+  c.lockd().Signal(SIGSTOP);
+  absl::SleepFor(freeze);
+  c.lockd().Signal(SIGCONT);
+  out.Figure("lockd frozen", absl::StrCat(Secs(freeze), " (TTL ", Secs(kTtl), ") after ",
+                                          paid_before, " payouts"));
+  if (absl::Status s = WaitWorkers(c, out, absl::Seconds(90)); !s.ok()) return s;
+  out.Figure("lost leases (client side)", absl::StrCat(h.Count("lost")));
+  return Finish(c, out, {.lockd_quiet = false});
+}
+
+// lockd is killed (SIGKILL) while workers pay, and restarted from its state directory.
+absl::Status ServerCrash(Env& env, Outcome& out) {
+  const int64_t n = env.quick ? 30 : 80;
+  auto cluster = StartCluster(env, n);
+  if (!cluster.ok()) return cluster.status();
+  Cluster& c = **cluster;
+  if (absl::Status s = StartWorkers(c); !s.ok()) return s;
+  History h(c.Path("history"));
+  const int64_t at = env.Uniform(n / 8, n / 2);
+  if (absl::Status s = WaitUntil([&] { return h.Count("paid") >= at; }, absl::Seconds(60),
+                                 absl::StrCat(at, " payouts to be paid"));
+      !s.ok()) {
+    return s;
+  }
+  const int64_t paid_before = h.Count("paid");
+  c.lockd().Signal(SIGKILL);
+  c.lockd().Wait();
+  const absl::Time down = absl::Now();
+  if (absl::Status s = c.StartLockd(); !s.ok()) return s;
+  out.Figure("lockd killed", absl::StrCat("after ", paid_before, " payouts; restarted from its state in ",
+                                          Secs(absl::Now() - down)));
+  if (absl::Status s = WaitWorkers(c, out, absl::Seconds(90)); !s.ok()) return s;
+  return Finish(c, out, {});
+}
+
+// Workers reach lockd through a proxy that, on a schedule drawn from the seed, delays, holds,
+// drops and cuts their connections in both directions.
+absl::Status Network(Env& env, Outcome& out) {
+  auto cluster = StartCluster(env, env.quick ? 30 : 80);
+  if (!cluster.ok()) return cluster.status();
+  Cluster& c = **cluster;
+  FaultProxy proxy(c.lockd_port());
+  const std::string via = absl::StrCat("127.0.0.1:", proxy.port());
+  if (absl::Status s = StartWorkers(c, via); !s.ok()) return s;
+  const int episodes = env.quick ? 4 : 8;
+  std::string schedule;
+  for (int i = 0; i < episodes; ++i) {
+    absl::SleepFor(absl::Milliseconds(env.Uniform(200, 800)));
+    const Dir dir = env.Uniform(0, 1) == 0 ? Dir::kToServer : Dir::kToClient;
+    const char* dir_name = dir == Dir::kToServer ? "to lockd" : "to workers";
+    const absl::Duration length = absl::Milliseconds(env.Uniform(200, 1000));
+    std::string what;
+    switch (env.Uniform(0, 3)) {
+      case 0: {
+        const absl::Duration delay = absl::Milliseconds(env.Uniform(20, 300));
+        proxy.SetDelay(dir, delay);
+        absl::SleepFor(length);
+        proxy.SetDelay(dir, absl::ZeroDuration());
+        what = absl::StrCat("delay ", absl::FormatDuration(delay), " ", dir_name, " for ",
+                            absl::FormatDuration(length));
+        break;
+      }
+      case 1:
+        proxy.Set(dir, Mode::kHold);
+        absl::SleepFor(length);
+        proxy.Release(dir);
+        what = absl::StrCat("hold ", dir_name, " for ", absl::FormatDuration(length));
+        break;
+      case 2:
+        proxy.Set(dir, Mode::kDrop);
+        absl::SleepFor(length);
+        proxy.CutAll();
+        proxy.Set(dir, Mode::kPass);
+        what = absl::StrCat("drop ", dir_name, " for ", absl::FormatDuration(length), ", then cut");
+        break;
+      default:
+        proxy.CutAll();
+        what = "cut every connection";
+        break;
+    }
+    absl::StrAppend(&schedule, schedule.empty() ? "" : "; ", what);
+  }
+  out.Figure("faults", schedule);
+  if (absl::Status s = WaitWorkers(c, out, absl::Seconds(90)); !s.ok()) return s;
+  return Finish(c, out, {});
+}
+
+}  // namespace
+
+const std::vector<Scenario>& Scenarios() {
+  static const auto* scenarios = new std::vector<Scenario>{
+      {"uc03", "a holder frozen past its lease before its submit wakes up and abandons; fences stay quiet",
+       [](Env& e, Outcome& o) { return Uc03(e, o, /*client_check=*/true); }},
+      {"uc03-unchecked",
+       "the same with the client check off: the stale submit is refused by a fence, paid once",
+       [](Env& e, Outcome& o) { return Uc03(e, o, /*client_check=*/false); }},
+      {"uc04", "a holder is killed; another holds the lock within the TTL (recovery latency)", Uc04},
+      {"stalled-reply", "a KeepAlive reply held 2 s does not extend the client's deadline", StalledReply},
+      {"server-freeze", "lockd frozen past the TTL and resumed: every payout still paid once", ServerFreeze},
+      {"server-crash", "lockd killed under load and restarted from its state: tokens keep rising", ServerCrash},
+      {"network", "delays, holds, drops and cuts between workers and lockd: paid once, tokens ordered", Network},
+  };
+  return *scenarios;
+}
+
+const Scenario* FindScenario(const std::string& name) {
+  for (const Scenario& s : Scenarios()) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+Outcome RunScenario(const Scenario& scenario, Env& env) {
+  Outcome out;
+  out.scenario = scenario.name;
+  out.seed = env.seed;
+  out.dir = env.dir;
+  env.rng.seed(env.seed);
+  const absl::Time start = absl::Now();
+  absl::Status s = scenario.run(env, out);
+  if (!s.ok()) out.failures.push_back(std::string(s.ToString()));
+  out.wall = absl::Now() - start;
+  return out;
+}
+
+}  // namespace fencelock::harness
