@@ -117,6 +117,16 @@ absl::StatusOr<AcquireResult> LockService::Acquire(SessionId session, const std:
                                                    absl::FormatDuration(options_.max_wait), "]"));
   }
   const HolderState* holder = state_.FindHolder(lock);
+  const SessionState* s = state_.FindSession(session);
+  const auto waiting = waiting_.find(session);
+  const size_t in_use = s->locks.size() + (waiting == waiting_.end() ? 0 : waiting->second);
+  if (in_use >= options_.max_locks_per_session &&
+      (holder == nullptr || (holder->session != session && wait > absl::ZeroDuration()))) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session ", session, " already holds or waits for ", in_use,
+        " locks, the most one session may (lockd --max-locks-per-session=",
+        options_.max_locks_per_session, ")"));
+  }
   if (holder == nullptr) {
     const FenceToken token = state_.last_token() + 1;
     Commit(record::LockGranted{lock, session, token, *resolved}, now);
@@ -131,8 +141,17 @@ absl::StatusOr<AcquireResult> LockService::Acquire(SessionId session, const std:
   if (waiter_index_.contains(waiter)) {
     return absl::InvalidArgumentError(absl::StrCat("waiter id ", waiter, " is already queued"));
   }
+  const auto queue = queues_.find(lock);
+  const size_t queued = queue == queues_.end() ? 0 : queue->second.size();
+  if (queued >= options_.max_waiters_per_lock) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "lock \"", lock, "\" already has ", queued,
+        " waiters, the most one lock may (lockd --max-waiters-per-lock=",
+        options_.max_waiters_per_lock, ")"));
+  }
   const MonoTime give_up_at = now + wait;
   queues_[lock].push_back(Waiter{waiter, session, *resolved, give_up_at});
+  ++waiting_[session];
   waiter_index_[waiter] = WaiterPlace{lock, session, give_up_at};
   waiter_deadlines_.emplace(give_up_at, waiter);
   return AcquireResult{AcquireResult::Kind::kQueued};
@@ -164,6 +183,7 @@ void LockService::ReleaseAndHandOff(const std::string& lock, FenceToken token,
   if (q->second.empty()) queues_.erase(q);
   waiter_index_.erase(w.id);
   waiter_deadlines_.erase({w.give_up_at, w.id});
+  Unqueued(w.session);
   const FenceToken next = state_.last_token() + 1;
   Commit(record::LockGranted{lock, w.session, next, w.ttl}, now);
   ++stats_.grants_total;
@@ -197,9 +217,15 @@ void LockService::RemoveWaiter(WaiterId waiter, absl::Status outcome) {
   dq.erase(std::find_if(dq.begin(), dq.end(), [&](const Waiter& w) { return w.id == waiter; }));
   if (dq.empty()) queues_.erase(q);
   waiter_deadlines_.erase({place->second.give_up_at, waiter});
+  Unqueued(place->second.session);
   std::string lock = std::move(place->second.lock);
   waiter_index_.erase(place);
   if (!outcome.ok()) outcomes_.push_back(WaiterOutcome{waiter, std::move(lock), std::move(outcome)});
+}
+
+void LockService::Unqueued(SessionId session) {
+  auto it = waiting_.find(session);
+  if (it != waiting_.end() && --it->second == 0) waiting_.erase(it);
 }
 
 void LockService::CancelWaiter(WaiterId waiter) { RemoveWaiter(waiter, absl::OkStatus()); }

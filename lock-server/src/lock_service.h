@@ -10,7 +10,8 @@
 //
 // Errors use canonical codes: kNotFound (unknown session), kAborted (stale token: FENCED_OUT),
 // kInvalidArgument (bad name, TTL out of range, token never issued, re-acquire by the holder),
-// kDeadlineExceeded (a wait ran out), kCancelled (a waiter's session ended).
+// kDeadlineExceeded (a wait ran out), kCancelled (a waiter's session ended),
+// kResourceExhausted (a limit of ServiceOptions; only that caller is refused).
 //
 // Not thread-safe: one owner thread.
 #ifndef FENCELOCK_LOCK_SERVER_LOCK_SERVICE_H_
@@ -48,6 +49,11 @@ struct ServiceOptions {
   absl::Duration max_wait = absl::Hours(1);
   // Longest lock name, in bytes. Default: 512.
   size_t max_lock_name_bytes = 512;
+  // Locks one session may hold and wait for together; one more is kResourceExhausted.
+  // Default: 1024.
+  size_t max_locks_per_session = 1024;
+  // Waiters queued on one lock; one more is kResourceExhausted. Default: 1024.
+  size_t max_waiters_per_lock = 1024;
   // Told about every counted FENCED_OUT (a must-be-zero event), with the lock, the stale token
   // and the current holder, so that an operator can find who sent it. Default: none.
   std::function<void(const std::string&)> on_fenced_out;
@@ -166,11 +172,14 @@ class LockService {
                          MonoTime now);
   void EndSession(SessionId session, EndReason reason, MonoTime now);
   void RemoveWaiter(WaiterId waiter, absl::Status outcome);
+  // One waiter of `session` left its queue.
+  void Unqueued(SessionId session);
 
   ServiceOptions options_;
   StateMachine state_;
   absl::flat_hash_map<std::string, std::deque<Waiter>> queues_;
   absl::flat_hash_map<WaiterId, WaiterPlace> waiter_index_;
+  absl::flat_hash_map<SessionId, size_t> waiting_;  // queued waiters per session
   std::set<std::pair<MonoTime, WaiterId>> waiter_deadlines_;
   std::vector<WaiterOutcome> outcomes_;
   ServiceStats stats_;

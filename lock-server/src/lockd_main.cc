@@ -9,15 +9,21 @@
 // line per listener ("lockd: listening on tcp 127.0.0.1:7420") and writes the bound TCP port to
 // --port-file when given (tests bind port 0 and read it back). SIGINT or SIGTERM stops it
 // cleanly. Flags accept dashes or underscores.
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <fstream>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "lock-server/env.h"
 #include "lock-server/server.h"
 #include "process/flags.h"
@@ -30,6 +36,21 @@ ABSL_FLAG(uint64_t, wal_segment_bytes, uint64_t{64} << 20,
 ABSL_FLAG(std::string, listen, "127.0.0.1", "TCP address to listen on");
 ABSL_FLAG(int, port, 7420, "TCP port to listen on; 0 picks a free port");
 ABSL_FLAG(std::string, unix_socket, "", "also listen on this Unix-domain socket path");
+ABSL_FLAG(bool, allow_remote, false,
+          "allow --listen to be an address other than loopback (reachable from other machines)");
+ABSL_FLAG(std::string, unix_socket_mode, "0600", "permission bits of the Unix socket, in octal");
+ABSL_FLAG(std::string, unix_socket_group, "",
+          "group (name or id) of the Unix socket; default: lockd's own");
+ABSL_FLAG(std::string, allowed_uids, "",
+          "comma-separated user ids (or names) that may connect over the Unix socket, checked "
+          "with the peer's credentials; default: anyone the socket's permissions let in");
+ABSL_FLAG(uint64_t, max_connections, 1024, "open connections lockd serves at once");
+ABSL_FLAG(uint64_t, max_sessions_per_connection, 64, "open sessions one connection may open");
+ABSL_FLAG(uint64_t, max_locks_per_session, 1024, "locks one session may hold and wait for");
+ABSL_FLAG(uint64_t, max_waiters_per_lock, 1024, "waiters queued on one lock");
+ABSL_FLAG(uint64_t, max_frame_bytes, uint64_t{1} << 20, "largest frame accepted, in bytes");
+ABSL_FLAG(absl::Duration, hello_timeout, absl::Seconds(10),
+          "close a connection that sends no Hello within this long");
 ABSL_FLAG(std::string, port_file, "", "write the bound TCP port to this file");
 ABSL_FLAG(int, metrics_port, 9420,
           "serve Prometheus metrics on 127.0.0.1 at this port; 0 picks a free one, -1 disables");
@@ -40,6 +61,18 @@ ABSL_FLAG(absl::Duration, lock_ttl, absl::Seconds(30),
           "lock.default.ttl: lease TTL of acquires that ask for none");
 
 namespace {
+
+// "1000" or "alice" to a user id; "staff" or "50" to a group id.
+std::optional<uint32_t> ResolveId(const std::string& text, bool group) {
+  uint32_t id = 0;
+  if (absl::SimpleAtoi(text, &id)) return id;
+  if (group) {
+    if (const struct group* g = getgrnam(text.c_str())) return g->gr_gid;
+  } else if (const struct passwd* p = getpwnam(text.c_str())) {
+    return p->pw_uid;
+  }
+  return std::nullopt;
+}
 
 int Serve() {
   using fencelock::server::Server;
@@ -58,6 +91,45 @@ int Serve() {
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.wal_segment_bytes = absl::GetFlag(FLAGS_wal_segment_bytes);
+  options.allow_remote = absl::GetFlag(FLAGS_allow_remote);
+  options.max_connections = absl::GetFlag(FLAGS_max_connections);
+  options.max_sessions_per_connection = absl::GetFlag(FLAGS_max_sessions_per_connection);
+  options.max_locks_per_session = absl::GetFlag(FLAGS_max_locks_per_session);
+  options.max_waiters_per_lock = absl::GetFlag(FLAGS_max_waiters_per_lock);
+  options.max_frame_bytes = absl::GetFlag(FLAGS_max_frame_bytes);
+  options.hello_timeout = absl::GetFlag(FLAGS_hello_timeout);
+  {
+    const std::string mode = absl::GetFlag(FLAGS_unix_socket_mode);
+    char* end = nullptr;
+    const unsigned long bits = std::strtoul(mode.c_str(), &end, 8);
+    if (mode.empty() || *end != '\0' || bits > 0777) {
+      std::fprintf(stderr, "lockd: --unix-socket-mode=%s is not an octal permission mode (0 to 0777)\n",
+                   mode.c_str());
+      return 2;
+    }
+    options.unix_socket_mode = static_cast<uint32_t>(bits);
+  }
+  if (const std::string group = absl::GetFlag(FLAGS_unix_socket_group); !group.empty()) {
+    auto gid = ResolveId(group, /*group=*/true);
+    if (!gid) {
+      std::fprintf(stderr, "lockd: --unix-socket-group=%s names no group\n", group.c_str());
+      return 2;
+    }
+    options.unix_socket_gid = *gid;
+  }
+  for (absl::string_view user : absl::StrSplit(absl::GetFlag(FLAGS_allowed_uids), ',', absl::SkipEmpty())) {
+    auto uid = ResolveId(std::string(user), /*group=*/false);
+    if (!uid) {
+      std::fprintf(stderr, "lockd: --allowed-uids: \"%s\" is neither a user id nor a user name\n",
+                   std::string(user).c_str());
+      return 2;
+    }
+    options.allowed_uids.push_back(*uid);
+  }
+  if (!options.allowed_uids.empty() && options.unix_socket_path.empty()) {
+    std::fprintf(stderr, "lockd: --allowed-uids applies to the Unix socket; give --unix-socket too\n");
+    return 2;
+  }
   if (options.data_dir.empty()) {
     std::fprintf(stderr, "lockd: serve needs --data-dir (create one with lockd init)\n");
     return 2;
@@ -137,7 +209,11 @@ int main(int argc, char** argv) {
       "the fencelock lock server\n"
       "  lockd init  --data-dir=DIR\n"
       "  lockd serve --data-dir=DIR [--listen=ADDR] [--port=N] [--unix-socket=PATH]\n"
-      "              [--port-file=PATH] [--session-ttl=D] [--lock-ttl=D]");
+      "              [--port-file=PATH] [--session-ttl=D] [--lock-ttl=D] [--allow-remote]\n"
+      "              [--unix-socket-mode=0600] [--unix-socket-group=G] [--allowed-uids=U,...]\n"
+      "              [--max-connections=N] [--max-sessions-per-connection=N]\n"
+      "              [--max-locks-per-session=N] [--max-waiters-per-lock=N]\n"
+      "              [--max-frame-bytes=N] [--hello-timeout=D]");
   const std::vector<std::string> args = fencelock::process::ParseFlags(argc, argv);
   const std::string command = args.size() == 2 ? args[1] : "";
   if (command == "init") return Init();

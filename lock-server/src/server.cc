@@ -1,15 +1,21 @@
 #include "lock-server/server.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "fencelock/wire.pb.h"
+#include "dispatch.h"
 #include "durable_log.h"
 #include "lock_service.h"
 #include "metrics/metrics.h"
@@ -26,9 +32,6 @@ using asio::awaitable;
 using asio::use_awaitable;
 using Socket = asio::generic::stream_protocol::socket;
 
-absl::Duration FromMillis(uint64_t ms) {
-  return absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(ms, INT64_MAX / 1'000'000)));
-}
 uint64_t ToMillis(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
 
 // How long a connection that was told of a protocol error may keep sending before it is cut.
@@ -40,8 +43,13 @@ class ServerImpl;
 // that drains the outbox. Lives on the server's I/O thread only.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(ServerImpl* server, Socket socket, uint64_t id)
-      : server_(server), socket_(std::move(socket)), linger_(socket_.get_executor()), id_(id) {}
+  Connection(ServerImpl* server, Socket socket, uint64_t id, bool counted)
+      : server_(server),
+        socket_(std::move(socket)),
+        linger_(socket_.get_executor()),
+        hello_timer_(socket_.get_executor()),
+        id_(id),
+        counted_(counted) {}
 
   // Both coroutines take a strong reference as a parameter: a coroutine starts after
   // co_spawn returns, when the caller's reference may be gone.
@@ -53,7 +61,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Writes an encoded frame now (the server decided it may go).
   void QueueFrame(const std::string& frame);
   void Close();
+  // Closes the connection with HELLO_REQUIRED if no Hello arrived within `timeout`.
+  void ExpectHelloWithin(absl::Duration timeout);
   uint64_t id() const { return id_; }
+  // Whether it counts against max_connections (a connection refused at accept does not).
+  bool counted() const { return counted_; }
   absl::flat_hash_set<WaiterId>& waiters() { return waiters_; }
 
   // Replies waiting for the WAL batch `batch` to be durable, oldest first.
@@ -71,17 +83,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ServerImpl* server_;
   Socket socket_;
   asio::steady_timer linger_;
+  asio::steady_timer hello_timer_;
   uint64_t id_;
+  bool counted_;
   std::string outbox_;
   bool writing_ = false;
   bool closing_ = false;
   bool closed_ = false;
-  bool hello_done_ = false;
+  ConnectionState state_;
   absl::flat_hash_set<WaiterId> waiters_;
   std::deque<GatedReply> gated_;
 };
 
-class ServerImpl final : public Server {
+class ServerImpl final : public Server, public DispatchHost {
  public:
   ServerImpl(const ServerOptions& options, Clock* clock, Recovered recovered)
       : options_(options),
@@ -91,6 +105,8 @@ class ServerImpl final : public Server {
                                 .min_ttl = options.min_ttl,
                                 .max_ttl = options.max_ttl,
                                 .max_wait = options.max_wait,
+                                .max_locks_per_session = options.max_locks_per_session,
+                                .max_waiters_per_lock = options.max_waiters_per_lock,
                                 .on_fenced_out =
                                     [](const std::string& what) {
                                       std::fprintf(stderr, "lockd: %s\n", what.c_str());
@@ -114,26 +130,31 @@ class ServerImpl final : public Server {
   }
 
   // Called from connections, on the I/O thread.
-  LockService& service() { return service_; }
+  LockService& service() override { return service_; }
+  const absl::Status* fault() const override {
+    return log_->faulted() ? &log_->fault() : nullptr;
+  }
+  size_t max_sessions_per_connection() const override {
+    return options_.max_sessions_per_connection;
+  }
   Clock* clock() const { return clock_; }
   size_t max_frame_bytes() const { return options_.max_frame_bytes; }
-  WaiterId NextWaiterId() { return ++last_waiter_id_; }
+  WaiterId NextWaiterId() override { return ++last_waiter_id_; }
   // Remembers where to push the answer to a queued acquire.
   void RouteWaiter(WaiterId id, const std::shared_ptr<Connection>& c, uint64_t request_id) {
     waiters_[id] = {c, request_id};
     c->waiters().insert(id);
   }
   void ConnectionGone(Connection* c);
-  void CountProtocolError() { ++protocol_errors_total_; }
+  const ServerOptions& options() const { return options_; }
+  // OK if the Unix-socket peer on `fd` is allowed (ServerOptions::allowed_uids).
+  absl::Status CheckPeer(int fd) const;
+  void CountProtocolError() override { ++protocol_errors_total_; }
   // Sends `response` on `c` once every record it may reflect is durable.
   void Reply(const std::shared_ptr<Connection>& c, const wire::Response& response);
-  // True once a disk fault stopped mutations; `message` says what failed.
-  bool faulted() const { return log_->faulted(); }
-  const absl::Status& fault() const { return log_->fault(); }
-  void FillList(const wire::ListLocks& query, wire::ListReply* list) const;
   // Delivers settled waiter outcomes and re-arms the expiry timer. Call after every request.
   void AfterRequest();
-  void FillStats(wire::StatsReply* stats) const;
+  void FillStats(wire::StatsReply* stats) const override;
 
  private:
   void OnDurable(uint64_t batch);
@@ -164,6 +185,7 @@ class ServerImpl final : public Server {
   uint16_t tcp_port_ = 0;
   bool stopping_ = false;
   uint64_t last_connection_id_ = 0;
+  size_t counted_connections_ = 0;  // open connections that count against max_connections
   WaiterId last_waiter_id_ = 0;
   uint64_t protocol_errors_total_ = 0;
   bool flush_scheduled_ = false;
@@ -272,159 +294,40 @@ awaitable<void> Connection::WriteLoop(std::shared_ptr<Connection> self) {
   }
 }
 
+void Connection::ExpectHelloWithin(absl::Duration timeout) {
+  hello_timer_.expires_after(absl::ToChronoNanoseconds(timeout));
+  hello_timer_.async_wait([self = shared_from_this(), timeout](boost::system::error_code ec) {
+    if (ec || self->state_.hello_done || self->closing_ || self->closed_) return;
+    self->server_->CountProtocolError();
+    wire::Response r;
+    r.set_code(wire::HELLO_REQUIRED);
+    r.set_message(absl::StrCat("no Hello within ", absl::FormatDuration(timeout),
+                               " of connecting (lockd --hello-timeout)"));
+    self->SendAndClose(r);
+  });
+}
+
 void Connection::Close() {
   if (closed_) return;
   closed_ = true;
   boost::system::error_code ec;
   linger_.cancel();
+  hello_timer_.cancel();
   socket_.close(ec);
   server_->ConnectionGone(this);
 }
 
 void Connection::Dispatch(const std::string& payload, MonoTime now) {
-  wire::Request req;
-  wire::Response resp;
-  if (!req.ParseFromString(payload)) {
-    server_->CountProtocolError();
-    resp.set_code(wire::MALFORMED_REQUEST);
-    resp.set_message(absl::StrCat("a frame of ", payload.size(),
-                                  " bytes does not parse as a fencelock Request"));
-    SendAndClose(resp);
-    return;
-  }
-  resp.set_request_id(req.request_id());
-  if (req.body_case() == wire::Request::BODY_NOT_SET) {
-    server_->CountProtocolError();
-    resp.set_code(wire::MALFORMED_REQUEST);
-    resp.set_message("request has no body: unknown message type for this protocol version");
-    SendAndClose(resp);
-    return;
-  }
-  if (!hello_done_ && req.body_case() != wire::Request::kHello) {
-    server_->CountProtocolError();
-    resp.set_code(wire::HELLO_REQUIRED);
-    resp.set_message("the first request on a connection must be Hello");
-    SendAndClose(resp);
-    return;
-  }
-  LockService& service = server_->service();
-  const bool read_only = req.body_case() == wire::Request::kHello ||
-                         req.body_case() == wire::Request::kGetStats ||
-                         req.body_case() == wire::Request::kListLocks;
-  if (!read_only && server_->faulted()) {
-    resp.set_code(wire::UNAVAILABLE);
-    resp.set_message(absl::StrCat("lockd stopped taking requests after a disk fault (",
-                                  server_->fault().message(),
-                                  "); restart it once the disk is fixed"));
-    Send(resp);
-    return;
-  }
-  auto finish = [&](const absl::Status& s) {
-    resp.set_code(protocol::CodeFromStatus(s));
-    if (!s.ok()) resp.set_message(std::string(s.message()));
-    Send(resp);
-  };
-  switch (req.body_case()) {
-    case wire::Request::kHello: {
-      if (hello_done_) {
-        server_->CountProtocolError();
-        finish(absl::InvalidArgumentError("Hello was already received on this connection"));
-        return;
-      }
-      auto version = protocol::NegotiateVersion(
-          {req.hello().min_version(), req.hello().max_version()}, protocol::VersionRange{});
-      if (!version.ok()) {
-        server_->CountProtocolError();
-        resp.set_code(wire::UNSUPPORTED_VERSION);
-        resp.set_message(std::string(version.status().message()));
-        SendAndClose(resp);
-        return;
-      }
-      hello_done_ = true;
-      resp.mutable_hello()->set_version(*version);
-      resp.mutable_hello()->set_server_name("lockd");
-      finish(absl::OkStatus());
-      return;
-    }
-    case wire::Request::kOpenSession: {
-      auto opened = service.OpenSession(FromMillis(req.open_session().ttl_ms()), now);
-      if (opened.ok()) {
-        resp.mutable_open_session()->set_session_id(opened->first);
-        resp.mutable_open_session()->set_ttl_ms(ToMillis(opened->second));
-      }
-      finish(opened.status());
-      return;
-    }
-    case wire::Request::kKeepAlive: {
-      const auto& ka = req.keep_alive();
-      std::vector<LockRef> refs;
-      refs.reserve(ka.locks_size());
-      for (const auto& l : ka.locks()) refs.push_back(LockRef{l.lock(), l.token()});
-      auto results = service.KeepAlive(ka.session_id(), refs, now);
-      if (results.ok()) {
-        auto* reply = resp.mutable_keep_alive();
-        reply->set_session_ttl_ms(ToMillis(service.state().FindSession(ka.session_id())->ttl));
-        for (const absl::Status& s : *results) reply->add_lock_codes(protocol::CodeFromStatus(s));
-      }
-      finish(results.status());
-      return;
-    }
-    case wire::Request::kCloseSession: {
-      resp.mutable_close_session();
-      finish(service.CloseSession(req.close_session().session_id(), now));
-      return;
-    }
-    case wire::Request::kAcquire: {
-      const auto& a = req.acquire();
-      const WaiterId waiter_id = server_->NextWaiterId();
-      auto result = service.Acquire(a.session_id(), a.lock(), FromMillis(a.ttl_ms()),
-                                    FromMillis(a.wait_timeout_ms()), waiter_id, now);
-      if (!result.ok()) {
-        finish(result.status());
-        return;
-      }
-      if (result->kind == AcquireResult::Kind::kQueued) {
-        // Answered by a push when the wait is settled (AfterRequest).
-        server_->RouteWaiter(waiter_id, shared_from_this(), req.request_id());
-        return;
-      }
-      auto* reply = resp.mutable_acquire();
-      reply->set_lock(a.lock());
-      if (result->kind == AcquireResult::Kind::kGranted) {
-        reply->set_granted(true);
-        reply->set_token(result->token);
-        reply->set_ttl_ms(ToMillis(result->ttl));
-      }
-      finish(absl::OkStatus());
-      return;
-    }
-    case wire::Request::kRelease: {
-      const auto& r = req.release();
-      resp.mutable_release();
-      finish(service.Release(r.session_id(), r.lock(), r.token(), now, r.relinquish()));
-      return;
-    }
-    case wire::Request::kValidate: {
-      resp.mutable_validate();
-      finish(service.Validate(req.validate().lock(), req.validate().token(), now));
-      return;
-    }
-    case wire::Request::kGetStats: {
-      server_->FillStats(resp.mutable_stats());
-      finish(absl::OkStatus());
-      return;
-    }
-    case wire::Request::kListLocks: {
-      const auto& q = req.list_locks();
-      if (q.limit() > 10000) {
-        finish(absl::InvalidArgumentError("ListLocks limit is at most 10000"));
-        return;
-      }
-      server_->FillList(q, resp.mutable_list());
-      finish(absl::OkStatus());
-      return;
-    }
-    case wire::Request::BODY_NOT_SET:
+  Dispatched d = server::Dispatch(payload, state_, *server_, now);
+  switch (d.then) {
+    case Dispatched::Then::kReply:
+      Send(d.response);
+      break;
+    case Dispatched::Then::kReplyAndClose:
+      SendAndClose(d.response);
+      break;
+    case Dispatched::Then::kQueued:
+      server_->RouteWaiter(d.waiter, shared_from_this(), d.response.request_id());
       break;
   }
 }
@@ -437,6 +340,12 @@ absl::Status ServerImpl::Bind() {
   if (ec) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot parse listen address \"", options_.tcp_host, "\": ", ec.message()));
+  }
+  if (!address.is_loopback() && !options_.allow_remote) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "listen address ", options_.tcp_host,
+        " is not loopback: lockd would be reachable from other machines; pass --allow-remote "
+        "to do that on purpose"));
   }
   asio::ip::tcp::endpoint endpoint(address, options_.tcp_port);
   tcp_acceptor_.open(endpoint.protocol(), ec);
@@ -468,7 +377,21 @@ absl::Status ServerImpl::Bind() {
     }
     asio::local::stream_protocol::endpoint unix_endpoint(path);
     unix_acceptor_.open(unix_endpoint.protocol(), ec);
-    if (!ec) unix_acceptor_.bind(unix_endpoint, ec);
+    if (!ec) {
+      // bind() creates the file with 0777 & ~umask: narrow the umask for that call so the
+      // socket never exists with more permissions than asked for. lockd starts no thread
+      // that creates files before it listens.
+      const mode_t old_umask = ::umask(0777 & ~static_cast<mode_t>(options_.unix_socket_mode));
+      unix_acceptor_.bind(unix_endpoint, ec);
+      ::umask(old_umask);
+    }
+    if (!ec && ::chmod(path.c_str(), static_cast<mode_t>(options_.unix_socket_mode)) != 0) {
+      ec.assign(errno, boost::system::system_category());
+    }
+    if (!ec && options_.unix_socket_gid >= 0 &&
+        ::chown(path.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(options_.unix_socket_gid)) != 0) {
+      ec.assign(errno, boost::system::system_category());
+    }
     if (!ec) unix_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
       return absl::UnavailableError(
@@ -495,9 +418,31 @@ awaitable<void> ServerImpl::AcceptLoop(Acceptor& acceptor) {
     }
     const uint64_t id = ++last_connection_id_;
     socket.non_blocking(true, ec);  // the reads and first writes above must never block
-    auto connection = std::make_shared<Connection>(this, Socket(std::move(socket)), id);
+    // Admission: a refused peer gets one error frame and is closed; nobody else notices.
+    absl::Status refused;
+    if constexpr (std::is_same_v<typename Acceptor::protocol_type, asio::local::stream_protocol>) {
+      refused = CheckPeer(socket.native_handle());
+    }
+    if (refused.ok() && counted_connections_ >= options_.max_connections) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "lockd already serves ", counted_connections_,
+          " connections, the most it may (lockd --max-connections=", options_.max_connections, ")"));
+    }
+    auto connection =
+        std::make_shared<Connection>(this, Socket(std::move(socket)), id, refused.ok());
     connections_[id] = connection;
     asio::co_spawn(io_, connection->ReadLoop(connection), asio::detached);
+    if (!refused.ok()) {
+      std::fprintf(stderr, "lockd: refused connection %lu: %s\n", static_cast<unsigned long>(id),
+                   std::string(refused.message()).c_str());
+      wire::Response r;
+      r.set_code(protocol::CodeFromStatus(refused));
+      r.set_message(std::string(refused.message()));
+      connection->SendAndClose(r);
+      continue;
+    }
+    ++counted_connections_;
+    connection->ExpectHelloWithin(options_.hello_timeout);
   }
 }
 
@@ -633,46 +578,6 @@ std::vector<std::string> ServerImpl::recovery_summary() const {
   return lines;
 }
 
-void ServerImpl::FillList(const wire::ListLocks& query, wire::ListReply* list) const {
-  const MonoTime now = clock_->Now();
-  const size_t limit = query.limit() == 0 ? 1000 : query.limit();
-  auto left_ms = [&](MonoTime t) {
-    return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(t - now)));
-  };
-  std::vector<std::string> names;
-  for (const auto& [name, holder] : service_.state().holders()) {
-    if (name.rfind(query.prefix(), 0) == 0 && name > query.start_after()) names.push_back(name);
-  }
-  std::sort(names.begin(), names.end());
-  if (names.size() > limit) {
-    names.resize(limit);
-    list->set_more(true);
-  }
-  for (const std::string& name : names) {
-    const HolderState& h = *service_.state().FindHolder(name);
-    auto* info = list->add_locks();
-    info->set_lock(name);
-    info->set_session_id(h.session);
-    info->set_token(h.token);
-    info->set_ttl_ms(ToMillis(h.ttl));
-    info->set_expires_in_ms(left_ms(h.expires_at));
-    info->set_waiters(static_cast<uint32_t>(service_.waiters_for(name)));
-  }
-  if (!query.include_sessions()) return;
-  std::vector<SessionId> ids;
-  for (const auto& [id, session] : service_.state().sessions()) ids.push_back(id);
-  std::sort(ids.begin(), ids.end());
-  if (ids.size() > limit) ids.resize(limit);
-  for (SessionId id : ids) {
-    const SessionState& st = *service_.state().FindSession(id);
-    auto* info = list->add_sessions();
-    info->set_session_id(id);
-    info->set_ttl_ms(ToMillis(st.ttl));
-    info->set_expires_in_ms(left_ms(st.expires_at));
-    info->set_locks_held(static_cast<uint32_t>(st.locks.size()));
-  }
-}
-
 absl::Status ServerImpl::StartMetrics() {
   if (options_.metrics_port < 0) return absl::OkStatus();
   auto exposer = metrics::Exposer::Start(options_.metrics_host, options_.metrics_port, metrics_);
@@ -747,7 +652,24 @@ absl::Status ServerImpl::OpenLog() {
   return absl::OkStatus();
 }
 
+absl::Status ServerImpl::CheckPeer(int fd) const {
+  if (options_.allowed_uids.empty()) return absl::OkStatus();
+  ucred peer{};
+  socklen_t len = sizeof(peer);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot read the peer's credentials: ", std::strerror(errno)));
+  }
+  for (uint32_t uid : options_.allowed_uids) {
+    if (peer.uid == uid) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "user id ", peer.uid, " (pid ", peer.pid, ") may not use lockd on this socket; allowed: ",
+      absl::StrJoin(options_.allowed_uids, ","), " (lockd --allowed-uids)"));
+}
+
 void ServerImpl::ConnectionGone(Connection* c) {
+  if (c->counted()) --counted_connections_;
   for (WaiterId id : c->waiters()) {
     service_.CancelWaiter(id);
     waiters_.erase(id);
@@ -818,6 +740,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   }
   if (options.max_frame_bytes < 64) {
     return absl::InvalidArgumentError("max_frame_bytes must be at least 64");
+  }
+  for (auto [name, value] : {std::pair{"max connections", options.max_connections},
+                             std::pair{"max sessions per connection", options.max_sessions_per_connection},
+                             std::pair{"max locks per session", options.max_locks_per_session},
+                             std::pair{"max waiters per lock", options.max_waiters_per_lock}}) {
+    if (value == 0) return absl::InvalidArgumentError(absl::StrCat(name, " must be at least 1"));
+  }
+  if (options.hello_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the Hello timeout must be positive");
+  }
+  if (options.unix_socket_mode > 0777) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("unix socket mode %o is not a permission mode (0 to 0777)", options.unix_socket_mode));
   }
   if (options.data_dir.empty()) {
     return absl::InvalidArgumentError("a state directory is required (--data-dir)");

@@ -18,6 +18,10 @@ wire::Code CodeFromStatus(const absl::Status& status) {
       return wire::CANCELLED;
     case absl::StatusCode::kFailedPrecondition:
       return wire::UNSUPPORTED_VERSION;
+    case absl::StatusCode::kResourceExhausted:
+      return wire::LIMIT_EXCEEDED;
+    case absl::StatusCode::kPermissionDenied:
+      return wire::PERMISSION_DENIED;
     default:
       return wire::UNAVAILABLE;
   }
@@ -44,6 +48,10 @@ absl::Status StatusFromCode(wire::Code code, absl::string_view message) {
       return absl::CancelledError(message);
     case wire::UNAVAILABLE:
       return absl::UnavailableError(message);
+    case wire::LIMIT_EXCEEDED:
+      return absl::ResourceExhaustedError(message);
+    case wire::PERMISSION_DENIED:
+      return absl::PermissionDeniedError(message);
     default:
       return absl::UnknownError(message);
   }

@@ -100,7 +100,7 @@ void LockdProcess::Start(int port) {
                                    "--metrics-port-file=" + dir_.path() + "/metrics-port"};
   if (!unix_path_.empty()) args.push_back("--unix-socket=" + unix_path_);
   for (const auto& a : options_.extra_args) args.push_back(a);
-  pid_ = SpawnProcess(LOCKD_BINARY, args);
+  pid_ = SpawnProcess(LOCKD_BINARY, args, options_.stderr_file);
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < give_up) {
     std::ifstream in(port_file);

@@ -44,6 +44,8 @@ class LockdProcess {
     std::string data_dir;
     // WAL segment size for the directory this creates (small keeps tests light).
     uint64_t segment_bytes = 1 << 20;
+    // Where lockd's standard error goes; empty: the test's own.
+    std::string stderr_file;
   };
   // Starts lockd and waits until it listens; aborts the test binary if it cannot start.
   explicit LockdProcess(Options options);

@@ -34,10 +34,35 @@ struct ServerOptions {
   uint64_t reservation_block = 10000;
   // Address the TCP listener binds. Default: 127.0.0.1 (loopback only).
   std::string tcp_host = "127.0.0.1";
+  // Lets tcp_host be an address other than loopback (127.0.0.0/8, ::1). Without it, Create()
+  // refuses such an address: lockd is reachable from other machines only on purpose.
+  // Default: false.
+  bool allow_remote = false;
   // TCP port; 0 picks a free one, reported by Server::tcp_port(). Default: 7420.
   uint16_t tcp_port = 7420;
   // Path of a Unix-domain socket to listen on as well. Default: empty (none).
   std::string unix_socket_path;
+  // Permission bits of the socket file; it is created with them (never more open, not even
+  // for a moment). Default: 0600, the owner only.
+  uint32_t unix_socket_mode = 0600;
+  // Group id given to the socket file; -1 keeps lockd's own. Default: -1.
+  int64_t unix_socket_gid = -1;
+  // User ids that may connect over the Unix socket, checked with the peer's credentials
+  // (SO_PEERCRED). Another user gets PERMISSION_DENIED and is logged. Empty: anyone the file
+  // permissions let in. Default: empty.
+  std::vector<uint32_t> allowed_uids;
+  // Open connections, over both listeners. One more gets LIMIT_EXCEEDED and is closed.
+  // Default: 1024.
+  size_t max_connections = 1024;
+  // Sessions opened on one connection that are still open. Default: 64.
+  size_t max_sessions_per_connection = 64;
+  // Locks one session may hold and wait for together. Default: 1024.
+  size_t max_locks_per_session = 1024;
+  // Waiters queued on one lock. Default: 1024.
+  size_t max_waiters_per_lock = 1024;
+  // A connection that has not sent Hello within this long is told HELLO_REQUIRED and closed.
+  // Default: 10 s.
+  absl::Duration hello_timeout = absl::Seconds(10);
   // lock.session.ttl for sessions that ask for none. Default: 15 s.
   absl::Duration default_session_ttl = absl::Seconds(15);
   // lock.default.ttl for acquires that ask for none. Default: 30 s.

@@ -1,0 +1,207 @@
+#include "dispatch.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "protocol/codes.h"
+#include "protocol/version.h"
+
+namespace fencelock::server {
+namespace {
+
+absl::Duration FromMillis(uint64_t ms) {
+  return absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(ms, INT64_MAX / 1'000'000)));
+}
+uint64_t ToMillis(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
+
+}  // namespace
+
+Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHost& host,
+                    MonoTime now) {
+  wire::Request req;
+  Dispatched out;
+  wire::Response& resp = out.response;
+  auto close = [&]() {
+    out.then = Dispatched::Then::kReplyAndClose;
+    return out;
+  };
+  if (!req.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    host.CountProtocolError();
+    resp.set_code(wire::MALFORMED_REQUEST);
+    resp.set_message(absl::StrCat("a frame of ", payload.size(),
+                                  " bytes does not parse as a fencelock Request"));
+    return close();
+  }
+  resp.set_request_id(req.request_id());
+  if (req.body_case() == wire::Request::BODY_NOT_SET) {
+    host.CountProtocolError();
+    resp.set_code(wire::MALFORMED_REQUEST);
+    resp.set_message("request has no body: unknown message type for this protocol version");
+    return close();
+  }
+  if (!conn.hello_done && req.body_case() != wire::Request::kHello) {
+    host.CountProtocolError();
+    resp.set_code(wire::HELLO_REQUIRED);
+    resp.set_message("the first request on a connection must be Hello");
+    return close();
+  }
+  LockService& service = host.service();
+  const bool read_only = req.body_case() == wire::Request::kHello ||
+                         req.body_case() == wire::Request::kGetStats ||
+                         req.body_case() == wire::Request::kListLocks;
+  if (const absl::Status* fault = host.fault(); !read_only && fault != nullptr) {
+    resp.set_code(wire::UNAVAILABLE);
+    resp.set_message(absl::StrCat("lockd stopped taking requests after a disk fault (",
+                                  fault->message(), "); restart it once the disk is fixed"));
+    return out;
+  }
+  auto finish = [&](const absl::Status& s) {
+    resp.set_code(protocol::CodeFromStatus(s));
+    if (!s.ok()) resp.set_message(std::string(s.message()));
+    return out;
+  };
+  switch (req.body_case()) {
+    case wire::Request::kHello: {
+      if (conn.hello_done) {
+        host.CountProtocolError();
+        return finish(absl::InvalidArgumentError("Hello was already received on this connection"));
+      }
+      auto version = protocol::NegotiateVersion(
+          {req.hello().min_version(), req.hello().max_version()}, protocol::VersionRange{});
+      if (!version.ok()) {
+        host.CountProtocolError();
+        resp.set_code(wire::UNSUPPORTED_VERSION);
+        resp.set_message(std::string(version.status().message()));
+        return close();
+      }
+      conn.hello_done = true;
+      resp.mutable_hello()->set_version(*version);
+      resp.mutable_hello()->set_server_name("lockd");
+      return finish(absl::OkStatus());
+    }
+    case wire::Request::kOpenSession: {
+      // Sessions outlive connections; only the ones still open count against this one.
+      service.Advance(now);
+      std::erase_if(conn.sessions, [&](SessionId id) { return service.state().FindSession(id) == nullptr; });
+      const size_t limit = host.max_sessions_per_connection();
+      if (conn.sessions.size() >= limit) {
+        return finish(absl::ResourceExhaustedError(absl::StrCat(
+            "this connection already has ", conn.sessions.size(),
+            " open sessions, the most one connection may (lockd --max-sessions-per-connection=",
+            limit, ")")));
+      }
+      auto opened = service.OpenSession(FromMillis(req.open_session().ttl_ms()), now);
+      if (opened.ok()) {
+        conn.sessions.push_back(opened->first);
+        resp.mutable_open_session()->set_session_id(opened->first);
+        resp.mutable_open_session()->set_ttl_ms(ToMillis(opened->second));
+      }
+      return finish(opened.status());
+    }
+    case wire::Request::kKeepAlive: {
+      const auto& ka = req.keep_alive();
+      std::vector<LockRef> refs;
+      refs.reserve(ka.locks_size());
+      for (const auto& l : ka.locks()) refs.push_back(LockRef{l.lock(), l.token()});
+      auto results = service.KeepAlive(ka.session_id(), refs, now);
+      if (results.ok()) {
+        auto* reply = resp.mutable_keep_alive();
+        reply->set_session_ttl_ms(ToMillis(service.state().FindSession(ka.session_id())->ttl));
+        for (const absl::Status& s : *results) reply->add_lock_codes(protocol::CodeFromStatus(s));
+      }
+      return finish(results.status());
+    }
+    case wire::Request::kCloseSession: {
+      resp.mutable_close_session();
+      return finish(service.CloseSession(req.close_session().session_id(), now));
+    }
+    case wire::Request::kAcquire: {
+      const auto& a = req.acquire();
+      const WaiterId waiter_id = host.NextWaiterId();
+      auto result = service.Acquire(a.session_id(), a.lock(), FromMillis(a.ttl_ms()),
+                                    FromMillis(a.wait_timeout_ms()), waiter_id, now);
+      if (!result.ok()) return finish(result.status());
+      if (result->kind == AcquireResult::Kind::kQueued) {
+        // Answered by a push when the wait is settled.
+        out.then = Dispatched::Then::kQueued;
+        out.waiter = waiter_id;
+        return out;
+      }
+      auto* reply = resp.mutable_acquire();
+      reply->set_lock(a.lock());
+      if (result->kind == AcquireResult::Kind::kGranted) {
+        reply->set_granted(true);
+        reply->set_token(result->token);
+        reply->set_ttl_ms(ToMillis(result->ttl));
+      }
+      return finish(absl::OkStatus());
+    }
+    case wire::Request::kRelease: {
+      const auto& r = req.release();
+      resp.mutable_release();
+      return finish(service.Release(r.session_id(), r.lock(), r.token(), now, r.relinquish()));
+    }
+    case wire::Request::kValidate: {
+      resp.mutable_validate();
+      return finish(service.Validate(req.validate().lock(), req.validate().token(), now));
+    }
+    case wire::Request::kGetStats: {
+      host.FillStats(resp.mutable_stats());
+      return finish(absl::OkStatus());
+    }
+    case wire::Request::kListLocks: {
+      const auto& q = req.list_locks();
+      if (q.limit() > 10000) {
+        return finish(absl::InvalidArgumentError("ListLocks limit is at most 10000"));
+      }
+      FillList(service, q, resp.mutable_list(), now);
+      return finish(absl::OkStatus());
+    }
+    case wire::Request::BODY_NOT_SET:
+      break;
+  }
+  return out;
+}
+
+
+void FillList(const LockService& service, const wire::ListLocks& query, wire::ListReply* list,
+              MonoTime now) {
+  const size_t limit = query.limit() == 0 ? 1000 : query.limit();
+  auto left_ms = [&](MonoTime t) {
+    return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(t - now)));
+  };
+  std::vector<std::string> names;
+  for (const auto& [name, holder] : service.state().holders()) {
+    if (name.rfind(query.prefix(), 0) == 0 && name > query.start_after()) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  if (names.size() > limit) {
+    names.resize(limit);
+    list->set_more(true);
+  }
+  for (const std::string& name : names) {
+    const HolderState& h = *service.state().FindHolder(name);
+    auto* info = list->add_locks();
+    info->set_lock(name);
+    info->set_session_id(h.session);
+    info->set_token(h.token);
+    info->set_ttl_ms(ToMillis(h.ttl));
+    info->set_expires_in_ms(left_ms(h.expires_at));
+    info->set_waiters(static_cast<uint32_t>(service.waiters_for(name)));
+  }
+  if (!query.include_sessions()) return;
+  std::vector<SessionId> ids;
+  for (const auto& [id, session] : service.state().sessions()) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  if (ids.size() > limit) ids.resize(limit);
+  for (SessionId id : ids) {
+    const SessionState& st = *service.state().FindSession(id);
+    auto* info = list->add_sessions();
+    info->set_session_id(id);
+    info->set_ttl_ms(ToMillis(st.ttl));
+    info->set_expires_in_ms(left_ms(st.expires_at));
+    info->set_locks_held(static_cast<uint32_t>(st.locks.size()));
+  }
+}
+
+}  // namespace fencelock::server

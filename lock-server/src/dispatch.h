@@ -1,0 +1,60 @@
+// What lockd does with one request frame, apart from the connection it came on: parse it,
+// check the connection's state (Hello first, the per-connection session limit), apply it to
+// the LockService, and build the reply. The server's connections call it for every frame, and
+// so does the dispatch fuzz target, against a LockService and nothing else.
+//
+// Not thread-safe: the caller's one thread owns the host and the connection state.
+#ifndef FENCELOCK_LOCK_SERVER_DISPATCH_H_
+#define FENCELOCK_LOCK_SERVER_DISPATCH_H_
+
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "clock/clock.h"
+#include "fencelock/wire.pb.h"
+#include "lock_service.h"
+
+namespace fencelock::server {
+
+// What lockd remembers about one connection between its requests.
+struct ConnectionState {
+  bool hello_done = false;
+  std::vector<SessionId> sessions;  // opened on this connection (some may have ended since)
+};
+
+// What a request may need from the server around the lock service.
+class DispatchHost {
+ public:
+  virtual ~DispatchHost() = default;
+  virtual LockService& service() = 0;
+  // The disk fault that stopped mutations; nullptr while healthy.
+  virtual const absl::Status* fault() const = 0;
+  virtual WaiterId NextWaiterId() = 0;
+  virtual void CountProtocolError() = 0;
+  virtual void FillStats(wire::StatsReply* stats) const = 0;
+  virtual size_t max_sessions_per_connection() const = 0;
+};
+
+struct Dispatched {
+  enum class Then {
+    kReply,          // send `response`
+    kReplyAndClose,  // send `response`, then close: the stream cannot continue
+    kQueued,         // no reply now: `waiter` is answered by a push when its wait is settled
+  };
+  Then then = Then::kReply;
+  wire::Response response;  // request_id set whenever the request parsed
+  WaiterId waiter = 0;
+};
+
+// `now` is when the frame was received: every lease it touches is measured from it.
+Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHost& host,
+                    MonoTime now);
+
+// Answers ListLocks from the service's state as of `now`.
+void FillList(const LockService& service, const wire::ListLocks& query, wire::ListReply* list,
+              MonoTime now);
+
+}  // namespace fencelock::server
+
+#endif  // FENCELOCK_LOCK_SERVER_DISPATCH_H_

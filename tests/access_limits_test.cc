@@ -1,0 +1,276 @@
+// Who may talk to lockd, and how much of it one caller may take: the Unix socket's permissions
+// and user-id allowlist, loopback-only TCP by default, and each limit refusing only the caller
+// that hit it while everyone else keeps being served.
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lockd_process.h"
+#include "raw_connection.h"
+
+namespace fencelock {
+namespace {
+
+using testing::LockdProcess;
+using testing::RawConnection;
+using ::testing::HasSubstr;
+
+constexpr uid_t kNobody = 65534;
+constexpr gid_t kNogroup = 65534;
+
+wire::Request OpenSession(absl::Duration ttl) {
+  wire::Request r;
+  r.mutable_open_session()->set_ttl_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(ttl)));
+  return r;
+}
+
+wire::Request Acquire(uint64_t session, const std::string& lock, absl::Duration wait) {
+  wire::Request r;
+  r.mutable_acquire()->set_session_id(session);
+  r.mutable_acquire()->set_lock(lock);
+  r.mutable_acquire()->set_wait_timeout_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(wait)));
+  return r;
+}
+
+wire::Request Release(uint64_t session, const std::string& lock, uint64_t token) {
+  wire::Request r;
+  r.mutable_release()->set_session_id(session);
+  r.mutable_release()->set_lock(lock);
+  r.mutable_release()->set_token(token);
+  return r;
+}
+
+wire::Request Stats() {
+  wire::Request r;
+  r.mutable_get_stats();
+  return r;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// What a process running as `uid` gets when it says Hello on `path`: the reply's code, or -1
+// if the connection gave nothing back.
+int HelloAs(uid_t uid, const std::string& path) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (setgid(kNogroup) != 0 || setuid(uid) != 0) _exit(100);
+    RawConnection c = RawConnection::Unix(path);
+    wire::Request hello;
+    hello.set_request_id(1);
+    hello.mutable_hello()->set_min_version(1);
+    hello.mutable_hello()->set_max_version(1);
+    c.SendRequest(hello);
+    auto reply = c.ReadResponse();
+    _exit(reply ? reply->code() : 101);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status)) return -2;
+  const int code = WEXITSTATUS(status);
+  return code >= 100 ? -1 : code;
+}
+
+TEST(UnixSocketTest, CreatedOwnerOnlyByDefault) {
+  LockdProcess lockd({.unix_socket = true});
+  struct stat st {};
+  ASSERT_EQ(stat(lockd.unix_path().c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST(UnixSocketTest, ModeAndGroupAsConfigured) {
+  if (geteuid() != 0) GTEST_SKIP() << "chown to another group needs root";
+  LockdProcess lockd({.unix_socket = true,
+                      .extra_args = {"--unix-socket-mode=0660",
+                                     "--unix-socket-group=" + std::to_string(kNogroup)}});
+  struct stat st {};
+  ASSERT_EQ(stat(lockd.unix_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, kNogroup);
+}
+
+TEST(UnixSocketTest, FilePermissionsKeepOtherUsersOut) {
+  if (geteuid() != 0) GTEST_SKIP() << "acting as another user needs root";
+  LockdProcess lockd({.unix_socket = true});  // 0600, owned by root
+  chmod(std::filesystem::path(lockd.unix_path()).parent_path().c_str(), 0755);
+  EXPECT_EQ(HelloAs(kNobody, lockd.unix_path()), -2) << "nobody could connect to a 0600 socket";
+  EXPECT_EQ(HelloAs(0, lockd.unix_path()), wire::OK);
+}
+
+TEST(UnixSocketTest, AllowlistRefusesAnotherUserAndLogsIt) {
+  if (geteuid() != 0) GTEST_SKIP() << "acting as another user needs root";
+  testing::TempDir logs;
+  const std::string log = logs.path() + "/lockd.stderr";
+  LockdProcess lockd({.unix_socket = true,
+                      .extra_args = {"--unix-socket-mode=0666", "--allowed-uids=0"},
+                      .stderr_file = log});
+  chmod(std::filesystem::path(lockd.unix_path()).parent_path().c_str(), 0755);
+  EXPECT_EQ(HelloAs(kNobody, lockd.unix_path()), wire::PERMISSION_DENIED);
+  EXPECT_EQ(HelloAs(0, lockd.unix_path()), wire::OK);
+  RawConnection tcp = RawConnection::Tcp(lockd.port());  // lockd keeps serving everyone else
+  EXPECT_EQ(tcp.Hello().code(), wire::OK);
+  EXPECT_THAT(ReadFile(log), HasSubstr("refused connection"));
+  EXPECT_THAT(ReadFile(log), HasSubstr("user id 65534"));
+}
+
+TEST(UnixSocketTest, AllowlistAdmitsTheListedUserOnly) {
+  if (geteuid() != 0) GTEST_SKIP() << "acting as another user needs root";
+  LockdProcess lockd({.unix_socket = true,
+                      .extra_args = {"--unix-socket-mode=0666",
+                                     "--allowed-uids=" + std::to_string(kNobody)}});
+  chmod(std::filesystem::path(lockd.unix_path()).parent_path().c_str(), 0755);
+  EXPECT_EQ(HelloAs(kNobody, lockd.unix_path()), wire::OK);
+  EXPECT_EQ(HelloAs(0, lockd.unix_path()), wire::PERMISSION_DENIED);
+}
+
+TEST(ListenTest, NonLoopbackAddressNeedsAnExplicitFlag) {
+  testing::TempDir dir;
+  ASSERT_EQ(testing::InitDataDir(dir.path() + "/data"), 0);
+  auto [status, err] = testing::RunLockdToExit(
+      {"serve", "--data-dir=" + dir.path() + "/data", "--listen=0.0.0.0", "--port=0",
+       "--metrics-port=-1"});
+  EXPECT_NE(status, 0);
+  EXPECT_THAT(err, HasSubstr("is not loopback"));
+  EXPECT_THAT(err, HasSubstr("--allow-remote"));
+  LockdProcess remote({.extra_args = {"--listen=0.0.0.0", "--allow-remote"}});
+  RawConnection c = RawConnection::Tcp(remote.port());  // 0.0.0.0 includes loopback
+  EXPECT_EQ(c.Hello().code(), wire::OK);
+}
+
+TEST(ListenTest, BadAccessFlagsAreRefusedWithTheirName) {
+  testing::TempDir dir;
+  ASSERT_EQ(testing::InitDataDir(dir.path() + "/data"), 0);
+  const std::string data = "--data-dir=" + dir.path() + "/data";
+  for (const auto& [flag, named] :
+       {std::pair{"--unix-socket-mode=0999", "--unix-socket-mode"},
+        std::pair{"--allowed-uids=no-such-user-here", "--allowed-uids"},
+        std::pair{"--unix-socket-group=no-such-group-here", "--unix-socket-group"},
+        std::pair{"--max-connections=0", "max connections"}}) {
+    auto [status, err] = testing::RunLockdToExit(
+        {"serve", data, "--port=0", "--metrics-port=-1", "--unix-socket=" + dir.path() + "/s", flag});
+    EXPECT_NE(status, 0) << flag;
+    EXPECT_THAT(err, HasSubstr(named)) << flag;
+  }
+}
+
+TEST(LimitsTest, ConnectionLimitRefusesOnlyTheExtraConnection) {
+  LockdProcess lockd({.extra_args = {"--max-connections=2"}});
+  RawConnection a = RawConnection::Tcp(lockd.port());
+  RawConnection b = RawConnection::Tcp(lockd.port());
+  ASSERT_EQ(a.Hello().code(), wire::OK);
+  ASSERT_EQ(b.Hello().code(), wire::OK);
+  {
+    RawConnection extra = RawConnection::Tcp(lockd.port());
+    auto refused = extra.ReadResponse();
+    ASSERT_TRUE(refused.has_value());
+    EXPECT_EQ(refused->code(), wire::LIMIT_EXCEEDED);
+    EXPECT_THAT(refused->message(), HasSubstr("--max-connections=2"));
+    EXPECT_TRUE(extra.ClosedByPeer());
+  }
+  EXPECT_EQ(a.Call(Stats()).code(), wire::OK);  // the others are still served
+  EXPECT_EQ(b.Call(Stats()).code(), wire::OK);
+  { RawConnection gone = std::move(a); }  // one closes: room for a new one
+  absl::SleepFor(absl::Milliseconds(100));
+  RawConnection c = RawConnection::Tcp(lockd.port());
+  EXPECT_EQ(c.Hello().code(), wire::OK);
+}
+
+TEST(LimitsTest, SessionsPerConnectionLimitRefusesOnlyThatConnection) {
+  LockdProcess lockd({.extra_args = {"--max-sessions-per-connection=2"}});
+  RawConnection a = RawConnection::Tcp(lockd.port());
+  ASSERT_EQ(a.Hello().code(), wire::OK);
+  const uint64_t s1 = a.Call(OpenSession(absl::Seconds(30))).open_session().session_id();
+  ASSERT_EQ(a.Call(OpenSession(absl::Seconds(30))).code(), wire::OK);
+  wire::Response third = a.Call(OpenSession(absl::Seconds(30)));
+  EXPECT_EQ(third.code(), wire::LIMIT_EXCEEDED);
+  EXPECT_THAT(third.message(), HasSubstr("--max-sessions-per-connection=2"));
+  RawConnection b = RawConnection::Tcp(lockd.port());
+  EXPECT_NE(b.HelloAndOpenSession(absl::Seconds(30)), 0u);
+  EXPECT_EQ(a.Call(Acquire(s1, "x", absl::ZeroDuration())).code(), wire::OK);  // a still works
+  wire::Request close;
+  close.mutable_close_session()->set_session_id(s1);
+  ASSERT_EQ(a.Call(close).code(), wire::OK);
+  EXPECT_EQ(a.Call(OpenSession(absl::Seconds(30))).code(), wire::OK);  // a closed one frees room
+}
+
+TEST(LimitsTest, LocksPerSessionLimitRefusesOnlyThatSession) {
+  LockdProcess lockd({.extra_args = {"--max-locks-per-session=2"}});
+  RawConnection a = RawConnection::Tcp(lockd.port());
+  const uint64_t s = a.HelloAndOpenSession(absl::Seconds(30));
+  const uint64_t t1 = a.Call(Acquire(s, "l1", absl::ZeroDuration())).acquire().token();
+  ASSERT_TRUE(a.Call(Acquire(s, "l2", absl::ZeroDuration())).acquire().granted());
+  wire::Response third = a.Call(Acquire(s, "l3", absl::ZeroDuration()));
+  EXPECT_EQ(third.code(), wire::LIMIT_EXCEEDED);
+  EXPECT_THAT(third.message(), HasSubstr("--max-locks-per-session=2"));
+  RawConnection b = RawConnection::Tcp(lockd.port());
+  const uint64_t other = b.HelloAndOpenSession(absl::Seconds(30));
+  EXPECT_TRUE(b.Call(Acquire(other, "l3", absl::ZeroDuration())).acquire().granted());
+  ASSERT_EQ(a.Call(Release(s, "l1", t1)).code(), wire::OK);
+  EXPECT_TRUE(a.Call(Acquire(s, "l4", absl::ZeroDuration())).acquire().granted());
+}
+
+TEST(LimitsTest, WaitersPerLockLimitRefusesOnlyTheExtraWaiter) {
+  LockdProcess lockd({.extra_args = {"--max-waiters-per-lock=1"}});
+  RawConnection holder = RawConnection::Tcp(lockd.port());
+  const uint64_t h = holder.HelloAndOpenSession(absl::Seconds(30));
+  const uint64_t token = holder.Call(Acquire(h, "q", absl::ZeroDuration())).acquire().token();
+  RawConnection w1 = RawConnection::Tcp(lockd.port());
+  const uint64_t s1 = w1.HelloAndOpenSession(absl::Seconds(30));
+  wire::Request queued = Acquire(s1, "q", absl::Seconds(20));
+  queued.set_request_id(7);
+  ASSERT_TRUE(w1.SendRequest(queued));
+  absl::SleepFor(absl::Milliseconds(100));  // queued on lockd
+  RawConnection w2 = RawConnection::Tcp(lockd.port());
+  const uint64_t s2 = w2.HelloAndOpenSession(absl::Seconds(30));
+  wire::Response refused = w2.Call(Acquire(s2, "q", absl::Seconds(20)));
+  EXPECT_EQ(refused.code(), wire::LIMIT_EXCEEDED);
+  EXPECT_THAT(refused.message(), HasSubstr("--max-waiters-per-lock=1"));
+  ASSERT_EQ(holder.Call(Release(h, "q", token)).code(), wire::OK);
+  auto granted = w1.ReadResponse();  // the queued waiter is still served
+  ASSERT_TRUE(granted.has_value());
+  EXPECT_EQ(granted->request_id(), 7u);
+  EXPECT_TRUE(granted->acquire().granted());
+}
+
+TEST(LimitsTest, FrameSizeLimitClosesOnlyThatConnection) {
+  LockdProcess lockd({.extra_args = {"--max-frame-bytes=1024"}});
+  RawConnection ok = RawConnection::Tcp(lockd.port());
+  ASSERT_EQ(ok.Hello().code(), wire::OK);
+  RawConnection big = RawConnection::Tcp(lockd.port());
+  ASSERT_EQ(big.Hello().code(), wire::OK);
+  const uint64_t s = big.Call(OpenSession(absl::Seconds(30))).open_session().session_id();
+  wire::Request oversize = Acquire(s, std::string(2000, 'x'), absl::ZeroDuration());
+  oversize.set_request_id(9);
+  big.SendRequest(oversize);
+  auto refused = big.ReadResponse();
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code(), wire::FRAME_TOO_LARGE);
+  EXPECT_THAT(refused->message(), HasSubstr("1024"));
+  EXPECT_TRUE(big.ClosedByPeer());
+  EXPECT_EQ(ok.Call(Stats()).code(), wire::OK);
+}
+
+TEST(LimitsTest, ConnectionWithoutHelloIsClosedAfterTheTimeout) {
+  LockdProcess lockd({.extra_args = {"--hello-timeout=300ms"}});
+  RawConnection talker = RawConnection::Tcp(lockd.port());
+  ASSERT_EQ(talker.Hello().code(), wire::OK);
+  RawConnection silent = RawConnection::Tcp(lockd.port());
+  auto told = silent.ReadResponse(absl::Seconds(10));
+  ASSERT_TRUE(told.has_value());
+  EXPECT_EQ(told->code(), wire::HELLO_REQUIRED);
+  EXPECT_THAT(told->message(), HasSubstr("--hello-timeout"));
+  EXPECT_TRUE(silent.ClosedByPeer());
+  absl::SleepFor(absl::Milliseconds(400));  // past the timeout: the one that said Hello stays
+  EXPECT_EQ(talker.Call(Stats()).code(), wire::OK);
+}
+
+}  // namespace
+}  // namespace fencelock
