@@ -86,8 +86,10 @@ class PayoutDemoTest : public ::testing::Test {
       EXPECT_EQ(p->state, PayoutState::kPaid) << id;
       EXPECT_NE(p->rail_txn, 0) << id;
     }
-    // The killed worker's payout and the frozen one's were retried under higher tokens.
-    EXPECT_GE((*store)->Summary()->claims, payouts + 2);
+    // The killed worker's payout was retried under a higher token. The frozen one's is retried
+    // only if another worker reaches it during the freeze; on a slow run (TSan) it may not, and
+    // the frozen worker then finishes it itself when nobody else holds a higher token.
+    EXPECT_GE((*store)->Summary()->claims, payouts + 1);
   }
 
   testing::TempDir tmp_;

@@ -87,7 +87,7 @@ class SqliteFence final : public TokenFence {
 
  private:
   absl::Mutex mu_;
-  sqlite3* db_;
+  sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);  // one connection, used by one caller at a time
 };
 
 }  // namespace

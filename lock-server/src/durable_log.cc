@@ -64,10 +64,9 @@ absl::StatusOr<std::unique_ptr<DurableLog>> DurableLog::Open(const DurableLogOpt
 
 DurableLog::~DurableLog() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
   if (writer_.joinable()) writer_.join();  // Open() may fail before starting it
 }
 
@@ -144,7 +143,7 @@ void DurableLog::SendPending() {
 bool DurableLog::RunInlineIfIdle(Job& job) {
   absl::Status s;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!jobs_.empty() || writer_busy_ || !writer_fault_.ok()) return false;
     // Holding mu_ keeps the writer thread from starting anything while the owner uses the
     // writer's state; only the owner enqueues, and it is here.
@@ -177,18 +176,17 @@ void DurableLog::OnJobDone(const absl::Status& s) {
 
 void DurableLog::Enqueue(Job job) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     jobs_.push_back(std::move(job));
   }
-  cv_.notify_one();
 }
 
 void DurableLog::WriterLoop() {
   for (;;) {
     Job job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &DurableLog::HasWorkOrStopping));
       if (jobs_.empty()) return;  // stopping, and every queued job has run
       job = std::move(jobs_.front());
       jobs_.pop_front();
@@ -203,7 +201,7 @@ void DurableLog::WriterLoop() {
                    s.ToString().c_str());
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       writer_busy_ = false;
     }
     post_([done = std::move(job.done), s] { done(s); });

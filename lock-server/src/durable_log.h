@@ -18,16 +18,16 @@
 #define FENCELOCK_LOCK_SERVER_DURABLE_LOG_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "lock-server/env.h"
 #include "state_machine.h"
 #include "storage.h"
@@ -113,6 +113,9 @@ class DurableLog {
   bool RunInlineIfIdle(Job& job);
   void SendPending();
   void WriterLoop();
+  bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !jobs_.empty();
+  }
   // Writer thread only.
   absl::Status WriteBatch(const std::string& bytes, uint64_t last_lsn, bool* rotated);
   absl::Status Rotate(uint64_t needed);
@@ -154,11 +157,12 @@ class DurableLog {
       reservations_{0}, current_segment_{0};
   std::atomic<int64_t> last_sync_ns_{0}, total_sync_ns_{0};
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> jobs_;  // guarded by mu_
-  bool writer_busy_ = false;  // guarded by mu_: a job is running on the writer thread
-  bool stopping_ = false;  // guarded by mu_
+  // The writer thread's own state above is handed over by writer_busy_: the owner touches it
+  // only while holding mu_ with no job queued or running (RunInlineIfIdle).
+  absl::Mutex mu_;
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  bool writer_busy_ ABSL_GUARDED_BY(mu_) = false;  // a job is running on the writer thread
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread writer_;
 };
 

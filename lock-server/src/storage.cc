@@ -119,8 +119,7 @@ absl::StatusOr<Record> FromProto(const state::LogRecord& p) {
   }
 }
 
-std::string Frame(const state::LogRecord& p) {
-  const std::string payload = p.SerializeAsString();
+std::string FramePayload(std::string_view payload) {
   std::string len_bytes;
   PutU32(&len_bytes, static_cast<uint32_t>(payload.size()));
   std::string out(kRecordMagic, 4);
@@ -130,6 +129,8 @@ std::string Frame(const state::LogRecord& p) {
   out += payload;
   return out;
 }
+
+std::string Frame(const state::LogRecord& p) { return FramePayload(p.SerializeAsString()); }
 
 // A record frame that checks out at `at`: magic, length within bounds, both checksums.
 struct FrameView {
@@ -248,6 +249,8 @@ std::string EncodeSequences(const Sequences& s) {
 
 std::string EncodeRecordFrame(uint64_t lsn, const Record& r) { return Frame(ToProto(lsn, r)); }
 
+std::string EncodeRawRecordFrame(std::string_view payload) { return FramePayload(payload); }
+
 std::string EncodeSealFrame(uint64_t next_segment) {
   state::LogRecord p;
   p.mutable_sealed()->set_next_segment(next_segment);
@@ -288,7 +291,10 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
     out->set_token(h.token);
     out->set_ttl_ns(Nanos(h.ttl));
   }
-  const std::string payload = snap.SerializeAsString();
+  return EncodeRawSnapshot(snap.SerializeAsString());
+}
+
+std::string EncodeRawSnapshot(std::string_view payload) {
   std::string out(kSnapshotMagic, 4);
   PutU32(&out, kFileVersion);
   PutU64(&out, payload.size());

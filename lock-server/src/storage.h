@@ -48,6 +48,11 @@ std::string EncodeSealFrame(uint64_t next_segment);
 std::string EncodeSegmentHeader(uint64_t number, uint64_t size);
 // The whole state after `last_lsn`, as a snapshot file.
 std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn);
+// For fuzzing and tests: `payload` (any bytes, meant as a serialized LogRecord or Snapshot)
+// behind a valid record-frame or snapshot header, checksums included, so that what follows
+// the checksums is reached.
+std::string EncodeRawRecordFrame(std::string_view payload);
+std::string EncodeRawSnapshot(std::string_view payload);
 
 // Creates `dir` (which must not exist, or be empty) as a fresh state directory: FORMAT,
 // SEQUENCES, snapshot-0 and an empty first segment, all durable.

@@ -24,12 +24,14 @@ void Histogram::Observe(double v) { h_->Observe(v); }
 
 struct Registry::Impl {
   absl::Mutex mu;
-  std::map<std::string, prometheus::Family<prometheus::Counter>*> counter_families;
-  std::map<std::string, prometheus::Family<prometheus::Gauge>*> gauge_families;
-  std::map<std::string, prometheus::Family<prometheus::Histogram>*> histogram_families;
-  std::map<std::string, std::unique_ptr<Counter>> counters;
-  std::map<std::string, std::unique_ptr<Gauge>> gauges;
-  std::map<std::string, std::unique_ptr<Histogram>> histograms;
+  std::map<std::string, prometheus::Family<prometheus::Counter>*> counter_families
+      ABSL_GUARDED_BY(mu);
+  std::map<std::string, prometheus::Family<prometheus::Gauge>*> gauge_families ABSL_GUARDED_BY(mu);
+  std::map<std::string, prometheus::Family<prometheus::Histogram>*> histogram_families
+      ABSL_GUARDED_BY(mu);
+  std::map<std::string, std::unique_ptr<Counter>> counters ABSL_GUARDED_BY(mu);
+  std::map<std::string, std::unique_ptr<Gauge>> gauges ABSL_GUARDED_BY(mu);
+  std::map<std::string, std::unique_ptr<Histogram>> histograms ABSL_GUARDED_BY(mu);
 };
 
 namespace {
