@@ -47,14 +47,17 @@ class ClientLeaseTest : public ::testing::Test {
  protected:
   ClientLeaseTest() : proxy_(lockd_.port()) {}
 
+  // The heartbeat period is long enough that the test drives every heartbeat (real time never
+  // reaches it); it also decides when a late grant is renewed before it is returned.
   std::unique_ptr<Client> NewClient(absl::Duration session_ttl = absl::Seconds(60),
-                                    absl::Duration request_timeout = absl::Seconds(10)) {
+                                    absl::Duration request_timeout = absl::Seconds(10),
+                                    absl::Duration heartbeat_interval = absl::Hours(1)) {
     ClientOptions options;
     options.server = "127.0.0.1:" + std::to_string(proxy_.port());
     options.clock = &clock_;
     options.session_ttl = session_ttl;
     options.default_lock_ttl = kLockTtl;
-    options.heartbeat_interval = absl::Hours(1);  // the test drives every heartbeat
+    options.heartbeat_interval = heartbeat_interval;
     options.request_timeout = request_timeout;
     auto client = Client::Create(options);
     EXPECT_TRUE(client.ok()) << client.status();
@@ -192,6 +195,25 @@ TEST_F(ClientLeaseTest, D5ServerSayingTheSessionIsGoneLosesTheLockAtOnce) {
   auto again = client->acquire("x", absl::Seconds(5));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_GT(again->token(), lock->token());
+}
+
+// After a stall of the client (or of lockd, or of the network) the client's own deadline for
+// its session has passed while lockd still holds the session. A new grant under that deadline
+// would be lost the moment it arrived, so acquire renews the session first.
+TEST_F(ClientLeaseTest, AcquireAfterTheSessionDeadlinePassedRenewsFirst) {
+  // A period shorter than the usable lock lease, as in production, so the grant is not renewed
+  // for being late (which would hide the stale session deadline).
+  auto client = NewClient(/*session_ttl=*/absl::Seconds(60), absl::Seconds(10),
+                          /*heartbeat_interval=*/absl::Seconds(20));
+  auto first = client->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(first.ok()) << first.status();
+  const uint64_t session = client->session_id();
+  clock_.Advance(absl::Seconds(50));  // the client's clock only: lockd's session lives on
+  auto next = client->acquire("y", absl::Seconds(5));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(client->session_id(), session);  // renewed, not replaced
+  EXPECT_NO_THROW(client->checkStillHeld(*next));
+  EXPECT_EQ(ReasonThrown(*client, *first), LossReason::kDeadlinePassed);
 }
 
 TEST_F(ClientLeaseTest, D5FencedOutAnswerLosesTheLockAtOnce) {

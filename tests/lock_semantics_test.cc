@@ -1,10 +1,14 @@
 // Lock semantics against a real lockd process, over TCP and over a Unix socket: mutual
 // exclusion under contention, strictly increasing tokens, waiters granted by a push on
 // release, on the holder's session expiry and on lease expiry, and fence 1.
+#include <signal.h>
+
 #include <atomic>
 #include <cstdio>
 #include <map>
 #include <random>
+#include <signal.h>
+
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -244,6 +248,47 @@ TEST_P(LockSemanticsTest, ReleaseRacingTheHeartbeatIsNeverFencedOut) {
   }
   EXPECT_EQ(client->metrics()->GetCounter("lock_fenced_out_total", "").value(), 0);
   EXPECT_EQ(Stats().fenced_out_total(), 0u);
+}
+
+// lockd frozen (SIGSTOP) for three times its leases: a KeepAlive sent meanwhile waits in its
+// socket. Without stall compensation lockd would expire the session on waking and answer
+// SESSION_NOT_FOUND; with it (the default) the leases were extended by the freeze and the
+// renewal succeeds. Either way nothing is counted as fenced out.
+TEST_P(LockSemanticsTest, FrozenLockdDoesNotCostClientsTheirLeases) {
+  RawConnection holder = Raw();
+  const uint64_t session = holder.HelloAndOpenSession(absl::Milliseconds(500));
+  const uint64_t token = RawAcquire(holder, session, "s", absl::Milliseconds(500)).acquire().token();
+  ASSERT_EQ(kill(lockd_.pid(), SIGSTOP), 0);
+  absl::SleepFor(absl::Milliseconds(1500));
+  wire::Request ka;
+  ka.set_request_id(77);
+  ka.mutable_keep_alive()->set_session_id(session);
+  ka.mutable_keep_alive()->add_locks()->set_lock("s");
+  ka.mutable_keep_alive()->mutable_locks(0)->set_token(token);
+  ASSERT_TRUE(holder.SendRequest(ka));
+  ASSERT_EQ(kill(lockd_.pid(), SIGCONT), 0);
+  auto reply = holder.ReadResponse();
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(reply->code(), wire::OK) << reply->message();
+  ASSERT_EQ(reply->keep_alive().lock_codes_size(), 1);
+  EXPECT_EQ(reply->keep_alive().lock_codes(0), wire::OK);
+  EXPECT_EQ(Stats().fenced_out_total(), 0u);
+}
+
+TEST(StallCompensationTest, DisabledTheFrozenLockdExpiresTheSessionOnWaking) {
+  LockdProcess lockd({.extra_args = {"--stall-threshold=0"}});
+  RawConnection holder = RawConnection::Tcp(lockd.port());
+  const uint64_t session = holder.HelloAndOpenSession(absl::Milliseconds(500));
+  ASSERT_EQ(kill(lockd.pid(), SIGSTOP), 0);
+  absl::SleepFor(absl::Milliseconds(1500));
+  wire::Request ka;
+  ka.set_request_id(78);
+  ka.mutable_keep_alive()->set_session_id(session);
+  ASSERT_TRUE(holder.SendRequest(ka));
+  ASSERT_EQ(kill(lockd.pid(), SIGCONT), 0);
+  auto reply = holder.ReadResponse();
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(reply->code(), wire::SESSION_NOT_FOUND);
 }
 
 TEST_P(LockSemanticsTest, StaleTokenIsFencedOutOnReleaseAndValidate) {

@@ -140,10 +140,6 @@ absl::Status WaitWorkers(Cluster& cluster, Outcome& out, absl::Duration timeout,
 
 struct Expectations {
   bool fences_quiet = true;       // lock_fenced_out_total and rail_fenced_out_total are zero
-  // lockd's counter is zero (checked only with fences_quiet). Not after lockd itself was frozen
-  // past the TTL: requests that waited in its socket for leases that ran out meanwhile are
-  // answered FENCED_OUT and counted, which is the alert a lockd stall deserves.
-  bool lockd_quiet = true;
   bool expect_overlap = false;    // the client check is off: a client-believed overlap is due
 };
 
@@ -173,7 +169,7 @@ absl::Status Finish(Cluster& cluster, Outcome& out, const Expectations& expect) 
              absl::StrCat("rail_duplicate_attempted_total is ", r->rail_duplicates));
   for (const std::string& v : check->violations) out.failures.push_back("history: " + v);
   if (expect.fences_quiet) {
-    out.Expect(!expect.lockd_quiet || r->lock_fenced_out == 0,
+    out.Expect(r->lock_fenced_out == 0,
                absl::StrCat("lock_fenced_out_total is ", r->lock_fenced_out, "; see ",
                             cluster.Path("logs/lockd.log")));
     out.Expect(r->rail_fenced_out == 0,
@@ -392,7 +388,7 @@ absl::Status ServerFreeze(Env& env, Outcome& out) {
                                           paid_before, " payouts"));
   if (absl::Status s = WaitWorkers(c, out, absl::Seconds(90)); !s.ok()) return s;
   out.Figure("lost leases (client side)", absl::StrCat(h.Count("lost")));
-  return Finish(c, out, {.lockd_quiet = false});
+  return Finish(c, out, {});
 }
 
 // lockd is killed (SIGKILL) while workers pay, and restarted from its state directory.

@@ -125,6 +125,8 @@ class ClientImpl final : public Client {
   void LoseSession(LossReason reason) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops held locks that are lost; releases on the server those whose deadline passed.
   void SweepLost();
+  // True while a session is open whose client-side deadline has passed.
+  bool SessionDeadlinePassed() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Duration HeartbeatInterval() const ABSL_LOCKS_EXCLUDED(mu_);
   void HeartbeatThread();
   void OnUnmatchedReply(const wire::Response& response);
@@ -437,6 +439,11 @@ void ClientImpl::LoseSession(LossReason reason) {
   session_deadline_ = MonoTime::Min();
 }
 
+bool ClientImpl::SessionDeadlinePassed() const {
+  absl::MutexLock lock(&mu_);
+  return session_id_ != 0 && session_deadline_ <= clock_->Now();
+}
+
 void ClientImpl::SweepLost() {
   const MonoTime now = clock_->Now();
   std::vector<std::shared_ptr<LeaseState>> expired;
@@ -510,6 +517,19 @@ absl::StatusOr<std::optional<LockHandle>> ClientImpl::AcquireImpl(std::string_vi
     absl::MutexLock hb(&heartbeat_mu_);
     absl::Status s = EnsureSessionLocked();
     if (!s.ok()) return s;
+    if (SessionDeadlinePassed()) {
+      // Our deadline for the session ran out (heartbeats failed, or lockd or this process
+      // stalled) while lockd may still hold it: a grant now would be lost the moment it
+      // arrived. Renew first, measured from this send; if lockd says the session is gone,
+      // open a new one.
+      absl::Status renewed = HeartbeatLocked();
+      if (absl::IsNotFound(renewed)) s = EnsureSessionLocked();
+      if (!s.ok()) return s;
+      if (SessionDeadlinePassed()) {
+        return absl::UnavailableError(absl::StrCat(
+            "the session's lease ran out and could not be renewed: ", renewed.message()));
+      }
+    }
     absl::MutexLock l(&mu_);
     session = session_id_;
   }

@@ -126,6 +126,10 @@ class LockService {
   // Expires sessions, lock leases and waits that have run out by `now`.
   void Advance(MonoTime now);
 
+  // Every session and lock lease ends `d` later (waits are not moved): for time the server
+  // itself did not run. See StateMachine::PostponeExpiries.
+  void PostponeLeases(absl::Duration d) { state_.PostponeExpiries(d); }
+
   // When Advance() next has something to do; MonoTime::Max() if nothing is pending.
   MonoTime NextDeadline() const;
 

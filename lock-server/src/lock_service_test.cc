@@ -125,6 +125,24 @@ TEST_F(LockServiceTest, KeepAliveRenewsSessionAndLocksFromReceipt) {
   EXPECT_EQ(service_.state().FindSession(a), nullptr);
 }
 
+TEST_F(LockServiceTest, PostponedLeasesEndThatMuchLaterAndStillRenew) {
+  SessionId a = Open(0, absl::Seconds(1));
+  FenceToken t = Grant(a, "x", 0, absl::Seconds(1));
+  service_.PostponeLeases(absl::Seconds(5));  // the server did not run for 5 s
+  service_.Advance(At(5999));
+  ASSERT_NE(service_.state().FindHolder("x"), nullptr);
+  std::vector<LockRef> refs = {{"x", t}};
+  auto r = service_.KeepAlive(a, refs, At(5999));  // a renewal that waited out the stall
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE((*r)[0].ok());
+  EXPECT_EQ(service_.stats().fenced_out_total, 0u);
+  service_.Advance(At(6998));
+  EXPECT_NE(service_.state().FindHolder("x"), nullptr);
+  service_.Advance(At(6999));  // a full TTL after that renewal
+  EXPECT_EQ(service_.state().FindHolder("x"), nullptr);
+  EXPECT_EQ(service_.state().FindSession(a), nullptr);
+}
+
 TEST_F(LockServiceTest, KeepAliveFencesStaleLockAndCountsIt) {
   SessionId a = Open(0, absl::Seconds(100));
   SessionId b = Open(0, absl::Seconds(100));

@@ -51,6 +51,9 @@ ABSL_FLAG(uint64_t, max_waiters_per_lock, 1024, "waiters queued on one lock");
 ABSL_FLAG(uint64_t, max_frame_bytes, uint64_t{1} << 20, "largest frame accepted, in bytes");
 ABSL_FLAG(absl::Duration, hello_timeout, absl::Seconds(10),
           "close a connection that sends no Hello within this long");
+ABSL_FLAG(absl::Duration, stall_threshold, absl::Seconds(1),
+          "when lockd itself did not run for longer than this, extend every lease by the time "
+          "it lost; 0 disables");
 ABSL_FLAG(std::string, port_file, "", "write the bound TCP port to this file");
 ABSL_FLAG(int, metrics_port, 9420,
           "serve Prometheus metrics on 127.0.0.1 at this port; 0 picks a free one, -1 disables");
@@ -98,6 +101,7 @@ int Serve() {
   options.max_waiters_per_lock = absl::GetFlag(FLAGS_max_waiters_per_lock);
   options.max_frame_bytes = absl::GetFlag(FLAGS_max_frame_bytes);
   options.hello_timeout = absl::GetFlag(FLAGS_hello_timeout);
+  options.stall_threshold = absl::GetFlag(FLAGS_stall_threshold);
   {
     const std::string mode = absl::GetFlag(FLAGS_unix_socket_mode);
     char* end = nullptr;

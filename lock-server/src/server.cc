@@ -115,7 +115,8 @@ class ServerImpl final : public Server, public DispatchHost {
         report_(std::move(recovered.report)),
         tcp_acceptor_(io_),
         unix_acceptor_(io_),
-        timer_(io_) {}
+        timer_(io_),
+        stall_timer_(io_) {}
 
   // Takes over the state directory (after recovery) and starts logging every record.
   absl::Status OpenLog();
@@ -147,6 +148,9 @@ class ServerImpl final : public Server, public DispatchHost {
   }
   void ConnectionGone(Connection* c);
   const ServerOptions& options() const { return options_; }
+  // Extends every lease by the time lockd did not run, if that was longer than
+  // options.stall_threshold. Called before anything that reads the clock for leases.
+  void NoticeStall();
   // OK if the Unix-socket peer on `fd` is allowed (ServerOptions::allowed_uids).
   absl::Status CheckPeer(int fd) const;
   void CountProtocolError() override { ++protocol_errors_total_; }
@@ -166,6 +170,9 @@ class ServerImpl final : public Server, public DispatchHost {
   template <typename Acceptor>
   awaitable<void> AcceptLoop(Acceptor& acceptor);
   awaitable<void> TimerLoop();
+  // Wakes every quarter of the stall threshold, so that a gap longer than the threshold means
+  // the I/O thread did not run.
+  awaitable<void> StallWatch();
   void StopLocked();
 
   struct WaiterRoute {
@@ -181,6 +188,9 @@ class ServerImpl final : public Server, public DispatchHost {
   asio::ip::tcp::acceptor tcp_acceptor_;
   asio::local::stream_protocol::acceptor unix_acceptor_;
   asio::steady_timer timer_;
+  asio::steady_timer stall_timer_;
+  MonoTime last_alive_ = Clock::Real()->Now();  // the I/O thread last ran (real clock)
+  uint64_t stalls_total_ = 0;
   MonoTime timer_armed_for_ = MonoTime::Max();
   uint16_t tcp_port_ = 0;
   bool stopping_ = false;
@@ -200,6 +210,7 @@ class ServerImpl final : public Server, public DispatchHost {
   std::unique_ptr<metrics::Exposer> exposer_;
   ServiceStats exported_;  // the totals already added to the counters
   uint64_t exported_protocol_errors_ = 0;
+  uint64_t exported_stalls_ = 0;
   uint64_t exported_syncs_ = 0;
 };
 
@@ -219,6 +230,7 @@ awaitable<void> Connection::ReadLoop(std::shared_ptr<Connection> self) {
     if (ec == asio::error::would_block || ec == asio::error::try_again) continue;
     if (ec) break;
     if (closing_) continue;  // drain and discard until the peer or the linger timer closes
+    server_->NoticeStall();
     const MonoTime now = server_->clock()->Now();  // receipt time for every lease in this read
     decoder.Feed(std::string_view(chunk.data(), n));
     for (;;) {
@@ -460,9 +472,35 @@ awaitable<void> ServerImpl::TimerLoop() {
     co_await timer_.async_wait(asio::redirect_error(use_awaitable, ec));
     if (stopping_) break;
     if (log_->faulted()) continue;  // no mutations, expiries included, after a disk fault
+    NoticeStall();
     service_.Advance(clock_->Now());
     AfterRequest();
   }
+}
+
+awaitable<void> ServerImpl::StallWatch() {
+  boost::system::error_code ec;
+  while (!stopping_) {
+    stall_timer_.expires_after(absl::ToChronoNanoseconds(options_.stall_threshold / 4));
+    co_await stall_timer_.async_wait(asio::redirect_error(use_awaitable, ec));
+    if (stopping_) break;
+    NoticeStall();
+  }
+}
+
+void ServerImpl::NoticeStall() {
+  if (options_.stall_threshold <= absl::ZeroDuration()) return;
+  const MonoTime now = Clock::Real()->Now();
+  const absl::Duration gap = now - last_alive_;
+  last_alive_ = now;
+  if (gap <= options_.stall_threshold) return;
+  ++stalls_total_;
+  service_.PostponeLeases(gap);
+  if (timer_armed_for_ != MonoTime::Max()) timer_.cancel();  // re-arm for the later expiries
+  std::fprintf(stderr,
+               "lockd: did not run for %s (frozen, suspended or starved of CPU); every session "
+               "and lock lease is extended by that much\n",
+               absl::FormatDuration(gap).c_str());
 }
 
 void ServerImpl::ScheduleFlush() {
@@ -603,6 +641,8 @@ void ServerImpl::ExportMetrics() {
       s.lock_expiries_total, exported_.lock_expiries_total);
   add("lockd_protocol_errors_total", "Connections closed for malformed or refused input",
       protocol_errors_total_, exported_protocol_errors_);
+  add("lockd_stalls_total", "Times lockd did not run for longer than --stall-threshold (leases extended)",
+      stalls_total_, exported_stalls_);
   const DurableLogStats log = log_->stats();
   add("lockd_log_syncs_total", "WAL batches written and fdatasynced", log.syncs, exported_syncs_);
   m.GetGauge("lockd_sessions", "Open sessions").Set(static_cast<double>(service_.state().session_count()));
@@ -704,6 +744,10 @@ void ServerImpl::Run() {
   asio::co_spawn(io_, AcceptLoop(tcp_acceptor_), asio::detached);
   if (unix_acceptor_.is_open()) asio::co_spawn(io_, AcceptLoop(unix_acceptor_), asio::detached);
   asio::co_spawn(io_, TimerLoop(), asio::detached);
+  if (options_.stall_threshold > absl::ZeroDuration()) {
+    last_alive_ = Clock::Real()->Now();
+    asio::co_spawn(io_, StallWatch(), asio::detached);
+  }
   if (exposer_) asio::co_spawn(io_, MetricsLoop(), asio::detached);
   io_.run();
   if (!options_.unix_socket_path.empty()) ::unlink(options_.unix_socket_path.c_str());
@@ -716,6 +760,7 @@ void ServerImpl::StopLocked() {
   tcp_acceptor_.close(ec);
   unix_acceptor_.close(ec);
   timer_.cancel();
+  stall_timer_.cancel();
   ExportMetrics();
   std::vector<std::shared_ptr<Connection>> open;
   for (auto& [id, weak] : connections_) {

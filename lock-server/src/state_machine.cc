@@ -119,6 +119,20 @@ std::string StateMachine::DebugString() const {
   return absl::StrJoin(parts, " ");
 }
 
+void StateMachine::PostponeExpiries(absl::Duration d) {
+  if (d <= absl::ZeroDuration()) return;
+  session_expiry_.clear();
+  lock_expiry_.clear();
+  for (auto& [id, s] : sessions_) {
+    s.expires_at = s.expires_at + d;
+    session_expiry_.emplace(s.expires_at, id);
+  }
+  for (auto& [lock, h] : holders_) {
+    h.expires_at = h.expires_at + d;
+    lock_expiry_.emplace(h.expires_at, lock);
+  }
+}
+
 MonoTime StateMachine::NextExpiry() const {
   MonoTime next = MonoTime::Max();
   if (!session_expiry_.empty()) next = std::min(next, session_expiry_.begin()->first);

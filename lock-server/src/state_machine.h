@@ -91,6 +91,11 @@ class StateMachine {
   // so that the next grant or session is above every value that may have been handed out.
   void RaiseFloors(FenceToken token_floor, SessionId session_floor);
 
+  // Moves every session and lock lease expiry `d` later. Not a record: expiry times are never
+  // logged (a restart gives every lease its full TTL again), and a later expiry only ever
+  // makes a holder look held longer, never shorter. lockd uses it after a stall of its own.
+  void PostponeExpiries(absl::Duration d);
+
   // Null when absent. Pointers are invalidated by the next Apply().
   const SessionState* FindSession(SessionId id) const;
   const HolderState* FindHolder(const std::string& lock) const;

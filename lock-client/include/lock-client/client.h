@@ -194,7 +194,9 @@ class Client {
   // default lock TTL. Errors: kDeadlineExceeded when the wait ran out, kUnavailable when lockd
   // cannot be reached, kInvalidArgument for a bad name or TTL or a lock this session already
   // holds. If the grant arrives so late that less than one heartbeat period of lease would be
-  // left, the lease is renewed before returning and measured from that renewal's send.
+  // left, the lease is renewed before returning and measured from that renewal's send. If the
+  // client's own deadline for the session has already passed (failed heartbeats, a stall),
+  // the session is renewed before the request, or replaced if lockd no longer has it.
   virtual absl::StatusOr<LockHandle> acquire(std::string_view lock, absl::Duration wait,
                                              absl::Duration ttl = absl::ZeroDuration()) = 0;
 

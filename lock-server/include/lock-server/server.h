@@ -63,6 +63,14 @@ struct ServerOptions {
   // A connection that has not sent Hello within this long is told HELLO_REQUIRED and closed.
   // Default: 10 s.
   absl::Duration hello_timeout = absl::Seconds(10);
+  // lockd's own stalls. When its I/O thread has not run for longer than this (it was frozen,
+  // suspended with its VM, or starved of CPU), every session and lock lease is extended by the
+  // time it lost, before any expiry or request is processed: clients cannot renew a lease with
+  // a server that is not running, so the stall must not cost them their leases. This is safe
+  // (a lease only looks held longer; the fences do not depend on it) and keeps requests that
+  // waited in lockd's socket from being counted as fenced out. A dead client's locks free that
+  // much later. Zero disables it. Measured on the real clock. Default: 1 s.
+  absl::Duration stall_threshold = absl::Seconds(1);
   // lock.session.ttl for sessions that ask for none. Default: 15 s.
   absl::Duration default_session_ttl = absl::Seconds(15);
   // lock.default.ttl for acquires that ask for none. Default: 30 s.
