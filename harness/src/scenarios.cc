@@ -1,8 +1,6 @@
 #include <signal.h>
 
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -113,12 +111,10 @@ absl::Status WaitUntil(const std::function<bool()>& done, absl::Duration timeout
   return absl::OkStatus();
 }
 
-bool IsStopped(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t paren = stat.rfind(')');
-  return paren != std::string::npos && paren + 2 < stat.size() &&
-         (stat[paren + 2] == 'T' || stat[paren + 2] == 't');
+// Waits until `count` payouts have been paid (by anyone), for a fault in the middle of the run.
+absl::Status AwaitPaid(History& h, int64_t count) {
+  return WaitUntil([&] { return h.Count("paid") >= count; }, absl::Seconds(60),
+                   absl::StrCat(count, " payouts to be paid"));
 }
 
 // Waits for every worker not in `killed` to exit; each must exit 0 (nothing left unpaid).
@@ -203,7 +199,7 @@ absl::StatusOr<history::Record> StartPausedHolder(Cluster& c, History& h, int64_
   absl::Status s = WaitUntil(
       [&] {
         paused = h.Find([&](const auto& r) { return r.process == "w1" && r.event == "paused"; });
-        return paused.has_value() && IsStopped((*w1)->pid());
+        return paused.has_value() && (*w1)->stopped();
       },
       absl::Seconds(60), "w1 to stop itself before submitting " + PayoutKey(id));
   if (!s.ok()) return s;
@@ -374,11 +370,7 @@ absl::Status ServerFreeze(Env& env, Outcome& out) {
   Cluster& c = **cluster;
   if (absl::Status s = StartWorkers(c); !s.ok()) return s;
   History h(c.Path("history"));
-  if (absl::Status s = WaitUntil([&] { return h.Count("paid") >= n / 5; }, absl::Seconds(60),
-                                 "a fifth of the payouts to be paid");
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = AwaitPaid(h, n / 5); !s.ok()) return s;
   const absl::Duration freeze = kTtl + absl::Milliseconds(env.Uniform(500, 2000));
   const int64_t paid_before = h.Count("paid");
   c.lockd().Signal(SIGSTOP);
@@ -400,11 +392,7 @@ absl::Status ServerCrash(Env& env, Outcome& out) {
   if (absl::Status s = StartWorkers(c); !s.ok()) return s;
   History h(c.Path("history"));
   const int64_t at = env.Uniform(n / 8, n / 2);
-  if (absl::Status s = WaitUntil([&] { return h.Count("paid") >= at; }, absl::Seconds(60),
-                                 absl::StrCat(at, " payouts to be paid"));
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = AwaitPaid(h, at); !s.ok()) return s;
   const int64_t paid_before = h.Count("paid");
   c.lockd().Signal(SIGKILL);
   c.lockd().Wait();

@@ -101,7 +101,8 @@ absl::StatusOr<AcquireResult> LockService::Acquire(SessionId session, const std:
                                                    absl::Duration ttl, absl::Duration wait,
                                                    WaiterId waiter, MonoTime now) {
   Advance(now);
-  if (state_.FindSession(session) == nullptr) {
+  const SessionState* s = state_.FindSession(session);  // valid until the Commit below
+  if (s == nullptr) {
     return absl::NotFoundError(absl::StrCat("session ", session, " does not exist"));
   }
   if (lock.empty() || lock.size() > options_.max_lock_name_bytes) {
@@ -117,7 +118,6 @@ absl::StatusOr<AcquireResult> LockService::Acquire(SessionId session, const std:
                                                    absl::FormatDuration(options_.max_wait), "]"));
   }
   const HolderState* holder = state_.FindHolder(lock);
-  const SessionState* s = state_.FindSession(session);
   const auto waiting = waiting_.find(session);
   const size_t in_use = s->locks.size() + (waiting == waiting_.end() ? 0 : waiting->second);
   if (in_use >= options_.max_locks_per_session &&

@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <optional>
 #include <map>
 
@@ -269,13 +268,8 @@ class Demo {
   // std::nullopt if it did not stop within a second.
   std::optional<Position> StopAndCatchUp(int i) {
     workers_[i]->Signal(SIGSTOP);
-    const std::string stat_path = absl::StrCat("/proc/", workers_[i]->pid(), "/stat");
     for (int tries = 0; tries < 1000; ++tries) {
-      std::ifstream in(stat_path);
-      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      const size_t paren = stat.rfind(')');
-      if (paren != std::string::npos && paren + 2 < stat.size() &&
-          (stat[paren + 2] == 'T' || stat[paren + 2] == 't')) {
+      if (workers_[i]->stopped()) {
         for (const std::string& line : tails_[i].Poll()) {
           if (auto e = ParseEvent(line)) last_[i] = {*e, Detail(line)};
         }

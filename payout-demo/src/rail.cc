@@ -150,12 +150,8 @@ std::string FormatRailReply(const RailReply& r) {
 }
 
 absl::StatusOr<std::unique_ptr<RailLedger>> RailLedger::Open(const std::string& path) {
-  auto db = sql::Open(path, kSchema);
+  auto db = sql::OpenFenced(path, kSchema);
   if (!db.ok()) return db.status();
-  if (absl::Status s = fence::CreateFenceTable(*db); !s.ok()) {
-    sqlite3_close(*db);
-    return s;
-  }
   return std::unique_ptr<RailLedger>(new RailLedger(*db));
 }
 

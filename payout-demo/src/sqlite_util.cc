@@ -1,5 +1,7 @@
 #include "sqlite_util.h"
 
+#include "fence/fence.h"
+
 #include "absl/strings/str_cat.h"
 
 namespace fencelock::payout::sql {
@@ -41,6 +43,16 @@ absl::StatusOr<sqlite3*> Open(const std::string& path, const char* schema, bool 
   if (!s.ok()) {
     sqlite3_close(db);
     return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+  }
+  return db;
+}
+
+absl::StatusOr<sqlite3*> OpenFenced(const std::string& path, const char* schema) {
+  auto db = Open(path, schema);
+  if (!db.ok()) return db;
+  if (absl::Status s = fence::CreateFenceTable(*db); !s.ok()) {
+    sqlite3_close(*db);
+    return s;
   }
   return db;
 }

@@ -21,6 +21,9 @@ absl::Status Error(sqlite3* db, std::string_view what);
 // timeout, then runs `schema` (any number of statements).
 absl::StatusOr<sqlite3*> Open(const std::string& path, const char* schema, bool read_only = false);
 
+// Open() for a resource that fences on tokens: also creates fence 2's table (fence/fence.h).
+absl::StatusOr<sqlite3*> OpenFenced(const std::string& path, const char* schema);
+
 // Runs statements with no result rows.
 absl::Status Exec(sqlite3* db, const char* sql);
 

@@ -66,12 +66,8 @@ const char* PayoutStateName(PayoutState state) { return kStateNames[static_cast<
 std::string PayoutKey(int64_t id) { return absl::StrCat("payout/", id); }
 
 absl::StatusOr<std::unique_ptr<PayoutStore>> PayoutStore::Open(const std::string& path) {
-  auto db = sql::Open(path, kSchema);
+  auto db = sql::OpenFenced(path, kSchema);
   if (!db.ok()) return db.status();
-  if (absl::Status s = fence::CreateFenceTable(*db); !s.ok()) {
-    sqlite3_close(*db);
-    return s;
-  }
   return std::unique_ptr<PayoutStore>(new PayoutStore(*db));
 }
 

@@ -110,6 +110,13 @@ class Worker {
     std::printf("%s %s\n", name_.c_str(), line.c_str());
     std::fflush(stdout);
   }
+  // An event that is also a step of the run's history: the log line, and the timed record
+  // whose `begin` was read before the step was tried, say the same thing.
+  void Step(int64_t begin, const char* event, int64_t id, uint64_t token,
+            const std::string& detail = "") {
+    Event(event, id, token, detail);
+    history_->Append(begin, event, PayoutKey(id), token, detail);
+  }
   void Event(const char* event, int64_t id, uint64_t token, const std::string& detail = "") {
     Log(absl::StrCat(event, " ", PayoutKey(id), " token ", token, detail.empty() ? "" : " ", detail));
   }
@@ -128,8 +135,7 @@ class Worker {
       history_->Append(history::NowNanos(), "lost", PayoutKey(id), token, abandon);
     }
     if (!abandon.empty()) {
-      Event("abandoned", id, token, abandon);
-      history_->Append(history::NowNanos(), "abandoned", PayoutKey(id), token, abandon);
+      Step(history::NowNanos(), "abandoned", id, token, abandon);
       absl::Status s = claimed ? store_->Abandon(id, token, name_, abandon)
                                : store_->RecordAbandon(id, token, name_, abandon);
       if (!s.ok()) Event("abandon-refused", id, token, std::string(s.message()));
@@ -140,9 +146,7 @@ class Worker {
     }
     const int64_t release_sent = history::NowNanos();
     absl::Status released = client_->release(lock);
-    Event("released", id, token, released.ok() ? "" : std::string(released.message()));
-    history_->Append(release_sent, "released", PayoutKey(id), token,
-                     released.ok() ? "" : std::string(released.message()));
+    Step(release_sent, "released", id, token, released.ok() ? "" : std::string(released.message()));
   }
 
   // Returns "" when the payout ended PAID, else why it was abandoned.
@@ -158,9 +162,7 @@ class Worker {
                                                                   : "store_error";
     }
     *claimed = true;
-    Event("claimed", id, token, absl::StrCat("was ", PayoutStateName(before->state)));
-    history_->Append(begin, "claimed", key, token,
-                     absl::StrCat("was ", PayoutStateName(before->state)));
+    Step(begin, "claimed", id, token, absl::StrCat("was ", PayoutStateName(before->state)));
     if (before->state == PayoutState::kPaid) {
       paid_.Increment();
       return "";
@@ -213,8 +215,7 @@ class Worker {
     }
     switch (reply->kind) {
       case RailReply::Kind::kPaid:
-        Event("submitted", id, token, absl::StrCat("txn ", reply->txn));
-        history_->Append(begin, "submitted", key, token, absl::StrCat("txn ", reply->txn));
+        Step(begin, "submitted", id, token, absl::StrCat("txn ", reply->txn));
         return MarkPaid(id, token, reply->txn);
       case RailReply::Kind::kDuplicate:
         Event("duplicate", id, token, absl::StrCat("txn ", reply->txn));
@@ -238,8 +239,7 @@ class Worker {
       Fenced(begin, "store", PayoutKey(id), token, s);
       return s.code() == absl::StatusCode::kAborted ? "store_fenced_out" : "store_error";
     }
-    Event("paid", id, token, absl::StrCat("txn ", txn));
-    history_->Append(begin, "paid", PayoutKey(id), token, absl::StrCat("txn ", txn));
+    Step(begin, "paid", id, token, absl::StrCat("txn ", txn));
     paid_.Increment();
     return "";
   }

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 
@@ -74,6 +75,16 @@ absl::StatusOr<Child> Child::Spawn(const std::string& binary,
 
 void Child::Signal(int signal) const {
   if (running()) kill(pid_, signal);
+}
+
+bool Child::stopped() const {
+  if (!running()) return false;
+  std::ifstream in(absl::StrCat("/proc/", pid_, "/stat"));
+  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The state follows the command name, which is in parentheses and may contain anything.
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() &&
+         (stat[paren + 2] == 'T' || stat[paren + 2] == 't');
 }
 
 std::optional<int> Child::Wait(absl::Duration timeout) {

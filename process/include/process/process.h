@@ -46,6 +46,10 @@ class Child {
   // Sends `signal` to a child still running; a no-op once it has been reaped.
   void Signal(int signal) const;
 
+  // True while the kernel reports the child stopped (SIGSTOP, or stopped itself), from
+  // /proc/<pid>/stat: a SIGSTOP has taken effect only once this holds.
+  bool stopped() const;
+
   // Waits up to `timeout` (infinite by default) for the child to exit and returns its wait
   // status (as waitpid() reports it); std::nullopt if it is still running at the timeout.
   std::optional<int> Wait(absl::Duration timeout = absl::InfiniteDuration());
