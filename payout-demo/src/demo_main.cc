@@ -143,9 +143,21 @@ class Demo {
     return Interrupted();
   }
 
+  // Whether w1 stops itself (right after a claim, a window too short to catch from outside)
+  // rather than being caught by the runner at its freeze point.
+  static bool SelfFreeze() {
+    return absl::GetFlag(FLAGS_freeze) > absl::ZeroDuration() &&
+           absl::GetFlag(FLAGS_freeze_at) == "claimed";
+  }
+
   absl::Status StartWorker(int i) {
     const std::string name = absl::StrCat("w", i + 1);
-    auto worker = cluster_->StartWorker(name);
+    std::vector<std::string> extra;
+    if (i == 0 && SelfFreeze()) {
+      extra.push_back("--stop-self-after-claim=" +
+                      absl::FormatDuration(absl::GetFlag(FLAGS_fault_after)));
+    }
+    auto worker = cluster_->StartWorker(name, extra);
     if (!worker.ok()) return worker.status();
     names_.push_back(name);
     tails_.emplace_back(cluster_->Path("logs/" + name + ".log"));
@@ -169,6 +181,17 @@ class Demo {
     absl::Time frozen_at;
     std::string frozen_payout;
     std::map<std::string, std::string> watched;  // payout → whose it was when the fault hit
+    const bool self_freeze = SelfFreeze();
+    // w1 stopped at its freeze point (by the runner, or by itself): watch its payout.
+    auto mark_frozen = [&](const std::string& how) {
+      want_freeze = false;
+      frozen = true;
+      frozen_at = absl::Now();
+      frozen_payout = last_[0].event.payout;
+      watched[frozen_payout] = "w1";
+      Note(start, absl::StrCat("w1 frozen (SIGSTOP", how, ") at \"", freeze_at, "\" of ",
+                               frozen_payout, ", token ", last_[0].event.token));
+    };
     const absl::Time arm_at = start + absl::GetFlag(FLAGS_fault_after);
     const absl::Time give_up = start + absl::GetFlag(FLAGS_timeout);
     std::vector<bool> exited(n, false);
@@ -188,18 +211,13 @@ class Demo {
           if (!e) continue;
           last_[i] = {*e, Detail(line)};
           const bool newest = k + 1 == lines.size();
-          if (newest && armed && want_freeze && i == 0 && AtFreezePoint(last_[0], freeze_at)) {
+          if (newest && armed && want_freeze && !self_freeze && i == 0 &&
+              AtFreezePoint(last_[0], freeze_at)) {
             // The log can lag the worker: stop it, then read what it logged before it stopped,
             // and keep the freeze only if it is still at the freeze point.
             auto caught = StopAndCatchUp(0);
             if (caught.has_value() && AtFreezePoint(last_[0], freeze_at)) {
-              want_freeze = false;
-              frozen = true;
-              frozen_at = absl::Now();
-              frozen_payout = last_[0].event.payout;
-              watched[frozen_payout] = "w1";
-              Note(start, absl::StrCat("w1 frozen (SIGSTOP) at \"", freeze_at, "\" of ",
-                                       frozen_payout, ", token ", last_[0].event.token));
+              mark_frozen("");
             } else {
               workers_[0]->Signal(SIGCONT);  // it moved on; try again at its next one
             }
@@ -227,6 +245,17 @@ class Demo {
           }
         }
       }
+      if (want_freeze && self_freeze && workers_[0]->stopped()) {
+        // It logged the claim before it stopped itself: that line is in its log now.
+        for (const std::string& line : tails_[0].Poll()) {
+          if (auto e = ParseEvent(line)) last_[0] = {*e, Detail(line)};
+        }
+        if (!AtFreezePoint(last_[0], freeze_at)) {
+          return absl::InternalError(absl::StrCat("w1 stopped itself after \"", last_[0].event.kind,
+                                                  "\", not right after a claim"));
+        }
+        mark_frozen(", raised by itself right after the claim");
+      }
       if (frozen && absl::Now() - frozen_at >= freeze) {
         workers_[0]->Signal(SIGCONT);
         frozen = false;
@@ -244,7 +273,22 @@ class Demo {
           all_done = false;
         }
       }
-      if (all_done) return absl::OkStatus();
+      if (all_done) {
+        // Too few payouts for the faults' moment: say so rather than tell a story that did
+        // not happen.
+        if (want_freeze) {
+          Note(start, absl::StrCat("w1 was never frozen: no payout reached \"", freeze_at,
+                                   "\" in w1 after --fault-after=",
+                                   absl::FormatDuration(absl::GetFlag(FLAGS_fault_after)),
+                                   " (too few --payouts?)"));
+        }
+        if (want_kill) {
+          Note(start, absl::StrCat("w2 was never killed: it was not mid-payout after --fault-after=",
+                                   absl::FormatDuration(absl::GetFlag(FLAGS_fault_after)),
+                                   " (too few --payouts?)"));
+        }
+        return absl::OkStatus();
+      }
       absl::SleepFor(absl::Milliseconds(1));
     }
   }

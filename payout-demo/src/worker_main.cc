@@ -9,6 +9,10 @@
 // the demo's log. With --history it also appends timed records (process/history.h) for the
 // harness's history checker.
 //
+// --stop-self-after-claim=<delay> is the demo's freeze "right after a claim": the window between
+// the claim and the next step is a single SQLite write, too short for the runner to catch from
+// outside on a loaded machine, so the worker stops itself there (once) and the runner resumes it.
+//
 // Two switches exist for the harness only and are refused unless FENCELOCK_HARNESS=1 is in the
 // environment: --harness-pause-before-submit=<id> stops the worker (SIGSTOP to itself) right
 // before the irreversible step of payout <id>, and --harness-skip-client-check turns off
@@ -22,6 +26,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "lock-client/client.h"
 #include "metrics/metrics.h"
 #include "payout-demo/rail.h"
@@ -42,6 +47,9 @@ ABSL_FLAG(absl::Duration, poll, absl::Milliseconds(20),
 ABSL_FLAG(int, metrics_port, -1, "serve /metrics on this port; 0 picks one, -1 disables");
 ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
 ABSL_FLAG(std::string, history, "", "append timed event records to this file (harness)");
+ABSL_FLAG(absl::Duration, stop_self_after_claim, absl::InfiniteDuration(),
+          "demo: this long after starting, SIGSTOP itself right after its next claim of an "
+          "unpaid payout, once (the demo runner resumes it with SIGCONT); default: never");
 ABSL_FLAG(int64_t, harness_pause_before_submit, 0,
           "harness only: SIGSTOP itself right before submitting this payout id (0: never)");
 ABSL_FLAG(bool, harness_skip_client_check, false,
@@ -167,6 +175,10 @@ class Worker {
       paid_.Increment();
       return "";
     }
+    if (absl::Now() >= stop_after_claim_at_) {
+      stop_after_claim_at_ = absl::InfiniteFuture();
+      raise(SIGSTOP);
+    }
     if (!skip_client_check_) client_->checkStillHeld(lock);
     if (before->state == PayoutState::kSubmitted) {
       // An earlier holder may have reached the rail: ask before paying. The question is fenced
@@ -254,6 +266,7 @@ class Worker {
 
   const std::string name_;
   const std::unique_ptr<history::Writer> history_;
+  absl::Time stop_after_claim_at_ = absl::Now() + absl::GetFlag(FLAGS_stop_self_after_claim);
   int64_t pause_before_submit_ = absl::GetFlag(FLAGS_harness_pause_before_submit);
   const bool skip_client_check_ = absl::GetFlag(FLAGS_harness_skip_client_check);
   std::unique_ptr<Client> client_;
