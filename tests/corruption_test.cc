@@ -51,9 +51,13 @@ std::map<std::string, std::string> MakeRealStateDirectory(const std::string& dir
       Client& client = *clients[i % 3];
       auto h = client.acquire(absl::StrCat("payout-", i % 25), absl::Seconds(5));
       EXPECT_TRUE(h.ok()) << h.status();
-      if (h.ok()) EXPECT_TRUE(client.release(*h).ok());
+      if (h.ok()) {
+        EXPECT_TRUE(client.release(*h).ok());
+      }
       // Every fourth round also takes a lock and keeps it, so the state has holders.
-      if (i % 4 == 0) EXPECT_TRUE(client.acquire(absl::StrCat("kept-", i), absl::Seconds(5)).ok());
+      if (i % 4 == 0) {
+        EXPECT_TRUE(client.acquire(absl::StrCat("kept-", i), absl::Seconds(5)).ok());
+      }
     }
   }  // lockd stops here (SIGTERM); the clients' sessions and held locks stay in the state
   clients.clear();

@@ -1,11 +1,18 @@
 #include "metrics/metrics.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
 #include "prometheus/family.h"
@@ -94,18 +101,47 @@ std::string Registry::TextExposition() const {
 }
 
 namespace {
+// Connects to `host:port` and hangs up at once. Reaching the listener is what wakes civetweb's
+// accept loop; an unreachable one (already closed, or a host this cannot parse) is fine.
+void Poke(const std::string& host, int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (host.empty() || host == "0.0.0.0") {
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  } else if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    return;
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
+  close(fd);
+}
+
 class CivetExposer final : public Exposer {
  public:
-  CivetExposer(std::unique_ptr<prometheus::Exposer> exposer, std::shared_ptr<Registry> registry)
-      : exposer_(std::move(exposer)), registry_(std::move(registry)) {
+  CivetExposer(std::unique_ptr<prometheus::Exposer> exposer, std::string host,
+               std::shared_ptr<Registry> registry)
+      : exposer_(std::move(exposer)), host_(std::move(host)), registry_(std::move(registry)) {
     exposer_->RegisterCollectable(registry_->prometheus_registry());
   }
   ~CivetExposer() override {
-    // Stopping civetweb takes up to two seconds (it polls for shutdown). Nothing depends on
-    // that finishing, so no owner waits for it: the server stops on a detached thread, which
-    // keeps the registry alive until then.
-    std::thread([e = std::move(exposer_), r = std::move(registry_)]() mutable { e.reset(); })
-        .detach();
+    // civetweb's accept loop checks its stop flag only between polls of 2 s, so a plain stop
+    // takes up to 2 s. Stop it on a helper thread and, until that returns, connect to the
+    // listener every few milliseconds: the first connection after the flag is set wakes the
+    // loop, and the stop takes about 10 ms. The helper is joined, so no civetweb thread
+    // outlives this object (an exiting process would otherwise leave one behind).
+    const int port = this->port();
+    std::atomic<bool> stopped{false};
+    std::thread stopper([&] {
+      exposer_.reset();
+      stopped.store(true);
+    });
+    while (port > 0 && !stopped.load()) {
+      Poke(host_, port);
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    stopper.join();
   }
   int port() const override {
     auto ports = exposer_->GetListeningPorts();
@@ -114,6 +150,7 @@ class CivetExposer final : public Exposer {
 
  private:
   std::unique_ptr<prometheus::Exposer> exposer_;
+  const std::string host_;
   std::shared_ptr<Registry> registry_;  // keeps the collectable alive
 };
 }  // namespace
@@ -123,7 +160,7 @@ absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Start(const std::string& host,
   try {
     auto exposer = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port));
     return std::unique_ptr<Exposer>(
-        std::make_unique<CivetExposer>(std::move(exposer), std::move(registry)));
+        std::make_unique<CivetExposer>(std::move(exposer), host, std::move(registry)));
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", host, ":", port, ": ", e.what()));

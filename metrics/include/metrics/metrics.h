@@ -80,8 +80,8 @@ class Registry {
   std::unique_ptr<Impl> impl_;
 };
 
-// Serves GET /metrics for a registry over HTTP. Destroying it returns at once; the listener
-// closes shortly after, on its own thread.
+// Serves GET /metrics for a registry over HTTP. Destroying it closes the listener and ends its
+// threads before returning (about 10 ms).
 class Exposer {
  public:
   // Listens on `host:port` (port 0 picks a free one). kUnavailable if it cannot bind.
