@@ -146,7 +146,9 @@ TEST_F(ClientSafetyTest, Fr13ConfirmationCatchesAFencedOutToken) {
 
 TEST_F(ClientSafetyTest, Fr13UnreachableServerIsNotAConfirmation) {
   ClientOptions options = Options();
-  options.request_timeout = absl::Milliseconds(200);
+  // Long enough for the durable OpenSession and Acquire on a loaded machine; the confirmation
+  // below waits it out.
+  options.request_timeout = absl::Seconds(2);
   auto client = NewClient(options);
   auto lock = client->acquire("payout-4", absl::Seconds(5));
   ASSERT_TRUE(lock.ok());

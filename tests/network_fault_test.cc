@@ -45,7 +45,10 @@ TEST(NetworkFaultTest, DroppedHeartbeatsEndTheLockOnTheClientBeforeLockdExpiresT
   ClientOptions options;
   options.server = "127.0.0.1:" + std::to_string(proxy.port());
   options.session_ttl = absl::Seconds(1);  // lockd expires the session 1 s after the last renewal
-  options.request_timeout = absl::Milliseconds(200);
+  // Long enough for the durable OpenSession and Acquire on a loaded machine. A dropped
+  // heartbeat then waits this long, which does not matter: the client's deadline, not the
+  // heartbeat's failure, ends the lock.
+  options.request_timeout = absl::Seconds(2);
   auto client = Client::Create(options);  // heartbeat every 333 ms; usable lease 700 ms
   ASSERT_TRUE(client.ok()) << client.status();
   auto lock = (*client)->acquire("x", absl::Seconds(5));
