@@ -1,9 +1,11 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -115,6 +117,23 @@ absl::Status WaitUntil(const std::function<bool()>& done, absl::Duration timeout
 absl::Status AwaitPaid(History& h, int64_t count) {
   return WaitUntil([&] { return h.Count("paid") >= count; }, absl::Seconds(60),
                    absl::StrCat(count, " payouts to be paid"));
+}
+
+// Waits until each started worker has opened its lockd session, so that faults meet work in
+// progress. (A worker that cannot reach lockd at startup keeps trying; that is tested in
+// worker_connect_test.)
+absl::Status AwaitSessions(Cluster& c) {
+  return WaitUntil(
+      [&] {
+        for (const std::string& name : c.worker_names()) {
+          std::ifstream in(c.Path("logs/" + name + ".log"));
+          std::stringstream log;
+          log << in.rdbuf();
+          if (log.str().find(name + " started session") == std::string::npos) return false;
+        }
+        return true;
+      },
+      absl::Seconds(60), "every worker to open its lockd session");
 }
 
 // Waits for every worker not in `killed` to exit; each must exit 0 (nothing left unpaid).
@@ -413,6 +432,7 @@ absl::Status Network(Env& env, Outcome& out) {
   FaultProxy proxy(c.lockd_port());
   const std::string via = absl::StrCat("127.0.0.1:", proxy.port());
   if (absl::Status s = StartWorkers(c, via); !s.ok()) return s;
+  if (absl::Status s = AwaitSessions(c); !s.ok()) return s;
   const int episodes = env.quick ? 4 : 8;
   std::string schedule;
   for (int i = 0; i < episodes; ++i) {

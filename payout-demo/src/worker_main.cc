@@ -44,6 +44,8 @@ ABSL_FLAG(absl::Duration, lock_ttl, absl::Seconds(5), "the TTL of each payout's 
 ABSL_FLAG(double, margin, 0.30, "lock.client.safety-margin, in (0, 1)");
 ABSL_FLAG(absl::Duration, poll, absl::Milliseconds(20),
           "pause when every unpaid payout is locked by another worker");
+ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(30),
+          "keep trying to reach lockd at startup for this long before giving up");
 ABSL_FLAG(int, metrics_port, -1, "serve /metrics on this port; 0 picks one, -1 disables");
 ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
 ABSL_FLAG(std::string, history, "", "append timed event records to this file (harness)");
@@ -277,6 +279,34 @@ class Worker {
   metrics::Counter& paid_;
 };
 
+// Client::Create, tried again while lockd cannot be reached (it is restarting, or the network
+// between is cut) for up to --connect-timeout, with a backoff from 100 ms to 1 s. A refusal
+// for any other reason (bad options, a session lockd will not open) is returned at once.
+absl::StatusOr<std::unique_ptr<Client>> ConnectToLockd(const std::string& name,
+                                                       const ClientOptions& options) {
+  const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_connect_timeout);
+  absl::Duration backoff = absl::Milliseconds(100);
+  for (int attempt = 1;; ++attempt) {
+    auto client = Client::Create(options);
+    const absl::StatusCode code = client.status().code();
+    if (client.ok() ||
+        (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded)) {
+      return client;
+    }
+    if (g_stop.load() || absl::Now() + backoff > give_up) {
+      return absl::Status(code, absl::StrCat(client.status().message(), " (", attempt,
+                                             " attempts in --connect-timeout=",
+                                             absl::FormatDuration(absl::GetFlag(FLAGS_connect_timeout)),
+                                             ")"));
+    }
+    std::printf("%s cannot reach lockd yet (attempt %d): %s; again in %s\n", name.c_str(), attempt,
+                std::string(client.status().message()).c_str(), absl::FormatDuration(backoff).c_str());
+    std::fflush(stdout);
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
+
 int Main() {
   const std::string name = absl::GetFlag(FLAGS_name);
   for (const auto& [flag, value] : {std::pair{"--name", name},
@@ -320,7 +350,7 @@ int Main() {
   options.client_name = "payout-worker " + name;
   // Create() refuses a lease too short for even one submit (D4 would refuse every payout).
   options.steps = {StepCost::RailSubmit((*rail)->read_timeout())};
-  auto client = Client::Create(options);
+  auto client = ConnectToLockd(name, options);
   if (!client.ok()) {
     std::fprintf(stderr, "payout-worker %s: %s\n", name.c_str(), client.status().ToString().c_str());
     return client.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
