@@ -150,12 +150,13 @@ class Demo {
            absl::GetFlag(FLAGS_freeze_at) == "claimed";
   }
 
-  absl::Status StartWorker(int i) {
+  // Starts worker `i`; faults may strike it from `arm_at` on.
+  absl::Status StartWorker(int i, absl::Time arm_at) {
     const std::string name = absl::StrCat("w", i + 1);
     std::vector<std::string> extra;
     if (i == 0 && SelfFreeze()) {
       extra.push_back("--stop-self-after-claim=" +
-                      absl::FormatDuration(absl::GetFlag(FLAGS_fault_after)));
+                      absl::FormatDuration(std::max(arm_at - absl::Now(), absl::ZeroDuration())));
     }
     auto worker = cluster_->StartWorker(name, extra);
     if (!worker.ok()) return worker.status();
@@ -170,8 +171,9 @@ class Demo {
   // surviving worker to finish.
   absl::Status Choreograph(absl::Time start) {
     const int n = absl::GetFlag(FLAGS_workers);
+    const absl::Time arm_at = start + absl::GetFlag(FLAGS_fault_after);
     for (int i = 0; i < n; ++i) {
-      if (absl::Status s = StartWorker(i); !s.ok()) return s;
+      if (absl::Status s = StartWorker(i, arm_at); !s.ok()) return s;
     }
     Note(start, absl::StrCat("started ", n, " workers"));
     const absl::Duration freeze = absl::GetFlag(FLAGS_freeze);
@@ -192,7 +194,6 @@ class Demo {
       Note(start, absl::StrCat("w1 frozen (SIGSTOP", how, ") at \"", freeze_at, "\" of ",
                                frozen_payout, ", token ", last_[0].event.token));
     };
-    const absl::Time arm_at = start + absl::GetFlag(FLAGS_fault_after);
     const absl::Time give_up = start + absl::GetFlag(FLAGS_timeout);
     std::vector<bool> exited(n, false);
     for (;;) {
