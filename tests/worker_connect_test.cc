@@ -89,7 +89,7 @@ TEST_F(WorkerConnectTest, GivesUpAfterTheConnectTimeoutAndSaysWhy) {
   ASSERT_TRUE(status.has_value());
   EXPECT_EQ(process::DescribeStatus(*status), "exited 1");
   EXPECT_THAT(Log("w1"), HasSubstr("cannot reach lockd yet (attempt 1)"));
-  EXPECT_THAT(Log("w1"), HasSubstr("attempts in --connect-timeout=500ms"));
+  EXPECT_THAT(Log("w1"), HasSubstr("attempts, --connect-timeout=500ms)"));
 }
 
 }  // namespace

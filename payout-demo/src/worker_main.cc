@@ -294,10 +294,10 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectToLockd(const std::string& name,
       return client;
     }
     if (g_stop.load() || absl::Now() + backoff > give_up) {
-      return absl::Status(code, absl::StrCat(client.status().message(), " (", attempt,
-                                             " attempts in --connect-timeout=",
-                                             absl::FormatDuration(absl::GetFlag(FLAGS_connect_timeout)),
-                                             ")"));
+      return absl::Status(
+          code, absl::StrCat(client.status().message(), " (gave up after ", attempt,
+                             attempt == 1 ? " attempt" : " attempts", ", --connect-timeout=",
+                             absl::FormatDuration(absl::GetFlag(FLAGS_connect_timeout)), ")"));
     }
     std::printf("%s cannot reach lockd yet (attempt %d): %s; again in %s\n", name.c_str(), attempt,
                 std::string(client.status().message()).c_str(), absl::FormatDuration(backoff).c_str());
