@@ -41,11 +41,6 @@ class Host : public DispatchHost {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  fuzz::QuietProtobuf();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Input in(data, size);
   LockService service(ServiceOptions{.min_ttl = absl::Milliseconds(1),

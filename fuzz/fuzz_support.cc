@@ -6,9 +6,12 @@
 #include "google/protobuf/stubs/logging.h"
 #include "storage.h"
 
-namespace fencelock::fuzz {
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
-void QuietProtobuf() { google::protobuf::SetLogHandler(nullptr); }
+namespace fencelock::fuzz {
 
 void WriteStateDir(server::MemEnv& env, const std::string& snapshot, const std::string& records) {
   using namespace server;

@@ -1,5 +1,7 @@
 // Shared by the fuzz targets: reading a fuzz input a piece at a time, and a fresh in-memory
-// lockd state directory.
+// lockd state directory. fuzz_support.cc also defines the one LLVMFuzzerInitialize every
+// target gets: it silences protobuf's log, which would report every string field that is not
+// UTF-8 (lockd and recovery treat those as malformed input) and only slow the search down.
 #ifndef FENCELOCK_FUZZ_FUZZ_SUPPORT_H_
 #define FENCELOCK_FUZZ_FUZZ_SUPPORT_H_
 
@@ -36,11 +38,6 @@ class Input {
 };
 
 inline constexpr char kStateDir[] = "/state";
-
-// Protobuf logs every string field that is not UTF-8; lockd and recovery treat those as
-// malformed input, and the log would only slow the search down. Call from
-// LLVMFuzzerInitialize.
-void QuietProtobuf();
 
 // A state directory in `env` as `lockd init` makes it, with `snapshot` as snapshot-0 and
 // `records` (record frames) as the contents of the first WAL segment.

@@ -7,11 +7,6 @@
 #include "fuzz_support.h"
 #include "storage.h"
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  fencelock::fuzz::QuietProtobuf();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace fencelock;
   using namespace fencelock::server;

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -19,6 +18,7 @@ namespace {
 
 using testing::LockdProcess;
 using testing::RawConnection;
+using testing::ReadTextFile;
 using ::testing::HasSubstr;
 
 constexpr uid_t kNobody = 65534;
@@ -50,11 +50,6 @@ wire::Request Stats() {
   wire::Request r;
   r.mutable_get_stats();
   return r;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 // Says Hello on `c` and returns the reply's code, or -1 if none came back. Unlike
@@ -125,8 +120,8 @@ TEST(UnixSocketTest, AllowlistRefusesAnotherUserAndLogsIt) {
   EXPECT_EQ(HelloAs(0, lockd.unix_path()), wire::OK);
   RawConnection tcp = RawConnection::Tcp(lockd.port());  // lockd keeps serving everyone else
   EXPECT_EQ(tcp.Hello().code(), wire::OK);
-  EXPECT_THAT(ReadFile(log), HasSubstr("refused connection"));
-  EXPECT_THAT(ReadFile(log), HasSubstr("user id 65534"));
+  EXPECT_THAT(ReadTextFile(log), HasSubstr("refused connection"));
+  EXPECT_THAT(ReadTextFile(log), HasSubstr("user id 65534"));
 }
 
 TEST(UnixSocketTest, AllowlistAdmitsTheListedUserOnly) {

@@ -3,8 +3,6 @@
 // (SIGKILL). Every payout must end paid exactly once, checked against the rail's ledger and the
 // store directly (not only through the runner's report), with both must-be-zero counters at 0.
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -17,14 +15,8 @@ namespace fencelock::payout {
 namespace {
 
 using ::testing::ContainsRegex;
+using ::fencelock::testing::ReadTextFile;
 using ::testing::HasSubstr;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 struct DemoRun {
   int status = -1;
@@ -37,7 +29,7 @@ DemoRun RunDemo(const std::vector<std::string>& args, const std::string& output_
   if (!child.ok()) return {};
   auto status = child->Wait(absl::Seconds(150));
   if (!status.has_value()) child->Stop();
-  return {status.value_or(-1), ReadFile(output_file)};
+  return {status.value_or(-1), ReadTextFile(output_file)};
 }
 
 class PayoutDemoTest : public ::testing::Test {
@@ -53,7 +45,7 @@ class PayoutDemoTest : public ::testing::Test {
     std::printf("%s", run.output.c_str());
     if (run.status != 0) {
       // lockd names every counted FENCED_OUT (lock, stale token, holder, session) in its log.
-      std::printf("--- lockd's log ---\n%s", ReadFile(Path("run/logs/lockd.log")).c_str());
+      std::printf("--- lockd's log ---\n%s", ReadTextFile(Path("run/logs/lockd.log")).c_str());
     }
     ASSERT_EQ(process::DescribeStatus(run.status), "exited 0") << run.output;
 
@@ -65,7 +57,7 @@ class PayoutDemoTest : public ::testing::Test {
                                           "5\\.0s session TTL"));
     EXPECT_THAT(run.output, HasSubstr("RESULT: OK"));
 
-    const std::string report = ReadFile(Path("report.json"));
+    const std::string report = ReadTextFile(Path("report.json"));
     EXPECT_THAT(report, HasSubstr(absl::StrCat("\"paid_once\": ", payouts)));
     EXPECT_THAT(report, HasSubstr("\"paid_twice\": 0"));
     EXPECT_THAT(report, HasSubstr("\"left\": 0"));
@@ -107,6 +99,18 @@ TEST_F(PayoutDemoTest, FrozenWhileItsSubmitIsAtTheRailAndKilledMidPayout) {
 TEST_F(PayoutDemoTest, FrozenRightAfterItsClaim) {
   // 100 payouts take about a second: the faults come early enough to find payouts left.
   RunAndReconcile(100, {"--freeze-at=claimed", "--fault-after=300ms"});
+}
+
+// The workers finish before the faults' moment: every payout is still paid, and the story says
+// that the freeze and the kill did not happen instead of leaving them out.
+TEST_F(PayoutDemoTest, FaultsThatFoundNoPayoutLeftAreReportedAsNotHappening) {
+  DemoRun run = RunDemo({"--payouts=3", "--fault-after=60s", "--freeze-at=claimed",
+                         "--state-dir=" + Path("few")},
+                        Path("few.out"));
+  EXPECT_EQ(process::DescribeStatus(run.status), "exited 0") << run.output;
+  EXPECT_THAT(run.output, HasSubstr("w1 was never frozen"));
+  EXPECT_THAT(run.output, HasSubstr("w2 was never killed"));
+  EXPECT_THAT(run.output, HasSubstr("RESULT: OK"));
 }
 
 TEST_F(PayoutDemoTest, FlagsThatCannotMakeARunAreRefusedBeforeAnythingStarts) {

@@ -2,8 +2,6 @@
 // and pays once lockd answers; one that never reaches it gives up and says why. Real lockd,
 // rail and worker processes; the fault proxy stands between the worker and lockd.
 #include <atomic>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -16,16 +14,10 @@
 namespace fencelock::payout {
 namespace {
 
+using ::fencelock::testing::ReadTextFile;
 using ::testing::HasSubstr;
 using Dir = harness::FaultProxy::Direction;
 using Mode = harness::FaultProxy::Mode;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 class WorkerConnectTest : public ::testing::Test {
  protected:
@@ -39,7 +31,7 @@ class WorkerConnectTest : public ::testing::Test {
     ASSERT_TRUE(cluster_->Load(5, 1000).ok());
   }
   std::string Log(const std::string& worker) const {
-    return ReadFile(cluster_->Path("logs/" + worker + ".log"));
+    return ReadTextFile(cluster_->Path("logs/" + worker + ".log"));
   }
 
   testing::TempDir tmp_;

@@ -1,11 +1,9 @@
 #include <signal.h>
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -61,6 +59,17 @@ absl::Status StartWorkers(Cluster& c, const std::string& via = "") {
     if (auto w = c.StartWorker(name, {}, via); !w.ok()) return w.status();
   }
   return absl::OkStatus();
+}
+
+// Payouts loaded by the scenarios that fault lockd or the network under load.
+int64_t BusyPayouts(const Env& env) { return env.quick ? 30 : 80; }
+
+// A cluster with `payouts` payouts that w1, w2 and w3 are already paying through lockd.
+absl::StatusOr<std::unique_ptr<Cluster>> StartPaying(Env& env, int64_t payouts) {
+  auto cluster = StartCluster(env, payouts);
+  if (!cluster.ok()) return cluster;
+  if (absl::Status s = StartWorkers(**cluster); !s.ok()) return s;
+  return cluster;
 }
 
 // Follows every history file of the run as the processes append to them.
@@ -123,15 +132,20 @@ absl::Status AwaitPaid(History& h, int64_t count) {
 // progress. (A worker that cannot reach lockd at startup keeps trying; that is tested in
 // worker_connect_test.)
 absl::Status AwaitSessions(Cluster& c) {
+  std::map<std::string, payout::LineTail> waiting;  // worker → its log, read as it grows
+  for (const std::string& name : c.worker_names()) {
+    waiting.emplace(name, payout::LineTail(c.Path("logs/" + name + ".log")));
+  }
   return WaitUntil(
       [&] {
-        for (const std::string& name : c.worker_names()) {
-          std::ifstream in(c.Path("logs/" + name + ".log"));
-          std::stringstream log;
-          log << in.rdbuf();
-          if (log.str().find(name + " started session") == std::string::npos) return false;
+        for (auto it = waiting.begin(); it != waiting.end();) {
+          bool started = false;
+          for (const std::string& line : it->second.Poll()) {
+            started = started || line.starts_with(it->first + " started session");
+          }
+          it = started ? waiting.erase(it) : std::next(it);
         }
-        return true;
+        return waiting.empty();
       },
       absl::Seconds(60), "every worker to open its lockd session");
 }
@@ -383,11 +397,10 @@ absl::Status StalledReply(Env& env, Outcome& out) {
 
 // Workers pay while lockd is frozen (SIGSTOP) past the TTL and resumed.
 absl::Status ServerFreeze(Env& env, Outcome& out) {
-  const int64_t n = env.quick ? 30 : 80;
-  auto cluster = StartCluster(env, n);
+  const int64_t n = BusyPayouts(env);
+  auto cluster = StartPaying(env, n);
   if (!cluster.ok()) return cluster.status();
   Cluster& c = **cluster;
-  if (absl::Status s = StartWorkers(c); !s.ok()) return s;
   History h(c.Path("history"));
   if (absl::Status s = AwaitPaid(h, n / 5); !s.ok()) return s;
   const absl::Duration freeze = kTtl + absl::Milliseconds(env.Uniform(500, 2000));
@@ -404,11 +417,10 @@ absl::Status ServerFreeze(Env& env, Outcome& out) {
 
 // lockd is killed (SIGKILL) while workers pay, and restarted from its state directory.
 absl::Status ServerCrash(Env& env, Outcome& out) {
-  const int64_t n = env.quick ? 30 : 80;
-  auto cluster = StartCluster(env, n);
+  const int64_t n = BusyPayouts(env);
+  auto cluster = StartPaying(env, n);
   if (!cluster.ok()) return cluster.status();
   Cluster& c = **cluster;
-  if (absl::Status s = StartWorkers(c); !s.ok()) return s;
   History h(c.Path("history"));
   const int64_t at = env.Uniform(n / 8, n / 2);
   if (absl::Status s = AwaitPaid(h, at); !s.ok()) return s;
@@ -426,7 +438,7 @@ absl::Status ServerCrash(Env& env, Outcome& out) {
 // Workers reach lockd through a proxy that, on a schedule drawn from the seed, delays, holds,
 // drops and cuts their connections in both directions.
 absl::Status Network(Env& env, Outcome& out) {
-  auto cluster = StartCluster(env, env.quick ? 30 : 80);
+  auto cluster = StartCluster(env, BusyPayouts(env));
   if (!cluster.ok()) return cluster.status();
   Cluster& c = **cluster;
   FaultProxy proxy(c.lockd_port());

@@ -65,14 +65,18 @@ int InitDataDir(const std::string& data_dir, uint64_t segment_bytes) {
                    "");
 }
 
+std::string ReadTextFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
 std::pair<int, std::string> RunLockdToExit(const std::vector<std::string>& args) {
   TempDir tmp;
   const std::string err_file = tmp.path() + "/stderr";
   const int status = RunToExit(args, err_file);
-  std::ifstream in(err_file);
-  std::stringstream err;
-  err << in.rdbuf();
-  return {status, err.str()};
+  return {status, ReadTextFile(err_file)};
 }
 
 LockdProcess::LockdProcess(Options options) : options_(std::move(options)) {

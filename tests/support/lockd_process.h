@@ -23,6 +23,9 @@ class TempDir {
   std::string path_;
 };
 
+// The whole contents of a file; empty if it cannot be read.
+std::string ReadTextFile(const std::string& path);
+
 // Starts `binary` with `args` as a child process that is killed if the test process dies;
 // its stderr goes to `stderr_file` when one is given. Aborts if it cannot fork.
 pid_t SpawnProcess(const std::string& binary, const std::vector<std::string>& args,
