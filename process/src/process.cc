@@ -83,8 +83,7 @@ bool Child::stopped() const {
   const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   // The state follows the command name, which is in parentheses and may contain anything.
   const size_t paren = stat.rfind(')');
-  return paren != std::string::npos && paren + 2 < stat.size() &&
-         (stat[paren + 2] == 'T' || stat[paren + 2] == 't');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
 }
 
 std::optional<int> Child::Wait(absl::Duration timeout) {

@@ -46,8 +46,9 @@ class Child {
   // Sends `signal` to a child still running; a no-op once it has been reaped.
   void Signal(int signal) const;
 
-  // True while the kernel reports the child stopped (SIGSTOP, or stopped itself), from
-  // /proc/<pid>/stat: a SIGSTOP has taken effect only once this holds.
+  // True while the kernel reports the child stopped by a signal (SIGSTOP, sent to it or raised
+  // by itself), from /proc/<pid>/stat: a SIGSTOP has taken effect only once this holds. A
+  // tracing stop ('t') is not one: LeakSanitizer ptrace-stops every process it checks at exit.
   bool stopped() const;
 
   // Waits up to `timeout` (infinite by default) for the child to exit and returns its wait
