@@ -84,7 +84,10 @@ class History {
     }
     for (auto& [path, tail] : tails_) {
       for (const std::string& line : tail.Poll()) {
-        if (auto r = history::Parse(line); r.ok()) records_.push_back(std::move(*r));
+        if (auto r = history::Parse(line); r.ok()) {
+          ++counts_[r->event];
+          records_.push_back(std::move(*r));
+        }
       }
     }
   }
@@ -97,15 +100,15 @@ class History {
   }
   int64_t Count(const std::string& event) {
     Poll();
-    int64_t n = 0;
-    for (const auto& r : records_) n += r.event == event ? 1 : 0;
-    return n;
+    auto it = counts_.find(event);
+    return it == counts_.end() ? 0 : it->second;
   }
 
  private:
   std::string dir_;
   std::map<std::string, payout::LineTail> tails_;
   std::vector<history::Record> records_;
+  std::map<std::string, int64_t> counts_;  // records_ per event
 };
 
 // Polls `done` every 5 ms until it holds or `timeout` passes.
