@@ -6,9 +6,9 @@
 #include <cstdlib>
 
 
-#include "dispatch.h"
+#include "lock-server/dispatch.h"
 #include "fuzz_support.h"
-#include "lock_service.h"
+#include "lock-server/lock_service.h"
 #include "protocol/frame.h"
 
 namespace {

@@ -4,7 +4,7 @@
 #include <cstdlib>
 
 #include "google/protobuf/stubs/logging.h"
-#include "storage.h"
+#include "lock-server/storage.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   google::protobuf::SetLogHandler(nullptr);

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "lock-server/env.h"
+#include "lock-server/testing/test_envs.h"
 
 namespace fencelock::fuzz {
 

@@ -12,8 +12,8 @@
 #include "fencelock/wire.pb.h"
 #include "protocol/frame.h"
 #include "protocol/version.h"
-#include "state_machine.h"
-#include "storage.h"
+#include "lock-server/state_machine.h"
+#include "lock-server/storage.h"
 
 namespace {
 

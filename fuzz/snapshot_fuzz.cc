@@ -4,7 +4,7 @@
 // either succeed with a consistent state or fail with an error; never crash.
 
 #include "fuzz_support.h"
-#include "storage.h"
+#include "lock-server/storage.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace fencelock;

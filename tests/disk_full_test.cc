@@ -11,11 +11,11 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lock-client/client.h"
-#include "lock-server/env.h"
+#include "lock-server/testing/test_envs.h"
 #include "lock-server/server.h"
 #include "lockd_process.h"
 #include "raw_connection.h"
-#include "storage.h"
+#include "lock-server/storage.h"
 
 namespace fencelock {
 namespace {

@@ -1,4 +1,4 @@
-#include "dispatch.h"
+#include "lock-server/dispatch.h"
 
 #include <algorithm>
 

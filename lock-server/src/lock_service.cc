@@ -1,4 +1,4 @@
-#include "lock_service.h"
+#include "lock-server/lock_service.h"
 
 #include <algorithm>
 
@@ -14,6 +14,7 @@ LockService::LockService(ServiceOptions options, StateMachine restored)
 void LockService::FailAllWaiters(const absl::Status& status) {
   std::vector<WaiterId> all;
   for (const auto& [id, place] : waiter_index_) all.push_back(id);
+  std::sort(all.begin(), all.end());  // outcomes in the same order in every run
   for (WaiterId id : all) RemoveWaiter(id, status);
 }
 
@@ -195,6 +196,7 @@ void LockService::EndSession(SessionId session, EndReason reason, MonoTime now) 
   for (const auto& [id, place] : waiter_index_) {
     if (place.session == session) waiting.push_back(id);
   }
+  std::sort(waiting.begin(), waiting.end());  // outcomes in the same order in every run
   for (WaiterId id : waiting) {
     RemoveWaiter(id, absl::CancelledError(absl::StrCat(
                          "session ", session,

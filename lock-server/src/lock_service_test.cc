@@ -1,4 +1,4 @@
-#include "lock_service.h"
+#include "lock-server/lock_service.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

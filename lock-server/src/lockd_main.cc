@@ -28,7 +28,7 @@
 #include "lock-server/server.h"
 #include "process/flags.h"
 #include "process/process.h"
-#include "storage.h"
+#include "lock-server/storage.h"
 
 ABSL_FLAG(std::string, data_dir, "", "state directory (created by lockd init)");
 ABSL_FLAG(uint64_t, wal_segment_bytes, uint64_t{64} << 20,

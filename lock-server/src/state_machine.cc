@@ -1,4 +1,4 @@
-#include "state_machine.h"
+#include "lock-server/state_machine.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-#include "storage.h"
+#include "lock-server/storage.h"
 
 #include <algorithm>
 #include <cstdio>

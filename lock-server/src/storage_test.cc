@@ -1,6 +1,7 @@
 // Recovery rules on hand-built state directories in memory: what is restored, what is dropped
 // as a torn tail, and what is refused (with the file named).
-#include "storage.h"
+#include "lock-server/storage.h"
+#include "lock-server/testing/test_envs.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,6 +1,7 @@
 // The file operations lockd's durable state uses, behind an interface so that tests can run
 // recovery against an in-memory copy of a state directory and inject disk faults (in the manner
-// of LevelDB's Env and its fault-injection wrapper).
+// of LevelDB's Env and its fault-injection wrapper; those test Envs are in
+// lock-server/testing/test_envs.h, outside every production target).
 //
 // Every operation that makes something durable says so; nothing else syncs. Implementations
 // are thread-safe.
@@ -8,16 +9,13 @@
 #define FENCELOCK_LOCK_SERVER_ENV_H_
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 
 namespace fencelock::server {
 
@@ -59,70 +57,6 @@ class Env {
   // Creates a directory (its parent must exist) and syncs the parent.
   virtual absl::Status CreateDir(const std::string& dir) = 0;
   virtual absl::Status SyncDir(const std::string& dir) = 0;
-};
-
-// An Env that keeps files in memory. For tests: load a real state directory into it, damage
-// it, run recovery. Thread-safe.
-class MemEnv : public Env {
- public:
-  absl::StatusOr<std::string> ReadFile(const std::string& path) override;
-  absl::Status WriteFileAtomically(const std::string& path, std::string_view contents) override;
-  absl::StatusOr<std::unique_ptr<SegmentFile>> CreateSegment(const std::string& path,
-                                                             std::string_view header,
-                                                             uint64_t size) override;
-  absl::StatusOr<std::unique_ptr<SegmentFile>> OpenSegment(const std::string& path) override;
-  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override;
-  absl::Status RemoveFile(const std::string& path) override;
-  absl::Status CreateDir(const std::string& dir) override;
-  absl::Status SyncDir(const std::string& dir) override { return absl::OkStatus(); }
-
-  // Direct access for tests.
-  void PutFile(const std::string& path, std::string contents);
-  std::map<std::string, std::string> Files() const;
-
- private:
-  friend class MemSegment;
-  mutable absl::Mutex mu_;
-  std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, bool> dirs_ ABSL_GUARDED_BY(mu_);
-};
-
-// Wraps another Env and fails writes on command, as a full or failing disk would. Reads pass
-// through. Thread-safe.
-class FaultInjectingEnv : public Env {
- public:
-  explicit FaultInjectingEnv(Env* base) : base_(base) {}
-
-  // While set, every write, sync, create and remove fails with kResourceExhausted
-  // ("No space left on device").
-  void SetDiskFull(bool full);
-  bool disk_full() const;
-  // Number of operations refused so far.
-  int refused() const;
-
-  absl::StatusOr<std::string> ReadFile(const std::string& path) override {
-    return base_->ReadFile(path);
-  }
-  absl::Status WriteFileAtomically(const std::string& path, std::string_view contents) override;
-  absl::StatusOr<std::unique_ptr<SegmentFile>> CreateSegment(const std::string& path,
-                                                             std::string_view header,
-                                                             uint64_t size) override;
-  absl::StatusOr<std::unique_ptr<SegmentFile>> OpenSegment(const std::string& path) override;
-  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
-    return base_->ListDir(dir);
-  }
-  absl::Status RemoveFile(const std::string& path) override;
-  absl::Status CreateDir(const std::string& dir) override;
-  absl::Status SyncDir(const std::string& dir) override;
-
-  // kResourceExhausted while the disk is full, OK otherwise (counts refusals).
-  absl::Status Check();
-
- private:
-  Env* const base_;
-  mutable absl::Mutex mu_;
-  bool full_ ABSL_GUARDED_BY(mu_) = false;
-  int refused_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace fencelock::server

@@ -1,6 +1,6 @@
 // Group commit, rotation with snapshots, reservations, torn-tail repair and disk faults, on the
 // in-memory Env, with the lock service producing the records as it does in lockd.
-#include "durable_log.h"
+#include "lock-server/local_commit_log.h"
 
 #include <condition_variable>
 #include <deque>
@@ -10,7 +10,9 @@
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "lock_service.h"
+#include "lock-server/lock_service.h"
+#include "lock-server/storage.h"
+#include "lock-server/testing/test_envs.h"
 
 namespace fencelock::server {
 namespace {
@@ -51,28 +53,33 @@ class OwnerLoop {
   std::deque<std::function<void()>> queue_;
 };
 
-class DurableLogTest : public ::testing::Test {
+class DurableLogTest : public ::testing::Test, public CommitLogListener {
  protected:
   void Start(Env* env, uint64_t segment_bytes = 4096, uint64_t block = 100) {
     env_ = env;
-    auto recovered = Recover(env, kDir, kNow);
-    ASSERT_TRUE(recovered.ok()) << recovered.status();
-    service_ = std::make_unique<LockService>(ServiceOptions{}, std::move(recovered->state));
-    auto log = DurableLog::Open(DurableLogOptions{env, kDir, segment_bytes, block},
-                                recovered->report,
-                                [this](std::function<void()> f) { loop_.Post(std::move(f)); });
-    ASSERT_TRUE(log.ok()) << log.status();
-    log_ = std::move(*log);
-    log_->set_on_snapshot_due([this] { log_->Snapshot(service_->state()); });
-    log_->set_on_fault([this](const absl::Status& s) { fault_ = s; });
+    auto opened = OpenLocalCommitLog(
+        LocalCommitLogOptions{
+            .env = env, .dir = kDir, .segment_bytes = segment_bytes, .reservation_block = block},
+        kNow, [this](std::function<void()> f) { loop_.Post(std::move(f)); });
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    service_ = std::make_unique<LockService>(ServiceOptions{}, std::move(opened->state));
+    log_ = std::move(opened->log);
+    log_->SetListener(this);
     service_->set_record_observer([this](const Record& r) {
       log_->ReserveFor(service_->state().last_token(), service_->state().last_session_id());
       log_->Append(r);
     });
   }
+  void OnCommitted(uint64_t batch) override {
+    if (on_committed_) on_committed_(batch);
+  }
+  void OnCommitFault(const absl::Status& status) override { fault_ = status; }
+  void OnSnapshotDue() override { log_->Snapshot(service_->state()); }
+
   void WaitDurable() {
     log_->Flush();
-    loop_.RunUntil([&] { return log_->durable_batch() >= log_->newest_batch() || !fault_.ok(); });
+    loop_.RunUntil(
+        [&] { return log_->committed_batch() >= log_->newest_batch() || !fault_.ok(); });
   }
   void Stop() {
     log_.reset();
@@ -98,7 +105,8 @@ class DurableLogTest : public ::testing::Test {
   Env* env_ = nullptr;
   OwnerLoop loop_;
   std::unique_ptr<LockService> service_;
-  std::unique_ptr<DurableLog> log_;
+  std::unique_ptr<CommitLog> log_;
+  std::function<void(uint64_t)> on_committed_;
   absl::Status fault_;
 };
 
@@ -127,9 +135,8 @@ TEST_F(DurableLogTest, ConcurrentMutationsShareOneSync) {
     ASSERT_TRUE(service_->Acquire(session->first, absl::StrCat("l", i), {}, {}, 0, kNow).ok());
   }
   log_->Flush();  // a batch is in flight: the 50 grants wait and then go together
-  loop_.RunUntil([&] { return log_->durable_batch() >= log_->newest_batch(); });
-  EXPECT_EQ(log_->stats().batches, 2u);
-  EXPECT_EQ(log_->stats().syncs, 2u);
+  loop_.RunUntil([&] { return log_->committed_batch() >= log_->newest_batch(); });
+  EXPECT_EQ(log_->stats().commits, 2u);
   EXPECT_EQ(log_->stats().records, 51u);
 }
 
@@ -165,12 +172,12 @@ TEST_F(DurableLogTest, ReservationIsDurableBeforeTheGrantItCovers) {
   // Whenever a batch becomes durable, the disk must already hold a reservation covering every
   // token in the log: otherwise a crash right then could reissue one.
   int checks = 0;
-  log_->set_on_durable([&](uint64_t) {
+  on_committed_ = [&](uint64_t) {
     auto r = Recover(&mem_, kDir, kNow);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_GE(r->report.reserved.token_hwm, r->report.logged_token);
     ++checks;
-  });
+  };
   for (int round = 0; round < 6; ++round) {
     Workload(4, round);  // 24 tokens in all: several blocks of 5
     WaitDurable();
@@ -214,18 +221,18 @@ TEST_F(DurableLogTest, DiskFaultStopsTheLogAndNothingAfterItIsAcknowledged) {
   Start(&faulty, 1 << 20);
   Workload(3);
   WaitDurable();
-  const uint64_t durable = log_->durable_batch();
+  const uint64_t durable = log_->committed_batch();
   faulty.SetDiskFull(true);
   Workload(3, 1);
   WaitDurable();
   EXPECT_EQ(fault_.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(log_->faulted());
-  EXPECT_EQ(log_->durable_batch(), durable);
+  EXPECT_NE(log_->fault(), nullptr);
+  EXPECT_EQ(log_->committed_batch(), durable);
   // Space comes back, but the log stays stopped until a restart recovers from disk.
   faulty.SetDiskFull(false);
   Workload(1, 2);
   log_->Flush();
-  EXPECT_EQ(log_->durable_batch(), durable);
+  EXPECT_EQ(log_->committed_batch(), durable);
   Stop();
   auto r = Recover(&mem_, kDir, kNow);
   ASSERT_TRUE(r.ok()) << r.status();

@@ -31,7 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "clock/clock.h"
-#include "state_machine.h"
+#include "lock-server/state_machine.h"
 
 namespace fencelock::server {
 

@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "clock/clock.h"
 #include "fencelock/wire.pb.h"
-#include "lock_service.h"
+#include "lock-server/lock_service.h"
 
 namespace fencelock::server {
 

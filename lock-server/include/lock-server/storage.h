@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "lock-server/env.h"
-#include "state_machine.h"
+#include "lock-server/state_machine.h"
 
 namespace fencelock::server {
 

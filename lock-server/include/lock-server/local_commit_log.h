@@ -1,0 +1,61 @@
+// The embedded default commit log: lockd's state directory (WAL segments + snapshots +
+// SEQUENCES, the format in lock-server/storage.h and docs/durability.md), with group commit.
+//
+// OpenLocalCommitLog() recovers the directory, takes it over (zeroes a torn tail, durably
+// reserves sequence blocks above the recovered floors) and returns the state with a CommitLog
+// that appends to it. A batch is committed once it is written and fdatasync'd; while one batch
+// is being synced new records pile up for the next, so concurrent mutations share a sync.
+// Sequence reservations and snapshots are queued in order with the batches, so a reservation
+// queued before a batch is durable before any token it covers is acknowledged.
+#ifndef FENCELOCK_LOCK_SERVER_LOCAL_COMMIT_LOG_H_
+#define FENCELOCK_LOCK_SERVER_LOCAL_COMMIT_LOG_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "clock/clock.h"
+#include "lock-server/commit_log.h"
+#include "lock-server/env.h"
+
+namespace fencelock::server {
+
+struct LocalCommitLogOptions {
+  // File system access. Required (Env::Posix() for the real one).
+  Env* env = nullptr;
+  // The state directory, created by InitDataDir (`lockd init`). Required.
+  std::string dir;
+  // Size of each preallocated WAL segment; a snapshot follows a move to a new one once the log
+  // since the last snapshot is as large as that snapshot. Default: 64 MiB.
+  uint64_t segment_bytes = uint64_t{64} << 20;
+  // How many tokens (and session ids) one SEQUENCES write reserves ahead. Default: 10000.
+  uint64_t reservation_block = 10000;
+  // A batch of at most this many records is written and synced on the owner's thread when the
+  // writer is idle: a light load then pays one fdatasync and no thread hand-offs. Larger
+  // batches go to the writer so that the owner keeps serving while they sync. Default: 4. Zero
+  // always uses the writer.
+  uint64_t inline_sync_max_records = 4;
+  // Called with the duration of every batch write + fdatasync, on whichever thread did it.
+  // Default: none.
+  std::function<void(int64_t ns)> on_sync;
+  // Runs the writer's disk work, one step per call, in the order given. Default: empty, a
+  // writer thread of the log's own. The simulator passes one that runs each step at a
+  // simulated time; it must not run a step after the log is destroyed, and destroying the log
+  // then abandons the queued work, as a crash would.
+  std::function<void(std::function<void()>)> schedule_writer;
+};
+
+// Runs `task` on the owner's thread (lockd's event loop), after what is already due.
+using PostToOwner = std::function<void(std::function<void()>)>;
+
+// Recovers `options.dir` as of server time `now` (every restored lease gets its full TTL from
+// `now`) and opens it for appending. Errors are recovery's (kNotFound, kDataLoss,
+// kFailedPrecondition, naming the file and offset or reason) or the disk's. Completions run
+// through `post`. With the default writer, destroying the log finishes the queued work first.
+absl::StatusOr<OpenedCommitLog> OpenLocalCommitLog(const LocalCommitLogOptions& options,
+                                                   MonoTime now, PostToOwner post);
+
+}  // namespace fencelock::server
+
+#endif  // FENCELOCK_LOCK_SERVER_LOCAL_COMMIT_LOG_H_

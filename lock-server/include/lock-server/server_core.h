@@ -1,0 +1,118 @@
+// lockd's core, free of sockets, threads and real time: the lock service, request dispatch, the
+// reply gate, lease expiry, the stall watch and each connection's protocol state, driven by an
+// injected TimeSource and writing through an injected CommitLog.
+//
+// A transport (lockd's Asio listeners, or the deterministic simulator's network) calls
+// Connect() for each new connection with a sink for its replies, Receive() with the request
+// frames of each read, and Disconnect() when the peer is gone. The core answers through the
+// sink once what a reply reflects is committed (the reply gate), pushes the outcome of queued
+// acquires, expires leases on its timers, and, when it itself did not run for longer than the
+// stall threshold, extends every lease by the time it lost before reading the clock for anything
+// else.
+//
+// Not thread-safe: everything, the TimeSource's callbacks included, runs on one thread.
+#ifndef FENCELOCK_LOCK_SERVER_SERVER_CORE_H_
+#define FENCELOCK_LOCK_SERVER_SERVER_CORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "absl/time/time.h"
+#include "clock/time_source.h"
+#include "lock-server/commit_log.h"
+#include "lock-server/lock_service.h"
+
+namespace fencelock::wire {
+class Response;
+class StatsReply;
+}  // namespace fencelock::wire
+
+namespace fencelock::server {
+
+using ConnectionId = uint64_t;
+
+// Where the core writes one connection's replies. Implemented by the transport.
+class ConnectionSink {
+ public:
+  virtual ~ConnectionSink() = default;
+  // Writes encoded frames to the peer, after everything sent before. Must not call back into
+  // the core (a write error closes the connection later, through Disconnect()).
+  virtual void Send(std::string_view frames) = 0;
+  // Stops reading requests; closes the connection once what was sent is flushed (a transport
+  // may let the peer's remaining input drain for a moment first). Called at most once.
+  virtual void CloseAfterSend() = 0;
+};
+
+struct CoreOptions {
+  // The rules' limits and default TTLs. on_fenced_out defaults to `log`.
+  ServiceOptions service;
+  // Sessions opened on one connection that are still open. Default: 64.
+  size_t max_sessions_per_connection = 64;
+  // Largest reply frame; a larger one is replaced by an UNAVAILABLE error. Default: 1 MiB.
+  size_t max_frame_bytes = size_t{1} << 20;
+  // A connection that has not sent Hello within this long is told HELLO_REQUIRED and closed.
+  // Default: 10 s.
+  absl::Duration hello_timeout = absl::Seconds(10);
+  // When the core's time source shows that it did not run for longer than this, every session
+  // and lock lease is extended by the gap (see ServerOptions::stall_threshold). Zero disables.
+  // Default: 1 s.
+  absl::Duration stall_threshold = absl::Seconds(1);
+  // Where operator messages go (stalls, fenced-out requests). Default: stderr, "lockd: " first.
+  std::function<void(const std::string&)> log;
+};
+
+// Figures the core counts, for GetStats and the metrics export.
+struct CoreStats {
+  ServiceStats service;
+  uint64_t protocol_errors_total = 0;
+  uint64_t stalls_total = 0;
+  size_t connections = 0;
+};
+
+class ServerCore {
+ public:
+  // Starts from `opened` (the recovered state and the log that continues it). `time` outlives
+  // the core. Does nothing until Start().
+  ServerCore(const CoreOptions& options, TimeSource* time, OpenedCommitLog opened);
+  ~ServerCore();
+  ServerCore(const ServerCore&) = delete;
+  ServerCore& operator=(const ServerCore&) = delete;
+
+  // Arms the expiry timer and the stall watch.
+  void Start();
+  // Cancels every timer; connections are left to the transport (which disconnects them).
+  void Stop();
+
+  // A new connection whose replies go to `sink` (which stays valid until Disconnect()). Arms its
+  // Hello timeout.
+  ConnectionId Connect(ConnectionSink* sink);
+  // The complete request frames (payloads, without length prefixes) of one read, received now.
+  // Every lease they touch is measured from one reading of the clock.
+  void Receive(ConnectionId id, std::span<const std::string> payloads);
+  // The connection's byte stream cannot continue (a frame announced more than the maximum):
+  // counts a protocol error, answers `code` with `message`, and closes after sending.
+  void RejectStream(ConnectionId id, int code, const std::string& message);
+  // The peer is gone: its queued acquires are cancelled, its held replies dropped.
+  void Disconnect(ConnectionId id);
+
+  // Extends every lease by the time the core did not run, if longer than the stall threshold.
+  // Receive() and every timer call it first; a transport may call it too.
+  void NoticeStall();
+
+  const LockService& service() const;
+  const CommitLog& log() const;
+  CoreStats stats() const;
+  void FillStats(wire::StatsReply* stats) const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fencelock::server
+
+#endif  // FENCELOCK_LOCK_SERVER_SERVER_CORE_H_

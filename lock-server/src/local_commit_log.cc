@@ -1,0 +1,447 @@
+#include "lock-server/local_commit_log.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "lock-server/storage.h"
+
+namespace fencelock::server {
+namespace {
+
+std::string Path(const std::string& dir, const std::string& name) { return dir + "/" + name; }
+
+bool IsLogged(const Record& r) {
+  return !std::holds_alternative<record::SessionRenewed>(r) &&
+         !std::holds_alternative<record::LockRenewed>(r);
+}
+
+const uint64_t kSealBytes = EncodeSealFrame(UINT64_MAX).size();
+
+// The CommitLog over a state directory. The writer (a thread of its own, or steps run through
+// the injected schedule_writer) touches only the writer's state; completions reach the owner
+// through its post function.
+class LocalCommitLog final : public CommitLog {
+ public:
+  // Takes over a recovered directory: zeroes a torn tail reported by recovery, and durably
+  // reserves sequence blocks above the recovered floors, before returning.
+  static absl::StatusOr<std::unique_ptr<LocalCommitLog>> Open(
+      const LocalCommitLogOptions& options, const RecoveryReport& recovered, PostToOwner post);
+  // With the writer thread: finishes the queued jobs, then stops it. With an injected
+  // schedule_writer: abandons them.
+  ~LocalCommitLog() override;
+
+  void SetListener(CommitLogListener* listener) override { listener_ = listener; }
+  void ReserveFor(FenceToken token, SessionId session) override;
+  void Append(const Record& r) override;
+  void Flush() override;
+  void Snapshot(const StateMachine& state) override;
+
+  uint64_t newest_batch() const override { return newest_batch_; }
+  uint64_t committed_batch() const override { return durable_batch_; }
+  uint64_t last_lsn() const override { return next_lsn_ - 1; }
+  const absl::Status* fault() const override { return fault_.ok() ? nullptr : &fault_; }
+  CommitLogStats stats() const override;
+
+ private:
+  struct Job {
+    std::function<absl::Status()> run;
+    std::function<void(const absl::Status&)> done;  // on the owner thread
+  };
+  LocalCommitLog(const LocalCommitLogOptions& options, PostToOwner post);
+
+  void Enqueue(Job job);
+  // Runs `job` on the calling (owner) thread if the writer is idle; false if it is not.
+  bool RunInlineIfIdle(Job& job);
+  void SendPending();
+  void WriterLoop();
+  // One queued job, for an injected schedule_writer; schedules the next if there is one.
+  void RunScheduledJob();
+  // Runs `job` unless the writer already failed; records the first failure.
+  absl::Status RunJob(Job& job);
+  bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !jobs_.empty();
+  }
+  // Writer only.
+  absl::Status WriteBatch(const std::string& bytes, uint64_t last_lsn, bool* rotated);
+  absl::Status Rotate(uint64_t needed);
+  absl::Status WriteSnapshot(const std::string& bytes, uint64_t lsn);
+  void OnJobDone(const absl::Status& s);
+
+  const LocalCommitLogOptions options_;
+  PostToOwner post_;
+  CommitLogListener* listener_ = nullptr;
+  // Set by the destructor: scheduled steps and completions that arrive later do nothing.
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+
+  // Owner thread.
+  uint64_t next_lsn_ = 1;
+  std::string pending_;
+  uint64_t pending_last_lsn_ = 0;
+  uint64_t pending_records_ = 0;
+  uint64_t next_batch_ = 1;
+  uint64_t newest_batch_ = 0;
+  uint64_t durable_batch_ = 0;
+  int in_flight_ = 0;
+  Sequences reserved_;
+  absl::Status fault_;
+  uint64_t last_snapshot_bytes_ = 0;
+  uint64_t wal_bytes_at_snapshot_ = 0;  // bytes_ when the last snapshot was queued
+  uint64_t wal_bytes_queued_ = 0;       // bytes of every batch handed to the writer
+
+  // Writer.
+  std::unique_ptr<SegmentFile> file_;
+  uint64_t segment_ = 0;
+  uint64_t segment_size_ = 0;
+  uint64_t offset_ = 0;
+  std::map<uint64_t, uint64_t> segment_last_lsn_;
+  std::vector<uint64_t> snapshot_lsns_;
+  absl::Status writer_fault_;
+
+  // Shared, read by stats().
+  std::atomic<uint64_t> syncs_{0}, records_{0}, bytes_{0}, snapshots_{0}, reservations_{0},
+      current_segment_{0};
+  std::atomic<int64_t> last_sync_ns_{0}, total_sync_ns_{0};
+
+  // The writer's state above is handed over by writer_busy_: the owner touches it only while
+  // holding mu_ with no job queued or running (RunInlineIfIdle).
+  absl::Mutex mu_;
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  bool writer_busy_ ABSL_GUARDED_BY(mu_) = false;  // a job is running on the writer
+  bool writer_scheduled_ ABSL_GUARDED_BY(mu_) = false;  // schedule_writer holds a step
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread writer_;
+};
+
+
+LocalCommitLog::LocalCommitLog(const LocalCommitLogOptions& options, PostToOwner post)
+    : options_(options), post_(std::move(post)) {}
+
+absl::StatusOr<std::unique_ptr<LocalCommitLog>> LocalCommitLog::Open(
+    const LocalCommitLogOptions& options, const RecoveryReport& recovered, PostToOwner post) {
+  std::unique_ptr<LocalCommitLog> log(new LocalCommitLog(options, std::move(post)));
+  Env* env = options.env;
+  const std::string segment_path = Path(options.dir, SegmentName(recovered.last_segment));
+  auto file = env->OpenSegment(segment_path);
+  if (!file.ok()) return file.status();
+  if (recovered.torn_tail_bytes > 0) {
+    // Appends continue where the good records end, so the torn bytes must not stay behind
+    // them: a later recovery would read them as damage in the middle of the log.
+    const std::string zeros(recovered.torn_tail_bytes, '\0');
+    if (absl::Status s = (*file)->WriteAt(recovered.torn_tail_offset, zeros); !s.ok()) return s;
+    if (absl::Status s = (*file)->Sync(); !s.ok()) return s;
+  }
+  log->reserved_ = Sequences{recovered.token_floor + options.reservation_block,
+                             recovered.session_floor + options.reservation_block};
+  if (absl::Status s = env->WriteFileAtomically(Path(options.dir, kSequencesFile),
+                                                EncodeSequences(log->reserved_));
+      !s.ok()) {
+    return s;
+  }
+  log->file_ = std::move(*file);
+  log->segment_ = recovered.last_segment;
+  log->segment_size_ = recovered.last_segment_size;
+  log->offset_ = recovered.append_offset;
+  log->segment_last_lsn_ = recovered.segment_last_lsn;
+  for (const std::string& name : recovered.snapshot_files) {
+    log->snapshot_lsns_.push_back(std::stoull(name.substr(sizeof("snapshot-") - 1)));
+  }
+  log->next_lsn_ = recovered.last_lsn + 1;
+  log->last_snapshot_bytes_ = recovered.snapshot_bytes;
+  for (const std::string& name : recovered.stale_temp_files) {
+    (void)env->RemoveFile(Path(options.dir, name));
+  }
+  log->current_segment_ = log->segment_;
+  if (!options.schedule_writer) {
+    log->writer_ = std::thread([l = log.get()] { l->WriterLoop(); });
+  }
+  return log;
+}
+
+LocalCommitLog::~LocalCommitLog() {
+  *alive_ = false;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (writer_.joinable()) writer_.join();  // Open() may fail before starting it
+}
+
+CommitLogStats LocalCommitLog::stats() const {
+  CommitLogStats s;
+  s.commits = syncs_.load();
+  s.records = records_.load();
+  s.bytes = bytes_.load();
+  s.snapshots = snapshots_.load();
+  s.reservations = reservations_.load();
+  s.segment = current_segment_.load();
+  s.last_commit_ns = last_sync_ns_.load();
+  s.total_commit_ns = total_sync_ns_.load();
+  return s;
+}
+
+void LocalCommitLog::ReserveFor(FenceToken token, SessionId session) {
+  if (token <= reserved_.token_hwm && session <= reserved_.session_hwm) return;
+  reserved_.token_hwm = std::max(reserved_.token_hwm, token + options_.reservation_block);
+  reserved_.session_hwm = std::max(reserved_.session_hwm, session + options_.reservation_block);
+  const std::string bytes = EncodeSequences(reserved_);
+  Enqueue(Job{[this, bytes] {
+                ++reservations_;
+                return options_.env->WriteFileAtomically(Path(options_.dir, kSequencesFile), bytes);
+              },
+              [this](const absl::Status& s) { OnJobDone(s); }});
+}
+
+void LocalCommitLog::Append(const Record& r) {
+  if (!IsLogged(r)) return;
+  const uint64_t lsn = next_lsn_++;
+  pending_ += EncodeRecordFrame(lsn, r);
+  pending_last_lsn_ = lsn;
+  ++pending_records_;
+  newest_batch_ = next_batch_;
+}
+
+void LocalCommitLog::Flush() {
+  if (fault_.ok() && in_flight_ == 0 && !pending_.empty()) SendPending();
+}
+
+void LocalCommitLog::SendPending() {
+  const uint64_t batch = next_batch_++;
+  auto bytes = std::make_shared<std::string>(std::move(pending_));
+  const uint64_t last_lsn = pending_last_lsn_;
+  const uint64_t records = pending_records_;
+  wal_bytes_queued_ += bytes->size();
+  pending_.clear();
+  pending_records_ = 0;
+  ++in_flight_;
+  auto rotated = std::make_shared<bool>(false);
+  Job job{[this, bytes, last_lsn, records, rotated] {
+            absl::Status s = WriteBatch(*bytes, last_lsn, rotated.get());
+            if (s.ok()) records_ += records;
+            return s;
+          },
+          [this, batch, rotated](const absl::Status& s) {
+            --in_flight_;
+            OnJobDone(s);
+            if (!s.ok()) return;
+            durable_batch_ = batch;
+            if (listener_ != nullptr) listener_->OnCommitted(batch);
+            if (*rotated && listener_ != nullptr &&
+                wal_bytes_queued_ - wal_bytes_at_snapshot_ >= last_snapshot_bytes_) {
+              listener_->OnSnapshotDue();
+            }
+            Flush();
+          }};
+  if (records <= options_.inline_sync_max_records && RunInlineIfIdle(job)) return;
+  Enqueue(std::move(job));
+}
+
+absl::Status LocalCommitLog::RunJob(Job& job) {
+  // After the first failure nothing more is written: the disk state stays exactly what
+  // recovery will find, and nothing queued behind the failure is acknowledged.
+  absl::Status s = writer_fault_.ok() ? job.run() : writer_fault_;
+  if (!s.ok() && writer_fault_.ok()) {
+    writer_fault_ = s;
+    std::fprintf(stderr, "lockd: disk fault, no longer accepting mutations: %s\n",
+                 s.ToString().c_str());
+  }
+  return s;
+}
+
+bool LocalCommitLog::RunInlineIfIdle(Job& job) {
+  absl::Status s;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!jobs_.empty() || writer_busy_ || !writer_fault_.ok()) return false;
+    // Holding mu_ keeps the writer from starting anything while the owner uses the writer's
+    // state; only the owner enqueues, and it is here.
+    s = RunJob(job);
+  }
+  job.done(s);
+  return true;
+}
+
+void LocalCommitLog::Snapshot(const StateMachine& state) {
+  if (!pending_.empty()) SendPending();
+  const uint64_t lsn = last_lsn();
+  auto bytes = std::make_shared<std::string>(EncodeSnapshot(state, lsn));
+  last_snapshot_bytes_ = bytes->size();
+  wal_bytes_at_snapshot_ = wal_bytes_queued_;
+  Enqueue(Job{[this, bytes, lsn] { return WriteSnapshot(*bytes, lsn); },
+              [this](const absl::Status& s) { OnJobDone(s); }});
+}
+
+void LocalCommitLog::OnJobDone(const absl::Status& s) {
+  if (s.ok() || !fault_.ok()) return;
+  fault_ = s;
+  if (listener_ != nullptr) listener_->OnCommitFault(s);
+}
+
+void LocalCommitLog::Enqueue(Job job) {
+  bool schedule = false;
+  {
+    absl::MutexLock lock(&mu_);
+    jobs_.push_back(std::move(job));
+    if (options_.schedule_writer && !writer_scheduled_) {
+      writer_scheduled_ = true;
+      schedule = true;
+    }
+  }
+  if (schedule) {
+    options_.schedule_writer([this, alive = alive_] {
+      if (*alive) RunScheduledJob();
+    });
+  }
+}
+
+void LocalCommitLog::RunScheduledJob() {
+  Job job;
+  {
+    absl::MutexLock lock(&mu_);
+    job = std::move(jobs_.front());
+    jobs_.pop_front();
+    writer_busy_ = true;
+  }
+  const absl::Status s = RunJob(job);
+  bool more = false;
+  {
+    absl::MutexLock lock(&mu_);
+    writer_busy_ = false;
+    more = !jobs_.empty();
+    writer_scheduled_ = more;
+  }
+  post_([alive = alive_, done = std::move(job.done), s] {
+    if (*alive) done(s);
+  });
+  if (more) {
+    options_.schedule_writer([this, alive = alive_] {
+      if (*alive) RunScheduledJob();
+    });
+  }
+}
+
+void LocalCommitLog::WriterLoop() {
+  for (;;) {
+    Job job;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &LocalCommitLog::HasWorkOrStopping));
+      if (jobs_.empty()) return;  // stopping, and every queued job has run
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+      writer_busy_ = true;
+    }
+    const absl::Status s = RunJob(job);
+    {
+      absl::MutexLock lock(&mu_);
+      writer_busy_ = false;
+    }
+    post_([alive = alive_, done = std::move(job.done), s] {
+      if (*alive) done(s);
+    });
+  }
+}
+
+absl::Status LocalCommitLog::WriteBatch(const std::string& bytes, uint64_t last_lsn,
+                                        bool* rotated) {
+  const auto start = std::chrono::steady_clock::now();
+  if (offset_ + bytes.size() + kSealBytes > segment_size_) {
+    if (absl::Status s = Rotate(bytes.size()); !s.ok()) return s;
+    *rotated = true;
+  }
+  if (absl::Status s = file_->WriteAt(offset_, bytes); !s.ok()) return s;
+  if (absl::Status s = file_->Sync(); !s.ok()) return s;
+  offset_ += bytes.size();
+  segment_last_lsn_[segment_] = last_lsn;
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - start)
+                         .count();
+  ++syncs_;
+  bytes_ += bytes.size();
+  last_sync_ns_ = ns;
+  total_sync_ns_ += ns;
+  if (options_.on_sync) options_.on_sync(ns);
+  return absl::OkStatus();
+}
+
+absl::Status LocalCommitLog::Rotate(uint64_t needed) {
+  const uint64_t next = segment_ + 1;
+  const uint64_t size =
+      std::max(options_.segment_bytes, kSegmentHeaderBytes + needed + kSealBytes);
+  // The new segment exists (durably) before the old one is sealed, so a seal always names a
+  // segment that is there.
+  auto file = options_.env->CreateSegment(Path(options_.dir, SegmentName(next)),
+                                          EncodeSegmentHeader(next, size), size);
+  if (!file.ok()) return file.status();
+  if (absl::Status s = file_->WriteAt(offset_, EncodeSealFrame(next)); !s.ok()) return s;
+  if (absl::Status s = file_->Sync(); !s.ok()) return s;
+  file_ = std::move(*file);
+  segment_ = next;
+  segment_size_ = size;
+  offset_ = kSegmentHeaderBytes;
+  segment_last_lsn_[next] = 0;
+  current_segment_ = next;
+  return absl::OkStatus();
+}
+
+absl::Status LocalCommitLog::WriteSnapshot(const std::string& bytes, uint64_t lsn) {
+  if (absl::Status s = options_.env->WriteFileAtomically(Path(options_.dir, SnapshotName(lsn)),
+                                                         bytes);
+      !s.ok()) {
+    return s;
+  }
+  ++snapshots_;
+  // The snapshot is durable: older snapshots, and the oldest segments whose records it holds,
+  // are no longer needed. Removal failures are not faults: recovery copes with leftovers.
+  for (uint64_t old : snapshot_lsns_) {
+    if (old < lsn) (void)options_.env->RemoveFile(Path(options_.dir, SnapshotName(old)));
+  }
+  snapshot_lsns_.assign(1, lsn);
+  for (auto it = segment_last_lsn_.begin(); it != segment_last_lsn_.end();) {
+    if (it->first >= segment_ || it->second > lsn) break;
+    (void)options_.env->RemoveFile(Path(options_.dir, SegmentName(it->first)));
+    it = segment_last_lsn_.erase(it);
+  }
+  return options_.env->SyncDir(options_.dir);
+}
+
+std::vector<std::string> Summary(const StateMachine& state, const std::string& dir,
+                                 const RecoveryReport& report) {
+  std::vector<std::string> lines = {
+      absl::StrCat("restored ", state.session_count(), " sessions and ", state.held_lock_count(),
+                   " held locks from ", dir, " (snapshot lsn ", report.snapshot_lsn, ", ",
+                   report.records_replayed, " records replayed, last lsn ", report.last_lsn, ")"),
+      absl::StrCat("next token above ", report.token_floor, ", next session id above ",
+                   report.session_floor)};
+  for (const std::string& w : report.warnings) lines.push_back("warning: " + w);
+  return lines;
+}
+
+}  // namespace
+
+absl::StatusOr<OpenedCommitLog> OpenLocalCommitLog(const LocalCommitLogOptions& options,
+                                                   MonoTime now, PostToOwner post) {
+  if (options.env == nullptr || options.dir.empty()) {
+    return absl::InvalidArgumentError("the local commit log needs an Env and a directory");
+  }
+  // Restore before anything is written: a directory we cannot trust is never appended to.
+  auto recovered = Recover(options.env, options.dir, now);
+  if (!recovered.ok()) return recovered.status();
+  auto log = LocalCommitLog::Open(options, recovered->report, std::move(post));
+  if (!log.ok()) return log.status();
+  OpenedCommitLog out;
+  out.summary = Summary(recovered->state, options.dir, recovered->report);
+  out.state = std::move(recovered->state);
+  out.log = std::move(*log);
+  return out;
+}
+
+}  // namespace fencelock::server

@@ -1,0 +1,53 @@
+#include "metrics_export.h"
+
+namespace fencelock::server {
+
+void MetricsExport::Start() {
+  ExportNow();
+  Arm();
+}
+
+void MetricsExport::Arm() {
+  timer_->ArmAt(time_->Now() + absl::Milliseconds(250), [this] {
+    ExportNow();
+    Arm();
+  });
+}
+
+void MetricsExport::ExportNow() {
+  metrics::Registry& m = *registry_;
+  const CoreStats s = core_->stats();
+  auto add = [&](const char* name, const char* help, uint64_t now, uint64_t& before) {
+    m.GetCounter(name, help).Increment(static_cast<double>(now - before));
+    before = now;
+  };
+  add("lock_fenced_out_total", "Requests that presented a stale token (fence 1); must be zero",
+      s.service.fenced_out_total, exported_.service.fenced_out_total);
+  add("lockd_grants_total", "Locks granted", s.service.grants_total,
+      exported_.service.grants_total);
+  add("lockd_session_expiries_total", "Sessions that expired on lockd's clock",
+      s.service.session_expiries_total, exported_.service.session_expiries_total);
+  add("lockd_lock_expiries_total", "Lock leases that expired on lockd's clock",
+      s.service.lock_expiries_total, exported_.service.lock_expiries_total);
+  add("lockd_protocol_errors_total", "Connections closed for malformed or refused input",
+      s.protocol_errors_total, exported_.protocol_errors_total);
+  add("lockd_stalls_total",
+      "Times lockd did not run for longer than --stall-threshold (leases extended)",
+      s.stalls_total, exported_.stalls_total);
+  const CommitLog& log = core_->log();
+  add("lockd_log_syncs_total", "WAL batches written and fdatasynced", log.stats().commits,
+      exported_commits_);
+  const LockService& service = core_->service();
+  m.GetGauge("lockd_sessions", "Open sessions")
+      .Set(static_cast<double>(service.state().session_count()));
+  m.GetGauge("lockd_locks_held", "Held locks")
+      .Set(static_cast<double>(service.state().held_lock_count()));
+  m.GetGauge("lockd_waiters", "Queued acquires").Set(static_cast<double>(service.waiter_count()));
+  m.GetGauge("lockd_last_token", "The newest fencing token issued")
+      .Set(static_cast<double>(service.state().last_token()));
+  m.GetGauge("lockd_disk_fault",
+             "1 after a failed write or sync: lockd refuses mutations until restarted")
+      .Set(log.fault() != nullptr ? 1.0 : 0.0);
+}
+
+}  // namespace fencelock::server

@@ -1,0 +1,38 @@
+// Copies lockd's figures (the core's counters, the commit log's, gauges of the current state)
+// into the Prometheus registry, every 250 ms on the core's TimeSource and once more at stop.
+// Counters only ever grow by what the core counted since the last export. On the server's I/O
+// thread only.
+#ifndef FENCELOCK_LOCK_SERVER_METRICS_EXPORT_H_
+#define FENCELOCK_LOCK_SERVER_METRICS_EXPORT_H_
+
+#include <memory>
+
+#include "clock/time_source.h"
+#include "lock-server/server_core.h"
+#include "metrics/metrics.h"
+
+namespace fencelock::server {
+
+class MetricsExport {
+ public:
+  MetricsExport(const ServerCore* core, TimeSource* time, metrics::Registry* registry)
+      : core_(core), timer_(time->NewTimer()), time_(time), registry_(registry) {}
+  // Exports now and then every 250 ms.
+  void Start();
+  void Stop() { timer_->Cancel(); }
+  void ExportNow();
+
+ private:
+  void Arm();
+
+  const ServerCore* const core_;
+  std::unique_ptr<Timer> timer_;
+  TimeSource* const time_;
+  metrics::Registry* const registry_;
+  CoreStats exported_;  // the totals already added to the counters
+  uint64_t exported_commits_ = 0;
+};
+
+}  // namespace fencelock::server
+
+#endif  // FENCELOCK_LOCK_SERVER_METRICS_EXPORT_H_

@@ -1,0 +1,37 @@
+#include "reply_gate.h"
+
+namespace fencelock::server {
+
+void ReplyGate::Submit(ConnectionId c, uint64_t batch, uint64_t committed, uint64_t request_id,
+                       std::string frame) {
+  if (batch <= committed && !held_.contains(c)) {
+    deliver_(c, std::move(frame));
+    return;
+  }
+  held_[c].push_back(Held{batch, request_id, std::move(frame)});
+}
+
+void ReplyGate::Committed(uint64_t batch) {
+  for (auto it = held_.begin(); it != held_.end();) {
+    auto& queue = it->second;
+    std::string frames;
+    while (!queue.empty() && queue.front().batch <= batch) {
+      frames += queue.front().frame;
+      queue.pop_front();
+    }
+    const ConnectionId c = it->first;
+    it = queue.empty() ? held_.erase(it) : std::next(it);
+    if (!frames.empty()) deliver_(c, std::move(frames));
+  }
+}
+
+std::vector<std::pair<ConnectionId, uint64_t>> ReplyGate::TakeAll() {
+  std::vector<std::pair<ConnectionId, uint64_t>> out;
+  for (const auto& [c, queue] : held_) {
+    for (const Held& h : queue) out.emplace_back(c, h.request_id);
+  }
+  held_.clear();
+  return out;
+}
+
+}  // namespace fencelock::server

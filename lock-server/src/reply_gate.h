@@ -1,0 +1,56 @@
+// The reply gate: holds each reply until the commit-log batch it may reflect is committed, so
+// that nothing is acknowledged, and no state is shown, before it is committed.
+//
+// Every reply may reflect any record applied before it was produced (a grant, another client's
+// release, an expiry), so it is tagged with the log's newest batch at that moment. Replies of one
+// connection leave in the order they were produced: a later reply never has an older batch.
+//
+// Not thread-safe: the core's thread.
+#ifndef FENCELOCK_LOCK_SERVER_REPLY_GATE_H_
+#define FENCELOCK_LOCK_SERVER_REPLY_GATE_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lock-server/server_core.h"
+
+namespace fencelock::server {
+
+class ReplyGate {
+ public:
+  // Called with the frames of one connection that may go now (one call per connection per
+  // release, so that they leave in one write).
+  using Deliver = std::function<void(ConnectionId, std::string frames)>;
+  explicit ReplyGate(Deliver deliver) : deliver_(std::move(deliver)) {}
+
+  // Delivers `frame` now if `batch` is committed, otherwise holds it.
+  void Submit(ConnectionId c, uint64_t batch, uint64_t committed, uint64_t request_id,
+              std::string frame);
+  // Every batch up to `batch` is committed: delivers what waited for them.
+  void Committed(uint64_t batch);
+  // Nothing held will ever be committed (the log failed): forgets every held reply and returns
+  // its connection and request id, oldest first per connection.
+  std::vector<std::pair<ConnectionId, uint64_t>> TakeAll();
+  // The connection is gone: its held replies are dropped.
+  void Drop(ConnectionId c) { held_.erase(c); }
+  size_t held_connections() const { return held_.size(); }
+
+ private:
+  struct Held {
+    uint64_t batch;
+    uint64_t request_id;
+    std::string frame;
+  };
+  Deliver deliver_;
+  // Ordered by connection id, so that releases go out in the same order in every run.
+  std::map<ConnectionId, std::deque<Held>> held_;
+};
+
+}  // namespace fencelock::server
+
+#endif  // FENCELOCK_LOCK_SERVER_REPLY_GATE_H_

@@ -1,0 +1,351 @@
+#include "lock-server/server_core.h"
+
+#include <cstdio>
+#include <map>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "lock-server/dispatch.h"
+#include "fencelock/wire.pb.h"
+#include "lease_timers.h"
+#include "protocol/codes.h"
+#include "protocol/frame.h"
+#include "reply_gate.h"
+
+namespace fencelock::server {
+namespace {
+
+uint64_t ToMillis(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
+
+void LogToStderr(const std::string& line) { std::fprintf(stderr, "lockd: %s\n", line.c_str()); }
+
+std::string EncodeFrame(const wire::Response& response, size_t max_frame_bytes) {
+  std::string frame;
+  if (protocol::AppendFrame(response.SerializeAsString(), &frame, max_frame_bytes).ok()) {
+    return frame;
+  }
+  wire::Response too_big;
+  too_big.set_request_id(response.request_id());
+  too_big.set_code(wire::UNAVAILABLE);
+  too_big.set_message("reply exceeds the maximum frame size");
+  frame.clear();
+  (void)protocol::AppendFrame(too_big.SerializeAsString(), &frame);
+  return frame;
+}
+
+CoreOptions Resolve(CoreOptions options) {
+  if (!options.log) options.log = LogToStderr;
+  if (!options.service.on_fenced_out) options.service.on_fenced_out = options.log;
+  return options;
+}
+
+}  // namespace
+
+class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
+ public:
+  Impl(const CoreOptions& options, TimeSource* time, OpenedCommitLog opened)
+      : options_(Resolve(options)),
+        time_(time),
+        service_(options_.service, std::move(opened.state)),
+        log_(std::move(opened.log)),
+        gate_([this](ConnectionId c, std::string frames) { Deliver(c, frames); }),
+        expiry_(time, [this] { OnExpiryDue(); }),
+        stall_(time, options_.stall_threshold,
+               [this](absl::Duration gap) { OnStall(gap); }) {
+    log_->SetListener(this);
+    service_.set_record_observer([this](const Record& r) {
+      // A reservation covering every id handed out goes to the log before the batch that holds
+      // the record, so a restart never reissues a token or session id, even if that batch is
+      // lost.
+      if (std::holds_alternative<record::LockGranted>(r) ||
+          std::holds_alternative<record::SessionOpened>(r)) {
+        log_->ReserveFor(service_.state().last_token(), service_.state().last_session_id());
+      }
+      log_->Append(r);
+    });
+  }
+
+  void Start() {
+    stopped_ = false;
+    stall_.Start();
+    expiry_.ArmFor(service_.NextDeadline());
+  }
+  void Stop() {
+    stopped_ = true;
+    expiry_.Stop();
+    stall_.Stop();
+    for (auto& [id, c] : connections_) c.hello_timer.reset();
+  }
+
+  ConnectionId Connect(ConnectionSink* sink) {
+    const ConnectionId id = ++last_connection_id_;
+    Conn& c = connections_[id];
+    c.sink = sink;
+    c.hello_timer = time_->NewTimer();
+    c.hello_timer->ArmAt(time_->Now() + options_.hello_timeout, [this, id] { OnHelloTimeout(id); });
+    return id;
+  }
+
+  void Receive(ConnectionId id, std::span<const std::string> payloads) {
+    auto it = connections_.find(id);
+    if (it == connections_.end() || it->second.closing) return;
+    NoticeStall();
+    const MonoTime now = time_->Now();  // receipt time for every lease in this read
+    for (const std::string& payload : payloads) {
+      Conn& c = connections_.at(id);
+      Dispatched d = Dispatch(payload, c.state, *this, now);
+      if (c.state.hello_done && c.hello_timer != nullptr) c.hello_timer.reset();
+      switch (d.then) {
+        case Dispatched::Then::kReply:
+          Reply(id, d.response);
+          break;
+        case Dispatched::Then::kReplyAndClose:
+          ReplyAndClose(id, d.response);
+          break;
+        case Dispatched::Then::kQueued:
+          waiters_[d.waiter] = WaiterRoute{id, d.response.request_id()};
+          c.waiters.insert(d.waiter);
+          break;
+      }
+      if (connections_.at(id).closing) break;
+    }
+    AfterRequest();
+  }
+
+  void RejectStream(ConnectionId id, int code, const std::string& message) {
+    if (!connections_.contains(id)) return;
+    CountProtocolError();
+    wire::Response r;
+    r.set_code(static_cast<wire::Code>(code));
+    r.set_message(message);
+    ReplyAndClose(id, r);
+  }
+
+  void Disconnect(ConnectionId id) {
+    auto it = connections_.find(id);
+    if (it == connections_.end()) return;
+    // Cancel in id order, so that a disconnect has the same effect in every run.
+    std::vector<WaiterId> waiting(it->second.waiters.begin(), it->second.waiters.end());
+    std::sort(waiting.begin(), waiting.end());
+    for (WaiterId w : waiting) {
+      service_.CancelWaiter(w);
+      waiters_.erase(w);
+    }
+    gate_.Drop(id);
+    connections_.erase(it);
+  }
+
+  void NoticeStall() { stall_.Notice(); }
+
+  CoreStats stats() const {
+    return CoreStats{service_.stats(), protocol_errors_total_, stalls_total_,
+                     connections_.size()};
+  }
+
+  // DispatchHost
+  LockService& service() override { return service_; }
+  const absl::Status* fault() const override { return log_->fault(); }
+  WaiterId NextWaiterId() override { return ++last_waiter_id_; }
+  void CountProtocolError() override { ++protocol_errors_total_; }
+  size_t max_sessions_per_connection() const override {
+    return options_.max_sessions_per_connection;
+  }
+  void FillStats(wire::StatsReply* stats) const override;
+
+  // CommitLogListener
+  void OnCommitted(uint64_t batch) override { gate_.Committed(batch); }
+  void OnCommitFault(const absl::Status& status) override;
+  void OnSnapshotDue() override { log_->Snapshot(service_.state()); }
+
+  const LockService& service_ref() const { return service_; }
+  const CommitLog& log() const { return *log_; }
+
+ private:
+  struct Conn {
+    ConnectionSink* sink = nullptr;
+    ConnectionState state;
+    absl::flat_hash_set<WaiterId> waiters;
+    std::unique_ptr<Timer> hello_timer;  // until Hello arrives or the connection closes
+    bool closing = false;
+  };
+  struct WaiterRoute {
+    ConnectionId connection;
+    uint64_t request_id;
+  };
+
+  // Sends `response` on `id` once every record it may reflect is committed. After a fault
+  // nothing becomes committed again; replies then carry no mutation and go at once.
+  void Reply(ConnectionId id, const wire::Response& response) {
+    std::string frame = EncodeFrame(response, options_.max_frame_bytes);
+    const uint64_t committed =
+        log_->fault() != nullptr ? UINT64_MAX : log_->committed_batch();
+    gate_.Submit(id, log_->newest_batch(), committed, response.request_id(), std::move(frame));
+  }
+  void ReplyAndClose(ConnectionId id, const wire::Response& response) {
+    Reply(id, response);
+    Conn& c = connections_.at(id);
+    if (c.closing) return;
+    c.closing = true;
+    c.hello_timer.reset();
+    c.sink->CloseAfterSend();
+  }
+  void Deliver(ConnectionId id, const std::string& frames) {
+    auto it = connections_.find(id);
+    if (it != connections_.end()) it->second.sink->Send(frames);
+  }
+
+  // Delivers settled waiter outcomes, starts committing what the request changed, and makes
+  // sure the expiry timer wakes for the earliest deadline. Called after every request.
+  void AfterRequest();
+  void ScheduleFlush();
+  void OnExpiryDue();
+  void OnStall(absl::Duration gap);
+  void OnHelloTimeout(ConnectionId id);
+
+  const CoreOptions options_;
+  TimeSource* const time_;
+  LockService service_;
+  std::unique_ptr<CommitLog> log_;
+  ReplyGate gate_;
+  ExpiryTimer expiry_;
+  StallWatch stall_;
+  bool stopped_ = true;
+  bool flush_scheduled_ = false;
+  ConnectionId last_connection_id_ = 0;
+  WaiterId last_waiter_id_ = 0;
+  uint64_t protocol_errors_total_ = 0;
+  uint64_t stalls_total_ = 0;
+  std::map<ConnectionId, Conn> connections_;
+  absl::flat_hash_map<WaiterId, WaiterRoute> waiters_;
+};
+
+void ServerCore::Impl::AfterRequest() {
+  for (WaiterOutcome& o : service_.TakeWaiterOutcomes()) {
+    auto it = waiters_.find(o.waiter);
+    if (it == waiters_.end()) continue;
+    const WaiterRoute route = it->second;
+    waiters_.erase(it);
+    auto c = connections_.find(route.connection);
+    if (c == connections_.end()) continue;
+    c->second.waiters.erase(o.waiter);
+    wire::Response resp;
+    resp.set_request_id(route.request_id);
+    resp.set_code(protocol::CodeFromStatus(o.status));
+    if (o.status.ok()) {
+      auto* reply = resp.mutable_acquire();
+      reply->set_granted(true);
+      reply->set_token(o.token);
+      reply->set_ttl_ms(ToMillis(o.ttl));
+      reply->set_lock(o.lock);
+    } else {
+      resp.set_message(std::string(o.status.message()));
+    }
+    Reply(route.connection, resp);
+  }
+  ScheduleFlush();
+  // After a disk fault nothing expires (expiries are mutations too): the timer stays off rather
+  // than waking again and again for a deadline it may not act on.
+  if (!stopped_ && log_->fault() == nullptr) expiry_.ArmIfEarlier(service_.NextDeadline());
+}
+
+void ServerCore::Impl::ScheduleFlush() {
+  // Flushing from a task posted behind the handlers that are already due lets every request
+  // that arrived together join one batch.
+  if (flush_scheduled_) return;
+  flush_scheduled_ = true;
+  time_->Post([this] {
+    flush_scheduled_ = false;
+    log_->Flush();
+  });
+}
+
+void ServerCore::Impl::OnExpiryDue() {
+  if (stopped_ || log_->fault() != nullptr) return;
+  NoticeStall();
+  service_.Advance(time_->Now());
+  AfterRequest();
+  expiry_.ArmFor(service_.NextDeadline());
+}
+
+void ServerCore::Impl::OnStall(absl::Duration gap) {
+  ++stalls_total_;
+  service_.PostponeLeases(gap);
+  // Every expiry moved later: wake for the new earliest one.
+  if (!stopped_ && log_->fault() == nullptr) expiry_.ArmFor(service_.NextDeadline());
+  options_.log(absl::StrCat("did not run for ", absl::FormatDuration(gap),
+                            " (frozen, suspended or starved of CPU); every session and lock "
+                            "lease is extended by that much"));
+}
+
+void ServerCore::Impl::OnHelloTimeout(ConnectionId id) {
+  auto it = connections_.find(id);
+  if (it == connections_.end() || it->second.state.hello_done || it->second.closing) return;
+  CountProtocolError();
+  wire::Response r;
+  r.set_code(wire::HELLO_REQUIRED);
+  r.set_message(absl::StrCat("no Hello within ", absl::FormatDuration(options_.hello_timeout),
+                             " of connecting (lockd --hello-timeout)"));
+  ReplyAndClose(id, r);
+}
+
+void ServerCore::Impl::OnCommitFault(const absl::Status& status) {
+  const std::string message =
+      absl::StrCat("lockd could not make this durable (", status.message(),
+                   ") and stopped taking requests; restart it once the disk is fixed");
+  // Nothing held back was committed: none of it may be acknowledged.
+  for (const auto& [id, request_id] : gate_.TakeAll()) {
+    wire::Response r;
+    r.set_request_id(request_id);
+    r.set_code(wire::UNAVAILABLE);
+    r.set_message(message);
+    Deliver(id, EncodeFrame(r, options_.max_frame_bytes));
+  }
+  service_.FailAllWaiters(absl::UnavailableError(message));
+  AfterRequest();
+  expiry_.Stop();
+}
+
+void ServerCore::Impl::FillStats(wire::StatsReply* stats) const {
+  const ServiceStats& s = service_.stats();
+  stats->set_sessions(service_.state().session_count());
+  stats->set_locks_held(service_.state().held_lock_count());
+  stats->set_waiters(service_.waiter_count());
+  stats->set_grants_total(s.grants_total);
+  stats->set_fenced_out_total(s.fenced_out_total);
+  stats->set_session_expiries_total(s.session_expiries_total);
+  stats->set_lock_expiries_total(s.lock_expiries_total);
+  stats->set_last_token(service_.state().last_token());
+  stats->set_protocol_errors_total(protocol_errors_total_);
+  const CommitLogStats log = log_->stats();
+  stats->set_log_syncs_total(log.commits);
+  stats->set_log_records_total(log.records);
+  stats->set_log_bytes_total(log.bytes);
+  stats->set_wal_segment(log.segment);
+  stats->set_snapshots_total(log.snapshots);
+  stats->set_last_lsn(log_->last_lsn());
+  stats->set_log_sync_ns_total(static_cast<uint64_t>(log.total_commit_ns));
+  if (const absl::Status* fault = log_->fault()) stats->set_disk_fault(fault->ToString());
+}
+
+ServerCore::ServerCore(const CoreOptions& options, TimeSource* time, OpenedCommitLog opened)
+    : impl_(std::make_unique<Impl>(options, time, std::move(opened))) {}
+ServerCore::~ServerCore() = default;
+void ServerCore::Start() { impl_->Start(); }
+void ServerCore::Stop() { impl_->Stop(); }
+ConnectionId ServerCore::Connect(ConnectionSink* sink) { return impl_->Connect(sink); }
+void ServerCore::Receive(ConnectionId id, std::span<const std::string> payloads) {
+  impl_->Receive(id, payloads);
+}
+void ServerCore::RejectStream(ConnectionId id, int code, const std::string& message) {
+  impl_->RejectStream(id, code, message);
+}
+void ServerCore::Disconnect(ConnectionId id) { impl_->Disconnect(id); }
+void ServerCore::NoticeStall() { impl_->NoticeStall(); }
+const LockService& ServerCore::service() const { return impl_->service_ref(); }
+const CommitLog& ServerCore::log() const { return impl_->log(); }
+CoreStats ServerCore::stats() const { return impl_->stats(); }
+void ServerCore::FillStats(wire::StatsReply* stats) const { impl_->FillStats(stats); }
+
+}  // namespace fencelock::server
