@@ -10,8 +10,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -108,6 +110,16 @@ TEST(CrashTest, KilledAndRestartedLockdNeverReissuesATokenNorLosesAGrant) {
                                      absl::StrCat("--prefix=c", cycle, "-client", c),
                                      absl::StrCat("--shared_prefix=c", cycle, "-shared"),
                                      absl::StrCat("--seed=", rng())}));
+    }
+    // Kill while the load runs: once every client has logged its first grant (a sanitized
+    // client takes a few hundred milliseconds to start), then at a random moment.
+    const auto started_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < started_by &&
+           !std::all_of(logs.begin(), logs.end(), [](const std::string& log) {
+             std::error_code ec;
+             return std::filesystem::file_size(log, ec) > 0 && !ec;
+           })) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 180));
     lockd.Kill();
