@@ -250,8 +250,13 @@ absl::Status LocalCommitLog::RunJob(Job& job) {
   absl::Status s = writer_fault_.ok() ? job.run() : writer_fault_;
   if (!s.ok() && writer_fault_.ok()) {
     writer_fault_ = s;
-    std::fprintf(stderr, "lockd: disk fault, no longer accepting mutations: %s\n",
-                 s.ToString().c_str());
+    const std::string line =
+        absl::StrCat("disk fault, no longer accepting mutations: ", s.ToString());
+    if (options_.log) {
+      options_.log(line);
+    } else {
+      std::fprintf(stderr, "lockd: %s\n", line.c_str());
+    }
   }
   return s;
 }

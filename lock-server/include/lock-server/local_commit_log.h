@@ -39,6 +39,8 @@ struct LocalCommitLogOptions {
   // Called with the duration of every batch write + fdatasync, on whichever thread did it.
   // Default: none.
   std::function<void(int64_t ns)> on_sync;
+  // Where the log reports its fault state (once). Default: standard error, "lockd: " first.
+  std::function<void(const std::string&)> log;
   // Runs the writer's disk work, one step per call, in the order given. Default: empty, a
   // writer thread of the log's own. The simulator passes one that runs each step at a
   // simulated time; it must not run a step after the log is destroyed, and destroying the log

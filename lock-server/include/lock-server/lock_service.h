@@ -148,6 +148,15 @@ class LockService {
     auto it = queues_.find(lock);
     return it == queues_.end() ? 0 : it->second.size();
   }
+  // The sessions queued for `lock`, first in line first (for inspection and the simulator's
+  // FIFO check).
+  std::vector<SessionId> QueuedSessions(const std::string& lock) const {
+    std::vector<SessionId> out;
+    if (auto it = queues_.find(lock); it != queues_.end()) {
+      for (const Waiter& w : it->second) out.push_back(w.session);
+    }
+    return out;
+  }
   // Answers every queued waiter with `status` and empties the queues (outcomes are collected
   // with TakeWaiterOutcomes). Used when the server stops taking mutations.
   void FailAllWaiters(const absl::Status& status);

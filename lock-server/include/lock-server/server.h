@@ -4,7 +4,8 @@
 //
 // The server speaks the fencelock wire protocol (docs/contracts.md) on TCP and, when asked, on
 // a Unix socket. All protocol handling and all state live on one I/O thread: the thread that
-// calls Run().
+// calls Run(). Inside, it is lockd's ServerCore (lock-server/server_core.h) on Asio, with the
+// local commit log; docs/architecture.md shows the parts.
 #ifndef FENCELOCK_LOCK_SERVER_SERVER_H_
 #define FENCELOCK_LOCK_SERVER_SERVER_H_
 
@@ -69,7 +70,7 @@ struct ServerOptions {
   // a server that is not running, so the stall must not cost them their leases. This is safe
   // (a lease only looks held longer; the fences do not depend on it) and keeps requests that
   // waited in lockd's socket from being counted as fenced out. A dead client's locks free that
-  // much later. Zero disables it. Measured on the real clock. Default: 1 s.
+  // much later. Zero disables it. Measured on `clock`. Default: 1 s.
   absl::Duration stall_threshold = absl::Seconds(1);
   // lock.session.ttl for sessions that ask for none. Default: 15 s.
   absl::Duration default_session_ttl = absl::Seconds(15);
@@ -82,7 +83,9 @@ struct ServerOptions {
   absl::Duration max_wait = absl::Hours(1);
   // Largest frame accepted or sent, in bytes. Default: 1 MiB.
   size_t max_frame_bytes = size_t{1} << 20;
-  // Source of the server's time. Default: nullptr, the real boot-time clock.
+  // Source of the server's time: leases, expiry, the stall watch. Timers wait on Asio's steady
+  // clock for the time left until a deadline on this clock. Default: nullptr, the real
+  // boot-time clock.
   Clock* clock = nullptr;
   // Serve Prometheus metrics (GET /metrics) on this loopback port; 0 picks a free one, reported
   // by metrics_port(). Default: -1, no metrics endpoint (lockd's flag turns it on).
