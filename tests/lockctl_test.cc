@@ -1,5 +1,6 @@
 // lockctl against a real lockd: tables for people, JSON for scripts, a clear failure when lockd
 // is not there.
+#include <signal.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -78,6 +79,32 @@ TEST(LockctlTest, UnreachableServerAndBadUsageAreClearErrors) {
   auto [usage_rc, usage] = Lockctl("--server=127.0.0.1:1 frobnicate");
   EXPECT_EQ(usage_rc, 2);
   EXPECT_THAT(usage, HasSubstr("unknown command \"frobnicate\""));
+}
+
+TEST(LockctlTest, AFrozenLockdMakesLockctlGiveUpNotHang) {
+  testing::LockdProcess lockd;
+  const std::string server = "--server=" + lockd.tcp_address();
+  ASSERT_EQ(Lockctl(server + " status").first, 0);
+  // Frozen: the kernel still accepts connections into the backlog, but nothing answers.
+  ASSERT_EQ(kill(lockd.pid(), SIGSTOP), 0);
+  auto [rc, out] = Lockctl(server + " --timeout=500ms status");
+  EXPECT_EQ(rc, 1);
+  EXPECT_THAT(out, HasSubstr("DEADLINE_EXCEEDED"));
+  EXPECT_THAT(out, HasSubstr("no answer within the timeout"));
+  ASSERT_EQ(kill(lockd.pid(), SIGCONT), 0);
+  EXPECT_EQ(Lockctl(server + " status").first, 0);
+}
+
+TEST(LockctlTest, BadAddressesAndTimeoutsAreRefused) {
+  auto [rc, out] = Lockctl("--server=nocolon status");
+  EXPECT_EQ(rc, 1);
+  EXPECT_THAT(out, HasSubstr("bad lockd address \"nocolon\""));
+  auto [unix_rc, unix_out] = Lockctl("--server=unix:/" + std::string(200, 'x') + " status");
+  EXPECT_EQ(unix_rc, 1);
+  EXPECT_THAT(unix_out, HasSubstr("must be 1 to 107 bytes"));
+  auto [timeout_rc, timeout_out] = Lockctl("--server=127.0.0.1:1 --timeout=0s status");
+  EXPECT_EQ(timeout_rc, 2);
+  EXPECT_THAT(timeout_out, HasSubstr("--timeout=0 must be positive"));
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 //   lockctl ... sessions
 //   lockctl ... locks [--prefix=P]
 //   lockctl ... waiters [--prefix=P]
+//   [--timeout=5s]: every step (connect, Hello, each request) gives up after this long, so a
+//   frozen lockd never hangs lockctl.
 //
 // Human-readable tables by default; --json prints the server's answer as JSON for scripts.
 // Exit status: 0 on success, 1 when lockd cannot be reached or refuses, 2 for bad usage.
@@ -16,73 +18,18 @@
 #include "absl/strings/str_cat.h"
 #include "fencelock/wire.pb.h"
 #include "google/protobuf/util/json_util.h"
-#include "net/asio.h"
-#include "protocol/frame.h"
-#include "protocol/version.h"
+#include "lock-server/blocking_connection.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:7420", "lockd address: host:port or unix:/path");
 ABSL_FLAG(bool, json, false, "print JSON instead of tables");
 ABSL_FLAG(std::string, prefix, "", "locks/waiters: only locks whose name starts with this");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5),
+          "give up when lockd does not connect or answer a request within this long");
 
 namespace fencelock {
 namespace {
 
-using asio::generic::stream_protocol;
-
-class AdminConnection {
- public:
-  absl::Status Connect(const std::string& address) {
-    boost::system::error_code ec;
-    if (address.rfind("unix:", 0) == 0) {
-      socket_.connect(stream_protocol::endpoint(asio::local::stream_protocol::endpoint(address.substr(5))), ec);
-    } else {
-      const size_t colon = address.rfind(':');
-      if (colon == std::string::npos) {
-        return absl::InvalidArgumentError(absl::StrCat("bad server address \"", address, "\""));
-      }
-      asio::ip::tcp::resolver resolver(io_);
-      auto results = resolver.resolve(address.substr(0, colon), address.substr(colon + 1), ec);
-      if (!ec && !results.empty()) socket_.connect(stream_protocol::endpoint(results.begin()->endpoint()), ec);
-    }
-    if (ec) return absl::UnavailableError(absl::StrCat("cannot connect to lockd at ", address, ": ", ec.message()));
-    wire::Request hello;
-    hello.mutable_hello()->set_min_version(protocol::kMinProtocolVersion);
-    hello.mutable_hello()->set_max_version(protocol::kMaxProtocolVersion);
-    hello.mutable_hello()->set_client_name("lockctl");
-    auto reply = Call(hello);
-    if (!reply.ok()) return reply.status();
-    if (reply->code() != wire::OK) return absl::FailedPreconditionError(reply->message());
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<wire::Response> Call(wire::Request request) {
-    request.set_request_id(++id_);
-    std::string frame;
-    if (absl::Status s = protocol::AppendFrame(request.SerializeAsString(), &frame); !s.ok()) return s;
-    boost::system::error_code ec;
-    asio::write(socket_, asio::buffer(frame), ec);
-    std::string payload;
-    char buf[65536];
-    while (!ec) {
-      const auto result = decoder_.Next(&payload);
-      if (result == protocol::FrameDecoder::Result::kFrame) {
-        wire::Response response;
-        if (!response.ParseFromString(payload)) break;
-        return response;
-      }
-      if (result == protocol::FrameDecoder::Result::kTooLarge) break;
-      const size_t n = socket_.read_some(asio::buffer(buf), ec);
-      decoder_.Feed(std::string_view(buf, n));
-    }
-    return absl::UnavailableError(absl::StrCat("lockd did not answer: ", ec ? ec.message() : "bad frame"));
-  }
-
- private:
-  asio::io_context io_;
-  stream_protocol::socket socket_{io_};
-  protocol::FrameDecoder decoder_;
-  uint64_t id_ = 0;
-};
+using server::BlockingConnection;
 
 std::string Json(const google::protobuf::Message& m) {
   std::string out;
@@ -102,7 +49,7 @@ int Fail(const absl::Status& s) {
 }
 
 // Every page of ListLocks.
-absl::StatusOr<wire::ListReply> ListAll(AdminConnection& conn, bool sessions) {
+absl::StatusOr<wire::ListReply> ListAll(BlockingConnection& conn, bool sessions) {
   wire::ListReply all;
   std::string after;
   for (;;) {
@@ -122,14 +69,23 @@ absl::StatusOr<wire::ListReply> ListAll(AdminConnection& conn, bool sessions) {
 }
 
 int Main(const std::string& command) {
-  AdminConnection conn;
-  if (absl::Status s = conn.Connect(absl::GetFlag(FLAGS_server)); !s.ok()) return Fail(s);
+  const absl::Duration timeout = absl::GetFlag(FLAGS_timeout);
+  if (timeout <= absl::ZeroDuration() || timeout > absl::Hours(1)) {
+    std::fprintf(stderr, "lockctl: --timeout=%s must be positive and at most 1h\n",
+                 absl::FormatDuration(timeout).c_str());
+    return 2;
+  }
+  auto connected = BlockingConnection::Connect(
+      {.server = absl::GetFlag(FLAGS_server), .timeout = timeout, .client_name = "lockctl"});
+  if (!connected.ok()) return Fail(connected.status());
+  BlockingConnection& conn = **connected;
   const bool json = absl::GetFlag(FLAGS_json);
   if (command == "status") {
     wire::Request r;
     r.mutable_get_stats();
     auto reply = conn.Call(r);
     if (!reply.ok()) return Fail(reply.status());
+    if (reply->code() != wire::OK) return Fail(absl::UnavailableError(reply->message()));
     const wire::StatsReply& s = reply->stats();
     if (json) {
       std::printf("%s", Json(s).c_str());

@@ -8,10 +8,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
+#include "clock/clock.h"
+#include "protocol/frame.h"
 #include "protocol/version.h"
 
 namespace fencelock::testing {
@@ -70,37 +74,32 @@ int FreeLoopbackPort() {
   return ntohs(addr.sin_port);
 }
 
+RawConnection RawConnection::Connect(const std::string& server) {
+  // Request ids from 1001, clear of the small ids tests give their own SendRequest()s.
+  auto conn = server::BlockingConnection::Connect(server::BlockingConnectionOptions{
+      .server = server, .client_name = "raw-test", .hello = false, .first_request_id = 1001});
+  if (!conn.ok()) {
+    std::fprintf(stderr, "RawConnection: %s\n", conn.status().ToString().c_str());
+    std::abort();
+  }
+  return RawConnection(std::move(*conn));
+}
+
 RawConnection RawConnection::Tcp(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) Die("socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) Die("connect");
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return RawConnection(fd);
+  return Connect("127.0.0.1:" + std::to_string(port));
 }
 
-RawConnection RawConnection::Unix(const std::string& path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-  if (fd < 0) Die("socket");
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) Die("connect");
-  return RawConnection(fd);
-}
-
-RawConnection::~RawConnection() {
-  if (fd_ >= 0) close(fd_);
-}
+RawConnection RawConnection::Unix(const std::string& path) { return Connect("unix:" + path); }
 
 bool RawConnection::SendBytes(const std::string& bytes) {
   size_t sent = 0;
   while (sent < bytes.size()) {
-    ssize_t n = send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    const ssize_t n = send(conn_->fd(), bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{conn_->fd(), POLLOUT, 0};
+      if (poll(&p, 1, 5000) <= 0) return false;
+      continue;
+    }
     if (n <= 0) return false;
     sent += static_cast<size_t>(n);
   }
@@ -114,47 +113,29 @@ bool RawConnection::SendRequest(const wire::Request& request) {
 }
 
 std::optional<wire::Response> RawConnection::ReadResponse(absl::Duration timeout) {
-  const absl::Time give_up = absl::Now() + timeout;
-  std::string payload;
-  for (;;) {
-    if (decoder_.Next(&payload) == protocol::FrameDecoder::Result::kFrame) {
-      wire::Response response;
-      if (!response.ParseFromString(payload)) return std::nullopt;
-      return response;
-    }
-    const absl::Duration left = give_up - absl::Now();
-    if (left <= absl::ZeroDuration() || !WaitReadable(fd_, left)) return std::nullopt;
-    char buf[65536];
-    ssize_t n = recv(fd_, buf, sizeof(buf), 0);
-    if (n <= 0) return std::nullopt;
-    decoder_.Feed(std::string_view(buf, static_cast<size_t>(n)));
-  }
+  auto response = conn_->Receive(timeout);
+  if (!response.ok()) return std::nullopt;
+  return *response;
 }
 
 bool RawConnection::ClosedByPeer(absl::Duration timeout) {
-  const absl::Time give_up = absl::Now() + timeout;
+  // Replies do not count: read (and discard) until EOF, reset or timeout.
+  const MonoTime give_up = Clock::Real()->Now() + timeout;
   for (;;) {
-    const absl::Duration left = give_up - absl::Now();
-    if (left <= absl::ZeroDuration() || !WaitReadable(fd_, left)) return false;
-    char buf[65536];
-    ssize_t n = recv(fd_, buf, sizeof(buf), 0);
-    if (n <= 0) return true;
+    auto response =
+        conn_->Receive(std::max(give_up - Clock::Real()->Now(), absl::ZeroDuration()));
+    if (response.ok()) continue;
+    return absl::IsUnavailable(response.status());
   }
 }
 
 wire::Response RawConnection::Call(wire::Request request) {
-  const uint64_t id = ++next_id_;
-  request.set_request_id(id);
-  if (!SendRequest(request)) Die("send");
-  for (;;) {
-    auto response = ReadResponse();
-    if (!response) {
-      std::fprintf(stderr, "RawConnection: no reply to request %lu\n",
-                   static_cast<unsigned long>(id));
-      std::abort();
-    }
-    if (response->request_id() == id) return *response;
+  auto response = conn_->Call(std::move(request));
+  if (!response.ok()) {
+    std::fprintf(stderr, "RawConnection: no reply: %s\n", response.status().ToString().c_str());
+    std::abort();
   }
+  return *response;
 }
 
 wire::Response RawConnection::Hello() {

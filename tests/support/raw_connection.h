@@ -1,15 +1,17 @@
-// A blocking, byte-level connection to lockd for tests that must send what the real client
-// never would: malformed frames, oversize frames, requests before Hello, wrong versions, or
-// a holder that goes silent.
+// A connection to lockd for tests that must send what the real client never would: malformed
+// frames, oversize frames, requests before Hello, wrong versions, or a holder that goes silent.
+// Well-formed requests and every reply go through lockd's BlockingConnection
+// (lock-server/blocking_connection.h); only the raw bytes are written here.
 #ifndef FENCELOCK_TESTS_SUPPORT_RAW_CONNECTION_H_
 #define FENCELOCK_TESTS_SUPPORT_RAW_CONNECTION_H_
 
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/time/time.h"
 #include "fencelock/wire.pb.h"
-#include "protocol/frame.h"
+#include "lock-server/blocking_connection.h"
 
 namespace fencelock::testing {
 
@@ -24,8 +26,7 @@ class RawConnection {
  public:
   static RawConnection Tcp(int port);
   static RawConnection Unix(const std::string& path);
-  RawConnection(RawConnection&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
-  ~RawConnection();
+  RawConnection(RawConnection&& other) noexcept = default;
 
   bool SendBytes(const std::string& bytes);
   bool SendRequest(const wire::Request& request);
@@ -44,10 +45,10 @@ class RawConnection {
   uint64_t HelloAndOpenSession(absl::Duration ttl);
 
  private:
-  explicit RawConnection(int fd) : fd_(fd) {}
-  int fd_;
-  uint64_t next_id_ = 1000;
-  protocol::FrameDecoder decoder_;
+  static RawConnection Connect(const std::string& server);
+  explicit RawConnection(std::unique_ptr<server::BlockingConnection> conn)
+      : conn_(std::move(conn)) {}
+  std::unique_ptr<server::BlockingConnection> conn_;
 };
 
 }  // namespace fencelock::testing

@@ -1,0 +1,75 @@
+// A blocking connection to lockd that speaks the wire protocol: for tools (lockctl) and tests
+// that send well-formed requests one at a time. Every wait is bounded: connecting, saying Hello,
+// writing a request and waiting for its reply each give up after the configured timeout, so a
+// frozen or silent lockd costs a caller at most that long. Timeouts are measured on the
+// boot-time clock and waited for with poll(), so a wall-clock step does not move them.
+//
+// Not thread-safe: one thread uses a connection at a time. Owns its socket.
+#ifndef FENCELOCK_LOCK_SERVER_BLOCKING_CONNECTION_H_
+#define FENCELOCK_LOCK_SERVER_BLOCKING_CONNECTION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "fencelock/wire.pb.h"
+#include "protocol/frame.h"
+
+namespace fencelock::server {
+
+struct BlockingConnectionOptions {
+  // lockd's address: "host:port" (a name, an IPv4 address, or [IPv6]) or "unix:/path".
+  // Default: "127.0.0.1:7420".
+  std::string server = "127.0.0.1:7420";
+  // The longest any one step may take: connecting, Hello, one request's reply. Default: 5 s.
+  absl::Duration timeout = absl::Seconds(5);
+  // Sent in Hello, for lockd's logs. Default: "fencelock".
+  std::string client_name = "fencelock";
+  // Send Hello as part of Connect(). Tests that must speak first without it turn it off.
+  // Default: true.
+  bool hello = true;
+  // Largest reply frame accepted. Default: 64 MiB.
+  size_t max_frame_bytes = size_t{64} << 20;
+  // The request id of the first request; later ones count up from it. Default: 1.
+  uint64_t first_request_id = 1;
+};
+
+class BlockingConnection {
+ public:
+  // Connects and (unless options.hello is false) negotiates the protocol version. Errors:
+  // kInvalidArgument for an address that cannot be parsed (or a Unix path too long for a
+  // socket), kUnavailable when nothing answers or the connection fails, kDeadlineExceeded when a
+  // step took longer than the timeout, kFailedPrecondition when lockd refuses the Hello.
+  static absl::StatusOr<std::unique_ptr<BlockingConnection>> Connect(
+      const BlockingConnectionOptions& options);
+  ~BlockingConnection();
+  BlockingConnection(const BlockingConnection&) = delete;
+  BlockingConnection& operator=(const BlockingConnection&) = delete;
+
+  // Sends `request` with the next request id and returns the reply carrying that id (pushes
+  // for other ids are skipped). kDeadlineExceeded if it does not arrive within the timeout,
+  // kUnavailable if the connection breaks or the reply does not parse.
+  absl::StatusOr<wire::Response> Call(wire::Request request);
+  // Sends `request` with the next request id, which it returns, without waiting for a reply.
+  absl::StatusOr<uint64_t> Send(wire::Request request);
+  // The next reply to arrive, whatever its id; waits at most `timeout`.
+  absl::StatusOr<wire::Response> Receive(absl::Duration timeout);
+
+  // The socket, for tests that also write raw bytes on it.
+  int fd() const { return fd_; }
+
+ private:
+  BlockingConnection(int fd, const BlockingConnectionOptions& options);
+  absl::Status WriteAll(std::string_view bytes);
+
+  int fd_;
+  BlockingConnectionOptions options_;
+  protocol::FrameDecoder decoder_;
+  uint64_t next_id_ = 0;
+};
+
+}  // namespace fencelock::server
+
+#endif  // FENCELOCK_LOCK_SERVER_BLOCKING_CONNECTION_H_

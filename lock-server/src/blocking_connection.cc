@@ -1,0 +1,229 @@
+#include "lock-server/blocking_connection.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "clock/clock.h"
+#include "protocol/version.h"
+
+namespace fencelock::server {
+namespace {
+
+// Waits for `events` on `fd` until `deadline` (boot-time clock). OK when ready;
+// kDeadlineExceeded when the deadline passed first.
+absl::Status WaitFor(int fd, short events, MonoTime deadline, const std::string& what) {
+  for (;;) {
+    const absl::Duration left = deadline - Clock::Real()->Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": no answer within the timeout"));
+    }
+    pollfd p{fd, events, 0};
+    // Round up, so that a wait never ends just before its deadline and spins.
+    const int ms = static_cast<int>(std::min<int64_t>(
+        absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 1 << 30));
+    const int n = ::poll(&p, 1, ms);
+    if (n > 0) return absl::OkStatus();
+    if (n < 0 && errno != EINTR) {
+      return absl::UnavailableError(absl::StrCat(what, ": poll: ", std::strerror(errno)));
+    }
+  }
+}
+
+// Connects a non-blocking socket of `family` to `addr`, waiting until `deadline`.
+absl::StatusOr<int> ConnectSocket(int family, const sockaddr* addr, socklen_t len,
+                                  MonoTime deadline, const std::string& server) {
+  const int fd = ::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  }
+  if (::connect(fd, addr, len) != 0 && errno != EINPROGRESS) {
+    const int err = errno;
+    ::close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to lockd at ", server, ": ", std::strerror(err)));
+  }
+  if (absl::Status s = WaitFor(fd, POLLOUT, deadline, absl::StrCat("connecting to ", server));
+      !s.ok()) {
+    ::close(fd);
+    return s;
+  }
+  int err = 0;
+  socklen_t err_len = sizeof(err);
+  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len);
+  if (err != 0) {
+    ::close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to lockd at ", server, ": ", std::strerror(err)));
+  }
+  if (family != AF_UNIX) {
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
+  return fd;
+}
+
+absl::StatusOr<int> Dial(const std::string& server, MonoTime deadline) {
+  if (server.rfind("unix:", 0) == 0) {
+    const std::string path = server.substr(5);
+    sockaddr_un addr{};
+    if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unix socket path \"", path, "\" must be 1 to ", sizeof(addr.sun_path) - 1, " bytes"));
+    }
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    return ConnectSocket(AF_UNIX, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr),
+                         deadline, server);
+  }
+  const size_t colon = server.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == server.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad lockd address \"", server, "\": expected host:port or unix:/path"));
+  }
+  std::string host = server.substr(0, colon);
+  const std::string port = server.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad lockd address \"", server, "\": ", ::gai_strerror(rc)));
+  }
+  absl::Status last = absl::UnavailableError(absl::StrCat("no address for ", server));
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    auto fd = ConnectSocket(a->ai_family, a->ai_addr, a->ai_addrlen, deadline, server);
+    if (fd.ok()) {
+      ::freeaddrinfo(found);
+      return fd;
+    }
+    last = fd.status();
+  }
+  ::freeaddrinfo(found);
+  return last;
+}
+
+}  // namespace
+
+BlockingConnection::BlockingConnection(int fd, const BlockingConnectionOptions& options)
+    : fd_(fd),
+      options_(options),
+      decoder_(options.max_frame_bytes),
+      next_id_(options.first_request_id - 1) {}
+
+BlockingConnection::~BlockingConnection() { ::close(fd_); }
+
+absl::StatusOr<std::unique_ptr<BlockingConnection>> BlockingConnection::Connect(
+    const BlockingConnectionOptions& options) {
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the timeout must be positive");
+  }
+  auto fd = Dial(options.server, Clock::Real()->Now() + options.timeout);
+  if (!fd.ok()) return fd.status();
+  std::unique_ptr<BlockingConnection> conn(new BlockingConnection(*fd, options));
+  if (!options.hello) return conn;
+  wire::Request hello;
+  hello.mutable_hello()->set_min_version(protocol::kMinProtocolVersion);
+  hello.mutable_hello()->set_max_version(protocol::kMaxProtocolVersion);
+  hello.mutable_hello()->set_client_name(options.client_name);
+  auto reply = conn->Call(hello);
+  if (!reply.ok()) return reply.status();
+  if (reply->code() != wire::OK) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("lockd at ", options.server, " refused Hello: ", reply->message()));
+  }
+  return conn;
+}
+
+absl::Status BlockingConnection::WriteAll(std::string_view bytes) {
+  const MonoTime deadline = Clock::Real()->Now() + options_.timeout;
+  while (!bytes.empty()) {
+    const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      bytes.remove_prefix(static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      // lockd is not reading: wait for room, but no longer than the timeout.
+      if (absl::Status s = WaitFor(fd_, POLLOUT, deadline, "writing a request to lockd");
+          !s.ok()) {
+        return s;
+      }
+      continue;
+    }
+    return absl::UnavailableError(absl::StrCat("writing to lockd: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> BlockingConnection::Send(wire::Request request) {
+  const uint64_t id = ++next_id_;
+  request.set_request_id(id);
+  std::string frame;
+  if (absl::Status s = protocol::AppendFrame(request.SerializeAsString(), &frame); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = WriteAll(frame); !s.ok()) return s;
+  return id;
+}
+
+absl::StatusOr<wire::Response> BlockingConnection::Receive(absl::Duration timeout) {
+  const MonoTime deadline = Clock::Real()->Now() + timeout;
+  std::string payload;
+  char buf[65536];
+  for (;;) {
+    switch (decoder_.Next(&payload)) {
+      case protocol::FrameDecoder::Result::kFrame: {
+        wire::Response response;
+        if (!response.ParseFromString(payload)) {
+          return absl::UnavailableError("a reply from lockd does not parse");
+        }
+        return response;
+      }
+      case protocol::FrameDecoder::Result::kTooLarge:
+        return absl::UnavailableError(absl::StrCat("lockd sent a frame of ",
+                                                   decoder_.announced_length(),
+                                                   " bytes, more than the ",
+                                                   decoder_.max_frame_bytes(), " accepted"));
+      case protocol::FrameDecoder::Result::kNeedMore:
+        break;
+    }
+    if (absl::Status s = WaitFor(fd_, POLLIN, deadline, "waiting for lockd's reply"); !s.ok()) {
+      return s;
+    }
+    const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+    if (n == 0) return absl::UnavailableError("lockd closed the connection");
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      return absl::UnavailableError(absl::StrCat("reading from lockd: ", std::strerror(errno)));
+    }
+    decoder_.Feed(std::string_view(buf, static_cast<size_t>(n)));
+  }
+}
+
+absl::StatusOr<wire::Response> BlockingConnection::Call(wire::Request request) {
+  auto id = Send(std::move(request));
+  if (!id.ok()) return id.status();
+  const MonoTime deadline = Clock::Real()->Now() + options_.timeout;
+  for (;;) {
+    auto reply = Receive(std::max(deadline - Clock::Real()->Now(), absl::ZeroDuration()));
+    if (!reply.ok()) return reply.status();
+    if (reply->request_id() == *id) return reply;
+  }
+}
+
+}  // namespace fencelock::server
