@@ -177,6 +177,29 @@ TEST_F(ClientLeaseTest, D5FailedHeartbeatNeverExtendsAndTheDeadlineStillEndsTheL
   EXPECT_EQ(ReasonThrown(*client, *lock), LossReason::kDeadlinePassed);
 }
 
+// Issue 13, finding 5: the client gives a lock up at its deadline while its requests are lost,
+// so lockd never hears the relinquish and the session still holds the lock there. The next
+// acquire of that name used to fail with INVALID_ARGUMENT "session already holds lock".
+TEST_F(ClientLeaseTest, ALockGivenUpWhileCutOffIsReleasedBeforeItIsAcquiredAgain) {
+  auto client = NewClient(/*session_ttl=*/absl::Seconds(60),
+                          /*request_timeout=*/absl::Seconds(1));
+  auto lock = client->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  proxy_.Set(Dir::kToServer, Mode::kDrop);  // nothing the client sends arrives
+  clock_.Advance(kUsable + absl::Seconds(1));  // the client's deadline passes; lockd's has not
+  EXPECT_EQ(ReasonThrown(*client, *lock), LossReason::kDeadlinePassed);
+  // The heartbeat gives the lock up (its relinquish is dropped) and then times out.
+  EXPECT_FALSE(client->renewNow().ok());
+  proxy_.CutAll();
+  proxy_.Set(Dir::kToServer, Mode::kPass);
+  auto again = client->acquire("x", absl::Seconds(5));
+  // The client may notice the cut only when it next writes; then the next attempt reconnects.
+  if (absl::IsUnavailable(again.status())) again = client->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(again.ok()) << again.status();  // was INVALID_ARGUMENT: "already holds lock"
+  EXPECT_GT(again->token(), lock->token());
+  EXPECT_NO_THROW(client->checkStillHeld(*again));
+}
+
 TEST_F(ClientLeaseTest, D5ServerSayingTheSessionIsGoneLosesTheLockAtOnce) {
   // Server time is real here: the session lives 500 ms on lockd. The request timeout only has
   // to outlast a durable OpenSession on a loaded machine (200 ms once did not, in CI).

@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "clock/monotonic_event.h"
 #include "net/asio.h"
 #include "protocol/codes.h"
 #include "protocol/frame.h"
@@ -27,6 +28,9 @@ struct PendingCall {
   bool done ABSL_GUARDED_BY(mu) = false;
   absl::Status status ABSL_GUARDED_BY(mu);
   Reply reply ABSL_GUARDED_BY(mu);
+  // Set once `done` is: the caller waits on it, not on `mu`, so that a wall-clock step does not
+  // change how long it waits (Debian Abseil's timed waits are on the wall clock).
+  MonotonicEvent finished;
 };
 
 absl::StatusOr<Endpoint> ResolveAddress(asio::io_context& io, const std::string& address) {
@@ -84,7 +88,7 @@ class AsioChannel final : public Channel {
     return connected_;
   }
   absl::StatusOr<Reply> Call(wire::Request request, absl::Duration timeout) override;
-  void Post(wire::Request request) override;
+  absl::Status Post(wire::Request request) override;
   void set_unmatched_reply_handler(std::function<void(const wire::Response&)> handler) override {
     unmatched_ = std::move(handler);
   }
@@ -218,10 +222,7 @@ absl::StatusOr<Reply> AsioChannel::Call(wire::Request request, absl::Duration ti
   auto call = std::make_shared<PendingCall>();
   auto id = Submit(request, call);
   if (!id.ok()) return id.status();
-  {
-    absl::MutexLock lock(&call->mu);
-    call->mu.AwaitWithTimeout(absl::Condition(&call->done), timeout);
-  }
+  call->finished.WaitFor(timeout);
   {
     absl::MutexLock lock(&mu_);
     pending_.erase(*id);  // a reply arriving from now on is unmatched
@@ -235,7 +236,10 @@ absl::StatusOr<Reply> AsioChannel::Call(wire::Request request, absl::Duration ti
   return std::move(call->reply);
 }
 
-void AsioChannel::Post(wire::Request request) { (void)Submit(request, nullptr); }
+absl::Status AsioChannel::Post(wire::Request request) {
+  auto id = Submit(request, nullptr);
+  return id.ok() ? absl::OkStatus() : id.status();
+}
 
 void AsioChannel::Enqueue(std::string frame, uint64_t id, uint64_t generation) {
   if (generation != socket_generation_ || socket_ == nullptr) return;
@@ -319,9 +323,12 @@ void AsioChannel::Deliver(wire::Response response) {
     if (unmatched_) unmatched_(response);
     return;
   }
-  absl::MutexLock lock(&call->mu);
-  call->reply.response = std::move(response);
-  call->done = true;
+  {
+    absl::MutexLock lock(&call->mu);
+    call->reply.response = std::move(response);
+    call->done = true;
+  }
+  call->finished.Notify();
 }
 
 void AsioChannel::FailConnection(uint64_t generation, const absl::Status& why) {
@@ -339,9 +346,12 @@ void AsioChannel::FailConnection(uint64_t generation, const absl::Status& why) {
     failed.swap(pending_);
   }
   for (auto& [id, call] : failed) {
-    absl::MutexLock lock(&call->mu);
-    call->status = why;
-    call->done = true;
+    {
+      absl::MutexLock lock(&call->mu);
+      call->status = why;
+      call->done = true;
+    }
+    call->finished.Notify();
   }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <deque>
 #include <thread>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "clock/monotonic_event.h"
 #include "channel.h"
 #include "lease.h"
 #include "protocol/codes.h"
@@ -131,8 +133,15 @@ class ClientImpl final : public Client {
   void HeartbeatThread();
   void OnUnmatchedReply(const wire::Response& response);
   // Releases a lock this client has already given up (wire Release.relinquish): no reply is
-  // awaited, and a stale token is not counted as fenced out by the server.
-  void Relinquish(uint64_t session, const std::string& lock, uint64_t token);
+  // awaited, and a stale token is not counted as fenced out by the server. Remembered as
+  // unsettled until an acquire of the same name settles it (a relinquish can be lost with its
+  // connection, and lockd would then refuse the acquire: the session still holds the lock).
+  void Relinquish(uint64_t session, const std::string& lock, uint64_t token)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Before acquiring `lock` on `session`: if this client relinquished it and cannot know lockd
+  // heard, releases it again and waits for the answer. kUnavailable if lockd cannot be asked.
+  absl::Status SettleRelinquished(uint64_t session, const std::string& lock)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Counts a lease that ended for `reason` (once per lease).
   void CountLoss(LossReason reason) const;
   // Records one heartbeat round trip and applies the margin-revisit trigger.
@@ -169,8 +178,17 @@ class ClientImpl final : public Client {
   absl::Duration session_ttl_ ABSL_GUARDED_BY(mu_);
   MonoTime session_deadline_ ABSL_GUARDED_BY(mu_) = MonoTime::Min();
   absl::flat_hash_map<std::string, HeldLock> held_ ABSL_GUARDED_BY(mu_);
+  // Locks given up by Relinquish, by name: their session and token. At most kMaxUnsettled; the
+  // oldest are forgotten first (lockd expires them on its own).
+  struct Unsettled {
+    uint64_t session;
+    uint64_t token;
+  };
+  static constexpr size_t kMaxUnsettled = 4096;
+  absl::flat_hash_map<std::string, Unsettled> unsettled_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> unsettled_order_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool wake_heartbeat_ ABSL_GUARDED_BY(mu_) = false;
+  MonotonicEvent stop_heartbeat_;  // set with stopping_
   // The last 128 heartbeat round trips, for the p99 (ring buffer).
   std::array<absl::Duration, 128> rtts_ ABSL_GUARDED_BY(mu_);
   size_t rtt_count_ ABSL_GUARDED_BY(mu_) = 0;
@@ -239,6 +257,7 @@ ClientImpl::~ClientImpl() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
+  stop_heartbeat_.Notify();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   uint64_t session;
   {
@@ -435,6 +454,8 @@ void ClientImpl::LoseSession(LossReason reason) {
     held.state->MarkLost(reason);
   }
   held_.clear();
+  unsettled_.clear();  // the session's locks went with it
+  unsettled_order_.clear();
   session_id_ = 0;
   session_deadline_ = MonoTime::Min();
 }
@@ -488,13 +509,11 @@ void ClientImpl::HeartbeatThread() {
   for (;;) {
     const absl::Duration interval = HeartbeatInterval();
     {
+      // Waits on the monotonic clock: a wall-clock step must neither stop nor flood the
+      // heartbeat (Debian Abseil's AwaitWithTimeout waits until a wall-clock time).
+      stop_heartbeat_.WaitFor(interval);
       absl::MutexLock lock(&mu_);
-      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || wake_heartbeat_;
-      };
-      mu_.AwaitWithTimeout(absl::Condition(&woken), interval);
       if (stopping_) return;
-      wake_heartbeat_ = false;
     }
     absl::MutexLock lock(&heartbeat_mu_);
     (void)HeartbeatLocked();
@@ -533,6 +552,7 @@ absl::StatusOr<std::optional<LockHandle>> ClientImpl::AcquireImpl(std::string_vi
     absl::MutexLock l(&mu_);
     session = session_id_;
   }
+  if (absl::Status settled = SettleRelinquished(session, name); !settled.ok()) return settled;
   wire::Request request;
   auto* a = request.mutable_acquire();
   a->set_session_id(session);
@@ -753,12 +773,53 @@ void ClientImpl::OnUnmatchedReply(const wire::Response& response) {
 }
 
 void ClientImpl::Relinquish(uint64_t session, const std::string& lock, uint64_t token) {
+  {
+    absl::MutexLock l(&mu_);
+    if (unsettled_.insert_or_assign(lock, Unsettled{session, token}).second) {
+      unsettled_order_.push_back(lock);
+    }
+    while (unsettled_order_.size() > kMaxUnsettled) {
+      unsettled_.erase(unsettled_order_.front());
+      unsettled_order_.pop_front();
+    }
+  }
   wire::Request release;
   release.mutable_release()->set_session_id(session);
   release.mutable_release()->set_lock(lock);
   release.mutable_release()->set_token(token);
   release.mutable_release()->set_relinquish(true);
-  channel_->Post(std::move(release));
+  (void)channel_->Post(std::move(release));  // when not connected, SettleRelinquished resends
+}
+
+absl::Status ClientImpl::SettleRelinquished(uint64_t session, const std::string& lock) {
+  uint64_t token = 0;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = unsettled_.find(lock);
+    if (it == unsettled_.end()) return absl::OkStatus();
+    if (it->second.session != session) {  // that session is gone, and its locks with it
+      unsettled_.erase(it);
+      return absl::OkStatus();
+    }
+    token = it->second.token;
+  }
+  wire::Request release;
+  release.mutable_release()->set_session_id(session);
+  release.mutable_release()->set_lock(lock);
+  release.mutable_release()->set_token(token);
+  release.mutable_release()->set_relinquish(true);
+  auto reply = channel_->Call(std::move(release), options_.request_timeout);
+  if (!reply.ok()) {
+    return absl::UnavailableError(absl::StrCat("lock \"", lock, "\" was given up earlier (token ",
+                                               token, ") and lockd could not be told: ",
+                                               reply.status().message()));
+  }
+  // Any answer settles it: released now, or no longer held by that token anyway.
+  absl::MutexLock l(&mu_);
+  if (auto it = unsettled_.find(lock); it != unsettled_.end() && it->second.token == token) {
+    unsettled_.erase(it);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace fencelock
