@@ -150,6 +150,13 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
       return finish(absl::OkStatus());
     }
     case wire::Request::kListLocks: {
+      if (const absl::Status* fault = host.fault(); fault != nullptr) {
+        // Memory may hold changes the disk does not: show none of them.
+        return finish(absl::UnavailableError(absl::StrCat(
+            "lockd stopped after a disk fault (", fault->message(),
+            "); its memory may hold changes that never became durable, so it lists nothing; "
+            "restart it once the disk is fixed")));
+      }
       const auto& q = req.list_locks();
       if (q.limit() > 10000) {
         return finish(absl::InvalidArgumentError("ListLocks limit is at most 10000"));

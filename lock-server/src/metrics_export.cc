@@ -37,6 +37,12 @@ void MetricsExport::ExportNow() {
   const CommitLog& log = core_->log();
   add("lockd_log_syncs_total", "WAL batches written and fdatasynced", log.stats().commits,
       exported_commits_);
+  m.GetGauge("lockd_disk_fault",
+             "1 after a failed write or sync: lockd refuses mutations until restarted")
+      .Set(log.fault() != nullptr ? 1.0 : 0.0);
+  // After a disk fault memory may hold changes that never became durable: the gauges of the
+  // state keep their last value from before it.
+  if (log.fault() != nullptr) return;
   const LockService& service = core_->service();
   m.GetGauge("lockd_sessions", "Open sessions")
       .Set(static_cast<double>(service.state().session_count()));
@@ -45,9 +51,6 @@ void MetricsExport::ExportNow() {
   m.GetGauge("lockd_waiters", "Queued acquires").Set(static_cast<double>(service.waiter_count()));
   m.GetGauge("lockd_last_token", "The newest fencing token issued")
       .Set(static_cast<double>(service.state().last_token()));
-  m.GetGauge("lockd_disk_fault",
-             "1 after a failed write or sync: lockd refuses mutations until restarted")
-      .Set(log.fault() != nullptr ? 1.0 : 0.0);
 }
 
 }  // namespace fencelock::server

@@ -309,14 +309,20 @@ void ServerCore::Impl::OnCommitFault(const absl::Status& status) {
 
 void ServerCore::Impl::FillStats(wire::StatsReply* stats) const {
   const ServiceStats& s = service_.stats();
-  stats->set_sessions(service_.state().session_count());
-  stats->set_locks_held(service_.state().held_lock_count());
-  stats->set_waiters(service_.waiter_count());
+  // After a disk fault memory may hold changes that never became durable: the figures of the
+  // state (sessions, holders, waiters, the last token and lsn) are left out; the counters stay.
+  const bool show_state = log_->fault() == nullptr;
+  if (show_state) {
+    stats->set_sessions(service_.state().session_count());
+    stats->set_locks_held(service_.state().held_lock_count());
+    stats->set_waiters(service_.waiter_count());
+    stats->set_last_token(service_.state().last_token());
+    stats->set_last_lsn(log_->last_lsn());
+  }
   stats->set_grants_total(s.grants_total);
   stats->set_fenced_out_total(s.fenced_out_total);
   stats->set_session_expiries_total(s.session_expiries_total);
   stats->set_lock_expiries_total(s.lock_expiries_total);
-  stats->set_last_token(service_.state().last_token());
   stats->set_protocol_errors_total(protocol_errors_total_);
   const CommitLogStats log = log_->stats();
   stats->set_log_syncs_total(log.commits);
@@ -324,7 +330,6 @@ void ServerCore::Impl::FillStats(wire::StatsReply* stats) const {
   stats->set_log_bytes_total(log.bytes);
   stats->set_wal_segment(log.segment);
   stats->set_snapshots_total(log.snapshots);
-  stats->set_last_lsn(log_->last_lsn());
   stats->set_log_sync_ns_total(static_cast<uint64_t>(log.total_commit_ns));
   if (const absl::Status* fault = log_->fault()) stats->set_disk_fault(fault->ToString());
 }
