@@ -20,6 +20,7 @@
 #include "lock-client/client.h"
 #include "lock-server/testing/test_envs.h"
 #include "lockd_process.h"
+#include "raw_connection.h"
 #include "lock-server/storage.h"
 
 namespace fencelock {
@@ -96,6 +97,9 @@ TEST(CorruptionTest, EveryTruncationAndBitFlipRestoresAcknowledgedStateOrRefuses
     if (r.ok()) state_at[lsn] = r->state.DebugString();
   }
 
+  // Damages every byte of every file in `damaged`, one case at a time, and checks recovery.
+  auto run_cases = [&](const std::map<std::string, std::string>& damaged, const char* label,
+                       int* torn_restores_out) {
   int cases = 0, refused = 0, intact_restores = 0, torn_restores = 0;
   std::vector<std::string> failures;
   auto check = [&](const std::string& name, const std::string& what) {
@@ -130,7 +134,7 @@ TEST(CorruptionTest, EveryTruncationAndBitFlipRestoresAcknowledgedStateOrRefuses
                                     " with a state that is not an acknowledged prefix"));
   };
 
-  for (const auto& [name, original] : files) {
+  for (const auto& [name, original] : damaged) {
     const std::string path = absl::StrCat(kDir, "/", name);
     for (size_t offset = 0; offset < original.size(); ++offset) {
       env.PutFile(path, original.substr(0, offset));
@@ -142,12 +146,29 @@ TEST(CorruptionTest, EveryTruncationAndBitFlipRestoresAcknowledgedStateOrRefuses
     }
     env.PutFile(path, original);
   }
-  std::printf("corruption cases: %d (refused %d, restored intact %d, restored minus a torn tail %d)\n",
-              cases, refused, intact_restores, torn_restores);
-  EXPECT_TRUE(failures.empty()) << failures.size() << " bad cases, first: " << failures[0];
-  EXPECT_GT(refused, 0);
-  EXPECT_GT(torn_restores, 0);
+  std::printf("%s: %d corruption cases (refused %d, restored intact %d, restored minus a torn "
+              "tail %d)\n",
+              label, cases, refused, intact_restores, torn_restores);
+  EXPECT_TRUE(failures.empty()) << label << ": " << failures.size() << " bad cases, first: "
+                                << failures[0];
+  EXPECT_GT(refused, 0) << label;
+  *torn_restores_out = torn_restores;
+  };
+
+  // As lockd left it after a clean stop: COMMITTED holds the last lsn, so losing any committed
+  // record is refused, the newest included (issue 13, finding 3).
+  int torn = -1;
+  run_cases(files, "with COMMITTED", &torn);
+  EXPECT_EQ(torn, 0) << "a committed record was dropped as a torn tail despite COMMITTED";
+  // As after a crash before the newest records were marked: a damaged final record is
+  // indistinguishable from an interrupted append, and is dropped with a warning.
+  std::map<std::string, std::string> unmarked = files;
+  unmarked.erase(server::kCommittedFile);
+  env.RemoveFile(absl::StrCat(kDir, "/", server::kCommittedFile)).IgnoreError();
+  run_cases(unmarked, "without COMMITTED", &torn);
+  EXPECT_GT(torn, 0);
 }
+
 
 TEST(CorruptionTest, RealLockdRefusesDamageNamingTheFileAndExitsNonZero) {
   TempDir tmp;
@@ -194,6 +215,46 @@ TEST(CorruptionTest, RealLockdRefusesDamageNamingTheFileAndExitsNonZero) {
       testing::RunLockdToExit({"serve", "--data-dir=" + dir, "--port=0"});
   EXPECT_EQ(WEXITSTATUS(version_status), 1);
   EXPECT_THAT(version_err, ::testing::HasSubstr("unsupported format version \"9\""));
+}
+
+// Issue 13, finding 1: two lockd on one state directory both served, granted the same lock
+// with two tokens, and left a directory that no longer recovered.
+TEST(StateDirectoryTest, ASecondLockdOnTheSameDirectoryIsRefusedNamingTheFirst) {
+  testing::LockdProcess first;
+  auto [status, err] = testing::RunLockdToExit(
+      {"serve", "--data-dir=" + first.data_dir(), "--port=0", "--metrics-port=-1"});
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_THAT(err, ::testing::HasSubstr(absl::StrCat("lockd pid ", first.pid())));
+  EXPECT_THAT(err, ::testing::HasSubstr("one state directory has exactly one server"));
+  testing::RawConnection still = testing::RawConnection::Tcp(first.port());
+  EXPECT_EQ(still.Hello().code(), wire::OK);  // the first keeps serving
+  // A killed lockd holds nothing: the directory can be served again at once.
+  first.Kill();
+  first.Restart();
+  testing::RawConnection again = testing::RawConnection::Tcp(first.port());
+  EXPECT_EQ(again.Hello().code(), wire::OK);
+}
+
+// Issue 13, finding 6: each of these crashed lockd or was accepted; now each is a clear message
+// and exit status 1.
+TEST(StateDirectoryTest, BadPathsAndSizesAreClearErrors) {
+  testing::TempDir tmp;
+  EXPECT_EQ(WEXITSTATUS(testing::InitDataDir(tmp.path() + "/tiny", 10)), 1);
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() + "/tiny/FORMAT"));
+
+  const std::string dir = tmp.path() + "/state";
+  ASSERT_EQ(testing::InitDataDir(dir), 0);
+  const std::string long_path = tmp.path() + "/" + std::string(200, 's');
+  auto [status, err] = testing::RunLockdToExit({"serve", "--data-dir=" + dir, "--port=0",
+                                                "--metrics-port=-1", "--unix-socket=" + long_path});
+  EXPECT_TRUE(WIFEXITED(status)) << "lockd died of a signal: " << err;
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_THAT(err, ::testing::HasSubstr("a socket path may have at most 107"));
+
+  auto [seg_status, seg_err] = testing::RunLockdToExit(
+      {"serve", "--data-dir=" + dir, "--port=0", "--metrics-port=-1", "--wal-segment-bytes=10"});
+  EXPECT_EQ(WEXITSTATUS(seg_status), 1);
+  EXPECT_THAT(seg_err, ::testing::HasSubstr("--wal-segment-bytes"));
 }
 
 }  // namespace

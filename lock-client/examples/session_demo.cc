@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "process/flags.h"
 #include "lock-client/client.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:7420", "lockd address: host:port or unix:/path");
@@ -35,7 +35,7 @@ void Fail(const char* what, const absl::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  fencelock::process::ParseFlags(argc, argv);
   const std::string server = absl::GetFlag(FLAGS_server);
   std::printf("fencelock scripted session against lockd at %s\n\n", server.c_str());
 

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "process/flags.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "fencelock/wire.pb.h"
@@ -305,6 +305,6 @@ int Main() {
 }  // namespace fencelock
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  fencelock::process::ParseFlags(argc, argv);
   return fencelock::Main();
 }

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -64,6 +65,15 @@ class PosixSegment final : public SegmentFile {
  private:
   int fd_;
   std::string path_;
+};
+
+class PosixFileLock final : public FileLock {
+ public:
+  explicit PosixFileLock(int fd) : fd_(fd) {}
+  ~PosixFileLock() override { close(fd_); }  // closing the descriptor releases the flock
+
+ private:
+  int fd_;
 };
 
 class PosixEnv final : public Env {
@@ -154,6 +164,32 @@ class PosixEnv final : public Env {
   absl::Status CreateDir(const std::string& dir) override {
     if (mkdir(dir.c_str(), 0700) != 0) return ErrnoStatus("mkdir", dir, errno);
     return SyncDir(Parent(dir));
+  }
+
+  absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path,
+                                                     const std::string& owner) override {
+    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return ErrnoStatus("open", path, errno);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      std::string holder(256, '\0');
+      const ssize_t n = pread(fd, holder.data(), holder.size(), 0);
+      close(fd);
+      if (err != EWOULDBLOCK) return ErrnoStatus("flock", path, err);
+      holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " is locked by ", holder.empty() ? "another process" : holder,
+          ": one state directory has exactly one server"));
+    }
+    absl::Status s;
+    if (ftruncate(fd, 0) != 0) s = ErrnoStatus("ftruncate", path, errno);
+    if (s.ok()) s = WriteAll(fd, path, owner + "\n", 0);
+    if (!s.ok()) {
+      close(fd);
+      return s;
+    }
+    return std::make_unique<PosixFileLock>(fd);
   }
 
   absl::Status SyncDir(const std::string& dir) override {

@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -47,6 +48,12 @@ absl::Status Listener::Bind() {
 absl::Status Listener::BindUnixSocket() {
   boost::system::error_code ec;
   const std::string& path = options_.unix_socket_path;
+  // Asio throws for a path that does not fit a socket address: refuse it first, by name.
+  if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unix socket path ", path, " is ", path.size(), " bytes; a socket path may have at most ",
+        sizeof(sockaddr_un::sun_path) - 1));
+  }
   struct stat st;
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {

@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "clock/clock.h"
 #include "lock-server/storage.h"
 
 namespace fencelock::server {
@@ -40,6 +41,8 @@ class LocalCommitLog final : public CommitLog {
   ~LocalCommitLog() override;
 
   void SetListener(CommitLogListener* listener) override { listener_ = listener; }
+  // Keeps the state directory's lock for the life of the log.
+  void HoldDirectory(std::unique_ptr<FileLock> lock) { dir_lock_ = std::move(lock); }
   void ReserveFor(FenceToken token, SessionId session) override;
   void Append(const Record& r) override;
   void Flush() override;
@@ -75,12 +78,16 @@ class LocalCommitLog final : public CommitLog {
   absl::Status Rotate(uint64_t needed);
   absl::Status WriteSnapshot(const std::string& bytes, uint64_t lsn);
   void OnJobDone(const absl::Status& s);
+  // Queues a COMMITTED write of the newest lsn the writer has synced.
+  void QueueCommittedMark();
+  absl::Status WriteCommittedMark();
 
   const LocalCommitLogOptions options_;
   PostToOwner post_;
   CommitLogListener* listener_ = nullptr;
   // Set by the destructor: scheduled steps and completions that arrive later do nothing.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::unique_ptr<FileLock> dir_lock_;
 
   // Owner thread.
   uint64_t next_lsn_ = 1;
@@ -96,6 +103,7 @@ class LocalCommitLog final : public CommitLog {
   uint64_t last_snapshot_bytes_ = 0;
   uint64_t wal_bytes_at_snapshot_ = 0;  // bytes_ when the last snapshot was queued
   uint64_t wal_bytes_queued_ = 0;       // bytes of every batch handed to the writer
+  MonoTime last_mark_at_ = MonoTime::Min();
 
   // Writer.
   std::unique_ptr<SegmentFile> file_;
@@ -105,6 +113,8 @@ class LocalCommitLog final : public CommitLog {
   std::map<uint64_t, uint64_t> segment_last_lsn_;
   std::vector<uint64_t> snapshot_lsns_;
   absl::Status writer_fault_;
+  uint64_t writer_synced_lsn_ = 0;  // every record up to it is synced
+  uint64_t writer_marked_lsn_ = 0;  // as written to COMMITTED
 
   // Shared, read by stats().
   std::atomic<uint64_t> syncs_{0}, records_{0}, bytes_{0}, snapshots_{0}, reservations_{0},
@@ -155,6 +165,8 @@ absl::StatusOr<std::unique_ptr<LocalCommitLog>> LocalCommitLog::Open(
     log->snapshot_lsns_.push_back(std::stoull(name.substr(sizeof("snapshot-") - 1)));
   }
   log->next_lsn_ = recovered.last_lsn + 1;
+  log->writer_synced_lsn_ = recovered.last_lsn;
+  log->writer_marked_lsn_ = recovered.committed_mark;
   log->last_snapshot_bytes_ = recovered.snapshot_bytes;
   for (const std::string& name : recovered.stale_temp_files) {
     (void)env->RemoveFile(Path(options.dir, name));
@@ -167,6 +179,9 @@ absl::StatusOr<std::unique_ptr<LocalCommitLog>> LocalCommitLog::Open(
 }
 
 LocalCommitLog::~LocalCommitLog() {
+  // A clean stop records how far the log reached. An injected writer stands for a crash: it
+  // abandons its queue and writes nothing more.
+  if (!options_.schedule_writer && fault_.ok()) QueueCommittedMark();
   *alive_ = false;
   {
     absl::MutexLock lock(&mu_);
@@ -234,6 +249,11 @@ void LocalCommitLog::SendPending() {
             if (!s.ok()) return;
             durable_batch_ = batch;
             if (listener_ != nullptr) listener_->OnCommitted(batch);
+            const MonoTime now = options_.now ? options_.now() : Clock::Real()->Now();
+            if (now - last_mark_at_ >= options_.committed_mark_interval) {
+              last_mark_at_ = now;
+              QueueCommittedMark();
+            }
             if (*rotated && listener_ != nullptr &&
                 wal_bytes_queued_ - wal_bytes_at_snapshot_ >= last_snapshot_bytes_) {
               listener_->OnSnapshotDue();
@@ -282,6 +302,24 @@ void LocalCommitLog::Snapshot(const StateMachine& state) {
   wal_bytes_at_snapshot_ = wal_bytes_queued_;
   Enqueue(Job{[this, bytes, lsn] { return WriteSnapshot(*bytes, lsn); },
               [this](const absl::Status& s) { OnJobDone(s); }});
+}
+
+void LocalCommitLog::QueueCommittedMark() {
+  Enqueue(Job{[this] { return WriteCommittedMark(); },
+              [this](const absl::Status& s) { OnJobDone(s); }});
+}
+
+absl::Status LocalCommitLog::WriteCommittedMark() {
+  // Runs after every batch queued before it: what it records is synced.
+  if (writer_synced_lsn_ <= writer_marked_lsn_) return absl::OkStatus();
+  const uint64_t lsn = writer_synced_lsn_;
+  if (absl::Status s = options_.env->WriteFileAtomically(Path(options_.dir, kCommittedFile),
+                                                         EncodeCommittedMark(lsn));
+      !s.ok()) {
+    return s;
+  }
+  writer_marked_lsn_ = lsn;
+  return absl::OkStatus();
 }
 
 void LocalCommitLog::OnJobDone(const absl::Status& s) {
@@ -366,6 +404,7 @@ absl::Status LocalCommitLog::WriteBatch(const std::string& bytes, uint64_t last_
   if (absl::Status s = file_->Sync(); !s.ok()) return s;
   offset_ += bytes.size();
   segment_last_lsn_[segment_] = last_lsn;
+  writer_synced_lsn_ = last_lsn;
   const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                          std::chrono::steady_clock::now() - start)
                          .count();
@@ -437,11 +476,23 @@ absl::StatusOr<OpenedCommitLog> OpenLocalCommitLog(const LocalCommitLogOptions& 
   if (options.env == nullptr || options.dir.empty()) {
     return absl::InvalidArgumentError("the local commit log needs an Env and a directory");
   }
+  // One state directory, one server, for the whole life of the log: a second lockd on the same
+  // directory is refused here, before it reads anything. Only an initialized directory is
+  // locked: recovery explains what is wrong with any other, and `lockd init` must still find a
+  // directory it was refused on empty.
+  std::unique_ptr<FileLock> dir_lock;
+  if (auto format = options.env->ReadFile(Path(options.dir, kFormatFile)); format.ok()) {
+    auto locked = options.env->LockFile(Path(options.dir, kLockFile),
+                                        options.owner.empty() ? "lockd" : options.owner);
+    if (!locked.ok()) return locked.status();
+    dir_lock = std::move(*locked);
+  }
   // Restore before anything is written: a directory we cannot trust is never appended to.
   auto recovered = Recover(options.env, options.dir, now);
   if (!recovered.ok()) return recovered.status();
   auto log = LocalCommitLog::Open(options, recovered->report, std::move(post));
   if (!log.ok()) return log.status();
+  (*log)->HoldDirectory(std::move(dir_lock));
   OpenedCommitLog out;
   out.summary = Summary(recovered->state, options.dir, recovered->report);
   out.state = std::move(recovered->state);

@@ -239,5 +239,23 @@ TEST_F(DurableLogTest, DiskFaultStopsTheLogAndNothingAfterItIsAcknowledged) {
   EXPECT_EQ(r->state.holders().size(), 1u);  // lock-0-0 from the first workload only
 }
 
+// Issue 13, finding 1: one state directory, one server.
+TEST_F(DurableLogTest, ASecondLogOnTheSameDirectoryIsRefusedNamingTheFirst) {
+  ASSERT_TRUE(InitDataDir(&mem_, kDir, 4096).ok());
+  auto post = [this](std::function<void()> f) { loop_.Post(std::move(f)); };
+  auto first = OpenLocalCommitLog({.env = &mem_, .dir = kDir, .owner = "lockd pid 4242"}, kNow,
+                                  post);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = OpenLocalCommitLog({.env = &mem_, .dir = kDir, .owner = "lockd pid 99"}, kNow,
+                                   post);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(), HasSubstr("lockd pid 4242"));
+  EXPECT_THAT(second.status().message(), HasSubstr("exactly one server"));
+  first->log.reset();  // the first server stops: the directory is free again
+  auto third = OpenLocalCommitLog({.env = &mem_, .dir = kDir}, kNow, post);
+  EXPECT_TRUE(third.ok()) << third.status();
+}
+
 }  // namespace
 }  // namespace fencelock::server

@@ -13,12 +13,12 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "fencelock/wire.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "lock-server/blocking_connection.h"
+#include "process/flags.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:7420", "lockd address: host:port or unix:/path");
 ABSL_FLAG(bool, json, false, "print JSON instead of tables");
@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "inspect a running lockd\n  lockctl [--server=ADDR] [--json] status|sessions|locks|waiters "
       "[--prefix=P]");
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  const std::vector<std::string> args = fencelock::process::ParseFlags(argc, argv);
   if (args.size() != 2) {
     std::fprintf(stderr, "usage: lockctl [--server=ADDR] [--json] status|sessions|locks|waiters\n");
     return 2;

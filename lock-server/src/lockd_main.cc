@@ -83,7 +83,7 @@ int Serve() {
   const int port = absl::GetFlag(FLAGS_port);
   if (port < 0 || port > 65535) {
     std::fprintf(stderr, "lockd: --port=%d is not a TCP port (0 to 65535)\n", port);
-    return 2;
+    return 1;
   }
   ServerOptions options;
   options.tcp_host = absl::GetFlag(FLAGS_listen);
@@ -109,7 +109,7 @@ int Serve() {
     if (mode.empty() || *end != '\0' || bits > 0777) {
       std::fprintf(stderr, "lockd: --unix-socket-mode=%s is not an octal permission mode (0 to 0777)\n",
                    mode.c_str());
-      return 2;
+      return 1;
     }
     options.unix_socket_mode = static_cast<uint32_t>(bits);
   }
@@ -117,7 +117,7 @@ int Serve() {
     auto gid = ResolveId(group, /*group=*/true);
     if (!gid) {
       std::fprintf(stderr, "lockd: --unix-socket-group=%s names no group\n", group.c_str());
-      return 2;
+      return 1;
     }
     options.unix_socket_gid = *gid;
   }
@@ -126,17 +126,17 @@ int Serve() {
     if (!uid) {
       std::fprintf(stderr, "lockd: --allowed-uids: \"%s\" is neither a user id nor a user name\n",
                    std::string(user).c_str());
-      return 2;
+      return 1;
     }
     options.allowed_uids.push_back(*uid);
   }
   if (!options.allowed_uids.empty() && options.unix_socket_path.empty()) {
     std::fprintf(stderr, "lockd: --allowed-uids applies to the Unix socket; give --unix-socket too\n");
-    return 2;
+    return 1;
   }
   if (options.data_dir.empty()) {
     std::fprintf(stderr, "lockd: serve needs --data-dir (create one with lockd init)\n");
-    return 2;
+    return 1;
   }
 
   // Signals are taken by a dedicated thread, so no handler runs inside the server.
@@ -194,7 +194,7 @@ int Init() {
   const std::string dir = absl::GetFlag(FLAGS_data_dir);
   if (dir.empty()) {
     std::fprintf(stderr, "lockd: init needs --data-dir\n");
-    return 2;
+    return 1;
   }
   absl::Status s = fencelock::server::InitDataDir(fencelock::server::Env::Posix(), dir,
                                                   absl::GetFlag(FLAGS_wal_segment_bytes));
@@ -223,5 +223,5 @@ int main(int argc, char** argv) {
   if (command == "init") return Init();
   if (command == "serve") return Serve();
   std::fprintf(stderr, "usage: lockd init|serve --data-dir=DIR [flags]; lockd --help lists the flags\n");
-  return 2;
+  return 1;
 }

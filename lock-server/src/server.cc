@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "lock-server/local_commit_log.h"
 #include "lock-server/server_core.h"
+#include "lock-server/storage.h"
 #include "listener.h"
 #include "metrics/metrics.h"
 #include "metrics_export.h"
@@ -72,11 +73,17 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
   metrics::Histogram& sync_latency = metrics_->GetHistogram(
       "lockd_log_sync_seconds", "Duration of one WAL batch write + fdatasync",
       metrics::LatencyBuckets());
-  LocalCommitLogOptions log_options{.env = options_.env,
-                                    .dir = options_.data_dir,
-                                    .segment_bytes = options_.wal_segment_bytes,
-                                    .reservation_block = options_.reservation_block};
+  char host[256] = "?";
+  ::gethostname(host, sizeof(host) - 1);
+  LocalCommitLogOptions log_options{
+      .env = options_.env,
+      .dir = options_.data_dir,
+      .segment_bytes = options_.wal_segment_bytes,
+      .reservation_block = options_.reservation_block,
+      .owner = absl::StrCat("lockd pid ", ::getpid(), " on host ", host, " (tcp ",
+                            options_.tcp_host, ":", options_.tcp_port, ")")};
   log_options.on_sync = [&sync_latency](int64_t ns) { sync_latency.Observe(ns / 1e9); };
+  log_options.now = [this] { return time_.Now(); };
   return OpenLocalCommitLog(log_options, time_.Now(),
                             [this](std::function<void()> f) { asio::post(io_, std::move(f)); });
 }
@@ -160,9 +167,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   if (options.data_dir.empty()) {
     return absl::InvalidArgumentError("a state directory is required (--data-dir)");
   }
-  if (options.wal_segment_bytes < 4096 || options.reservation_block == 0) {
-    return absl::InvalidArgumentError(
-        "WAL segments must be at least 4096 bytes and reservations at least 1");
+  if (absl::Status s = CheckSegmentBytes(options.wal_segment_bytes); !s.ok()) return s;
+  if (options.reservation_block == 0 || options.reservation_block > (uint64_t{1} << 40)) {
+    return absl::InvalidArgumentError("the reservation block must be 1 to 2^40");
   }
   ServerOptions resolved = options;
   if (resolved.env == nullptr) resolved.env = Env::Posix();

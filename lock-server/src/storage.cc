@@ -14,6 +14,8 @@ namespace {
 constexpr char kSegmentMagic[8] = {'F', 'L', 'W', 'A', 'L', 'S', 'E', 'G'};
 constexpr char kSequencesMagic[4] = {'F', 'L', 'S', 'Q'};
 constexpr char kSnapshotMagic[4] = {'F', 'L', 'S', 'N'};
+constexpr char kCommittedMagic[4] = {'F', 'L', 'C', 'M'};
+constexpr uint64_t kCommittedBytes = 20;
 constexpr char kRecordMagic[4] = {'F', 'L', 'R', '1'};
 constexpr uint32_t kFileVersion = 1;
 constexpr uint64_t kSequencesBytes = 28;
@@ -53,7 +55,9 @@ std::optional<uint64_t> ParseNumbered(const std::string& name, std::string_view 
   uint64_t v = 0;
   for (size_t i = prefix.size(); i < name.size(); ++i) {
     if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    v = v * 10 + static_cast<uint64_t>(name[i] - '0');
+    const uint64_t digit = static_cast<uint64_t>(name[i] - '0');
+    if (v > (UINT64_MAX - digit) / 10) return std::nullopt;  // 20 digits can exceed 64 bits
+    v = v * 10 + digit;
   }
   return v;
 }
@@ -152,6 +156,19 @@ bool AllZero(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c == 0; });
 }
 
+absl::StatusOr<uint64_t> DecodeCommittedMark(const std::string& path, std::string_view data) {
+  if (data.size() != kCommittedBytes) {
+    return Damaged(path, absl::StrCat("is ", data.size(), " bytes, expected ", kCommittedBytes));
+  }
+  if (std::memcmp(data.data(), kCommittedMagic, 4) != 0) return Damaged(path, "bad magic");
+  if (GetU32(data, 16) != Crc32c(data.substr(0, 16))) return Damaged(path, "checksum mismatch");
+  if (GetU32(data, 4) != kFileVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": unsupported version ", GetU32(data, 4)));
+  }
+  return GetU64(data, 8);
+}
+
 absl::StatusOr<Sequences> DecodeSequences(const std::string& path, std::string_view data) {
   if (data.size() != kSequencesBytes) {
     return Damaged(path, absl::StrCat("is ", data.size(), " bytes, expected ", kSequencesBytes));
@@ -247,6 +264,14 @@ std::string EncodeSequences(const Sequences& s) {
   return out;
 }
 
+std::string EncodeCommittedMark(uint64_t lsn) {
+  std::string out(kCommittedMagic, 4);
+  PutU32(&out, kFileVersion);
+  PutU64(&out, lsn);
+  PutU32(&out, Crc32c(out));
+  return out;
+}
+
 std::string EncodeRecordFrame(uint64_t lsn, const Record& r) { return Frame(ToProto(lsn, r)); }
 
 std::string EncodeRawRecordFrame(std::string_view payload) { return FramePayload(payload); }
@@ -304,7 +329,18 @@ std::string EncodeRawSnapshot(std::string_view payload) {
   return out;
 }
 
+absl::Status CheckSegmentBytes(uint64_t segment_bytes) {
+  if (segment_bytes < kMinSegmentBytes || segment_bytes > kMaxSegmentBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a WAL segment of ", segment_bytes, " bytes is outside [", kMinSegmentBytes, ", ",
+        kMaxSegmentBytes, "] (--wal-segment-bytes)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status InitDataDir(Env* env, const std::string& dir, uint64_t segment_bytes) {
+  // Refuse here what serve could not serve.
+  if (absl::Status s = CheckSegmentBytes(segment_bytes); !s.ok()) return s;
   auto existing = env->ListDir(dir);
   if (existing.ok()) {
     if (std::find(existing->begin(), existing->end(), kFormatFile) != existing->end()) {
@@ -381,6 +417,16 @@ absl::StatusOr<Recovered> Recover(Env* env, const std::string& dir, MonoTime now
   if (!sequences.ok()) return sequences.status();
   report.reserved = *sequences;
 
+  // COMMITTED, when there is one: the log must reach at least its lsn.
+  const std::string committed_path = Path(dir, kCommittedFile);
+  if (auto mark_data = env->ReadFile(committed_path); mark_data.ok()) {
+    auto mark = DecodeCommittedMark(committed_path, *mark_data);
+    if (!mark.ok()) return mark.status();
+    report.committed_mark = *mark;
+  } else if (!absl::IsNotFound(mark_data.status())) {
+    return Damaged(committed_path, std::string(mark_data.status().message()));
+  }
+
   // Directory listing.
   std::vector<uint64_t> snapshots, segments;
   for (const std::string& name : *names) {
@@ -390,7 +436,8 @@ absl::StatusOr<Recovered> Recover(Env* env, const std::string& dir, MonoTime now
       segments.push_back(*n);
     } else if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
       report.stale_temp_files.push_back(name);
-    } else if (name != kFormatFile && name != kSequencesFile) {
+    } else if (name != kFormatFile && name != kSequencesFile && name != kLockFile &&
+               name != kCommittedFile) {
       report.warnings.push_back(absl::StrCat("ignoring unexpected file ", Path(dir, name)));
     }
   }
@@ -507,13 +554,26 @@ absl::StatusOr<Recovered> Recover(Env* env, const std::string& dir, MonoTime now
       const size_t last_nonzero = data.find_last_not_of('\0');
       report.torn_tail_offset = at;
       report.torn_tail_bytes = last_nonzero + 1 - at;
-      report.warnings.push_back(absl::StrCat(path, ": offset ", at, ": dropped a torn tail of ",
-                                             report.torn_tail_bytes,
-                                             " bytes (an append that was never acknowledged)"));
+      // What lockd knows: these bytes do not form a valid record and nothing valid follows. An
+      // append a crash interrupted looks like this; so does damage to records that were
+      // committed after the last COMMITTED mark, which no single disk can tell apart.
+      report.warnings.push_back(absl::StrCat(
+          path, ": offset ", at, ": dropped ", report.torn_tail_bytes,
+          " bytes after the last valid record (lsn ", report.last_lsn,
+          "): an append that did not complete, or damage to records newer than the COMMITTED "
+          "mark (lsn ", report.committed_mark, ")"));
     }
     if (final) {
       if (expect_next_segment) {
         return Damaged(path, absl::StrCat("is sealed but segment ", number + 1, " is missing"));
+      }
+      if (report.last_lsn < report.committed_mark && stop_after_lsn == UINT64_MAX) {
+        // Records that were committed, and maybe acknowledged, are gone: serving would hand
+        // out locks their holders still believe they hold. Fail closed.
+        return Damaged(path, absl::StrCat(
+            "the log ends at lsn ", report.last_lsn, " but ", committed_path,
+            " says every record up to lsn ", report.committed_mark,
+            " was committed: the newest committed records were lost"));
       }
       report.last_segment = number;
       report.last_segment_size = size;

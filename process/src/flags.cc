@@ -1,10 +1,20 @@
 #include "process/flags.h"
 
 #include "absl/flags/parse.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 
 namespace fencelock::process {
 
 std::vector<std::string> ParseFlags(int argc, char** argv) {
+  // --help lists the program's own flags: absl's default shows only flags defined in a file
+  // named after the program, which matches none of ours ("No flags matched").
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return !absl::StrContains(file, "absl/");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   std::vector<std::string> normalized;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];

@@ -31,6 +31,11 @@ class SimDisk final : public server::Env {
   absl::Status RemoveFile(const std::string& path) override;
   absl::Status CreateDir(const std::string& dir) override;
   absl::Status SyncDir(const std::string& dir) override { return absl::OkStatus(); }
+  // One simulated lockd at a time: the lock always succeeds.
+  absl::StatusOr<std::unique_ptr<server::FileLock>> LockFile(const std::string& path,
+                                                             const std::string& owner) override {
+    return std::make_unique<server::FileLock>();
+  }
 
   // The next Sync (or atomic write) fails with kDataLoss, as an EIO from fdatasync would.
   void FailNextSync() { fail_next_sync_ = true; }

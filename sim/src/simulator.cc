@@ -552,6 +552,7 @@ void Simulation::StartLockd() {
                                             .segment_bytes = 16 << 10,
                                             .reservation_block = 7,
                                             .inline_sync_max_records = 0,
+                                            .now = [this] { return lockd_time_->Now(); },
                                             .log = [](const std::string&) {}};
   log_options.schedule_writer = [this](std::function<void()> step) {
     absl::Duration latency = rng_.Between(absl::Microseconds(100), absl::Milliseconds(1));
@@ -767,7 +768,7 @@ void Simulation::ScheduleFaults() {
         }
       });
     }
-    for (int i = 0, n = static_cast<int>(rng_.Below(3)); i < n; ++i) {
+    for (int i = 0, n = static_cast<int>(rng_.Below(8)); i < n; ++i) {
       // A one-way partition of a client's whole link, across its reconnects.
       world_.At(rng_.Between(0, end), env_node_, [this] {
         const int client = 1 + static_cast<int>(rng_.Below(options_.clients));

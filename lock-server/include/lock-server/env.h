@@ -30,6 +30,12 @@ class SegmentFile {
   virtual absl::Status Sync() = 0;
 };
 
+// An exclusive hold on a file (a state directory's LOCK) for as long as the object lives.
+class FileLock {
+ public:
+  virtual ~FileLock() = default;
+};
+
 class Env {
  public:
   virtual ~Env() = default;
@@ -57,6 +63,12 @@ class Env {
   // Creates a directory (its parent must exist) and syncs the parent.
   virtual absl::Status CreateDir(const std::string& dir) = 0;
   virtual absl::Status SyncDir(const std::string& dir) = 0;
+  // Takes an exclusive lock on `path` (created if missing) for the life of the returned object,
+  // across processes, and writes `owner` into the file for whoever is refused next. A process
+  // that dies loses its locks. kFailedPrecondition, quoting the holder's `owner`, if another
+  // holds it.
+  virtual absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path,
+                                                             const std::string& owner) = 0;
 };
 
 }  // namespace fencelock::server

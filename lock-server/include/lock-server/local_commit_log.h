@@ -1,7 +1,8 @@
 // The embedded default commit log: lockd's state directory (WAL segments + snapshots +
 // SEQUENCES, the format in lock-server/storage.h and docs/durability.md), with group commit.
 //
-// OpenLocalCommitLog() recovers the directory, takes it over (zeroes a torn tail, durably
+// OpenLocalCommitLog() locks the directory (one server per directory, for the life of the log),
+// recovers it, takes it over (zeroes a torn tail, durably
 // reserves sequence blocks above the recovered floors) and returns the state with a CommitLog
 // that appends to it. A batch is committed once it is written and fdatasync'd; while one batch
 // is being synced new records pile up for the next, so concurrent mutations share a sync.
@@ -15,6 +16,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "clock/clock.h"
 #include "lock-server/commit_log.h"
 #include "lock-server/env.h"
@@ -36,9 +38,18 @@ struct LocalCommitLogOptions {
   // batches go to the writer so that the owner keeps serving while they sync. Default: 4. Zero
   // always uses the writer.
   uint64_t inline_sync_max_records = 4;
+  // How often, at most, the log records in COMMITTED the newest lsn it knows committed, so that
+  // recovery can refuse a log that ends below it (lost committed records). It is also written
+  // when the log is closed cleanly. Default: 1 s.
+  absl::Duration committed_mark_interval = absl::Seconds(1);
+  // The clock for that interval. Default: empty, the real boot-time clock.
+  std::function<MonoTime()> now;
   // Called with the duration of every batch write + fdatasync, on whichever thread did it.
   // Default: none.
   std::function<void(int64_t ns)> on_sync;
+  // Who serves the directory, written into its LOCK file so that a second server that is
+  // refused can name it ("lockd pid 1234 on host h, tcp 127.0.0.1:7420"). Default: "lockd".
+  std::string owner;
   // Where the log reports its fault state (once). Default: standard error, "lockd: " first.
   std::function<void(const std::string&)> log;
   // Runs the writer's disk work, one step per call, in the order given. Default: empty, a
@@ -51,9 +62,10 @@ struct LocalCommitLogOptions {
 // Runs `task` on the owner's thread (lockd's event loop), after what is already due.
 using PostToOwner = std::function<void(std::function<void()>)>;
 
-// Recovers `options.dir` as of server time `now` (every restored lease gets its full TTL from
-// `now`) and opens it for appending. Errors are recovery's (kNotFound, kDataLoss,
-// kFailedPrecondition, naming the file and offset or reason) or the disk's. Completions run
+// Locks `options.dir`, recovers it as of server time `now` (every restored lease gets its full
+// TTL from `now`) and opens it for appending. Errors: kFailedPrecondition naming the holder when
+// another server has the directory; recovery's (kNotFound, kDataLoss, kFailedPrecondition,
+// naming the file and offset or reason); the disk's. Completions run
 // through `post`. With the default writer, destroying the log finishes the queued work first.
 absl::StatusOr<OpenedCommitLog> OpenLocalCommitLog(const LocalCommitLogOptions& options,
                                                    MonoTime now, PostToOwner post);

@@ -2,6 +2,9 @@
 //
 //   FORMAT                     "fencelock-lockd-state\nformat 1\n"; anything else is refused
 //   SEQUENCES                  token and session-id high-water marks reserved ahead of use
+//   LOCK                       locked by the server that serves the directory (not state)
+//   COMMITTED                  an lsn every record up to which was committed: the log may not
+//                              end below it (written about once a second and at a clean stop)
 //   snapshot-<20-digit lsn>    the whole state after record <lsn>
 //   wal-<20-digit number>      a preallocated, zero-filled log segment of checksummed records
 //
@@ -27,9 +30,19 @@ namespace fencelock::server {
 inline constexpr char kFormatFile[] = "FORMAT";
 inline constexpr char kFormatContents[] = "fencelock-lockd-state\nformat 1\n";
 inline constexpr char kSequencesFile[] = "SEQUENCES";
+// Held (flock) by the one server of a state directory for its whole life; names that server.
+inline constexpr char kLockFile[] = "LOCK";
+inline constexpr char kCommittedFile[] = "COMMITTED";
 inline constexpr uint64_t kSegmentHeaderBytes = 32;
 inline constexpr uint64_t kRecordHeaderBytes = 16;
 inline constexpr uint64_t kDefaultSegmentBytes = uint64_t{64} << 20;
+// The accepted range of WAL segment sizes: a segment must hold its header and some records,
+// and is preallocated with real zeros, so it may not be absurdly large either.
+inline constexpr uint64_t kMinSegmentBytes = 4096;
+inline constexpr uint64_t kMaxSegmentBytes = uint64_t{16} << 30;
+// OK if `segment_bytes` is in [kMinSegmentBytes, kMaxSegmentBytes]; otherwise kInvalidArgument
+// naming the flag.
+absl::Status CheckSegmentBytes(uint64_t segment_bytes);
 
 std::string SnapshotName(uint64_t lsn);
 std::string SegmentName(uint64_t number);
@@ -39,6 +52,8 @@ struct Sequences {
   SessionId session_hwm = 0;   // no session id above this has been handed out
 };
 std::string EncodeSequences(const Sequences& s);
+// The COMMITTED file: every record up to `lsn` was committed (synced) when it was written.
+std::string EncodeCommittedMark(uint64_t lsn);
 
 // One WAL record frame: header (magic, length, checksum of the length, checksum of the
 // payload) and the serialized LogRecord. `lsn` 0 with `seal_next_segment` set encodes the
@@ -55,7 +70,8 @@ std::string EncodeRawRecordFrame(std::string_view payload);
 std::string EncodeRawSnapshot(std::string_view payload);
 
 // Creates `dir` (which must not exist, or be empty) as a fresh state directory: FORMAT,
-// SEQUENCES, snapshot-0 and an empty first segment, all durable.
+// SEQUENCES, snapshot-0 and an empty first segment, all durable. kInvalidArgument for a segment
+// size outside [kMinSegmentBytes, kMaxSegmentBytes].
 absl::Status InitDataDir(Env* env, const std::string& dir,
                          uint64_t segment_bytes = kDefaultSegmentBytes);
 
@@ -65,6 +81,7 @@ struct RecoveryReport {
   uint64_t records_replayed = 0;   // records applied on top of the snapshot
   uint64_t segments = 0;
   Sequences reserved;              // as read from SEQUENCES
+  uint64_t committed_mark = 0;     // as read from COMMITTED (0: none)
   FenceToken logged_token = 0;     // the highest token in the snapshot and replayed records
   FenceToken token_floor = 0;      // restart issues tokens above this
   SessionId session_floor = 0;     // and session ids above this

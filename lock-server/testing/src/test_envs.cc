@@ -82,6 +82,31 @@ absl::Status MemEnv::CreateDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
+class MemFileLock final : public FileLock {
+ public:
+  MemFileLock(MemEnv* env, std::string path) : env_(env), path_(std::move(path)) {}
+  ~MemFileLock() override {
+    absl::MutexLock lock(&env_->mu_);
+    env_->locked_.erase(path_);
+  }
+
+ private:
+  MemEnv* env_;
+  std::string path_;
+};
+
+absl::StatusOr<std::unique_ptr<FileLock>> MemEnv::LockFile(const std::string& path,
+                                                           const std::string& owner) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = locked_.find(path); it != locked_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " is locked by ", it->second, ": one state directory has exactly one server"));
+  }
+  locked_[path] = owner;
+  files_[path] = owner + "\n";
+  return std::make_unique<MemFileLock>(this, path);
+}
+
 void MemEnv::PutFile(const std::string& path, std::string contents) {
   absl::MutexLock lock(&mu_);
   files_[path] = std::move(contents);

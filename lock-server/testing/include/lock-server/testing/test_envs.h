@@ -32,6 +32,9 @@ class MemEnv : public Env {
   absl::Status RemoveFile(const std::string& path) override;
   absl::Status CreateDir(const std::string& dir) override;
   absl::Status SyncDir(const std::string& dir) override { return absl::OkStatus(); }
+  // Exclusive among users of this MemEnv.
+  absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path,
+                                                     const std::string& owner) override;
 
   // Direct access for tests.
   void PutFile(const std::string& path, std::string contents);
@@ -39,9 +42,11 @@ class MemEnv : public Env {
 
  private:
   friend class MemSegment;
+  friend class MemFileLock;
   mutable absl::Mutex mu_;
   std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, bool> dirs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> locked_ ABSL_GUARDED_BY(mu_);  // path -> owner
 };
 
 // Wraps another Env and fails writes on command, as a full or failing disk would. Reads pass
@@ -71,6 +76,10 @@ class FaultInjectingEnv : public Env {
   absl::Status RemoveFile(const std::string& path) override;
   absl::Status CreateDir(const std::string& dir) override;
   absl::Status SyncDir(const std::string& dir) override;
+  absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path,
+                                                     const std::string& owner) override {
+    return base_->LockFile(path, owner);
+  }
 
   // kResourceExhausted while the disk is full, OK otherwise (counts refusals).
   absl::Status Check();
