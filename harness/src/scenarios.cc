@@ -1,6 +1,8 @@
 #include <signal.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -33,8 +35,10 @@ constexpr absl::Duration kRailReadTimeout = absl::Milliseconds(300);
 std::string Secs(absl::Duration d) { return absl::StrFormat("%.2f s", absl::ToDoubleSeconds(d)); }
 absl::Duration Since(int64_t ns) { return absl::Nanoseconds(history::NowNanos() - ns); }
 
-// Starts lockd and the rail with the scenario settings and loads `payouts` payouts.
-absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(Env& env, int64_t payouts) {
+// Starts lockd and the rail with the scenario settings and loads `payouts` payouts. Workers
+// get `worker_environment` ("NAME=value") on top of the harness's environment.
+absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(
+    Env& env, int64_t payouts, std::vector<std::string> worker_environment = {}) {
   auto cluster = Cluster::Start({.dir = env.dir,
                          .lockd_binary = env.binaries.lockd,
                          .rail_binary = env.binaries.rail,
@@ -46,7 +50,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(Env& env, int64_t payouts)
                          .session_ttl = kTtl,
                          .lock_ttl = kTtl,
                          .margin = kMargin,
-                         .history = true});
+                         .history = true,
+                         .worker_environment = std::move(worker_environment)});
   if (!cluster.ok()) return cluster.status();
   if (payouts == 0) return cluster;
   if (absl::Status s = (*cluster)->Load(payouts, 1000); !s.ok()) return s;
@@ -491,6 +496,69 @@ absl::Status Network(Env& env, Outcome& out) {
   return Finish(c, out, {});
 }
 
+// Workers pay while their wall clocks are stepped an hour ahead, then an hour behind, then
+// back (libfaketime, which rereads its offset from a file each second; their monotonic and
+// boot-time clocks are left alone). Each step lasts longer than a lease: a heartbeat that
+// stopped would lose every lock, one that flooded would show in lockd's load, and either would
+// leave leases lost (issue 13, finding 2).
+absl::Status ClockStep(Env& env, Outcome& out) {
+  const std::string libfaketime = LIBFAKETIME;
+  if (libfaketime.empty() || !std::filesystem::exists(libfaketime)) {
+    return absl::FailedPreconditionError(
+        "libfaketime not found: install the Debian package faketime (scripts/test.sh does)");
+  }
+  const std::string offset_file = env.dir + "/worker-wall-clock";
+  auto set_offset = [&](const std::string& offset) {
+    std::ofstream(offset_file, std::ios::trunc) << offset << "\n";
+  };
+  set_offset("+0");
+  // Payouts are loaded as the run goes, so that three workers are paying through every step
+  // on a fast machine or a slow one (a worker exits once nothing is left to pay).
+  const int64_t per_step = env.quick ? 800 : 1600;
+  std::vector<std::string> environment = {
+      "LD_PRELOAD=" + libfaketime, "FAKETIME_TIMESTAMP_FILE=" + offset_file,
+      "FAKETIME_CACHE_DURATION=1", "FAKETIME_DONT_FAKE_MONOTONIC=1"};
+  // In an AddressSanitizer build the preloaded library comes before ASan's runtime, which ASan
+  // refuses unless told that the order is on purpose.
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  environment.push_back(absl::StrCat("ASAN_OPTIONS=", asan != nullptr ? asan : "",
+                                     asan != nullptr && *asan != '\0' ? ":" : "",
+                                     "verify_asan_link_order=0"));
+  auto cluster = StartCluster(env, per_step, std::move(environment));
+  if (!cluster.ok()) return cluster.status();
+  Cluster& c = **cluster;
+  if (absl::Status s = StartWorkers(c); !s.ok()) return s;
+  if (absl::Status s = AwaitSessions(c); !s.ok()) return s;
+  History h(c.Path("history"));
+  if (absl::Status s = AwaitPaid(h, 20); !s.ok()) return s;
+  const absl::Duration hold = kTtl + absl::Milliseconds(env.Uniform(1000, 2000));
+  std::string steps;
+  for (const char* offset : {"+1h", "-1h"}) {
+    if (absl::Status s = c.Load(per_step, 1000); !s.ok()) return s;
+    const int64_t paid_before = h.Count("paid");
+    set_offset(offset);
+    absl::SleepFor(hold);
+    const int64_t paid = h.Count("paid") - paid_before;
+    absl::StrAppend(&steps, steps.empty() ? "" : "; ", offset, " for ", Secs(hold), ": ", paid,
+                    " paid");
+    out.Expect(paid > 0, absl::StrCat("no payout was paid with the wall clock at ", offset,
+                                      ": the workers stalled"));
+  }
+  set_offset("+0");
+  out.Figure("worker wall clock", steps + "; then back to +0");
+  if (absl::Status s = WaitWorkers(c, out, absl::Seconds(120)); !s.ok()) return s;
+  // Leases lost to time, not a step refused for want of lease (kInsufficientLease).
+  std::optional<history::Record> lost = h.Find([](const history::Record& r) {
+    return r.event == "lost" && r.detail != "insufficient_lease";
+  });
+  out.Figure("lost leases (client side)", absl::StrCat(h.Count("lost")));
+  out.Expect(!lost.has_value(),
+             lost ? absl::StrCat(lost->process, " lost the lease of ", lost->key, " (",
+                                 lost->detail, ") while its wall clock was stepped")
+                  : "");
+  return Finish(c, out, {});
+}
+
 }  // namespace
 
 const std::vector<Scenario>& Scenarios() {
@@ -505,6 +573,8 @@ const std::vector<Scenario>& Scenarios() {
       {"server-freeze", "lockd frozen past the TTL and resumed: every payout still paid once", ServerFreeze},
       {"server-crash", "lockd killed under load and restarted from its state: tokens keep rising", ServerCrash},
       {"network", "delays, holds, drops and cuts between workers and lockd: paid once, tokens ordered", Network},
+      {"clock-step", "workers' wall clocks stepped an hour ahead and behind mid-run: no lease lost",
+       ClockStep},
   };
   return *scenarios;
 }

@@ -159,7 +159,10 @@ absl::StatusOr<process::Child*> Cluster::StartWorker(const std::string& name,
       absl::StrCat("--margin=", options_.margin)};
   if (options_.history) args.push_back("--history=" + HistoryPath(name));
   args.insert(args.end(), extra_args.begin(), extra_args.end());
-  auto child = Spawn(options_.worker_binary, args, "logs/" + name + ".log");
+  auto child = process::Child::Spawn(options_.worker_binary, args,
+                                     {.stdout_file = Path("logs/" + name + ".log"),
+                                      .stderr_file = Path("logs/" + name + ".log"),
+                                      .environment = options_.worker_environment});
   if (!child.ok()) return child.status();
   return &(workers_[name] = std::move(*child));
 }

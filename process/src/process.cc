@@ -44,6 +44,21 @@ absl::StatusOr<Child> Child::Spawn(const std::string& binary,
   std::vector<char*> argv;
   for (auto& a : all) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The child's environment, built before fork: the parent's, with options.environment.
+  std::vector<std::string> env_strings;
+  auto name_of = [](const std::string& entry) { return entry.substr(0, entry.find('=')); };
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    bool replaced = false;
+    for (const std::string& extra : options.environment) {
+      replaced = replaced || name_of(extra) == name_of(entry);
+    }
+    if (!replaced) env_strings.push_back(entry);
+  }
+  env_strings.insert(env_strings.end(), options.environment.begin(), options.environment.end());
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
@@ -66,7 +81,7 @@ absl::StatusOr<Child> Child::Spawn(const std::string& binary,
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    execv(argv[0], argv.data());
+    execve(argv[0], argv.data(), envp.data());
     std::fprintf(stderr, "cannot execute %s: %s\n", argv[0], strerror(errno));
     _exit(127);
   }

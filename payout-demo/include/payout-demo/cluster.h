@@ -33,6 +33,9 @@ struct ClusterOptions {
   absl::Duration lock_ttl = absl::Seconds(5);
   double margin = 0.30;
   bool history = false;
+  // "NAME=value" entries added to every worker's environment (the harness runs workers with
+  // libfaketime this way). Default: none.
+  std::vector<std::string> worker_environment;
 };
 
 // The rail's ledger against the store, after the run.

@@ -23,6 +23,9 @@ struct SpawnOptions {
   std::string stderr_file;
   // Signal the child receives when the parent thread that spawned it dies. Default: SIGKILL.
   int parent_death_signal = 9;
+  // "NAME=value" entries added to the parent's environment for the child (replacing a variable
+  // of the same name). Default: none.
+  std::vector<std::string> environment;
 };
 
 class Child {
