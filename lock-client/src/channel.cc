@@ -88,7 +88,7 @@ class AsioChannel final : public Channel {
     return connected_;
   }
   absl::StatusOr<Reply> Call(wire::Request request, absl::Duration timeout) override;
-  absl::Status Post(wire::Request request) override;
+  absl::StatusOr<uint64_t> Post(wire::Request request) override;
   void set_unmatched_reply_handler(std::function<void(const wire::Response&)> handler) override {
     unmatched_ = std::move(handler);
   }
@@ -236,9 +236,8 @@ absl::StatusOr<Reply> AsioChannel::Call(wire::Request request, absl::Duration ti
   return std::move(call->reply);
 }
 
-absl::Status AsioChannel::Post(wire::Request request) {
-  auto id = Submit(request, nullptr);
-  return id.ok() ? absl::OkStatus() : id.status();
+absl::StatusOr<uint64_t> AsioChannel::Post(wire::Request request) {
+  return Submit(request, nullptr);
 }
 
 void AsioChannel::Enqueue(std::string frame, uint64_t id, uint64_t generation) {

@@ -48,9 +48,9 @@ class Channel {
   virtual absl::StatusOr<Reply> Call(wire::Request request, absl::Duration timeout) = 0;
 
   // Sends `request` without waiting; its reply goes to the unmatched-reply handler.
-  // kUnavailable when not connected (nothing is sent). OK means handed to the connection, not
-  // delivered: a connection that breaks at once may still lose it.
-  virtual absl::Status Post(wire::Request request) = 0;
+  // Returns the request id. kUnavailable when not connected (nothing is sent). An id means
+  // handed to the connection, not delivered: a connection that breaks at once may still lose it.
+  virtual absl::StatusOr<uint64_t> Post(wire::Request request) = 0;
 
   // Called on the I/O thread for replies no caller waits for. Must not block. Set before
   // Connect().

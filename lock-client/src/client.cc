@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
-#include <deque>
 #include <thread>
 #include <vector>
 
@@ -178,15 +177,14 @@ class ClientImpl final : public Client {
   absl::Duration session_ttl_ ABSL_GUARDED_BY(mu_);
   MonoTime session_deadline_ ABSL_GUARDED_BY(mu_) = MonoTime::Min();
   absl::flat_hash_map<std::string, HeldLock> held_ ABSL_GUARDED_BY(mu_);
-  // Locks given up by Relinquish, by name: their session and token. At most kMaxUnsettled; the
-  // oldest are forgotten first (lockd expires them on its own).
+  // Locks given up by Relinquish whose answer has not arrived, by name. At most kMaxUnsettled.
   struct Unsettled {
     uint64_t session;
     uint64_t token;
+    uint64_t request_id = 0;  // of the posted relinquish; 0 if it could not be sent
   };
   static constexpr size_t kMaxUnsettled = 4096;
   absl::flat_hash_map<std::string, Unsettled> unsettled_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::string> unsettled_order_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   MonotonicEvent stop_heartbeat_;  // set with stopping_
   // The last 128 heartbeat round trips, for the p99 (ring buffer).
@@ -455,7 +453,6 @@ void ClientImpl::LoseSession(LossReason reason) {
   }
   held_.clear();
   unsettled_.clear();  // the session's locks went with it
-  unsettled_order_.clear();
   session_id_ = 0;
   session_deadline_ = MonoTime::Min();
 }
@@ -759,6 +756,17 @@ absl::Duration ClientImpl::remaining(const LockHandle& handle) const {
 }
 
 void ClientImpl::OnUnmatchedReply(const wire::Response& response) {
+  if (response.has_release()) {
+    // lockd answered a relinquish (released, or no longer held by that token): settled.
+    absl::MutexLock l(&mu_);
+    for (auto it = unsettled_.begin(); it != unsettled_.end(); ++it) {
+      if (it->second.request_id == response.request_id()) {
+        unsettled_.erase(it);
+        break;
+      }
+    }
+    return;
+  }
   // A grant whose caller stopped waiting: nobody will use it, so give it back at once rather
   // than leaving the lock stuck until its lease runs out.
   if (response.code() != wire::OK || !response.has_acquire() || !response.acquire().granted()) {
@@ -775,12 +783,9 @@ void ClientImpl::OnUnmatchedReply(const wire::Response& response) {
 void ClientImpl::Relinquish(uint64_t session, const std::string& lock, uint64_t token) {
   {
     absl::MutexLock l(&mu_);
-    if (unsettled_.insert_or_assign(lock, Unsettled{session, token}).second) {
-      unsettled_order_.push_back(lock);
-    }
-    while (unsettled_order_.size() > kMaxUnsettled) {
-      unsettled_.erase(unsettled_order_.front());
-      unsettled_order_.pop_front();
+    // Bounded: past kMaxUnsettled a lost relinquish is left to lockd's own expiry.
+    if (unsettled_.size() < kMaxUnsettled || unsettled_.contains(lock)) {
+      unsettled_.insert_or_assign(lock, Unsettled{session, token});
     }
   }
   wire::Request release;
@@ -788,7 +793,14 @@ void ClientImpl::Relinquish(uint64_t session, const std::string& lock, uint64_t 
   release.mutable_release()->set_lock(lock);
   release.mutable_release()->set_token(token);
   release.mutable_release()->set_relinquish(true);
-  (void)channel_->Post(std::move(release));  // when not connected, SettleRelinquished resends
+  // lockd's answer settles it (OnUnmatchedReply); if it never comes, SettleRelinquished
+  // releases again before this name is acquired.
+  auto id = channel_->Post(std::move(release));
+  if (!id.ok()) return;
+  absl::MutexLock l(&mu_);
+  if (auto it = unsettled_.find(lock); it != unsettled_.end() && it->second.token == token) {
+    it->second.request_id = *id;
+  }
 }
 
 absl::Status ClientImpl::SettleRelinquished(uint64_t session, const std::string& lock) {

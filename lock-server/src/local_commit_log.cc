@@ -84,6 +84,7 @@ class LocalCommitLog final : public CommitLog {
 
   const LocalCommitLogOptions options_;
   PostToOwner post_;
+  const std::function<MonoTime()> now_;  // options.now, or the boot-time clock
   CommitLogListener* listener_ = nullptr;
   // Set by the destructor: scheduled steps and completions that arrive later do nothing.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
@@ -133,7 +134,9 @@ class LocalCommitLog final : public CommitLog {
 
 
 LocalCommitLog::LocalCommitLog(const LocalCommitLogOptions& options, PostToOwner post)
-    : options_(options), post_(std::move(post)) {}
+    : options_(options),
+      post_(std::move(post)),
+      now_(options.now ? options.now : [] { return Clock::Real()->Now(); }) {}
 
 absl::StatusOr<std::unique_ptr<LocalCommitLog>> LocalCommitLog::Open(
     const LocalCommitLogOptions& options, const RecoveryReport& recovered, PostToOwner post) {
@@ -249,7 +252,7 @@ void LocalCommitLog::SendPending() {
             if (!s.ok()) return;
             durable_batch_ = batch;
             if (listener_ != nullptr) listener_->OnCommitted(batch);
-            const MonoTime now = options_.now ? options_.now() : Clock::Real()->Now();
+            const MonoTime now = now_();
             if (now - last_mark_at_ >= options_.committed_mark_interval) {
               last_mark_at_ = now;
               QueueCommittedMark();

@@ -38,7 +38,6 @@ class ReplyGate {
   std::vector<std::pair<ConnectionId, uint64_t>> TakeAll();
   // The connection is gone: its held replies are dropped.
   void Drop(ConnectionId c) { held_.erase(c); }
-  size_t held_connections() const { return held_.size(); }
 
  private:
   struct Held {

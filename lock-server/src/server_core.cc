@@ -140,8 +140,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   void NoticeStall() { stall_.Notice(); }
 
   CoreStats stats() const {
-    return CoreStats{service_.stats(), protocol_errors_total_, stalls_total_,
-                     connections_.size()};
+    return CoreStats{service_.stats(), protocol_errors_total_, stalls_total_};
   }
 
   // DispatchHost
@@ -347,7 +346,6 @@ void ServerCore::RejectStream(ConnectionId id, int code, const std::string& mess
   impl_->RejectStream(id, code, message);
 }
 void ServerCore::Disconnect(ConnectionId id) { impl_->Disconnect(id); }
-void ServerCore::NoticeStall() { impl_->NoticeStall(); }
 const LockService& ServerCore::service() const { return impl_->service_ref(); }
 const CommitLog& ServerCore::log() const { return impl_->log(); }
 CoreStats ServerCore::stats() const { return impl_->stats(); }

@@ -37,17 +37,9 @@ class MonotonicEvent {
                           absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration()));
     return cv_.wait_until(lock, deadline, [this] { return set_; });
   }
-  bool IsSet() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return set_;
-  }
-  void Reset() {
-    std::lock_guard<std::mutex> lock(mu_);
-    set_ = false;
-  }
 
  private:
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
   bool set_ = false;
 };

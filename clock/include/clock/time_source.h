@@ -32,9 +32,6 @@ class Timer {
   // once, from the event loop, if it already has). Arming again replaces the previous arming;
   // the replaced callback is dropped without being called.
   virtual void ArmAt(MonoTime when, std::function<void()> fire) = 0;
-  void ArmAfter(absl::Duration d, std::function<void()> fire, MonoTime now) {
-    ArmAt(now + d, std::move(fire));
-  }
   // Drops the pending callback, if any, without calling it.
   virtual void Cancel() = 0;
   // When the timer is armed for; MonoTime::Max() when it is not armed.

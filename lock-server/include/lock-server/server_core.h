@@ -70,7 +70,6 @@ struct CoreStats {
   ServiceStats service;
   uint64_t protocol_errors_total = 0;
   uint64_t stalls_total = 0;
-  size_t connections = 0;
 };
 
 class ServerCore {
@@ -98,10 +97,6 @@ class ServerCore {
   void RejectStream(ConnectionId id, int code, const std::string& message);
   // The peer is gone: its queued acquires are cancelled, its held replies dropped.
   void Disconnect(ConnectionId id);
-
-  // Extends every lease by the time the core did not run, if longer than the stall threshold.
-  // Receive() and every timer call it first; a transport may call it too.
-  void NoticeStall();
 
   const LockService& service() const;
   const CommitLog& log() const;
