@@ -28,6 +28,7 @@ class Host : public DispatchHost {
     stats->set_last_token(service_->state().last_token());
   }
   size_t max_sessions_per_connection() const override { return 4; }
+  size_t max_frame_bytes() const override { return 4096; }
 
  private:
   LockService* service_;

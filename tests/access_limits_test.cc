@@ -24,33 +24,10 @@ using ::testing::HasSubstr;
 constexpr uid_t kNobody = 65534;
 constexpr gid_t kNogroup = 65534;
 
-wire::Request OpenSession(absl::Duration ttl) {
-  wire::Request r;
-  r.mutable_open_session()->set_ttl_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(ttl)));
-  return r;
-}
-
-wire::Request Acquire(uint64_t session, const std::string& lock, absl::Duration wait) {
-  wire::Request r;
-  r.mutable_acquire()->set_session_id(session);
-  r.mutable_acquire()->set_lock(lock);
-  r.mutable_acquire()->set_wait_timeout_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(wait)));
-  return r;
-}
-
-wire::Request Release(uint64_t session, const std::string& lock, uint64_t token) {
-  wire::Request r;
-  r.mutable_release()->set_session_id(session);
-  r.mutable_release()->set_lock(lock);
-  r.mutable_release()->set_token(token);
-  return r;
-}
-
-wire::Request Stats() {
-  wire::Request r;
-  r.mutable_get_stats();
-  return r;
-}
+using testing::request::Acquire;
+using testing::request::OpenSession;
+using testing::request::Release;
+wire::Request Stats() { return testing::request::GetStats(); }
 
 // Says Hello on `c` and returns the reply's code, or -1 if none came back. Unlike
 // RawConnection::Hello(), a refusal (and the close after it) is a result, not an abort.

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <thread>
 
@@ -11,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "lock-client/client.h"
 #include "lockd_process.h"
+#include "raw_connection.h"
 
 namespace fencelock {
 namespace {
@@ -70,6 +72,26 @@ TEST(LockctlTest, ShowsHoldersTokensAndWaitersAsTablesAndJson) {
 
   ASSERT_TRUE((*holder)->release(*held).ok());
   waiting.join();
+}
+
+TEST(LockctlTest, AStateLargerThanAFrameIsListedPageByPage) {
+  // 10,000 locks with 300-byte names: about 3.5 MB of listing, over three times lockd's frame.
+  testing::LockdProcess lockd({.segment_bytes = 16 << 20});
+  const std::string prefix = std::string(290, 'n') + "/";
+  testing::RawConnection holder = testing::HoldLocks(lockd.port(), 10000, 1000, prefix);
+  const std::string server = "--server=" + lockd.tcp_address();
+  auto [rc, out] = Lockctl(server + " locks");
+  EXPECT_EQ(rc, 0) << out.substr(0, 500);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 10001) << "header and one line per lock";
+  EXPECT_THAT(out, Not(HasSubstr("exceeds")));
+  auto [json_rc, json] = Lockctl(server + " --json locks");
+  EXPECT_EQ(json_rc, 0);
+  size_t locks = 0;
+  for (size_t at = 0; (at = json.find("\"lock\": \"", at)) != std::string::npos; ++at) ++locks;
+  EXPECT_EQ(locks, 10000u);
+  auto [sessions_rc, sessions] = Lockctl(server + " sessions");
+  EXPECT_EQ(sessions_rc, 0);
+  EXPECT_EQ(std::count(sessions.begin(), sessions.end(), '\n'), 11) << sessions;
 }
 
 TEST(LockctlTest, UnreachableServerAndBadUsageAreClearErrors) {

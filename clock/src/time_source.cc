@@ -57,6 +57,11 @@ void ManualTimeSource::Freeze(absl::Duration d) {
   now_ = now_ + d;
 }
 
+void ManualTimeSource::Busy(absl::Duration d) {
+  Freeze(d);
+  run_time_ += d;
+}
+
 int ManualTimeSource::AdvanceTo(MonoTime t) {
   if (t < now_) {
     std::fprintf(stderr, "ManualTimeSource::AdvanceTo: time would go backwards\n");

@@ -1,5 +1,8 @@
 #include "asio_connection.h"
 
+#include <chrono>
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "fencelock/wire.pb.h"
 #include "protocol/frame.h"
@@ -15,12 +18,13 @@ constexpr auto kErrorLinger = std::chrono::seconds(1);
 
 }  // namespace
 
-AsioConnection::AsioConnection(ServerCore* core, Socket socket, size_t max_frame_bytes,
-                               std::function<void(AsioConnection*)> on_gone)
+AsioConnection::AsioConnection(ServerCore* core, Socket socket, const ConnectionBudget& budget,
+                               std::function<void(AsioConnection*, CloseReason)> on_gone)
     : core_(core),
       socket_(std::move(socket)),
       linger_(socket_.get_executor()),
-      max_frame_bytes_(max_frame_bytes),
+      resume_(socket_.get_executor()),
+      budget_(budget),
       on_gone_(std::move(on_gone)) {}
 
 void AsioConnection::Serve() {
@@ -37,39 +41,81 @@ void AsioConnection::Refuse(const std::string& error_frame) {
 }
 
 awaitable<void> AsioConnection::ReadLoop(std::shared_ptr<AsioConnection> self) {
-  protocol::FrameDecoder decoder(max_frame_bytes_);
+  protocol::FrameDecoder decoder(budget_.max_frame_bytes);
   std::string chunk(64 * 1024, '\0');
+  std::string payload;  // keeps its capacity from frame to frame
   boost::system::error_code ec;
-  for (;;) {
+  while (!closed_) {
     // Wait for readability, then read without blocking: unlike async_read_some, this makes no
     // speculative recv that would only return EAGAIN after every request.
     co_await socket_.async_wait(Socket::wait_read, asio::redirect_error(use_awaitable, ec));
-    if (ec) break;
+    if (ec || closed_) break;
     const size_t n = socket_.read_some(asio::buffer(chunk), ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) continue;
     if (ec) break;
     if (closing_ || id_ == 0) continue;  // drain and discard until the peer or the linger closes
     decoder.Feed(std::string_view(chunk.data(), n));
-    size_t count = 0;
+    // One frame at a time: each reply counts against the budget before the next request is
+    // taken, and after a few frames the other connections get their turn.
+    size_t served = 0;
     bool too_large = false;
-    for (;;) {
-      if (count == frames_.size()) frames_.emplace_back();
-      const auto result = decoder.Next(&frames_[count]);
+    while (!closing_ && !closed_) {
+      if (OverBudget() && !co_await AwaitBudget()) break;
+      const auto result = decoder.Next(&payload);
       if (result == protocol::FrameDecoder::Result::kNeedMore) break;
       if (result == protocol::FrameDecoder::Result::kTooLarge) {
         too_large = true;
         break;
       }
-      ++count;
+      core_->Receive(id_, std::span<const std::string>(&payload, 1));
+      if (++served % budget_.frames_per_turn == 0) {
+        co_await asio::post(socket_.get_executor(), use_awaitable);
+      }
     }
-    if (count > 0) core_->Receive(id_, std::span<const std::string>(frames_.data(), count));
-    if (too_large && !closing_) {
+    if (too_large && !closing_ && !closed_) {
       core_->RejectStream(id_, wire::FRAME_TOO_LARGE,
                           absl::StrCat("frame announces ", decoder.announced_length(),
                                        " bytes; the maximum is ", decoder.max_frame_bytes()));
     }
   }
   Close();
+}
+
+bool AsioConnection::OverBudget() const {
+  return outbox_.size() + in_write_ > budget_.max_unread_reply_bytes ||
+         core_->HeldReplies(id_) >= budget_.max_requests_in_flight;
+}
+
+awaitable<bool> AsioConnection::AwaitBudget() {
+  // While stopped here, nothing more is read: the peer's further requests wait in the socket
+  // buffers, and once those are full, in the peer.
+  paused_ = true;
+  std::optional<std::chrono::steady_clock::time_point> unread_since;
+  boost::system::error_code ec;
+  while (!closed_ && OverBudget()) {
+    const size_t unread = outbox_.size() + in_write_;
+    // Replies waiting for their commit wait for the disk; only unread ones are the peer's doing.
+    if (unread > budget_.max_unread_reply_bytes) {
+      if (!unread_since) unread_since = std::chrono::steady_clock::now();
+      if (unread > 4 * budget_.max_unread_reply_bytes ||
+          std::chrono::steady_clock::now() - *unread_since >=
+              absl::ToChronoNanoseconds(budget_.slow_reader_timeout)) {
+        CloseFor(CloseReason::kSlowReader);
+        break;
+      }
+      resume_.expires_at(*unread_since + absl::ToChronoNanoseconds(budget_.slow_reader_timeout));
+    } else {
+      unread_since.reset();
+      resume_.expires_at(std::chrono::steady_clock::time_point::max());
+    }
+    co_await resume_.async_wait(asio::redirect_error(use_awaitable, ec));
+  }
+  paused_ = false;
+  co_return !closed_;
+}
+
+void AsioConnection::MaybeResume() {
+  if (paused_ && !OverBudget()) resume_.cancel();
 }
 
 void AsioConnection::Send(std::string_view frames) {
@@ -84,10 +130,20 @@ void AsioConnection::Send(std::string_view frames) {
       asio::post(socket_.get_executor(), [self = shared_from_this()] { self->Close(); });
       return;
     }
-    if (sent == frames.size()) return;
+    if (sent == frames.size()) {
+      MaybeResume();  // a held reply went out: one fewer request in flight
+      return;
+    }
     outbox_.append(frames.substr(sent));
   } else {
     outbox_ += frames;
+  }
+  if (outbox_.size() + in_write_ > 4 * budget_.max_unread_reply_bytes) {
+    // Far past the bound (replies pushed to a peer that reads nothing): not from inside the
+    // core's call.
+    asio::post(socket_.get_executor(),
+               [self = shared_from_this()] { self->CloseFor(CloseReason::kSlowReader); });
+    return;
   }
   if (!writing_) {
     writing_ = true;
@@ -110,12 +166,15 @@ awaitable<void> AsioConnection::WriteLoop(std::shared_ptr<AsioConnection> self) 
   while (!outbox_.empty() && !closed_) {
     std::string batch;
     batch.swap(outbox_);
+    in_write_ = batch.size();
     co_await asio::async_write(socket_, asio::buffer(batch),
                                asio::redirect_error(use_awaitable, ec));
+    in_write_ = 0;
     if (ec) {
       Close();
       break;
     }
+    MaybeResume();
   }
   writing_ = false;
   if (closing_ && !closed_) {
@@ -124,14 +183,17 @@ awaitable<void> AsioConnection::WriteLoop(std::shared_ptr<AsioConnection> self) 
   }
 }
 
-void AsioConnection::Close() {
+void AsioConnection::Close() { CloseFor(CloseReason::kPeer); }
+
+void AsioConnection::CloseFor(CloseReason reason) {
   if (closed_) return;
   closed_ = true;
   boost::system::error_code ec;
   linger_.cancel();
+  resume_.cancel();
   socket_.close(ec);
   if (id_ != 0) core_->Disconnect(id_);
-  if (on_gone_) on_gone_(this);
+  if (on_gone_) on_gone_(this, reason);
 }
 
 }  // namespace fencelock::server

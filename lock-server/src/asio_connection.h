@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "lock-server/server_core.h"
 #include "net/asio.h"
 
@@ -16,12 +17,30 @@ namespace fencelock::server {
 
 using Socket = asio::generic::stream_protocol::socket;
 
+// How much of lockd one connection may hold, so that a peer that pipelines without reading,
+// or sends costly requests back to back, cannot take memory or the event loop from the others.
+struct ConnectionBudget {
+  size_t max_frame_bytes = size_t{1} << 20;
+  // Requests whose replies wait for their commit, and reply bytes the peer has not read yet:
+  // above either, lockd stops reading from the connection until they drain (back pressure).
+  size_t max_requests_in_flight = 256;
+  size_t max_unread_reply_bytes = size_t{2} << 20;
+  // A connection whose unread replies stay above the bound this long is closed as a slow
+  // reader; so is one whose unread replies reach four times the bound.
+  absl::Duration slow_reader_timeout = absl::Seconds(30);
+  // Frames served from one connection before the others get a turn.
+  size_t frames_per_turn = 32;
+};
+
+// What the transport tells its owner about a connection it closed on its own.
+enum class CloseReason { kPeer, kSlowReader };
+
 class AsioConnection final : public ConnectionSink,
                              public std::enable_shared_from_this<AsioConnection> {
  public:
-  // `on_gone` runs once, when the connection closes.
-  AsioConnection(ServerCore* core, Socket socket, size_t max_frame_bytes,
-                 std::function<void(AsioConnection*)> on_gone);
+  // `on_gone` runs once, when the connection closes, with why.
+  AsioConnection(ServerCore* core, Socket socket, const ConnectionBudget& budget,
+                 std::function<void(AsioConnection*, CloseReason)> on_gone);
 
   // Registers with the core and starts reading requests.
   void Serve();
@@ -40,15 +59,24 @@ class AsioConnection final : public ConnectionSink,
   // returns, when the caller's reference may be gone.
   asio::awaitable<void> ReadLoop(std::shared_ptr<AsioConnection> self);
   asio::awaitable<void> WriteLoop(std::shared_ptr<AsioConnection> self);
+  // Waits until the connection is no longer over its budget; false if it was closed (as a
+  // slow reader, or by anything else) meanwhile.
+  asio::awaitable<bool> AwaitBudget();
+  bool OverBudget() const;
+  // Wakes AwaitBudget() once the connection is back within its budget.
+  void MaybeResume();
+  void CloseFor(CloseReason reason);
 
   ServerCore* const core_;
   Socket socket_;
   asio::steady_timer linger_;
-  const size_t max_frame_bytes_;
-  std::function<void(AsioConnection*)> on_gone_;
+  asio::steady_timer resume_;  // AwaitBudget() waits on it; cancelled to wake it
+  const ConnectionBudget budget_;
+  std::function<void(AsioConnection*, CloseReason)> on_gone_;
+  bool paused_ = false;
   ConnectionId id_ = 0;  // 0 until Serve() registers with the core
-  std::vector<std::string> frames_;  // one read's frames; the strings keep their capacity
   std::string outbox_;
+  size_t in_write_ = 0;  // bytes of the write in progress (taken out of outbox_)
   bool writing_ = false;
   bool closing_ = false;
   bool closed_ = false;

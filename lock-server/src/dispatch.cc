@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "protocol/codes.h"
+#include "protocol/limits.h"
 #include "protocol/version.h"
 
 namespace fencelock::server {
@@ -13,6 +14,10 @@ absl::Duration FromMillis(uint64_t ms) {
   return absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(ms, INT64_MAX / 1'000'000)));
 }
 uint64_t ToMillis(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
+
+size_t entry_count(const wire::ListReply* list) {
+  return static_cast<size_t>(list->locks_size() + list->sessions_size());
+}
 
 }  // namespace
 
@@ -105,6 +110,17 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
       for (const auto& l : ka.locks()) refs.push_back(LockRef{l.lock(), l.token()});
       auto results = service.KeepAlive(ka.session_id(), refs, now);
       if (results.ok()) {
+        if (std::find(conn.sessions.begin(), conn.sessions.end(), ka.session_id()) ==
+                conn.sessions.end() &&
+            std::find(conn.renewed.begin(), conn.renewed.end(), ka.session_id()) ==
+                conn.renewed.end()) {
+          std::erase_if(conn.renewed,
+                        [&](SessionId id) { return service.state().FindSession(id) == nullptr; });
+          if (conn.renewed.size() >= host.max_sessions_per_connection()) {
+            conn.renewed.erase(conn.renewed.begin());
+          }
+          conn.renewed.push_back(ka.session_id());
+        }
         auto* reply = resp.mutable_keep_alive();
         reply->set_session_ttl_ms(ToMillis(service.state().FindSession(ka.session_id())->ttl));
         for (const absl::Status& s : *results) reply->add_lock_codes(protocol::CodeFromStatus(s));
@@ -158,10 +174,13 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
             "restart it once the disk is fixed")));
       }
       const auto& q = req.list_locks();
-      if (q.limit() > 10000) {
-        return finish(absl::InvalidArgumentError("ListLocks limit is at most 10000"));
+      if (q.limit() > protocol::kMaxListLimit) {
+        return finish(absl::InvalidArgumentError(
+            absl::StrCat("ListLocks limit is at most ", protocol::kMaxListLimit, ", got ", q.limit())));
       }
-      FillList(service, q, resp.mutable_list(), now);
+      // Room for the reply's own fields around the entries.
+      const size_t cap = host.max_frame_bytes() > 1024 ? host.max_frame_bytes() - 1024 : 64;
+      FillList(service, q, resp.mutable_list(), now, cap);
       return finish(absl::OkStatus());
     }
     case wire::Request::BODY_NOT_SET:
@@ -172,42 +191,69 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
 
 
 void FillList(const LockService& service, const wire::ListLocks& query, wire::ListReply* list,
-              MonoTime now) {
-  const size_t limit = query.limit() == 0 ? 1000 : query.limit();
+              MonoTime now, size_t max_page_bytes) {
+  size_t entries_left = query.limit() == 0 ? protocol::kDefaultListLimit : query.limit();
+  const size_t budget =
+      std::min<size_t>(query.max_bytes() == 0 ? protocol::kDefaultListBytes : query.max_bytes(),
+                       max_page_bytes);
+  size_t used = 0;
+  // An entry fits if the page has none yet (a page is never empty while something matches) or
+  // if it stays within the budget. Its cost is its encoding inside the reply.
+  auto fits = [&](const google::protobuf::Message& entry) {
+    const size_t cost = entry.ByteSizeLong() + 4;  // field tag and length prefix
+    if (entry_count(list) > 0 && used + cost > budget) return false;
+    used += cost;
+    return true;
+  };
   auto left_ms = [&](MonoTime t) {
     return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(t - now)));
   };
-  std::vector<std::string> names;
-  for (const auto& [name, holder] : service.state().holders()) {
-    if (name.rfind(query.prefix(), 0) == 0 && name > query.start_after()) names.push_back(name);
-  }
-  std::sort(names.begin(), names.end());
-  if (names.size() > limit) {
-    names.resize(limit);
-    list->set_more(true);
-  }
-  for (const std::string& name : names) {
-    const HolderState& h = *service.state().FindHolder(name);
-    auto* info = list->add_locks();
-    info->set_lock(name);
-    info->set_session_id(h.session);
-    info->set_token(h.token);
-    info->set_ttl_ms(ToMillis(h.ttl));
-    info->set_expires_in_ms(left_ms(h.expires_at));
-    info->set_waiters(static_cast<uint32_t>(service.waiters_for(name)));
+  const auto& holders = service.state().holders();
+  const std::string& prefix = query.prefix();
+  if (!query.skip_locks()) {
+    // The first name after start_after that can carry the prefix.
+    auto it = query.start_after() < prefix ? holders.lower_bound(prefix)
+                                           : holders.upper_bound(query.start_after());
+    for (; it != holders.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+      if (entries_left == 0) {
+        list->set_more(true);
+        return;
+      }
+      const HolderState& h = it->second;
+      wire::LockInfo info;
+      info.set_lock(it->first);
+      info.set_session_id(h.session);
+      info.set_token(h.token);
+      info.set_ttl_ms(ToMillis(h.ttl));
+      info.set_expires_in_ms(left_ms(h.expires_at));
+      info.set_waiters(static_cast<uint32_t>(service.waiters_for(it->first)));
+      if (!fits(info)) {
+        list->set_more(true);
+        return;
+      }
+      *list->add_locks() = std::move(info);
+      --entries_left;
+    }
   }
   if (!query.include_sessions()) return;
-  std::vector<SessionId> ids;
-  for (const auto& [id, session] : service.state().sessions()) ids.push_back(id);
-  std::sort(ids.begin(), ids.end());
-  if (ids.size() > limit) ids.resize(limit);
-  for (SessionId id : ids) {
-    const SessionState& st = *service.state().FindSession(id);
-    auto* info = list->add_sessions();
-    info->set_session_id(id);
-    info->set_ttl_ms(ToMillis(st.ttl));
-    info->set_expires_in_ms(left_ms(st.expires_at));
-    info->set_locks_held(static_cast<uint32_t>(st.locks.size()));
+  const auto& sessions = service.state().sessions();
+  for (auto it = sessions.upper_bound(query.sessions_after()); it != sessions.end(); ++it) {
+    if (entries_left == 0) {
+      list->set_more_sessions(true);
+      return;
+    }
+    const SessionState& st = it->second;
+    wire::SessionInfo info;
+    info.set_session_id(it->first);
+    info.set_ttl_ms(ToMillis(st.ttl));
+    info.set_expires_in_ms(left_ms(st.expires_at));
+    info.set_locks_held(static_cast<uint32_t>(st.locks.size()));
+    if (!fits(info)) {
+      list->set_more_sessions(true);
+      return;
+    }
+    *list->add_sessions() = std::move(info);
+    --entries_left;
   }
 }
 

@@ -13,6 +13,7 @@ void ExpiryTimer::ArmFor(MonoTime next) {
 void StallWatch::Start() {
   if (!enabled()) return;
   last_alive_ = time_->Now();
+  last_run_time_ = time_->RunTime();
   Arm();
 }
 
@@ -26,9 +27,11 @@ void StallWatch::Arm() {
 void StallWatch::Notice() {
   if (!enabled()) return;
   const MonoTime now = time_->Now();
-  const absl::Duration gap = now - last_alive_;
+  const absl::Duration run_time = time_->RunTime();
+  const absl::Duration not_run = (now - last_alive_) - (run_time - last_run_time_);
   last_alive_ = now;
-  if (gap > threshold_) on_stall_(gap);
+  last_run_time_ = run_time;
+  if (not_run > threshold_) on_stall_(not_run);
 }
 
 }  // namespace fencelock::server

@@ -2,8 +2,11 @@
 //
 // ExpiryTimer wakes the core when the lock service next has something to expire (a session, a
 // lock lease, a queued acquire's wait). StallWatch notices when the core itself did not run: it
-// wakes every quarter of the threshold, so a gap longer than the threshold between two readings
-// means the thread was frozen, suspended or starved, not that it was idle.
+// wakes every quarter of the threshold and reads the clock and the thread's run time (CPU
+// time). Of the time between two readings, what the thread spent running was busy time (it was
+// serving); the rest it did not run (frozen, suspended, starved of CPU, blocked). Only the
+// latter, when longer than the threshold, is a stall: an idle thread wakes in time, and a busy
+// one is not owed anything, since clients' requests were not what kept it from running.
 //
 // Not thread-safe: the core's thread.
 #ifndef FENCELOCK_LOCK_SERVER_LEASE_TIMERS_H_
@@ -36,19 +39,22 @@ class ExpiryTimer {
 
 class StallWatch {
  public:
-  // `on_stall` gets the length of each gap longer than `threshold`.
+  // `on_stall` gets the time the thread did not run, for each gap in which that was longer
+  // than `threshold`.
   StallWatch(TimeSource* time, absl::Duration threshold,
              std::function<void(absl::Duration)> on_stall)
       : time_(time),
         threshold_(threshold),
         timer_(time->NewTimer()),
         on_stall_(std::move(on_stall)),
-        last_alive_(time->Now()) {}
+        last_alive_(time->Now()),
+        last_run_time_(time->RunTime()) {}
   bool enabled() const { return threshold_ > absl::ZeroDuration(); }
   // Starts the periodic wake-ups (nothing when the threshold is zero).
   void Start();
   void Stop() { timer_->Cancel(); }
-  // Reads the clock: reports a gap since the last reading longer than the threshold.
+  // Reads the clock and the run time: reports the time not run since the last reading when
+  // it is longer than the threshold.
   void Notice();
 
  private:
@@ -59,6 +65,7 @@ class StallWatch {
   std::unique_ptr<Timer> timer_;
   std::function<void(absl::Duration)> on_stall_;
   MonoTime last_alive_;
+  absl::Duration last_run_time_;
 };
 
 }  // namespace fencelock::server

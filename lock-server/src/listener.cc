@@ -1,5 +1,11 @@
 #include "listener.h"
 
+#include <fcntl.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -8,6 +14,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +24,130 @@
 #include "protocol/frame.h"
 
 namespace fencelock::server {
+namespace {
+
+// Repeated listener lines of one kind (refusals, accept failures) at most once per this long.
+constexpr absl::Duration kLogInterval = absl::Seconds(10);
+// After accept() fails for want of a resource, wait this long before the next try (doubling up
+// to the maximum while it keeps failing): the backlog stays readable, so retrying at once
+// would only spin.
+constexpr auto kAcceptBackoffMin = std::chrono::milliseconds(50);
+constexpr auto kAcceptBackoffMax = std::chrono::seconds(1);
+
+bool OutOfResources(const boost::system::error_code& ec) {
+  return ec == asio::error::no_descriptors || ec.value() == ENFILE ||
+         ec == asio::error::no_buffer_space || ec == asio::error::no_memory;
+}
+
+std::string ErrorFrame(const absl::Status& status) {
+  wire::Response r;
+  r.set_code(protocol::CodeFromStatus(status));
+  r.set_message(std::string(status.message()));
+  std::string frame;
+  (void)protocol::AppendFrame(r.SerializeAsString(), &frame);
+  return frame;
+}
+
+// The owner of the TCP socket at the other end of a loopback connection, asked of the kernel
+// through sock_diag (the socket at `peer` connected to `local`). nullopt if it cannot tell.
+std::optional<uid_t> LoopbackPeerUid(const asio::ip::tcp::endpoint& local,
+                                     const asio::ip::tcp::endpoint& peer) {
+  const int fd = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+  if (fd < 0) return std::nullopt;
+  struct {
+    nlmsghdr header;
+    inet_diag_req_v2 request;
+  } query{};
+  query.header.nlmsg_len = sizeof(query);
+  query.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  query.header.nlmsg_flags = NLM_F_REQUEST;
+  inet_diag_req_v2& r = query.request;
+  r.sdiag_family = peer.address().is_v4() ? AF_INET : AF_INET6;
+  r.sdiag_protocol = IPPROTO_TCP;
+  r.idiag_states = ~0U;
+  // The peer's socket: its own address is our remote end, its remote is our local end.
+  r.id.idiag_sport = htons(peer.port());
+  r.id.idiag_dport = htons(local.port());
+  if (peer.address().is_v4()) {
+    const auto a = peer.address().to_v4().to_bytes();
+    const auto b = local.address().to_v4().to_bytes();
+    std::memcpy(r.id.idiag_src, a.data(), a.size());
+    std::memcpy(r.id.idiag_dst, b.data(), b.size());
+  } else {
+    const auto a = peer.address().to_v6().to_bytes();
+    const auto b = local.address().to_v6().to_bytes();
+    std::memcpy(r.id.idiag_src, a.data(), a.size());
+    std::memcpy(r.id.idiag_dst, b.data(), b.size());
+  }
+  r.id.idiag_cookie[0] = INET_DIAG_NOCOOKIE;
+  r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+  sockaddr_nl kernel{};
+  kernel.nl_family = AF_NETLINK;
+  std::optional<uid_t> uid;
+  if (::sendto(fd, &query, sizeof(query), 0, reinterpret_cast<sockaddr*>(&kernel),
+               sizeof(kernel)) == static_cast<ssize_t>(sizeof(query))) {
+    alignas(nlmsghdr) char buffer[8192];
+    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
+    auto* h = reinterpret_cast<nlmsghdr*>(buffer);
+    if (n >= static_cast<ssize_t>(sizeof(nlmsghdr)) && NLMSG_OK(h, static_cast<unsigned>(n)) &&
+        h->nlmsg_type == SOCK_DIAG_BY_FAMILY &&
+        h->nlmsg_len >= NLMSG_LENGTH(sizeof(inet_diag_msg))) {
+      uid = static_cast<const inet_diag_msg*>(NLMSG_DATA(h))->idiag_uid;
+    }
+  }
+  ::close(fd);
+  return uid;
+}
+
+}  // namespace
+
+Listener::Listener(asio::io_context& io, ServerCore* core, TimeSource* time,
+                   const ServerOptions& options)
+    : io_(io),
+      core_(core),
+      options_(options),
+      budget_{.max_frame_bytes = options.max_frame_bytes,
+              .max_unread_reply_bytes = std::max<size_t>(size_t{2} << 20,
+                                                         2 * options.max_frame_bytes),
+              .slow_reader_timeout = options.slow_reader_timeout},
+      log_(time, kLogInterval,
+           [](const std::string& line) { std::fprintf(stderr, "lockd: %s\n", line.c_str()); }),
+      tcp_acceptor_(io),
+      unix_acceptor_(io),
+      spare_fd_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
+
+Listener::~Listener() {
+  log_.Flush();
+  if (spare_fd_ >= 0) ::close(spare_fd_);
+}
+
+absl::Status EnsureDescriptorBudget(uint64_t max_connections, std::string* raised) {
+  const uint64_t needed = max_connections + kReservedDescriptors;
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    return absl::InternalError(absl::StrCat("getrlimit(RLIMIT_NOFILE): ", std::strerror(errno)));
+  }
+  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur >= needed) return absl::OkStatus();
+  if (limit.rlim_cur == RLIM_INFINITY) return absl::OkStatus();
+  if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < needed) {
+    const uint64_t most = limit.rlim_max > kReservedDescriptors ? limit.rlim_max - kReservedDescriptors : 0;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-connections=", max_connections, " needs ", needed,
+        " open files (", kReservedDescriptors, " for lockd itself), but the hard limit is ",
+        limit.rlim_max, ": lower --max-connections to at most ", most,
+        " or raise the limit (ulimit -Hn, or LimitNOFILE= under systemd)"));
+  }
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = needed;
+  if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-connections=", max_connections, " needs ", needed,
+        " open files and the limit is ", before, "; raising it failed: ", std::strerror(errno)));
+  }
+  *raised = absl::StrCat("raised the limit on open files from ", before, " to ", needed,
+                         " for --max-connections=", max_connections);
+  return absl::OkStatus();
+}
 
 absl::Status Listener::Bind() {
   boost::system::error_code ec;
@@ -102,54 +233,129 @@ void Listener::Start() {
 
 template <typename Acceptor>
 asio::awaitable<void> Listener::AcceptLoop(Acceptor& acceptor) {
+  constexpr bool kUnix =
+      std::is_same_v<typename Acceptor::protocol_type, asio::local::stream_protocol>;
   boost::system::error_code ec;
+  asio::steady_timer backoff_timer(io_);
+  std::chrono::milliseconds backoff = kAcceptBackoffMin;
   while (!stopping_) {
     typename Acceptor::protocol_type::socket socket(io_);
     co_await acceptor.async_accept(socket, asio::redirect_error(asio::use_awaitable, ec));
     if (stopping_) break;
     if (ec) {
       if (ec == asio::error::operation_aborted) break;
-      std::fprintf(stderr, "lockd: accept failed: %s\n", ec.message().c_str());
+      if (OutOfResources(ec)) {
+        RefuseBacklog(acceptor.native_handle());
+        Log("accept", absl::StrCat("cannot accept connections: ", ec.message(),
+                                   " (lockd --max-connections=", options_.max_connections,
+                                   "; raise the limit on open files or lower it); waiting "
+                                   "peers are refused, retrying in ", backoff.count(), " ms"));
+      } else {
+        Log("accept", absl::StrCat("accept failed: ", ec.message()));
+      }
+      // Never retry at once: what failed will most likely fail again.
+      backoff_timer.expires_after(backoff);
+      co_await backoff_timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      backoff = std::min<std::chrono::milliseconds>(backoff * 2, kAcceptBackoffMax);
       continue;
     }
-    if constexpr (std::is_same_v<typename Acceptor::protocol_type, asio::ip::tcp>) {
-      socket.set_option(asio::ip::tcp::no_delay(true), ec);
-    }
+    backoff = kAcceptBackoffMin;
+    if constexpr (!kUnix) socket.set_option(asio::ip::tcp::no_delay(true), ec);
     const uint64_t id = ++last_id_;
     socket.non_blocking(true, ec);  // the reads and first writes must never block
     // Admission: a refused peer gets one error frame and is closed; nobody else notices.
     absl::Status refused;
-    if constexpr (std::is_same_v<typename Acceptor::protocol_type, asio::local::stream_protocol>) {
-      refused = CheckPeer(socket.native_handle());
-    }
+    if constexpr (kUnix) refused = CheckPeer(socket.native_handle());
+    std::string peer = PeerIdentity(socket.native_handle(), kUnix);
+    const size_t per_peer_limit = std::min(options_.max_connections_per_peer,
+                                           options_.max_connections);
     if (refused.ok() && admitted_ >= options_.max_connections) {
       refused = absl::ResourceExhaustedError(absl::StrCat(
           "lockd already serves ", admitted_,
           " connections, the most it may (lockd --max-connections=", options_.max_connections,
           ")"));
     }
+    if (refused.ok() && per_peer_[peer] >= per_peer_limit) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          peer, " already has ", per_peer_[peer],
+          " connections, the most one peer may (lockd --max-connections-per-peer=",
+          per_peer_limit, ")"));
+    }
     const bool admitted = refused.ok();
-    if (admitted) ++admitted_;
+    if (admitted) {
+      ++admitted_;
+      ++per_peer_[peer];
+    } else {
+      if (per_peer_[peer] == 0) per_peer_.erase(peer);
+      peer.clear();
+    }
     auto connection = std::make_shared<AsioConnection>(
-        core_, Socket(std::move(socket)), options_.max_frame_bytes,
-        [this, id, admitted](AsioConnection*) {
-          if (admitted) --admitted_;
+        core_, Socket(std::move(socket)), budget_,
+        [this, id, peer](AsioConnection*, CloseReason reason) {
+          if (!peer.empty()) {
+            --admitted_;
+            if (--per_peer_[peer] == 0) per_peer_.erase(peer);
+          }
           open_.erase(id);
+          if (reason == CloseReason::kSlowReader) {
+            core_->CountTransportEvent(TransportEvent::kClosedSlowReader);
+            Log("slow reader", absl::StrCat("closed connection ", id,
+                                            ": its replies went unread past the bound "
+                                            "(lockd --slow-reader-timeout=",
+                                            absl::FormatDuration(options_.slow_reader_timeout),
+                                            ")"));
+          }
         });
     open_[id] = connection;
     if (admitted) {
       connection->Serve();
       continue;
     }
-    std::fprintf(stderr, "lockd: refused connection %lu: %s\n", static_cast<unsigned long>(id),
-                 std::string(refused.message()).c_str());
-    wire::Response r;
-    r.set_code(protocol::CodeFromStatus(refused));
-    r.set_message(std::string(refused.message()));
-    std::string frame;
-    (void)protocol::AppendFrame(r.SerializeAsString(), &frame);
-    connection->Refuse(frame);
+    core_->CountTransportEvent(TransportEvent::kRefused);
+    Log("refused", absl::StrCat("refused connection ", id, ": ", refused.message()));
+    connection->Refuse(ErrorFrame(refused));
   }
+}
+
+void Listener::RefuseBacklog(int listen_fd) {
+  if (spare_fd_ < 0) return;
+  ::close(spare_fd_);
+  spare_fd_ = -1;
+  const std::string frame = ErrorFrame(absl::ResourceExhaustedError(
+      "lockd is out of file descriptors and cannot serve this connection; retry later"));
+  // A bounded round: the peers waiting now, not every one that arrives meanwhile.
+  for (int i = 0; i < 256; ++i) {
+    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) break;
+    (void)::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);
+    ::close(fd);
+    core_->CountTransportEvent(TransportEvent::kRefused);
+  }
+  spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+std::string Listener::PeerIdentity(int fd, bool unix_socket) const {
+  if (unix_socket) {
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      return absl::StrCat("user id ", cred.uid);
+    }
+    return "a Unix-socket peer";
+  }
+  sockaddr_storage local_addr{}, peer_addr{};
+  socklen_t local_len = sizeof(local_addr), peer_len = sizeof(peer_addr);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local_addr), &local_len) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer_addr), &peer_len) != 0) {
+    return "an unknown TCP peer";
+  }
+  asio::ip::tcp::endpoint local, peer;
+  std::memcpy(local.data(), &local_addr, local_len);
+  std::memcpy(peer.data(), &peer_addr, peer_len);
+  if (peer.address().is_loopback()) {
+    if (auto uid = LoopbackPeerUid(local, peer)) return absl::StrCat("user id ", *uid);
+  }
+  return absl::StrCat("address ", peer.address().to_string());
 }
 
 absl::Status Listener::CheckPeer(int fd) const {

@@ -7,10 +7,13 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <memory>
 
 #include "absl/status/status.h"
 #include "asio_connection.h"
+#include "clock/time_source.h"
+#include "log_limiter.h"
 #include "lock-server/server.h"
 #include "lock-server/server_core.h"
 #include "net/asio.h"
@@ -19,8 +22,9 @@ namespace fencelock::server {
 
 class Listener {
  public:
-  Listener(asio::io_context& io, ServerCore* core, const ServerOptions& options)
-      : io_(io), core_(core), options_(options), tcp_acceptor_(io), unix_acceptor_(io) {}
+  // `time` is the server's time source (for the log limiter); both outlive the listener.
+  Listener(asio::io_context& io, ServerCore* core, TimeSource* time, const ServerOptions& options);
+  ~Listener();
 
   // Binds and listens. kInvalidArgument for an address that may not be used, kUnavailable for
   // one that cannot be bound.
@@ -35,20 +39,41 @@ class Listener {
   template <typename Acceptor>
   asio::awaitable<void> AcceptLoop(Acceptor& acceptor);
   absl::Status BindUnixSocket();
+  // Who the peer on `fd` is, for the per-peer budget: its user id when the kernel can tell
+  // (SO_PEERCRED on the Unix socket; the socket's owner for a loopback TCP peer), else its
+  // address.
+  std::string PeerIdentity(int fd, bool unix_socket) const;
   // OK if the Unix-socket peer on `fd` is allowed (ServerOptions::allowed_uids).
   absl::Status CheckPeer(int fd) const;
+  // accept() failed for want of descriptors or memory: refuses the peers waiting in the
+  // backlog with an error (through the spare descriptor) so that they do not hang.
+  void RefuseBacklog(int listen_fd);
+  void Log(const std::string& kind, const std::string& line) { log_.Log(kind, line); }
 
   asio::io_context& io_;
   ServerCore* const core_;
   const ServerOptions& options_;
+  const ConnectionBudget budget_;
+  LogLimiter log_;
   asio::ip::tcp::acceptor tcp_acceptor_;
   asio::local::stream_protocol::acceptor unix_acceptor_;
   uint16_t tcp_port_ = 0;
   bool stopping_ = false;
   uint64_t last_id_ = 0;
   size_t admitted_ = 0;  // open connections that count against max_connections
+  std::map<std::string, size_t> per_peer_;  // admitted connections by PeerIdentity()
   std::map<uint64_t, std::weak_ptr<AsioConnection>> open_;
+  int spare_fd_ = -1;  // held open to be given up when accept() runs out of descriptors
 };
+
+// Descriptors lockd needs besides its connections: listeners, the log's files, the event
+// loop's own, the metrics endpoint's, the spare one.
+inline constexpr uint64_t kReservedDescriptors = 64;
+
+// Makes sure the process may open what `max_connections` needs: raises the soft limit on open
+// files up to the hard one if it must. kInvalidArgument, naming the limit and the flag, if
+// even the hard limit is too low. `raised` gets a line for the log when the limit was raised.
+absl::Status EnsureDescriptorBudget(uint64_t max_connections, std::string* raised);
 
 }  // namespace fencelock::server
 

@@ -56,6 +56,26 @@ absl::Status LockService::CheckHolder(std::optional<SessionId> session, const st
       (!session.has_value() || holder->session == *session)) {
     return absl::OkStatus();
   }
+  // Whose token is it? Only a lease's own session acting after losing it is fenced out (the
+  // must-be-zero event); a token the sender never held says nothing about any holder.
+  const auto ended = ended_.find(token);
+  const bool own = ended != ended_.end() && ended->second.lock == lock &&
+                   (!session.has_value() || ended->second.session == *session);
+  const std::string from =
+      session.has_value() ? absl::StrCat(" from session ", *session) : std::string();
+  if (!own) {
+    absl::Status refused = absl::AbortedError(absl::StrCat(
+        "FENCED_OUT: token ", token, " does not hold lock \"", lock, "\"",
+        session.has_value() ? absl::StrCat(" and session ", *session, " never held it with that token")
+                            : " and lockd does not know it as one of that lock's tokens"));
+    if (count) {
+      ++stats_.foreign_tokens_total;
+      if (options_.on_foreign_token) {
+        options_.on_foreign_token(absl::StrCat("refused a foreign token: ", refused.message(), from));
+      }
+    }
+    return refused;
+  }
   absl::Status fenced =
       holder == nullptr
           ? absl::AbortedError(absl::StrCat("FENCED_OUT: token ", token, " no longer holds lock \"",
@@ -64,12 +84,15 @@ absl::Status LockService::CheckHolder(std::optional<SessionId> session, const st
                                             lock, "\" (current token ", holder->token, ")"));
   if (count) {
     ++stats_.fenced_out_total;
-    if (options_.on_fenced_out) {
-      options_.on_fenced_out(absl::StrCat(fenced.message(), session.has_value() ? " from session " : "",
-                                          session.has_value() ? absl::StrCat(*session) : ""));
-    }
+    if (options_.on_fenced_out) options_.on_fenced_out(absl::StrCat(fenced.message(), from));
   }
   return fenced;
+}
+
+void LockService::RememberEnded(const std::string& lock, FenceToken token, SessionId session) {
+  if (options_.remembered_lease_ends == 0) return;
+  ended_.emplace(token, EndedLease{lock, session});
+  while (ended_.size() > options_.remembered_lease_ends) ended_.erase(ended_.begin());
 }
 
 absl::StatusOr<std::vector<absl::Status>> LockService::KeepAlive(
@@ -174,6 +197,7 @@ absl::Status LockService::Validate(const std::string& lock, FenceToken token, Mo
 
 void LockService::ReleaseAndHandOff(const std::string& lock, FenceToken token,
                                     ReleaseReason reason, MonoTime now) {
+  RememberEnded(lock, token, state_.FindHolder(lock)->session);
   Commit(record::LockReleased{lock, token, reason}, now);
   auto q = queues_.find(lock);
   if (q == queues_.end()) return;

@@ -157,6 +157,55 @@ TEST_F(LockServiceTest, KeepAliveFencesStaleLockAndCountsIt) {
   EXPECT_EQ(service_.state().FindHolder("x")->token, tb);
 }
 
+TEST_F(LockServiceTest, StrangersStaleTokensAreRefusedButNotCountedAsFencedOut) {
+  SessionId a = Open(0, absl::Seconds(100));
+  SessionId b = Open(0, absl::Seconds(100));
+  SessionId stranger = Open(0, absl::Seconds(100));
+  // 2,000 locks that a held and released, one that b holds now.
+  std::vector<LockRef> stale;
+  for (int i = 0; i < 2000; ++i) {
+    const std::string name = absl::StrCat("l", i);
+    FenceToken t = Grant(a, name, 1);
+    ASSERT_TRUE(service_.Release(a, name, t, At(2)).ok());
+    stale.push_back({name, t});
+  }
+  FenceToken tb = Grant(b, "held", 3);
+  stale.push_back({"held", tb});  // the current token, from a session that is not its holder
+  auto r = service_.KeepAlive(stranger, stale, At(4));
+  ASSERT_TRUE(r.ok());
+  for (const absl::Status& s : *r) EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_EQ(service_.stats().fenced_out_total, 0u);
+  EXPECT_EQ(service_.stats().foreign_tokens_total, 2001u);
+  // A token of another lock is foreign too, even when the session held it.
+  EXPECT_EQ(service_.Release(a, "held", stale[0].token, At(5)).code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(service_.stats().fenced_out_total, 0u);
+  // The session that held the token, acting on it after the release, is fenced out.
+  EXPECT_EQ(service_.Release(a, "l0", stale[0].token, At(5)).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(service_.stats().fenced_out_total, 1u);
+  // Nothing of b's changed.
+  EXPECT_EQ(service_.state().FindHolder("held")->token, tb);
+}
+
+TEST_F(LockServiceTest, OnlyTheNewestLeaseEndsAreRemembered) {
+  ServiceOptions options;
+  options.remembered_lease_ends = 2;
+  LockService small(options);
+  auto a = small.OpenSession(absl::Seconds(100), At(0));
+  ASSERT_TRUE(a.ok());
+  std::vector<FenceToken> tokens;
+  for (int i = 0; i < 3; ++i) {
+    auto g = small.Acquire(a->first, "x", {}, {}, 0, At(1));
+    ASSERT_TRUE(g.ok());
+    tokens.push_back(g->token);
+    ASSERT_TRUE(small.Release(a->first, "x", g->token, At(2)).ok());
+  }
+  EXPECT_FALSE(small.Validate("x", tokens[0], At(3)).ok());  // forgotten: foreign
+  EXPECT_EQ(small.stats().foreign_tokens_total, 1u);
+  EXPECT_FALSE(small.Validate("x", tokens[2], At(3)).ok());  // remembered: fenced out
+  EXPECT_EQ(small.stats().fenced_out_total, 1u);
+}
+
 TEST_F(LockServiceTest, KeepAliveOfUnknownSessionIsNotFound) {
   auto r = service_.KeepAlive(42, {}, At(0));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);

@@ -10,6 +10,7 @@
 // Human-readable tables by default; --json prints the server's answer as JSON for scripts.
 // Exit status: 0 on success, 1 when lockd cannot be reached or refuses, 2 for bad usage.
 #include <cstdio>
+#include <functional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -19,6 +20,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "lock-server/blocking_connection.h"
 #include "process/flags.h"
+#include "protocol/limits.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:7420", "lockd address: host:port or unix:/path");
 ABSL_FLAG(bool, json, false, "print JSON instead of tables");
@@ -48,23 +50,32 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
-// Every page of ListLocks.
-absl::StatusOr<wire::ListReply> ListAll(BlockingConnection& conn, bool sessions) {
-  wire::ListReply all;
+// Every page of ListLocks, locks first (none with `sessions`, which lists only sessions), each
+// handed to `page` as it arrives. Pages are cut by lockd's byte budget, so a state of any size
+// is listed without ever needing a frame larger than lockd's maximum.
+absl::Status ForEachPage(BlockingConnection& conn, bool sessions,
+                         const std::function<void(const wire::ListReply&)>& page) {
   std::string after;
-  for (;;) {
+  uint64_t sessions_after = 0;
+  for (bool locks_done = sessions;;) {
     wire::Request r;
-    r.mutable_list_locks()->set_prefix(absl::GetFlag(FLAGS_prefix));
-    r.mutable_list_locks()->set_start_after(after);
-    r.mutable_list_locks()->set_limit(10000);
-    r.mutable_list_locks()->set_include_sessions(sessions && after.empty());
+    auto* q = r.mutable_list_locks();
+    q->set_prefix(absl::GetFlag(FLAGS_prefix));
+    q->set_start_after(after);
+    q->set_limit(protocol::kMaxListLimit);
+    q->set_skip_locks(locks_done);
+    q->set_include_sessions(sessions);
+    q->set_sessions_after(sessions_after);
     auto reply = conn.Call(r);
     if (!reply.ok()) return reply.status();
     if (reply->code() != wire::OK) return absl::UnavailableError(reply->message());
-    for (const auto& l : reply->list().locks()) *all.add_locks() = l;
-    for (const auto& s : reply->list().sessions()) *all.add_sessions() = s;
-    if (!reply->list().more() || reply->list().locks().empty()) return all;
-    after = reply->list().locks().rbegin()->lock();
+    const wire::ListReply& list = reply->list();
+    page(list);
+    if (!list.locks().empty()) after = list.locks().rbegin()->lock();
+    if (!list.sessions().empty()) sessions_after = list.sessions().rbegin()->session_id();
+    if (list.more() && !list.locks().empty()) continue;
+    locks_done = true;
+    if (!sessions || !list.more_sessions() || list.sessions().empty()) return absl::OkStatus();
   }
 }
 
@@ -109,33 +120,42 @@ int Main(const std::string& command) {
     return 0;
   }
   if (command == "sessions" || command == "locks" || command == "waiters") {
-    auto list = ListAll(conn, command == "sessions");
-    if (!list.ok()) return Fail(list.status());
-    if (command == "waiters") {
-      wire::ListReply only;
-      for (const auto& l : list->locks()) {
-        if (l.waiters() > 0) *only.add_locks() = l;
+    const bool sessions = command == "sessions";
+    // JSON is one document: gather the pages. The tables print each page as it arrives.
+    wire::ListReply all;
+    bool header = false;
+    absl::Status listed = ForEachPage(conn, sessions, [&](const wire::ListReply& list) {
+      if (json) {
+        for (const auto& l : list.locks()) {
+          if (command != "waiters" || l.waiters() > 0) *all.add_locks() = l;
+        }
+        for (const auto& s : list.sessions()) *all.add_sessions() = s;
+        return;
       }
-      *list = only;
-    }
-    if (json) {
-      if (command == "sessions") list->clear_locks();
-      std::printf("%s", Json(*list).c_str());
-      return 0;
-    }
-    if (command == "sessions") {
-      std::printf("%-22s %-10s %-12s %s\n", "SESSION", "TTL", "EXPIRES IN", "LOCKS");
-      for (const auto& s : list->sessions()) {
+      if (!header) {
+        header = true;
+        if (sessions) {
+          std::printf("%-22s %-10s %-12s %s\n", "SESSION", "TTL", "EXPIRES IN", "LOCKS");
+        } else {
+          std::printf("%-32s %-12s %-22s %-12s %s\n", "LOCK", "TOKEN", "HOLDER SESSION",
+                      "EXPIRES IN", "WAITERS");
+        }
+      }
+      for (const auto& s : list.sessions()) {
         std::printf("%-22lu %-10s %-12s %u\n", static_cast<unsigned long>(s.session_id()),
-                    Seconds(s.ttl_ms()).c_str(), Seconds(s.expires_in_ms()).c_str(), s.locks_held());
+                    Seconds(s.ttl_ms()).c_str(), Seconds(s.expires_in_ms()).c_str(),
+                    s.locks_held());
       }
-      return 0;
-    }
-    std::printf("%-32s %-12s %-22s %-12s %s\n", "LOCK", "TOKEN", "HOLDER SESSION", "EXPIRES IN", "WAITERS");
-    for (const auto& l : list->locks()) {
-      std::printf("%-32s %-12lu %-22lu %-12s %u\n", l.lock().c_str(), static_cast<unsigned long>(l.token()),
-                  static_cast<unsigned long>(l.session_id()), Seconds(l.expires_in_ms()).c_str(), l.waiters());
-    }
+      for (const auto& l : list.locks()) {
+        if (command == "waiters" && l.waiters() == 0) continue;
+        std::printf("%-32s %-12lu %-22lu %-12s %u\n", l.lock().c_str(),
+                    static_cast<unsigned long>(l.token()),
+                    static_cast<unsigned long>(l.session_id()),
+                    Seconds(l.expires_in_ms()).c_str(), l.waiters());
+      }
+    });
+    if (!listed.ok()) return Fail(listed);
+    if (json) std::printf("%s", Json(all).c_str());
     return 0;
   }
   std::fprintf(stderr, "lockctl: unknown command \"%s\"; use status, sessions, locks or waiters\n",

@@ -45,6 +45,13 @@ ABSL_FLAG(std::string, allowed_uids, "",
           "comma-separated user ids (or names) that may connect over the Unix socket, checked "
           "with the peer's credentials; default: anyone the socket's permissions let in");
 ABSL_FLAG(uint64_t, max_connections, 1024, "open connections lockd serves at once");
+ABSL_FLAG(uint64_t, max_connections_per_peer, 256,
+          "open connections of one peer (a user id, or a remote address) at once");
+ABSL_FLAG(absl::Duration, idle_timeout, absl::Seconds(60),
+          "close a connection that sent nothing for this long and has no open session or "
+          "queued acquire");
+ABSL_FLAG(absl::Duration, slow_reader_timeout, absl::Seconds(30),
+          "close a connection whose replies stay unread for this long");
 ABSL_FLAG(uint64_t, max_sessions_per_connection, 64, "open sessions one connection may open");
 ABSL_FLAG(uint64_t, max_locks_per_session, 1024, "locks one session may hold and wait for");
 ABSL_FLAG(uint64_t, max_waiters_per_lock, 1024, "waiters queued on one lock");
@@ -101,6 +108,9 @@ int Serve() {
   options.max_waiters_per_lock = absl::GetFlag(FLAGS_max_waiters_per_lock);
   options.max_frame_bytes = absl::GetFlag(FLAGS_max_frame_bytes);
   options.hello_timeout = absl::GetFlag(FLAGS_hello_timeout);
+  options.max_connections_per_peer = absl::GetFlag(FLAGS_max_connections_per_peer);
+  options.idle_timeout = absl::GetFlag(FLAGS_idle_timeout);
+  options.slow_reader_timeout = absl::GetFlag(FLAGS_slow_reader_timeout);
   options.stall_threshold = absl::GetFlag(FLAGS_stall_threshold);
   {
     const std::string mode = absl::GetFlag(FLAGS_unix_socket_mode);
@@ -215,7 +225,8 @@ int main(int argc, char** argv) {
       "  lockd serve --data-dir=DIR [--listen=ADDR] [--port=N] [--unix-socket=PATH]\n"
       "              [--port-file=PATH] [--session-ttl=D] [--lock-ttl=D] [--allow-remote]\n"
       "              [--unix-socket-mode=0600] [--unix-socket-group=G] [--allowed-uids=U,...]\n"
-      "              [--max-connections=N] [--max-sessions-per-connection=N]\n"
+      "              [--max-connections=N] [--max-connections-per-peer=N]\n"
+      "              [--idle-timeout=D] [--slow-reader-timeout=D] [--max-sessions-per-connection=N]\n"
       "              [--max-locks-per-session=N] [--max-waiters-per-lock=N]\n"
       "              [--max-frame-bytes=N] [--hello-timeout=D]");
   const std::vector<std::string> args = fencelock::process::ParseFlags(argc, argv);

@@ -21,8 +21,11 @@ void MetricsExport::ExportNow() {
     m.GetCounter(name, help).Increment(static_cast<double>(now - before));
     before = now;
   };
-  add("lock_fenced_out_total", "Requests that presented a stale token (fence 1); must be zero",
+  add("lock_fenced_out_total", "Requests from a lock's own session that presented a token it lost (fence 1); must be zero",
       s.service.fenced_out_total, exported_.service.fenced_out_total);
+  add("lockd_foreign_tokens_total",
+      "Requests refused for a token their session never held (not a lease violation)",
+      s.service.foreign_tokens_total, exported_.service.foreign_tokens_total);
   add("lockd_grants_total", "Locks granted", s.service.grants_total,
       exported_.service.grants_total);
   add("lockd_session_expiries_total", "Sessions that expired on lockd's clock",
@@ -34,6 +37,15 @@ void MetricsExport::ExportNow() {
   add("lockd_stalls_total",
       "Times lockd did not run for longer than --stall-threshold (leases extended)",
       s.stalls_total, exported_.stalls_total);
+  add("lockd_connections_closed_slow_total",
+      "Connections closed for not reading their replies (--slow-reader-timeout)",
+      s.connections_closed_slow_total, exported_.connections_closed_slow_total);
+  add("lockd_connections_closed_idle_total",
+      "Connections closed after sending nothing past --idle-timeout",
+      s.connections_closed_idle_total, exported_.connections_closed_idle_total);
+  add("lockd_connections_refused_total",
+      "Connections refused at admission (a connection limit, descriptors, a user id)",
+      s.connections_refused_total, exported_.connections_refused_total);
   const CommitLog& log = core_->log();
   add("lockd_log_syncs_total", "WAL batches written and fdatasynced", log.stats().commits,
       exported_commits_);

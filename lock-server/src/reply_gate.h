@@ -38,6 +38,11 @@ class ReplyGate {
   std::vector<std::pair<ConnectionId, uint64_t>> TakeAll();
   // The connection is gone: its held replies are dropped.
   void Drop(ConnectionId c) { held_.erase(c); }
+  // Replies of `c` held now.
+  size_t held(ConnectionId c) const {
+    auto it = held_.find(c);
+    return it == held_.end() ? 0 : it->second.size();
+  }
 
  private:
   struct Held {

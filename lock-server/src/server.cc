@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -103,9 +104,10 @@ absl::Status ServerImpl::Init() {
       .max_sessions_per_connection = options_.max_sessions_per_connection,
       .max_frame_bytes = options_.max_frame_bytes,
       .hello_timeout = options_.hello_timeout,
+      .idle_timeout = options_.idle_timeout,
       .stall_threshold = options_.stall_threshold};
   core_ = std::make_unique<ServerCore>(core_options, &time_, std::move(*opened));
-  listener_ = std::make_unique<Listener>(io_, core_.get(), options_);
+  listener_ = std::make_unique<Listener>(io_, core_.get(), &time_, options_);
   if (absl::Status s = listener_->Bind(); !s.ok()) return s;
   exporter_ = std::make_unique<MetricsExport>(core_.get(), &time_, metrics_.get());
   if (options_.metrics_port >= 0) {
@@ -148,8 +150,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
           absl::FormatDuration(options.min_ttl), ", ", absl::FormatDuration(options.max_ttl), "]"));
     }
   }
-  if (options.max_frame_bytes < 64) {
-    return absl::InvalidArgumentError("max_frame_bytes must be at least 64");
+  if (options.max_frame_bytes < 64 || options.max_frame_bytes > (size_t{64} << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_frame_bytes must be 64 to 64 MiB, got ", options.max_frame_bytes));
   }
   for (auto [name, value] : {std::pair{"max connections", options.max_connections},
                              std::pair{"max sessions per connection", options.max_sessions_per_connection},
@@ -157,9 +160,24 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
                              std::pair{"max waiters per lock", options.max_waiters_per_lock}}) {
     if (value == 0) return absl::InvalidArgumentError(absl::StrCat(name, " must be at least 1"));
   }
-  if (options.hello_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("the Hello timeout must be positive");
+  for (auto [name, value] : {std::pair{"the Hello timeout", options.hello_timeout},
+                             std::pair{"the idle timeout", options.idle_timeout},
+                             std::pair{"the slow-reader timeout", options.slow_reader_timeout}}) {
+    if (value <= absl::ZeroDuration() || value > absl::Hours(24)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " must be positive and at most 24h, got ", absl::FormatDuration(value)));
+    }
   }
+  if (options.max_connections_per_peer == 0) {
+    return absl::InvalidArgumentError("max connections per peer must be at least 1");
+  }
+  if (options.max_connections > (uint64_t{1} << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max connections must be at most ", uint64_t{1} << 20, ", got ", options.max_connections));
+  }
+  std::string raised;
+  if (absl::Status s = EnsureDescriptorBudget(options.max_connections, &raised); !s.ok()) return s;
+  if (!raised.empty()) std::fprintf(stderr, "lockd: %s\n", raised.c_str());
   if (options.unix_socket_mode > 0777) {
     return absl::InvalidArgumentError(
         absl::StrFormat("unix socket mode %o is not a permission mode (0 to 0777)", options.unix_socket_mode));

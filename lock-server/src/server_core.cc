@@ -1,5 +1,6 @@
 #include "lock-server/server_core.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "lock-server/dispatch.h"
 #include "fencelock/wire.pb.h"
 #include "lease_timers.h"
+#include "log_limiter.h"
 #include "protocol/codes.h"
 #include "protocol/frame.h"
 #include "reply_gate.h"
@@ -37,9 +39,11 @@ std::string EncodeFrame(const wire::Response& response, size_t max_frame_bytes) 
 
 CoreOptions Resolve(CoreOptions options) {
   if (!options.log) options.log = LogToStderr;
-  if (!options.service.on_fenced_out) options.service.on_fenced_out = options.log;
   return options;
 }
+
+// Repeated operator lines of one kind go out at most once per this long, with a count.
+constexpr absl::Duration kLogInterval = absl::Seconds(10);
 
 }  // namespace
 
@@ -48,7 +52,8 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   Impl(const CoreOptions& options, TimeSource* time, OpenedCommitLog opened)
       : options_(Resolve(options)),
         time_(time),
-        service_(options_.service, std::move(opened.state)),
+        limiter_(time, kLogInterval, options_.log),
+        service_(WithLogs(options_.service), std::move(opened.state)),
         log_(std::move(opened.log)),
         gate_([this](ConnectionId c, std::string frames) { Deliver(c, frames); }),
         expiry_(time, [this] { OnExpiryDue(); }),
@@ -76,15 +81,16 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
     stopped_ = true;
     expiry_.Stop();
     stall_.Stop();
-    for (auto& [id, c] : connections_) c.hello_timer.reset();
+    limiter_.Flush();
+    for (auto& [id, c] : connections_) c.timer.reset();
   }
 
   ConnectionId Connect(ConnectionSink* sink) {
     const ConnectionId id = ++last_connection_id_;
     Conn& c = connections_[id];
     c.sink = sink;
-    c.hello_timer = time_->NewTimer();
-    c.hello_timer->ArmAt(time_->Now() + options_.hello_timeout, [this, id] { OnHelloTimeout(id); });
+    c.timer = time_->NewTimer();
+    c.timer->ArmAt(time_->Now() + options_.hello_timeout, [this, id] { OnHelloTimeout(id); });
     return id;
   }
 
@@ -93,10 +99,15 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
     if (it == connections_.end() || it->second.closing) return;
     NoticeStall();
     const MonoTime now = time_->Now();  // receipt time for every lease in this read
+    it->second.last_request_at = now;
     for (const std::string& payload : payloads) {
       Conn& c = connections_.at(id);
+      const bool hello_was_done = c.state.hello_done;
       Dispatched d = Dispatch(payload, c.state, *this, now);
-      if (c.state.hello_done && c.hello_timer != nullptr) c.hello_timer.reset();
+      if (c.state.hello_done && !hello_was_done && options_.idle_timeout > absl::ZeroDuration()) {
+        // From Hello on, the connection's timer watches for idleness instead.
+        c.timer->ArmAt(now + options_.idle_timeout, [this, id] { OnIdleCheck(id); });
+      }
       switch (d.then) {
         case Dispatched::Then::kReply:
           Reply(id, d.response);
@@ -139,8 +150,37 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
 
   void NoticeStall() { stall_.Notice(); }
 
+  size_t HeldReplies(ConnectionId id) const { return gate_.held(id); }
+  void CountTransportEvent(TransportEvent event) {
+    switch (event) {
+      case TransportEvent::kClosedSlowReader:
+        ++stats_.connections_closed_slow_total;
+        break;
+      case TransportEvent::kRefused:
+        ++stats_.connections_refused_total;
+        break;
+    }
+  }
+
   CoreStats stats() const {
-    return CoreStats{service_.stats(), protocol_errors_total_, stalls_total_};
+    CoreStats s = stats_;
+    s.service = service_.stats();
+    s.protocol_errors_total = protocol_errors_total_;
+    s.stalls_total = stalls_total_;
+    return s;
+  }
+
+  // The service's refusal lines go through the limiter: a peer can cause them in bulk.
+  ServiceOptions WithLogs(ServiceOptions service) {
+    if (!service.on_fenced_out) {
+      service.on_fenced_out = [this](const std::string& line) { limiter_.Log("fenced out", line); };
+    }
+    if (!service.on_foreign_token) {
+      service.on_foreign_token = [this](const std::string& line) {
+        limiter_.Log("foreign token", line);
+      };
+    }
+    return service;
   }
 
   // DispatchHost
@@ -151,6 +191,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   size_t max_sessions_per_connection() const override {
     return options_.max_sessions_per_connection;
   }
+  size_t max_frame_bytes() const override { return options_.max_frame_bytes; }
   void FillStats(wire::StatsReply* stats) const override;
 
   // CommitLogListener
@@ -166,7 +207,9 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
     ConnectionSink* sink = nullptr;
     ConnectionState state;
     absl::flat_hash_set<WaiterId> waiters;
-    std::unique_ptr<Timer> hello_timer;  // until Hello arrives or the connection closes
+    // The Hello timeout until Hello arrives, then the idle check.
+    std::unique_ptr<Timer> timer;
+    MonoTime last_request_at = MonoTime::Min();
     bool closing = false;
   };
   struct WaiterRoute {
@@ -187,7 +230,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
     Conn& c = connections_.at(id);
     if (c.closing) return;
     c.closing = true;
-    c.hello_timer.reset();
+    c.timer.reset();
     c.sink->CloseAfterSend();
   }
   void Deliver(ConnectionId id, const std::string& frames) {
@@ -202,9 +245,14 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   void OnExpiryDue();
   void OnStall(absl::Duration gap);
   void OnHelloTimeout(ConnectionId id);
+  void OnIdleCheck(ConnectionId id);
+  // True while the connection has a session that is still open (opened or renewed on it), a
+  // queued acquire, or a reply waiting for its commit.
+  bool HasWork(ConnectionId id, const Conn& c) const;
 
   const CoreOptions options_;
   TimeSource* const time_;
+  LogLimiter limiter_;
   LockService service_;
   std::unique_ptr<CommitLog> log_;
   ReplyGate gate_;
@@ -216,6 +264,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   WaiterId last_waiter_id_ = 0;
   uint64_t protocol_errors_total_ = 0;
   uint64_t stalls_total_ = 0;
+  CoreStats stats_;  // the connection counters
   std::map<ConnectionId, Conn> connections_;
   absl::flat_hash_map<WaiterId, WaiterRoute> waiters_;
 };
@@ -289,6 +338,37 @@ void ServerCore::Impl::OnHelloTimeout(ConnectionId id) {
   ReplyAndClose(id, r);
 }
 
+bool ServerCore::Impl::HasWork(ConnectionId id, const Conn& c) const {
+  if (!c.waiters.empty() || gate_.held(id) > 0) return true;
+  auto open = [&](SessionId s) { return service_.state().FindSession(s) != nullptr; };
+  return std::any_of(c.state.sessions.begin(), c.state.sessions.end(), open) ||
+         std::any_of(c.state.renewed.begin(), c.state.renewed.end(), open);
+}
+
+void ServerCore::Impl::OnIdleCheck(ConnectionId id) {
+  auto it = connections_.find(id);
+  if (it == connections_.end() || it->second.closing || stopped_) return;
+  Conn& c = it->second;
+  const MonoTime now = time_->Now();
+  const MonoTime idle_at = c.last_request_at + options_.idle_timeout;
+  if (now < idle_at) {
+    c.timer->ArmAt(idle_at, [this, id] { OnIdleCheck(id); });
+    return;
+  }
+  if (HasWork(id, c)) {
+    // Its sessions' keep-alives may come less often than the idle timeout: look again later.
+    c.timer->ArmAt(now + options_.idle_timeout, [this, id] { OnIdleCheck(id); });
+    return;
+  }
+  ++stats_.connections_closed_idle_total;
+  wire::Response r;
+  r.set_code(wire::UNAVAILABLE);
+  r.set_message(absl::StrCat("closing an idle connection: no request for ",
+                             absl::FormatDuration(options_.idle_timeout),
+                             " and no open session or queued acquire on it (lockd --idle-timeout)"));
+  ReplyAndClose(id, r);
+}
+
 void ServerCore::Impl::OnCommitFault(const absl::Status& status) {
   const std::string message =
       absl::StrCat("lockd could not make this durable (", status.message(),
@@ -320,6 +400,11 @@ void ServerCore::Impl::FillStats(wire::StatsReply* stats) const {
   }
   stats->set_grants_total(s.grants_total);
   stats->set_fenced_out_total(s.fenced_out_total);
+  stats->set_foreign_tokens_total(s.foreign_tokens_total);
+  stats->set_stalls_total(stalls_total_);
+  stats->set_connections_closed_slow_total(stats_.connections_closed_slow_total);
+  stats->set_connections_closed_idle_total(stats_.connections_closed_idle_total);
+  stats->set_connections_refused_total(stats_.connections_refused_total);
   stats->set_session_expiries_total(s.session_expiries_total);
   stats->set_lock_expiries_total(s.lock_expiries_total);
   stats->set_protocol_errors_total(protocol_errors_total_);
@@ -346,6 +431,8 @@ void ServerCore::RejectStream(ConnectionId id, int code, const std::string& mess
   impl_->RejectStream(id, code, message);
 }
 void ServerCore::Disconnect(ConnectionId id) { impl_->Disconnect(id); }
+size_t ServerCore::HeldReplies(ConnectionId id) const { return impl_->HeldReplies(id); }
+void ServerCore::CountTransportEvent(TransportEvent event) { impl_->CountTransportEvent(event); }
 const LockService& ServerCore::service() const { return impl_->service_ref(); }
 const CommitLog& ServerCore::log() const { return impl_->log(); }
 CoreStats ServerCore::stats() const { return impl_->stats(); }

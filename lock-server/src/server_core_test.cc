@@ -169,6 +169,29 @@ TEST_F(ServerCoreTest, AFreezeOfTheCoreExtendsLeasesButBusyTimeDoesNot) {
   EXPECT_EQ(core_->stats().stalls_total, 1u);
 }
 
+TEST_F(ServerCoreTest, TimeTheCoreSpentServingIsNotAStall) {
+  Start(&mem_, CoreOptions{.stall_threshold = absl::Seconds(1)});
+  Sink sink;
+  ConnectionId c;
+  const uint64_t session = Session(&sink, &c, absl::Seconds(3));
+  // One handler keeps the core's thread busy for 5 s: it ran the whole time, so the gap is
+  // not time lost to a freeze, and the session (never renewed) expires.
+  time_.Busy(absl::Seconds(5));
+  time_.RunDue();
+  EXPECT_EQ(core_->stats().stalls_total, 0u);
+  EXPECT_EQ(core_->service().state().FindSession(session), nullptr);
+  EXPECT_EQ(core_->stats().service.session_expiries_total, 1u);
+  // Busy for 2 s, then frozen for 3 s: only the 3 s not run are owed.
+  const uint64_t second = Session(&sink, &c, absl::Seconds(10));
+  time_.Busy(absl::Seconds(2));
+  time_.Freeze(absl::Seconds(3));
+  time_.RunDue();
+  EXPECT_EQ(core_->stats().stalls_total, 1u);
+  ASSERT_FALSE(log_.empty());
+  EXPECT_NE(log_.back().find("did not run for 3"), std::string::npos) << log_.back();
+  EXPECT_NE(core_->service().state().FindSession(second), nullptr);
+}
+
 TEST_F(ServerCoreTest, NoHelloWithinTheTimeoutClosesTheConnection) {
   Start(&mem_, CoreOptions{.hello_timeout = absl::Seconds(3)});
   Sink silent, polite;
@@ -187,6 +210,35 @@ TEST_F(ServerCoreTest, NoHelloWithinTheTimeoutClosesTheConnection) {
   EXPECT_EQ(core_->stats().protocol_errors_total, 1u);
 }
 
+TEST_F(ServerCoreTest, AConnectionIdleAfterHelloIsClosedUnlessItHasASession) {
+  Start(&mem_, CoreOptions{.idle_timeout = absl::Seconds(30),
+                           .stall_threshold = absl::ZeroDuration()});
+  Sink idle_sink, busy_sink;
+  const ConnectionId idle = Connect(&idle_sink);
+  Hello(idle);
+  ConnectionId busy;
+  const uint64_t session = Session(&busy_sink, &busy, absl::Seconds(100));
+  ASSERT_NE(session, 0u);
+  time_.Advance(absl::Seconds(20));
+  Hello(idle);  // a request (refused: a second Hello) keeps it from being idle for now
+  time_.Advance(absl::Seconds(29));
+  EXPECT_FALSE(idle_sink.closed());
+  time_.Advance(absl::Seconds(2));
+  EXPECT_TRUE(idle_sink.closed());
+  auto replies = idle_sink.Take();
+  ASSERT_FALSE(replies.empty());
+  EXPECT_EQ(replies.back().code(), wire::UNAVAILABLE);
+  EXPECT_NE(replies.back().message().find("--idle-timeout"), std::string::npos);
+  EXPECT_EQ(core_->stats().connections_closed_idle_total, 1u);
+  core_->Disconnect(idle);
+  // The other connection sent nothing for as long, but its session is open (it would renew
+  // it before the session's TTL): it stays until the session ends.
+  EXPECT_FALSE(busy_sink.closed());
+  time_.Advance(absl::Seconds(100));  // the session expires unrenewed
+  EXPECT_TRUE(busy_sink.closed());
+  EXPECT_EQ(core_->stats().connections_closed_idle_total, 2u);
+}
+
 TEST_F(ServerCoreTest, AfterADiskFaultNothingIsAcknowledgedAndNoTimerSpins) {
   FaultInjectingEnv faulty(&mem_);
   Start(&faulty, CoreOptions{.stall_threshold = absl::ZeroDuration()});
@@ -201,9 +253,11 @@ TEST_F(ServerCoreTest, AfterADiskFaultNothingIsAcknowledgedAndNoTimerSpins) {
   EXPECT_EQ(replies[0].code(), wire::UNAVAILABLE);
   ASSERT_NE(core_->log().fault(), nullptr);
   // The session's expiry is due in 2 s, but expiries are mutations: after the fault the core
-  // arms nothing for it, so nothing wakes again and again.
+  // arms nothing for it, so nothing wakes again and again. Only the connection's idle check
+  // (it still has an open session) looks once per idle timeout.
   time_.Advance(absl::Seconds(5));
-  EXPECT_EQ(time_.NextEventAt(), MonoTime::Max());
+  EXPECT_GE(time_.NextEventAt(), time_.Now() + absl::Seconds(50));
+  EXPECT_LE(time_.Advance(absl::Minutes(10)), 12);  // about one a minute
   EXPECT_EQ(core_->stats().service.session_expiries_total, 0u);
 }
 

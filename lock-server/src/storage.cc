@@ -296,14 +296,10 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
   snap.set_last_lsn(last_lsn);
   snap.set_last_token(state.last_token());
   snap.set_last_session_id(state.last_session_id());
-  std::vector<std::pair<SessionId, absl::Duration>> sessions;
-  for (const auto& [id, s] : state.sessions()) sessions.emplace_back(id, s.ttl);
-  std::sort(sessions.begin(), sessions.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (const auto& [id, ttl] : sessions) {
+  for (const auto& [id, session] : state.sessions()) {  // ascending id
     auto* s = snap.add_sessions();
     s->set_session_id(id);
-    s->set_ttl_ns(Nanos(ttl));
+    s->set_ttl_ns(Nanos(session.ttl));
   }
   std::vector<std::pair<std::string, HolderState>> holders(state.holders().begin(),
                                                            state.holders().end());

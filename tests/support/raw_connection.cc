@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "clock/clock.h"
+#include "gtest/gtest.h"
 #include "protocol/frame.h"
 #include "protocol/version.h"
 
@@ -34,16 +35,22 @@ bool WaitReadable(int fd, absl::Duration timeout) {
 
 }  // namespace
 
-std::string HttpGet(int port, const std::string& path) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+int ConnectLoopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     close(fd);
-    return "";
+    return -1;
   }
+  return fd;
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return "";
   const std::string request =
       "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
   if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
@@ -138,13 +145,7 @@ wire::Response RawConnection::Call(wire::Request request) {
   return *response;
 }
 
-wire::Response RawConnection::Hello() {
-  wire::Request r;
-  r.mutable_hello()->set_min_version(protocol::kMinProtocolVersion);
-  r.mutable_hello()->set_max_version(protocol::kMaxProtocolVersion);
-  r.mutable_hello()->set_client_name("raw-test");
-  return Call(r);
-}
+wire::Response RawConnection::Hello() { return Call(request::Hello()); }
 
 uint64_t RawConnection::HelloAndOpenSession(absl::Duration ttl) {
   if (Hello().code() != wire::OK) {
@@ -159,6 +160,100 @@ uint64_t RawConnection::HelloAndOpenSession(absl::Duration ttl) {
     std::abort();
   }
   return reply.open_session().session_id();
+}
+
+}  // namespace fencelock::testing
+
+namespace fencelock::testing {
+namespace request {
+
+uint64_t Millis(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
+
+wire::Request Hello() {
+  wire::Request r;
+  r.mutable_hello()->set_min_version(protocol::kMinProtocolVersion);
+  r.mutable_hello()->set_max_version(protocol::kMaxProtocolVersion);
+  r.mutable_hello()->set_client_name("raw-test");
+  return r;
+}
+wire::Request OpenSession(absl::Duration ttl) {
+  wire::Request r;
+  r.mutable_open_session()->set_ttl_ms(Millis(ttl));
+  return r;
+}
+wire::Request Acquire(uint64_t session, const std::string& lock, absl::Duration wait,
+                      absl::Duration ttl) {
+  wire::Request r;
+  r.mutable_acquire()->set_session_id(session);
+  r.mutable_acquire()->set_lock(lock);
+  r.mutable_acquire()->set_wait_timeout_ms(Millis(wait));
+  r.mutable_acquire()->set_ttl_ms(Millis(ttl));
+  return r;
+}
+wire::Request Release(uint64_t session, const std::string& lock, uint64_t token) {
+  wire::Request r;
+  r.mutable_release()->set_session_id(session);
+  r.mutable_release()->set_lock(lock);
+  r.mutable_release()->set_token(token);
+  return r;
+}
+wire::Request GetStats() {
+  wire::Request r;
+  r.mutable_get_stats();
+  return r;
+}
+wire::Request ListLocks(uint32_t limit) {
+  wire::Request r;
+  r.mutable_list_locks()->set_limit(limit);
+  return r;
+}
+
+}  // namespace request
+
+std::vector<wire::Response> RawConnection::Pipeline(std::vector<wire::Request> requests) {
+  std::string bytes;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    requests[i].set_request_id(i + 1);
+    if (!protocol::AppendFrame(requests[i].SerializeAsString(), &bytes).ok()) {
+      ADD_FAILURE() << "request " << i << " does not fit a frame";
+      return {};
+    }
+  }
+  EXPECT_TRUE(SendBytes(bytes));
+  std::vector<wire::Response> replies(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto r = ReadResponse(absl::Seconds(60));
+    if (!r) {
+      ADD_FAILURE() << "no reply to pipelined request " << i;
+      break;
+    }
+    if (r->request_id() >= 1 && r->request_id() <= requests.size()) {
+      replies[r->request_id() - 1] = *r;
+    }
+  }
+  return replies;
+}
+
+RawConnection HoldLocks(int port, size_t locks, size_t per_session, const std::string& prefix,
+                        std::vector<std::pair<std::string, uint64_t>>* held) {
+  RawConnection c = RawConnection::Tcp(port);
+  EXPECT_EQ(c.Hello().code(), wire::OK);
+  for (size_t done = 0; done < locks;) {
+    const uint64_t session =
+        c.Call(request::OpenSession(absl::Minutes(30))).open_session().session_id();
+    std::vector<wire::Request> acquires;
+    for (size_t i = 0; i < per_session && done + i < locks; ++i) {
+      acquires.push_back(request::Acquire(session, prefix + std::to_string(done + i),
+                                          absl::ZeroDuration(), absl::Minutes(30)));
+    }
+    auto replies = c.Pipeline(acquires);
+    for (size_t i = 0; i < replies.size(); ++i) {
+      EXPECT_TRUE(replies[i].acquire().granted()) << replies[i].ShortDebugString();
+      if (held) held->emplace_back(acquires[i].acquire().lock(), replies[i].acquire().token());
+    }
+    done += acquires.size();
+  }
+  return c;
 }
 
 }  // namespace fencelock::testing

@@ -8,6 +8,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "fencelock/wire.pb.h"
@@ -21,6 +23,30 @@ std::string HttpGet(int port, const std::string& path);
 
 // A TCP port on 127.0.0.1 that was free a moment ago (for servers that cannot report theirs).
 int FreeLoopbackPort();
+
+// A plain blocking TCP socket connected to 127.0.0.1:`port`, or -1.
+int ConnectLoopback(int port);
+
+// Requests as tests write them (request ids are set when sent).
+namespace request {
+wire::Request Hello();
+wire::Request OpenSession(absl::Duration ttl);
+// `wait` zero: answer at once; `ttl` zero: lockd's default lease.
+wire::Request Acquire(uint64_t session, const std::string& lock,
+                      absl::Duration wait = absl::ZeroDuration(),
+                      absl::Duration ttl = absl::ZeroDuration());
+wire::Request Release(uint64_t session, const std::string& lock, uint64_t token);
+wire::Request GetStats();
+wire::Request ListLocks(uint32_t limit);
+}  // namespace request
+
+class RawConnection;
+
+// Opens sessions (30 min TTL) on a new connection to `port` after Hello and holds `locks` locks
+// named `prefix` + 0, 1, ..., `per_session` to a session (at most lockd's locks per session),
+// acquiring them pipelined. Returns the connection; `held` gets each (name, token).
+RawConnection HoldLocks(int port, size_t locks, size_t per_session, const std::string& prefix,
+                        std::vector<std::pair<std::string, uint64_t>>* held = nullptr);
 
 class RawConnection {
  public:
@@ -43,6 +69,9 @@ class RawConnection {
   wire::Response Hello();
   // Hello, then OpenSession with `ttl`; returns the session id.
   uint64_t HelloAndOpenSession(absl::Duration ttl);
+  // Sends every request at once (request ids 1, 2, ...), then reads a reply for each; returns
+  // the replies in request order. A missing reply is a test failure (and an empty Response).
+  std::vector<wire::Response> Pipeline(std::vector<wire::Request> requests);
 
  private:
   static RawConnection Connect(const std::string& server);

@@ -47,6 +47,11 @@ class TimeSource {
   virtual std::unique_ptr<Timer> NewTimer() = 0;
   // Runs `task` on the owner's thread after the handlers that are already due.
   virtual void Post(std::function<void()> task) = 0;
+  // How long the owner's thread has run on a CPU, from some fixed point; call it on that
+  // thread. With Now() it tells a thread that was busy (Now() and RunTime() moved together)
+  // from one that did not run (Now() moved, RunTime() did not). Default: always zero, so
+  // every gap looks like time the thread did not run.
+  virtual absl::Duration RunTime() const { return absl::ZeroDuration(); }
 };
 
 // Simulated time for unit tests: stands still until AdvanceTo()/Advance() moves it, and then
@@ -72,6 +77,10 @@ class ManualTimeSource final : public TimeSource {
   // Moves the clock forward by `d` without running anything, as if the owner's thread had not
   // run (frozen, suspended, starved): what fell due runs late, at the next RunDue()/Advance().
   void Freeze(absl::Duration d);
+  // Moves the clock and RunTime() forward by `d` without running anything, as if one handler
+  // of the owner had been busy for that long: what fell due runs late.
+  void Busy(absl::Duration d);
+  absl::Duration RunTime() const override { return run_time_; }
   // The earliest pending callback's time, or MonoTime::Max().
   MonoTime NextEventAt() const;
 
@@ -82,6 +91,7 @@ class ManualTimeSource final : public TimeSource {
   void Unschedule(const Key& key);
 
   MonoTime now_;
+  absl::Duration run_time_ = absl::ZeroDuration();
   uint64_t next_seq_ = 0;
   std::map<Key, std::function<void()>> queue_;
 };

@@ -21,6 +21,9 @@ namespace fencelock::server {
 struct ConnectionState {
   bool hello_done = false;
   std::vector<SessionId> sessions;  // opened on this connection (some may have ended since)
+  // Sessions opened elsewhere and renewed on this connection (a client that reconnected),
+  // at most max_sessions_per_connection, the newest last.
+  std::vector<SessionId> renewed;
 };
 
 // What a request may need from the server around the lock service.
@@ -34,6 +37,8 @@ class DispatchHost {
   virtual void CountProtocolError() = 0;
   virtual void FillStats(wire::StatsReply* stats) const = 0;
   virtual size_t max_sessions_per_connection() const = 0;
+  // Largest reply frame lockd sends, in bytes.
+  virtual size_t max_frame_bytes() const = 0;
 };
 
 struct Dispatched {
@@ -51,9 +56,12 @@ struct Dispatched {
 Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHost& host,
                     MonoTime now);
 
-// Answers ListLocks from the service's state as of `now`.
+// Answers ListLocks from the service's state as of `now`: one page of at most query.limit
+// entries and query.max_bytes bytes, never more than `max_page_bytes`. Costs a seek and the
+// page, however many locks and sessions exist.
 void FillList(const LockService& service, const wire::ListLocks& query, wire::ListReply* list,
-              MonoTime now);
+              MonoTime now, size_t max_page_bytes);
+
 
 }  // namespace fencelock::server
 

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -57,6 +58,14 @@ struct ServiceOptions {
   // Told about every counted FENCED_OUT (a must-be-zero event), with the lock, the stale token
   // and the current holder, so that an operator can find who sent it. Default: none.
   std::function<void(const std::string&)> on_fenced_out;
+  // Told about every request refused for a token its session never held (counted in
+  // foreign_tokens_total, not as fenced out). Default: none.
+  std::function<void(const std::string&)> on_foreign_token;
+  // How many ended leases (lock, token, holder session) are remembered, newest first, to tell a
+  // lock's own session acting on a lost lease (fenced out, must be zero) from a request naming
+  // a token its sender never held. Older ones, and every lease that ended before this process
+  // started, count as foreign. Default: 65536.
+  size_t remembered_lease_ends = 65536;
 };
 
 struct LockRef {
@@ -81,7 +90,11 @@ struct WaiterOutcome {
 
 struct ServiceStats {
   uint64_t grants_total = 0;
+  // Stale tokens from the session that held them (or, for Validate, issued for that lock): a
+  // holder acted on a lease it lost. Must be zero.
   uint64_t fenced_out_total = 0;
+  // Refusals of tokens the sender never held: a stranger's or a guess. Not a lease violation.
+  uint64_t foreign_tokens_total = 0;
   uint64_t session_expiries_total = 0;
   uint64_t lock_expiries_total = 0;
 };
@@ -178,9 +191,13 @@ class LockService {
   absl::StatusOr<absl::Duration> ResolveTtl(absl::Duration requested,
                                             absl::Duration default_ttl) const;
   // Fence 1: OK iff `token` is the current holder's (and, when given, `session` is that
-  // holder's session); otherwise kAborted (FENCED_OUT), counted unless `count` is false.
+  // holder's session); otherwise kAborted (FENCED_OUT). Unless `count` is false, the refusal is
+  // counted as fenced out when the token was this lock's and `session` held it (see
+  // ServiceOptions::remembered_lease_ends), and as a foreign token otherwise.
   absl::Status CheckHolder(std::optional<SessionId> session, const std::string& lock,
                            FenceToken token, bool count = true);
+  // A lease ended: remember whose it was (bounded).
+  void RememberEnded(const std::string& lock, FenceToken token, SessionId session);
   void ReleaseAndHandOff(const std::string& lock, FenceToken token, ReleaseReason reason,
                          MonoTime now);
   void EndSession(SessionId session, EndReason reason, MonoTime now);
@@ -197,6 +214,11 @@ class LockService {
   std::vector<WaiterOutcome> outcomes_;
   ServiceStats stats_;
   std::function<void(const Record&)> observer_;
+  struct EndedLease {
+    std::string lock;
+    SessionId session;
+  };
+  absl::btree_map<FenceToken, EndedLease> ended_;  // the newest lease ends, by token
 };
 
 }  // namespace fencelock::server

@@ -53,8 +53,21 @@ struct ServerOptions {
   // permissions let in. Default: empty.
   std::vector<uint32_t> allowed_uids;
   // Open connections, over both listeners. One more gets LIMIT_EXCEEDED and is closed.
+  // Create() makes sure the process may open that many files (plus lockd's own): it raises the
+  // soft limit up to the hard one if it must, and refuses a value the hard limit cannot hold.
   // Default: 1024.
   size_t max_connections = 1024;
+  // Open connections of one peer: one user id (the Unix socket's peer credentials; for a
+  // loopback TCP peer, the owner of its socket), or one address for a remote peer. One more
+  // gets LIMIT_EXCEEDED, so that no one peer can take the connections of the others. Capped at
+  // max_connections. Default: 256.
+  size_t max_connections_per_peer = 256;
+  // A connection that has sent nothing for this long and has no open session (opened or
+  // renewed on it) and no queued acquire is told so and closed. Default: 60 s.
+  absl::Duration idle_timeout = absl::Seconds(60);
+  // A connection whose replies stay unread (more than 2 MiB, or two frames, waiting) for this
+  // long is closed; lockd stops reading its requests as soon as they pile up. Default: 30 s.
+  absl::Duration slow_reader_timeout = absl::Seconds(30);
   // Sessions opened on one connection that are still open. Default: 64.
   size_t max_sessions_per_connection = 64;
   // Locks one session may hold and wait for together. Default: 1024.

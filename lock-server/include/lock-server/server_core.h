@@ -57,6 +57,9 @@ struct CoreOptions {
   // A connection that has not sent Hello within this long is told HELLO_REQUIRED and closed.
   // Default: 10 s.
   absl::Duration hello_timeout = absl::Seconds(10);
+  // A connection that has sent nothing for this long, and has no open session (opened or
+  // renewed on it) and no queued acquire, is told so and closed. Default: 60 s.
+  absl::Duration idle_timeout = absl::Seconds(60);
   // When the core's time source shows that it did not run for longer than this, every session
   // and lock lease is extended by the gap (see ServerOptions::stall_threshold). Zero disables.
   // Default: 1 s.
@@ -70,6 +73,16 @@ struct CoreStats {
   ServiceStats service;
   uint64_t protocol_errors_total = 0;
   uint64_t stalls_total = 0;
+  uint64_t connections_closed_idle_total = 0;
+  // Counted for the transport (ServerCore::CountTransportEvent).
+  uint64_t connections_closed_slow_total = 0;
+  uint64_t connections_refused_total = 0;
+};
+
+// What a transport did to a connection on its own, for the core's figures.
+enum class TransportEvent {
+  kClosedSlowReader,  // closed for not reading its replies
+  kRefused,           // refused at admission
 };
 
 class ServerCore {
@@ -97,6 +110,9 @@ class ServerCore {
   void RejectStream(ConnectionId id, int code, const std::string& message);
   // The peer is gone: its queued acquires are cancelled, its held replies dropped.
   void Disconnect(ConnectionId id);
+  // Replies of `id` that wait for their commit (requests in flight, for back pressure).
+  size_t HeldReplies(ConnectionId id) const;
+  void CountTransportEvent(TransportEvent event);
 
   const LockService& service() const;
   const CommitLog& log() const;

@@ -18,8 +18,8 @@
 #include <utility>
 #include <variant>
 
+#include "absl/container/btree_map.h"
 #include "absl/container/btree_set.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "clock/clock.h"
@@ -115,8 +115,9 @@ class StateMachine {
   std::optional<SessionId> ExpiredSession(MonoTime now) const;
   std::optional<std::string> ExpiredLock(MonoTime now) const;
 
-  const absl::flat_hash_map<SessionId, SessionState>& sessions() const { return sessions_; }
-  const absl::flat_hash_map<std::string, HolderState>& holders() const { return holders_; }
+  // Both in key order, so that listing a page costs a seek and the page, not a sort of all.
+  const absl::btree_map<SessionId, SessionState>& sessions() const { return sessions_; }
+  const absl::btree_map<std::string, HolderState>& holders() const { return holders_; }
 
  private:
   absl::Status CheckOne(const record::SessionOpened& r) const;
@@ -132,8 +133,8 @@ class StateMachine {
   void ApplyOne(const record::LockRenewed& r, MonoTime now);
   void ApplyOne(const record::LockReleased& r, MonoTime now);
 
-  absl::flat_hash_map<SessionId, SessionState> sessions_;
-  absl::flat_hash_map<std::string, HolderState> holders_;
+  absl::btree_map<SessionId, SessionState> sessions_;
+  absl::btree_map<std::string, HolderState> holders_;
   // Expiry indexes, kept in step with the maps above.
   std::set<std::pair<MonoTime, SessionId>> session_expiry_;
   std::set<std::pair<MonoTime, std::string>> lock_expiry_;

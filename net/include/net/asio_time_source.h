@@ -5,6 +5,8 @@
 #ifndef FENCELOCK_NET_ASIO_TIME_SOURCE_H_
 #define FENCELOCK_NET_ASIO_TIME_SOURCE_H_
 
+#include <time.h>
+
 #include <algorithm>
 #include <functional>
 #include <memory>
@@ -23,6 +25,12 @@ class AsioTimeSource final : public TimeSource {
   MonoTime Now() const override { return clock_->Now(); }
   std::unique_ptr<Timer> NewTimer() override { return std::make_unique<AsioTimer>(this); }
   void Post(std::function<void()> task) override { asio::post(io_, std::move(task)); }
+  // The calling thread's CPU time (user and system).
+  absl::Duration RunTime() const override {
+    timespec ts{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return absl::DurationFromTimespec(ts);
+  }
 
  private:
   class AsioTimer final : public Timer {
