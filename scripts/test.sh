@@ -2,7 +2,7 @@
 # The README's test command (and CI's): installs what is missing, builds, runs every test, then
 # builds and runs the same tests again under AddressSanitizer + UndefinedBehaviorSanitizer and
 # under ThreadSanitizer, builds everything with clang (its -Wthread-safety analysis is an
-# error there) and runs each libFuzzer target for FENCELOCK_FUZZ_SECONDS (default 60) from its
+# error there) and runs each libFuzzer target for FENCELOCK_FUZZ_SECONDS (default 30) from its
 # committed corpus. Any failure, sanitizer report or fuzzer finding fails the run. The `stress`
 # label (1000 lockd kills, about 6 minutes) is left out; run it with:
 #   ctest --test-dir build -L stress
@@ -27,6 +27,6 @@ TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 
 build_tree build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
   -DFENCELOCK_FUZZ=ON
-"$FENCELOCK_ROOT/scripts/fuzz.sh" "${FENCELOCK_FUZZ_SECONDS:-60}"
+"$FENCELOCK_ROOT/scripts/fuzz.sh" "${FENCELOCK_FUZZ_SECONDS:-30}"
 
 say "all tests passed: plain, ASan+UBSan, TSan; clang -Wthread-safety clean; fuzzers found nothing"

@@ -51,8 +51,10 @@ class ClientLeaseTest : public ::testing::Test {
   // reaches it); it also decides when a late grant is renewed before it is returned.
   std::unique_ptr<Client> NewClient(absl::Duration session_ttl = absl::Seconds(60),
                                     absl::Duration request_timeout = absl::Seconds(10),
-                                    absl::Duration heartbeat_interval = absl::Hours(1)) {
+                                    absl::Duration heartbeat_interval = absl::Hours(1),
+                                    std::vector<StepCost> steps = {}) {
     ClientOptions options;
+    options.steps = std::move(steps);
     options.server = "127.0.0.1:" + std::to_string(proxy_.port());
     options.clock = &clock_;
     options.session_ttl = session_ttl;
@@ -239,6 +241,24 @@ TEST_F(ClientLeaseTest, AcquireAfterTheSessionDeadlinePassedRenewsFirst) {
   EXPECT_EQ(client->session_id(), session);  // renewed, not replaced
   EXPECT_NO_THROW(client->checkStillHeld(*next));
   EXPECT_EQ(ReasonThrown(*client, *first), LossReason::kDeadlinePassed);
+}
+
+TEST_F(ClientLeaseTest, AcquireRenewsFirstWhenTheSessionLeaseNoLongerCoversAStep) {
+  // After a stall (here: the client's clock moves 30 s with no heartbeat, as when lockd was
+  // stopped), the session has 42 − 30 = 12 s of usable lease left: not run out, but less than
+  // the declared 15 s step. A lock granted under it could not start that step.
+  const StepCost submit{"submit", absl::Seconds(15)};
+  auto client = NewClient(/*session_ttl=*/absl::Seconds(60), absl::Seconds(10),
+                          /*heartbeat_interval=*/absl::Seconds(2), {submit});
+  auto first = client->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(first.ok()) << first.status();
+  const uint64_t session = client->session_id();
+  clock_.Advance(absl::Seconds(30));
+  auto next = client->acquire("y", absl::Seconds(5));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(client->session_id(), session);  // renewed, not replaced
+  EXPECT_EQ(client->remaining(*next), kUsable);  // the lock's own lease, not the old session's
+  EXPECT_NO_THROW(client->beginIrreversibleStep(*next, submit));
 }
 
 TEST_F(ClientLeaseTest, D5FencedOutAnswerLosesTheLockAtOnce) {

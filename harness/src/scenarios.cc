@@ -1,18 +1,22 @@
 #include <signal.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "harness/fault_proxy.h"
 #include "harness/stalled_renewal.h"
 #include "scenario.h"
+#include "fencelock/wire.pb.h"
 #include "lock-client/client.h"
+#include "lock-server/blocking_connection.h"
 #include "payout-demo/cluster.h"
 #include "payout-demo/store.h"
 #include "process/history.h"
@@ -38,7 +42,8 @@ absl::Duration Since(int64_t ns) { return absl::Nanoseconds(history::NowNanos() 
 // Starts lockd and the rail with the scenario settings and loads `payouts` payouts. Workers
 // get `worker_environment` ("NAME=value") on top of the harness's environment.
 absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(
-    Env& env, int64_t payouts, std::vector<std::string> worker_environment = {}) {
+    Env& env, int64_t payouts, std::vector<std::string> worker_environment = {},
+    absl::Duration ttl = kTtl) {
   auto cluster = Cluster::Start({.dir = env.dir,
                          .lockd_binary = env.binaries.lockd,
                          .rail_binary = env.binaries.rail,
@@ -47,8 +52,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(
                          .rail_jitter = absl::Milliseconds(10),
                          .rail_read_timeout = kRailReadTimeout,
                          .rail_seed = env.seed,
-                         .session_ttl = kTtl,
-                         .lock_ttl = kTtl,
+                         .session_ttl = ttl,
+                         .lock_ttl = ttl,
                          .margin = kMargin,
                          .history = true,
                          .worker_environment = std::move(worker_environment)});
@@ -178,6 +183,7 @@ absl::Status WaitWorkers(Cluster& cluster, Outcome& out, absl::Duration timeout,
 struct Expectations {
   bool fences_quiet = true;       // lock_fenced_out_total and rail_fenced_out_total are zero
   bool expect_overlap = false;    // the client check is off: a client-believed overlap is due
+  int64_t max_abandoned = -1;     // at most this many payouts abandoned; -1: any number
 };
 
 // Reconciles the ledger against the store, runs the history checker, and judges the run.
@@ -200,6 +206,9 @@ absl::Status Finish(Cluster& cluster, Outcome& out, const Expectations& expect) 
                                      check->violations.size(), " violations, ",
                                      check->client_overlaps.size(), " client overlaps"));
   out.Expect(r->paid_twice == 0, absl::StrCat(r->paid_twice, " payouts paid twice"));
+  out.Expect(expect.max_abandoned < 0 || abandoned <= expect.max_abandoned,
+             absl::StrCat(abandoned, " payouts abandoned; at most ", expect.max_abandoned,
+                          " were expected"));
   out.Expect(r->left == 0 && r->paid_once == r->payouts,
              absl::StrCat(r->left, " payouts left unpaid"));
   out.Expect(r->rail_duplicates == 0,
@@ -559,6 +568,99 @@ absl::Status ClockStep(Env& env, Outcome& out) {
   return Finish(c, out, {});
 }
 
+// lockd stopped (SIGSTOP) for 3 s, shorter than the workers' usable lease (5 s TTL, as the
+// demo's), while they pay. Their leases then have too little left for a submit; each acquire
+// after lockd returns must renew first rather than claim a payout and abandon it.
+absl::Status ServerPause(Env& env, Outcome& out) {
+  const int64_t n = BusyPayouts(env) * 2;
+  auto cluster = StartCluster(env, n, {}, absl::Seconds(5));
+  if (!cluster.ok()) return cluster.status();
+  Cluster& c = **cluster;
+  if (absl::Status s = StartWorkers(c); !s.ok()) return s;
+  History h(c.Path("history"));
+  if (absl::Status s = AwaitPaid(h, n / 5); !s.ok()) return s;
+  const int64_t paid_before = h.Count("paid");
+  c.lockd().Signal(SIGSTOP);
+  absl::SleepFor(absl::Seconds(3));
+  c.lockd().Signal(SIGCONT);
+  out.Figure("lockd stopped", absl::StrCat("3.00 s (TTL 5.00 s) after ", paid_before, " payouts"));
+  if (absl::Status s = WaitWorkers(c, out, absl::Seconds(90)); !s.ok()) return s;
+  out.Figure("lost leases (client side)", absl::StrCat(h.Count("lost")));
+  // A payout whose lock was taken just before lockd stopped may rightly be abandoned (one per
+  // worker at most); a storm of them after it returned is the fault this scenario is about.
+  return Finish(c, out, {.max_abandoned = 3});
+}
+
+// A misbehaving client beside the payout workers: it pipelines listings and never reads the
+// replies, floods cheap listings, presents tokens it never held, and holds idle connections.
+// lockd must keep serving the workers: every payout paid once, no worker lease lost, and the
+// must-be-zero fence counters stay zero (a stranger's tokens are not a holder's).
+absl::Status NoisyNeighbour(Env& env, Outcome& out) {
+  const int64_t n = BusyPayouts(env);
+  auto cluster = StartPaying(env, n);
+  if (!cluster.ok()) return cluster.status();
+  Cluster& c = **cluster;
+  History h(c.Path("history"));
+  if (absl::Status s = AwaitSessions(c); !s.ok()) return s;
+  const server::BlockingConnectionOptions options{.server = c.lockd_address(),
+                                                  .timeout = absl::Seconds(1),
+                                                  .client_name = "noisy-neighbour"};
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> listings{0}, foreign{0}, unread{0};
+  std::vector<std::unique_ptr<server::BlockingConnection>> idle;
+  for (int i = 0; i < 50; ++i) {  // said Hello, then nothing
+    auto conn = server::BlockingConnection::Connect(options);
+    if (conn.ok()) idle.push_back(std::move(*conn));
+  }
+  std::thread slow_reader([&] {
+    // Sends until lockd stops reading it, then never reads: lockd holds it back and closes it.
+    auto conn = server::BlockingConnection::Connect(options);
+    if (!conn.ok()) return;
+    wire::Request listing;
+    listing.mutable_list_locks()->set_start_after(std::string(1000, 'a'));
+    while (!stop && (*conn)->Send(listing).ok()) ++unread;
+    while (!stop) absl::SleepFor(absl::Milliseconds(50));
+  });
+  std::thread flooder([&] {
+    // Cheap listings back to back, and KeepAlives naming 1,000 tokens it never held.
+    auto conn = server::BlockingConnection::Connect(options);
+    if (!conn.ok()) return;
+    wire::Request open;
+    open.mutable_open_session()->set_ttl_ms(60000);
+    auto session = (*conn)->Call(open);
+    if (!session.ok()) return;
+    wire::Request ka;
+    ka.mutable_keep_alive()->set_session_id(session->open_session().session_id());
+    for (int t = 1; t <= 1000; ++t) {
+      auto* ref = ka.mutable_keep_alive()->add_locks();
+      ref->set_lock(absl::StrCat("payout-", t % 50));
+      ref->set_token(static_cast<uint64_t>(t));
+    }
+    wire::Request list;
+    list.mutable_list_locks()->set_limit(1);
+    for (int i = 0; !stop; ++i) {
+      if (i % 50 == 0) {
+        if (auto r = (*conn)->Call(ka); r.ok()) foreign += r->keep_alive().lock_codes_size();
+      } else if ((*conn)->Call(list).ok()) {
+        ++listings;
+      }
+    }
+  });
+  absl::Status waited = WaitWorkers(c, out, absl::Seconds(120));
+  stop = true;
+  slow_reader.join();
+  flooder.join();
+  idle.clear();
+  if (!waited.ok()) return waited;
+  out.Figure("noisy neighbour", absl::StrCat(listings.load(), " listings, ", foreign.load(),
+                                             " foreign tokens, ", unread.load(),
+                                             " unread listings, 50 idle connections"));
+  out.Figure("lost leases (client side)", absl::StrCat(h.Count("lost")));
+  out.Expect(h.Count("lost") == 0,
+             absl::StrCat(h.Count("lost"), " worker leases lost beside a noisy neighbour"));
+  return Finish(c, out, {});
+}
+
 }  // namespace
 
 const std::vector<Scenario>& Scenarios() {
@@ -575,6 +677,11 @@ const std::vector<Scenario>& Scenarios() {
       {"network", "delays, holds, drops and cuts between workers and lockd: paid once, tokens ordered", Network},
       {"clock-step", "workers' wall clocks stepped an hour ahead and behind mid-run: no lease lost",
        ClockStep},
+      {"server-pause", "lockd stopped 3 s, less than the lease: acquires renew first, no refusal storm",
+       ServerPause},
+      {"noisy-neighbour",
+       "a client that never reads, floods listings and presents foreign tokens: workers unharmed",
+       NoisyNeighbour},
   };
   return *scenarios;
 }

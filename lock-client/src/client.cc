@@ -128,6 +128,11 @@ class ClientImpl final : public Client {
   void SweepLost();
   // True while a session is open whose client-side deadline has passed.
   bool SessionDeadlinePassed() const ABSL_LOCKS_EXCLUDED(mu_);
+  // True while a session is open whose lease left would not cover the costliest declared
+  // step (or has run out): a lock granted under it now would have its first step refused.
+  bool SessionLeaseShort() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The shortest lease left of the held locks; infinite when none is held.
+  absl::Duration LeastLeaseLeft() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Duration HeartbeatInterval() const ABSL_LOCKS_EXCLUDED(mu_);
   void HeartbeatThread();
   void OnUnmatchedReply(const wire::Response& response);
@@ -462,6 +467,19 @@ bool ClientImpl::SessionDeadlinePassed() const {
   return session_id_ != 0 && session_deadline_ <= clock_->Now();
 }
 
+bool ClientImpl::SessionLeaseShort() const {
+  absl::MutexLock lock(&mu_);
+  return session_id_ != 0 && session_deadline_ - clock_->Now() <= costliest_step_;
+}
+
+absl::Duration ClientImpl::LeastLeaseLeft() const {
+  const MonoTime now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  absl::Duration least = absl::InfiniteDuration();
+  for (const auto& [name, held] : held_) least = std::min(least, held.state->deadline() - now);
+  return least;
+}
+
 void ClientImpl::SweepLost() {
   const MonoTime now = clock_->Now();
   std::vector<std::shared_ptr<LeaseState>> expired;
@@ -503,17 +521,36 @@ absl::Duration ClientImpl::HeartbeatInterval() const {
 }
 
 void ClientImpl::HeartbeatThread() {
+  // After a failed exchange (lockd stopped, restarting, unreachable) the next try comes sooner,
+  // from kRetryFirst doubling up to the regular interval, so that leases are renewed as soon as
+  // lockd answers again rather than up to an interval later, when workers' steps would already
+  // have been refused for want of lease.
+  constexpr absl::Duration kRetryFirst = absl::Milliseconds(20);
+  absl::Duration retry = kRetryFirst;
+  bool failed = false;
   for (;;) {
     const absl::Duration interval = HeartbeatInterval();
+    absl::Duration wait = interval;
+    if (failed) {
+      wait = std::min(retry, interval);
+      retry = std::min(retry * 2, interval);
+    } else if (LeastLeaseLeft() - interval <= costliest_step_) {
+      // The last renewal was measured from a send long ago (it waited out a stall): waiting a
+      // whole interval would leave too little lease for a step. Renew soon.
+      wait = std::min(kRetryFirst, interval);
+    }
     {
       // Waits on the monotonic clock: a wall-clock step must neither stop nor flood the
       // heartbeat (Debian Abseil's AwaitWithTimeout waits until a wall-clock time).
-      stop_heartbeat_.WaitFor(interval);
+      stop_heartbeat_.WaitFor(wait);
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
     }
     absl::MutexLock lock(&heartbeat_mu_);
-    (void)HeartbeatLocked();
+    const absl::Status beat = HeartbeatLocked();
+    // A fenced-out lock is an answer; only an exchange that got none is a failure.
+    failed = !beat.ok() && !absl::IsAborted(beat) && !absl::IsNotFound(beat);
+    if (!failed) retry = kRetryFirst;
   }
 }
 
@@ -533,11 +570,11 @@ absl::StatusOr<std::optional<LockHandle>> ClientImpl::AcquireImpl(std::string_vi
     absl::MutexLock hb(&heartbeat_mu_);
     absl::Status s = EnsureSessionLocked();
     if (!s.ok()) return s;
-    if (SessionDeadlinePassed()) {
-      // Our deadline for the session ran out (heartbeats failed, or lockd or this process
-      // stalled) while lockd may still hold it: a grant now would be lost the moment it
-      // arrived. Renew first, measured from this send; if lockd says the session is gone,
-      // open a new one.
+    if (SessionLeaseShort()) {
+      // Our deadline for the session ran out, or so nearly that it would not cover a declared
+      // step (heartbeats failed, or lockd or this process stalled), while lockd may still hold
+      // it: a grant now would be lost, or refused its first step, the moment it arrived. Renew
+      // first, measured from this send; if lockd says the session is gone, open a new one.
       absl::Status renewed = HeartbeatLocked();
       if (absl::IsNotFound(renewed)) s = EnsureSessionLocked();
       if (!s.ok()) return s;
@@ -571,10 +608,17 @@ absl::StatusOr<std::optional<LockHandle>> ClientImpl::AcquireImpl(std::string_vi
   const absl::Duration granted_ttl = absl::Milliseconds(r.acquire().ttl_ms());
   const uint64_t token = r.acquire().token();
   MonoTime lock_deadline = UsableDeadline(reply->sent_at, granted_ttl, options_.safety_margin);
-  if (lock_deadline - clock_->Now() <= HeartbeatInterval()) {
-    // The grant queued so long that the lease left would run out before the next regular
-    // heartbeat (or already has, by the client's arithmetic). The handle is not published yet:
-    // renew this lock now and measure from the renewal's send, never from a reply's arrival.
+  MonoTime session_deadline;
+  {
+    absl::MutexLock l(&mu_);
+    session_deadline = session_deadline_;
+  }
+  if (std::min(lock_deadline, session_deadline) - clock_->Now() <=
+      std::max(HeartbeatInterval(), costliest_step_)) {
+    // The grant queued (or lockd stalled) so long that the lease left would run out before the
+    // next regular heartbeat, or would not cover a declared step (or already has run out, by
+    // the client's arithmetic). The handle is not published yet: renew the session and this
+    // lock now and measure from the renewal's send, never from a reply's arrival.
     absl::MutexLock hb(&heartbeat_mu_);
     auto renewal = KeepAliveLocked({{name, token}});
     const bool renewed = renewal.ok() && renewal->response.keep_alive().lock_codes(0) == wire::OK;
