@@ -261,6 +261,25 @@ TEST_F(ClientLeaseTest, AcquireRenewsFirstWhenTheSessionLeaseNoLongerCoversAStep
   EXPECT_NO_THROW(client->beginIrreversibleStep(*next, submit));
 }
 
+TEST_F(ClientLeaseTest, AFailedHeartbeatIsTriedAgainSoonerThanThePeriod) {
+  // A 2 s period and requests that give up after 100 ms. While lockd's answers do not arrive,
+  // every heartbeat fails: tried again only at the period, 3 s would see at most two tries;
+  // from 20 ms, doubling, they see at least five, so that leases are renewed soon after lockd
+  // answers again.
+  auto client = NewClient(absl::Seconds(60), absl::Milliseconds(100), absl::Seconds(2));
+  auto held = client->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(held.ok()) << held.status();
+  metrics::Counter& failures = client->metrics()->GetCounter(
+      "lock_heartbeat_failures_total", "Heartbeats that failed or timed out (D5)");
+  proxy_.Set(Dir::kToClient, Mode::kHold);
+  const double before = failures.value();
+  absl::SleepFor(absl::Seconds(3));
+  const double tries = failures.value() - before;
+  proxy_.CutAll();
+  proxy_.Release(Dir::kToClient);
+  EXPECT_GE(tries, 5) << "failed heartbeats were tried again only at the period";
+}
+
 TEST_F(ClientLeaseTest, D5FencedOutAnswerLosesTheLockAtOnce) {
   auto client = NewClient();
   auto lock = client->acquire("x", absl::Seconds(5), absl::Milliseconds(300));

@@ -75,8 +75,9 @@ absl::Status StartWorkers(Cluster& c, const std::string& via = "") {
 int64_t BusyPayouts(const Env& env) { return env.quick ? 30 : 80; }
 
 // A cluster with `payouts` payouts that w1, w2 and w3 are already paying through lockd.
-absl::StatusOr<std::unique_ptr<Cluster>> StartPaying(Env& env, int64_t payouts) {
-  auto cluster = StartCluster(env, payouts);
+absl::StatusOr<std::unique_ptr<Cluster>> StartPaying(Env& env, int64_t payouts,
+                                                      absl::Duration ttl = kTtl) {
+  auto cluster = StartCluster(env, payouts, {}, ttl);
   if (!cluster.ok()) return cluster;
   if (absl::Status s = StartWorkers(**cluster); !s.ok()) return s;
   return cluster;
@@ -412,24 +413,30 @@ absl::Status StalledReply(Env& env, Outcome& out) {
   return Finish(c, out, {});
 }
 
-// Workers pay while lockd is frozen (SIGSTOP) past the TTL and resumed.
-absl::Status ServerFreeze(Env& env, Outcome& out) {
-  const int64_t n = BusyPayouts(env);
-  auto cluster = StartPaying(env, n);
+// w1, w2 and w3 pay `n` payouts with `ttl`; after a fifth are paid, lockd is stopped (SIGSTOP)
+// for `stop` and resumed. The run is judged by `expect` once the workers are done.
+absl::Status StopLockdWhilePaying(Env& env, Outcome& out, int64_t n, absl::Duration ttl,
+                                  absl::Duration stop, const Expectations& expect) {
+  auto cluster = StartPaying(env, n, ttl);
   if (!cluster.ok()) return cluster.status();
   Cluster& c = **cluster;
   History h(c.Path("history"));
   if (absl::Status s = AwaitPaid(h, n / 5); !s.ok()) return s;
-  const absl::Duration freeze = kTtl + absl::Milliseconds(env.Uniform(500, 2000));
   const int64_t paid_before = h.Count("paid");
   c.lockd().Signal(SIGSTOP);
-  absl::SleepFor(freeze);
+  absl::SleepFor(stop);
   c.lockd().Signal(SIGCONT);
-  out.Figure("lockd frozen", absl::StrCat(Secs(freeze), " (TTL ", Secs(kTtl), ") after ",
-                                          paid_before, " payouts"));
+  out.Figure("lockd stopped", absl::StrCat(Secs(stop), " (TTL ", Secs(ttl), ") after ",
+                                           paid_before, " payouts"));
   if (absl::Status s = WaitWorkers(c, out, absl::Seconds(90)); !s.ok()) return s;
   out.Figure("lost leases (client side)", absl::StrCat(h.Count("lost")));
-  return Finish(c, out, {});
+  return Finish(c, out, expect);
+}
+
+// Workers pay while lockd is frozen (SIGSTOP) past the TTL and resumed.
+absl::Status ServerFreeze(Env& env, Outcome& out) {
+  const absl::Duration freeze = kTtl + absl::Milliseconds(env.Uniform(500, 2000));
+  return StopLockdWhilePaying(env, out, BusyPayouts(env), kTtl, freeze, {});
 }
 
 // lockd is killed (SIGKILL) while workers pay, and restarted from its state directory.
@@ -572,23 +579,10 @@ absl::Status ClockStep(Env& env, Outcome& out) {
 // demo's), while they pay. Their leases then have too little left for a submit; each acquire
 // after lockd returns must renew first rather than claim a payout and abandon it.
 absl::Status ServerPause(Env& env, Outcome& out) {
-  const int64_t n = BusyPayouts(env) * 2;
-  auto cluster = StartCluster(env, n, {}, absl::Seconds(5));
-  if (!cluster.ok()) return cluster.status();
-  Cluster& c = **cluster;
-  if (absl::Status s = StartWorkers(c); !s.ok()) return s;
-  History h(c.Path("history"));
-  if (absl::Status s = AwaitPaid(h, n / 5); !s.ok()) return s;
-  const int64_t paid_before = h.Count("paid");
-  c.lockd().Signal(SIGSTOP);
-  absl::SleepFor(absl::Seconds(3));
-  c.lockd().Signal(SIGCONT);
-  out.Figure("lockd stopped", absl::StrCat("3.00 s (TTL 5.00 s) after ", paid_before, " payouts"));
-  if (absl::Status s = WaitWorkers(c, out, absl::Seconds(90)); !s.ok()) return s;
-  out.Figure("lost leases (client side)", absl::StrCat(h.Count("lost")));
   // A payout whose lock was taken just before lockd stopped may rightly be abandoned (one per
   // worker at most); a storm of them after it returned is the fault this scenario is about.
-  return Finish(c, out, {.max_abandoned = 3});
+  return StopLockdWhilePaying(env, out, BusyPayouts(env) * 2, absl::Seconds(5),
+                              absl::Seconds(3), {.max_abandoned = 3});
 }
 
 // A misbehaving client beside the payout workers: it pipelines listings and never reads the

@@ -131,8 +131,6 @@ class ClientImpl final : public Client {
   // True while a session is open whose lease left would not cover the costliest declared
   // step (or has run out): a lock granted under it now would have its first step refused.
   bool SessionLeaseShort() const ABSL_LOCKS_EXCLUDED(mu_);
-  // The shortest lease left of the held locks; infinite when none is held.
-  absl::Duration LeastLeaseLeft() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Duration HeartbeatInterval() const ABSL_LOCKS_EXCLUDED(mu_);
   void HeartbeatThread();
   void OnUnmatchedReply(const wire::Response& response);
@@ -146,6 +144,9 @@ class ClientImpl final : public Client {
   // heard, releases it again and waits for the answer. kUnavailable if lockd cannot be asked.
   absl::Status SettleRelinquished(uint64_t session, const std::string& lock)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The Release that gives back `lock` (token) already given up by this client.
+  static wire::Request RelinquishRequest(uint64_t session, const std::string& lock,
+                                         uint64_t token);
   // Counts a lease that ended for `reason` (once per lease).
   void CountLoss(LossReason reason) const;
   // Records one heartbeat round trip and applies the margin-revisit trigger.
@@ -472,14 +473,6 @@ bool ClientImpl::SessionLeaseShort() const {
   return session_id_ != 0 && session_deadline_ - clock_->Now() <= costliest_step_;
 }
 
-absl::Duration ClientImpl::LeastLeaseLeft() const {
-  const MonoTime now = clock_->Now();
-  absl::MutexLock lock(&mu_);
-  absl::Duration least = absl::InfiniteDuration();
-  for (const auto& [name, held] : held_) least = std::min(least, held.state->deadline() - now);
-  return least;
-}
-
 void ClientImpl::SweepLost() {
   const MonoTime now = clock_->Now();
   std::vector<std::shared_ptr<LeaseState>> expired;
@@ -534,10 +527,6 @@ void ClientImpl::HeartbeatThread() {
     if (failed) {
       wait = std::min(retry, interval);
       retry = std::min(retry * 2, interval);
-    } else if (LeastLeaseLeft() - interval <= costliest_step_) {
-      // The last renewal was measured from a send long ago (it waited out a stall): waiting a
-      // whole interval would leave too little lease for a step. Renew soon.
-      wait = std::min(kRetryFirst, interval);
     }
     {
       // Waits on the monotonic clock: a wall-clock step must neither stop nor flood the
@@ -824,6 +813,16 @@ void ClientImpl::OnUnmatchedReply(const wire::Response& response) {
   Relinquish(session, response.acquire().lock(), response.acquire().token());
 }
 
+wire::Request ClientImpl::RelinquishRequest(uint64_t session, const std::string& lock,
+                                           uint64_t token) {
+  wire::Request release;
+  release.mutable_release()->set_session_id(session);
+  release.mutable_release()->set_lock(lock);
+  release.mutable_release()->set_token(token);
+  release.mutable_release()->set_relinquish(true);
+  return release;
+}
+
 void ClientImpl::Relinquish(uint64_t session, const std::string& lock, uint64_t token) {
   {
     absl::MutexLock l(&mu_);
@@ -832,14 +831,9 @@ void ClientImpl::Relinquish(uint64_t session, const std::string& lock, uint64_t 
       unsettled_.insert_or_assign(lock, Unsettled{session, token});
     }
   }
-  wire::Request release;
-  release.mutable_release()->set_session_id(session);
-  release.mutable_release()->set_lock(lock);
-  release.mutable_release()->set_token(token);
-  release.mutable_release()->set_relinquish(true);
   // lockd's answer settles it (OnUnmatchedReply); if it never comes, SettleRelinquished
   // releases again before this name is acquired.
-  auto id = channel_->Post(std::move(release));
+  auto id = channel_->Post(RelinquishRequest(session, lock, token));
   if (!id.ok()) return;
   absl::MutexLock l(&mu_);
   if (auto it = unsettled_.find(lock); it != unsettled_.end() && it->second.token == token) {
@@ -859,12 +853,7 @@ absl::Status ClientImpl::SettleRelinquished(uint64_t session, const std::string&
     }
     token = it->second.token;
   }
-  wire::Request release;
-  release.mutable_release()->set_session_id(session);
-  release.mutable_release()->set_lock(lock);
-  release.mutable_release()->set_token(token);
-  release.mutable_release()->set_relinquish(true);
-  auto reply = channel_->Call(std::move(release), options_.request_timeout);
+  auto reply = channel_->Call(RelinquishRequest(session, lock, token), options_.request_timeout);
   if (!reply.ok()) {
     return absl::UnavailableError(absl::StrCat("lock \"", lock, "\" was given up earlier (token ",
                                                token, ") and lockd could not be told: ",

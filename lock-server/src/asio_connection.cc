@@ -96,10 +96,10 @@ awaitable<bool> AsioConnection::AwaitBudget() {
     const size_t unread = outbox_.size() + in_write_;
     // Replies waiting for their commit wait for the disk; only unread ones are the peer's doing.
     if (unread > budget_.max_unread_reply_bytes) {
+      // (Far past the bound, Send() closes it at once.)
       if (!unread_since) unread_since = std::chrono::steady_clock::now();
-      if (unread > 4 * budget_.max_unread_reply_bytes ||
-          std::chrono::steady_clock::now() - *unread_since >=
-              absl::ToChronoNanoseconds(budget_.slow_reader_timeout)) {
+      if (std::chrono::steady_clock::now() - *unread_since >=
+          absl::ToChronoNanoseconds(budget_.slow_reader_timeout)) {
         CloseFor(CloseReason::kSlowReader);
         break;
       }

@@ -19,7 +19,7 @@ void StallWatch::Start() {
 
 void StallWatch::Arm() {
   timer_->ArmAt(time_->Now() + threshold_ / 4, [this] {
-    Notice();
+    Read(time_->Now());
     Arm();
   });
 }
@@ -27,6 +27,12 @@ void StallWatch::Arm() {
 void StallWatch::Notice() {
   if (!enabled()) return;
   const MonoTime now = time_->Now();
+  // The periodic reading keeps the last one fresh: a gap within the threshold cannot hold a
+  // stall, and reading the thread's CPU time (a system call) on every request is not needed.
+  if (now - last_alive_ > threshold_) Read(now);
+}
+
+void StallWatch::Read(MonoTime now) {
   const absl::Duration run_time = time_->RunTime();
   const absl::Duration not_run = (now - last_alive_) - (run_time - last_run_time_);
   last_alive_ = now;

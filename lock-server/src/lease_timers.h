@@ -53,12 +53,15 @@ class StallWatch {
   // Starts the periodic wake-ups (nothing when the threshold is zero).
   void Start();
   void Stop() { timer_->Cancel(); }
-  // Reads the clock and the run time: reports the time not run since the last reading when
-  // it is longer than the threshold.
+  // Called before the core reads the clock for anything else: when the time since the last
+  // reading is longer than the threshold, reads the run time and reports the time not run
+  // since then if that is longer than the threshold.
   void Notice();
 
  private:
   void Arm();
+  // Reads the run time at `now` and reports the time not run since the last reading.
+  void Read(MonoTime now);
 
   TimeSource* const time_;
   const absl::Duration threshold_;

@@ -87,7 +87,8 @@ std::optional<uid_t> LoopbackPeerUid(const asio::ip::tcp::endpoint& local,
   if (::sendto(fd, &query, sizeof(query), 0, reinterpret_cast<sockaddr*>(&kernel),
                sizeof(kernel)) == static_cast<ssize_t>(sizeof(query))) {
     alignas(nlmsghdr) char buffer[8192];
-    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
+    // The kernel answers within sendto(): never wait for it on the event loop.
+    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
     auto* h = reinterpret_cast<nlmsghdr*>(buffer);
     if (n >= static_cast<ssize_t>(sizeof(nlmsghdr)) && NLMSG_OK(h, static_cast<unsigned>(n)) &&
         h->nlmsg_type == SOCK_DIAG_BY_FAMILY &&
@@ -127,10 +128,10 @@ absl::Status EnsureDescriptorBudget(uint64_t max_connections, std::string* raise
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) {
     return absl::InternalError(absl::StrCat("getrlimit(RLIMIT_NOFILE): ", std::strerror(errno)));
   }
-  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur >= needed) return absl::OkStatus();
-  if (limit.rlim_cur == RLIM_INFINITY) return absl::OkStatus();
+  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= needed) return absl::OkStatus();
   if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < needed) {
-    const uint64_t most = limit.rlim_max > kReservedDescriptors ? limit.rlim_max - kReservedDescriptors : 0;
+    const uint64_t most =
+        limit.rlim_max > kReservedDescriptors ? limit.rlim_max - kReservedDescriptors : 0;
     return absl::InvalidArgumentError(absl::StrCat(
         "--max-connections=", max_connections, " needs ", needed,
         " open files (", kReservedDescriptors, " for lockd itself), but the hard limit is ",
@@ -264,29 +265,21 @@ asio::awaitable<void> Listener::AcceptLoop(Acceptor& acceptor) {
     const uint64_t id = ++last_id_;
     socket.non_blocking(true, ec);  // the reads and first writes must never block
     // Admission: a refused peer gets one error frame and is closed; nobody else notices.
+    std::string peer;
     absl::Status refused;
-    if constexpr (kUnix) refused = CheckPeer(socket.native_handle());
-    std::string peer = PeerIdentity(socket.native_handle(), kUnix);
-    const size_t per_peer_limit = std::min(options_.max_connections_per_peer,
-                                           options_.max_connections);
-    if (refused.ok() && admitted_ >= options_.max_connections) {
-      refused = absl::ResourceExhaustedError(absl::StrCat(
-          "lockd already serves ", admitted_,
-          " connections, the most it may (lockd --max-connections=", options_.max_connections,
-          ")"));
+    if constexpr (kUnix) {
+      std::optional<ucred> cred = PeerCredentials(socket.native_handle());
+      peer = cred ? absl::StrCat("user id ", cred->uid) : "a Unix-socket peer";
+      refused = CheckAllowed(cred);
+    } else {
+      peer = TcpPeerIdentity(socket.local_endpoint(ec), socket.remote_endpoint(ec));
     }
-    if (refused.ok() && per_peer_[peer] >= per_peer_limit) {
-      refused = absl::ResourceExhaustedError(absl::StrCat(
-          peer, " already has ", per_peer_[peer],
-          " connections, the most one peer may (lockd --max-connections-per-peer=",
-          per_peer_limit, ")"));
-    }
+    if (refused.ok()) refused = CheckConnectionLimits(peer);
     const bool admitted = refused.ok();
     if (admitted) {
       ++admitted_;
       ++per_peer_[peer];
     } else {
-      if (per_peer_[peer] == 0) per_peer_.erase(peer);
       peer.clear();
     }
     auto connection = std::make_shared<AsioConnection>(
@@ -334,44 +327,50 @@ void Listener::RefuseBacklog(int listen_fd) {
   spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
 }
 
-std::string Listener::PeerIdentity(int fd, bool unix_socket) const {
-  if (unix_socket) {
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-      return absl::StrCat("user id ", cred.uid);
-    }
-    return "a Unix-socket peer";
-  }
-  sockaddr_storage local_addr{}, peer_addr{};
-  socklen_t local_len = sizeof(local_addr), peer_len = sizeof(peer_addr);
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local_addr), &local_len) != 0 ||
-      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer_addr), &peer_len) != 0) {
-    return "an unknown TCP peer";
-  }
-  asio::ip::tcp::endpoint local, peer;
-  std::memcpy(local.data(), &local_addr, local_len);
-  std::memcpy(peer.data(), &peer_addr, peer_len);
+std::optional<ucred> Listener::PeerCredentials(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return std::nullopt;
+  return cred;
+}
+
+std::string Listener::TcpPeerIdentity(const asio::ip::tcp::endpoint& local,
+                                      const asio::ip::tcp::endpoint& peer) {
   if (peer.address().is_loopback()) {
     if (auto uid = LoopbackPeerUid(local, peer)) return absl::StrCat("user id ", *uid);
   }
   return absl::StrCat("address ", peer.address().to_string());
 }
 
-absl::Status Listener::CheckPeer(int fd) const {
+absl::Status Listener::CheckAllowed(const std::optional<ucred>& peer) const {
   if (options_.allowed_uids.empty()) return absl::OkStatus();
-  ucred peer{};
-  socklen_t len = sizeof(peer);
-  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
+  if (!peer) {
     return absl::PermissionDeniedError(
         absl::StrCat("cannot read the peer's credentials: ", std::strerror(errno)));
   }
   for (uint32_t uid : options_.allowed_uids) {
-    if (peer.uid == uid) return absl::OkStatus();
+    if (peer->uid == uid) return absl::OkStatus();
   }
   return absl::PermissionDeniedError(absl::StrCat(
-      "user id ", peer.uid, " (pid ", peer.pid, ") may not use lockd on this socket; allowed: ",
+      "user id ", peer->uid, " (pid ", peer->pid, ") may not use lockd on this socket; allowed: ",
       absl::StrJoin(options_.allowed_uids, ","), " (lockd --allowed-uids)"));
+}
+
+absl::Status Listener::CheckConnectionLimits(const std::string& peer) const {
+  if (admitted_ >= options_.max_connections) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "lockd already serves ", admitted_,
+        " connections, the most it may (lockd --max-connections=", options_.max_connections,
+        ")"));
+  }
+  const size_t limit = std::min(options_.max_connections_per_peer, options_.max_connections);
+  const auto it = per_peer_.find(peer);
+  if (it != per_peer_.end() && it->second >= limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        peer, " already has ", it->second,
+        " connections, the most one peer may (lockd --max-connections-per-peer=", limit, ")"));
+  }
+  return absl::OkStatus();
 }
 
 void Listener::Stop() {

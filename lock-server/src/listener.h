@@ -5,10 +5,13 @@
 #ifndef FENCELOCK_LOCK_SERVER_LISTENER_H_
 #define FENCELOCK_LOCK_SERVER_LISTENER_H_
 
+#include <sys/socket.h>
+
 #include <cstdint>
 #include <map>
-#include <string>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "asio_connection.h"
@@ -39,12 +42,17 @@ class Listener {
   template <typename Acceptor>
   asio::awaitable<void> AcceptLoop(Acceptor& acceptor);
   absl::Status BindUnixSocket();
-  // Who the peer on `fd` is, for the per-peer budget: its user id when the kernel can tell
-  // (SO_PEERCRED on the Unix socket; the socket's owner for a loopback TCP peer), else its
+  // The Unix-socket peer's credentials (SO_PEERCRED), if they can be read.
+  static std::optional<ucred> PeerCredentials(int fd);
+  // Who a TCP peer is, for the per-peer budget: for a loopback peer the user id that owns its
+  // socket, asked of the kernel (sock_diag); otherwise, or if the kernel cannot tell, its
   // address.
-  std::string PeerIdentity(int fd, bool unix_socket) const;
-  // OK if the Unix-socket peer on `fd` is allowed (ServerOptions::allowed_uids).
-  absl::Status CheckPeer(int fd) const;
+  static std::string TcpPeerIdentity(const asio::ip::tcp::endpoint& local,
+                                     const asio::ip::tcp::endpoint& peer);
+  // OK if the Unix-socket `peer` is allowed (ServerOptions::allowed_uids).
+  absl::Status CheckAllowed(const std::optional<ucred>& peer) const;
+  // OK if one more connection of `peer` fits max_connections and max_connections_per_peer.
+  absl::Status CheckConnectionLimits(const std::string& peer) const;
   // accept() failed for want of descriptors or memory: refuses the peers waiting in the
   // backlog with an error (through the spare descriptor) so that they do not hang.
   void RefuseBacklog(int listen_fd);

@@ -59,19 +59,22 @@ absl::Status LockService::CheckHolder(std::optional<SessionId> session, const st
   // Whose token is it? Only a lease's own session acting after losing it is fenced out (the
   // must-be-zero event); a token the sender never held says nothing about any holder.
   const auto ended = ended_.find(token);
-  const bool own = ended != ended_.end() && ended->second.lock == lock &&
+  const bool own = ended != ended_.end() &&
+                   ended->second.lock_hash == std::hash<std::string>{}(lock) &&
                    (!session.has_value() || ended->second.session == *session);
   const std::string from =
       session.has_value() ? absl::StrCat(" from session ", *session) : std::string();
   if (!own) {
     absl::Status refused = absl::AbortedError(absl::StrCat(
         "FENCED_OUT: token ", token, " does not hold lock \"", lock, "\"",
-        session.has_value() ? absl::StrCat(" and session ", *session, " never held it with that token")
-                            : " and lockd does not know it as one of that lock's tokens"));
+        session.has_value()
+            ? absl::StrCat(" and session ", *session, " never held it with that token")
+            : " and lockd does not know it as one of that lock's tokens"));
     if (count) {
       ++stats_.foreign_tokens_total;
       if (options_.on_foreign_token) {
-        options_.on_foreign_token(absl::StrCat("refused a foreign token: ", refused.message(), from));
+        options_.on_foreign_token(
+            absl::StrCat("refused a foreign token: ", refused.message(), from));
       }
     }
     return refused;
@@ -91,8 +94,14 @@ absl::Status LockService::CheckHolder(std::optional<SessionId> session, const st
 
 void LockService::RememberEnded(const std::string& lock, FenceToken token, SessionId session) {
   if (options_.remembered_lease_ends == 0) return;
-  ended_.emplace(token, EndedLease{lock, session});
-  while (ended_.size() > options_.remembered_lease_ends) ended_.erase(ended_.begin());
+  ended_.emplace(token, EndedLease{std::hash<std::string>{}(lock), session});
+  ended_order_.push_back(token);
+  // Forget by age of the end, not of the grant: a lease held for a day and lost just now is
+  // the likeliest to be acted on stale.
+  while (ended_order_.size() > options_.remembered_lease_ends) {
+    ended_.erase(ended_order_.front());
+    ended_order_.pop_front();
+  }
 }
 
 absl::StatusOr<std::vector<absl::Status>> LockService::KeepAlive(

@@ -204,6 +204,17 @@ TEST_F(LockServiceTest, OnlyTheNewestLeaseEndsAreRemembered) {
   EXPECT_EQ(small.stats().foreign_tokens_total, 1u);
   EXPECT_FALSE(small.Validate("x", tokens[2], At(3)).ok());  // remembered: fenced out
   EXPECT_EQ(small.stats().fenced_out_total, 1u);
+  // Forgotten by when the lease ended, not by its token: a lock held while many others came
+  // and went, lost just now, is remembered.
+  auto old = small.Acquire(a->first, "long-held", {}, {}, 0, At(4));
+  ASSERT_TRUE(old.ok());
+  for (int i = 0; i < 3; ++i) {
+    auto g = small.Acquire(a->first, "y", {}, {}, 0, At(5));
+    ASSERT_TRUE(small.Release(a->first, "y", g->token, At(6)).ok());
+  }
+  ASSERT_TRUE(small.Release(a->first, "long-held", old->token, At(7)).ok());
+  EXPECT_FALSE(small.Release(a->first, "long-held", old->token, At(8)).ok());
+  EXPECT_EQ(small.stats().fenced_out_total, 2u);
 }
 
 TEST_F(LockServiceTest, KeepAliveOfUnknownSessionIsNotFound) {

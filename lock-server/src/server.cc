@@ -11,7 +11,6 @@
 
 #include <unistd.h>
 
-#include <cstdio>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +46,8 @@ class ServerImpl final : public Server {
   uint16_t tcp_port() const override { return listener_->tcp_port(); }
   int metrics_port() const override { return exposer_ ? exposer_->port() : 0; }
   std::vector<std::string> recovery_summary() const override { return summary_; }
+  // A line for the startup log, before recovery's.
+  void Note(std::string line) { summary_.push_back(std::move(line)); }
   void Run() override;
   void Shutdown() override {
     asio::post(io_, [this] { Stop(); });
@@ -92,7 +93,7 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
 absl::Status ServerImpl::Init() {
   auto opened = OpenCommitLog();
   if (!opened.ok()) return opened.status();
-  summary_ = opened->summary;
+  summary_.insert(summary_.end(), opened->summary.begin(), opened->summary.end());
   CoreOptions core_options{
       .service = ServiceOptions{.default_session_ttl = options_.default_session_ttl,
                                 .default_lock_ttl = options_.default_lock_ttl,
@@ -152,7 +153,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   }
   if (options.max_frame_bytes < 64 || options.max_frame_bytes > (size_t{64} << 20)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "max_frame_bytes must be 64 to 64 MiB, got ", options.max_frame_bytes));
+        "the frame size (--max-frame-bytes) must be 64 to 64 MiB, got ", options.max_frame_bytes));
   }
   for (auto [name, value] : {std::pair{"max connections", options.max_connections},
                              std::pair{"max sessions per connection", options.max_sessions_per_connection},
@@ -160,24 +161,24 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
                              std::pair{"max waiters per lock", options.max_waiters_per_lock}}) {
     if (value == 0) return absl::InvalidArgumentError(absl::StrCat(name, " must be at least 1"));
   }
-  for (auto [name, value] : {std::pair{"the Hello timeout", options.hello_timeout},
-                             std::pair{"the idle timeout", options.idle_timeout},
-                             std::pair{"the slow-reader timeout", options.slow_reader_timeout}}) {
+  for (auto [name, value] :
+       {std::pair{"the Hello timeout (--hello-timeout)", options.hello_timeout},
+        std::pair{"the idle timeout (--idle-timeout)", options.idle_timeout},
+        std::pair{"the slow-reader timeout (--slow-reader-timeout)", options.slow_reader_timeout}}) {
     if (value <= absl::ZeroDuration() || value > absl::Hours(24)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, " must be positive and at most 24h, got ", absl::FormatDuration(value)));
+      return absl::InvalidArgumentError(absl::StrCat(name, " must be positive and at most 24h, got ",
+                                                     absl::FormatDuration(value)));
     }
   }
   if (options.max_connections_per_peer == 0) {
-    return absl::InvalidArgumentError("max connections per peer must be at least 1");
+    return absl::InvalidArgumentError(
+        "max connections per peer (--max-connections-per-peer) must be at least 1");
   }
   if (options.max_connections > (uint64_t{1} << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max connections must be at most ", uint64_t{1} << 20, ", got ", options.max_connections));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max connections (--max-connections) must be at most ", uint64_t{1} << 20,
+                     ", got ", options.max_connections));
   }
-  std::string raised;
-  if (absl::Status s = EnsureDescriptorBudget(options.max_connections, &raised); !s.ok()) return s;
-  if (!raised.empty()) std::fprintf(stderr, "lockd: %s\n", raised.c_str());
   if (options.unix_socket_mode > 0777) {
     return absl::InvalidArgumentError(
         absl::StrFormat("unix socket mode %o is not a permission mode (0 to 0777)", options.unix_socket_mode));
@@ -189,10 +190,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   if (options.reservation_block == 0 || options.reservation_block > (uint64_t{1} << 40)) {
     return absl::InvalidArgumentError("the reservation block must be 1 to 2^40");
   }
+  // Last, once every option is known to be good: this changes the process's limit.
+  std::string raised;
+  if (absl::Status s = EnsureDescriptorBudget(options.max_connections, &raised); !s.ok()) return s;
   ServerOptions resolved = options;
   if (resolved.env == nullptr) resolved.env = Env::Posix();
   if (resolved.clock == nullptr) resolved.clock = Clock::Real();
   auto server = std::make_unique<ServerImpl>(resolved);
+  if (!raised.empty()) server->Note(raised);
   if (absl::Status s = server->Init(); !s.ok()) return s;
   return server;
 }

@@ -26,7 +26,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -61,10 +60,10 @@ struct ServiceOptions {
   // Told about every request refused for a token its session never held (counted in
   // foreign_tokens_total, not as fenced out). Default: none.
   std::function<void(const std::string&)> on_foreign_token;
-  // How many ended leases (lock, token, holder session) are remembered, newest first, to tell a
-  // lock's own session acting on a lost lease (fenced out, must be zero) from a request naming
-  // a token its sender never held. Older ones, and every lease that ended before this process
-  // started, count as foreign. Default: 65536.
+  // How many ended leases (lock, token, holder session) are remembered, the last to end, to
+  // tell a lock's own session acting on a lost lease (fenced out, must be zero) from a request
+  // naming a token its sender never held. Leases that ended earlier, and every lease that ended
+  // before this process started, count as foreign. Default: 65536 (about 3 MB).
   size_t remembered_lease_ends = 65536;
 };
 
@@ -214,11 +213,15 @@ class LockService {
   std::vector<WaiterOutcome> outcomes_;
   ServiceStats stats_;
   std::function<void(const Record&)> observer_;
+  // The newest lease ends, oldest end first in ended_order_. A lock is kept as its name's
+  // hash: the token already identifies the lease, the hash only tells a token presented for
+  // another lock.
   struct EndedLease {
-    std::string lock;
+    size_t lock_hash;
     SessionId session;
   };
-  absl::btree_map<FenceToken, EndedLease> ended_;  // the newest lease ends, by token
+  absl::flat_hash_map<FenceToken, EndedLease> ended_;
+  std::deque<FenceToken> ended_order_;
 };
 
 }  // namespace fencelock::server

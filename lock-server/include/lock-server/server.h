@@ -123,7 +123,8 @@ class Server {
   // The bound metrics port, or 0 when metrics are not served.
   virtual int metrics_port() const = 0;
 
-  // What recovery restored, one line per fact, for lockd's startup log.
+  // What Create() did before serving, one line per fact, for lockd's startup log: the limit on
+  // open files if it raised it, then what recovery restored.
   virtual std::vector<std::string> recovery_summary() const = 0;
 
   // Serves on the calling thread until Shutdown(). Removes the Unix socket file on return.
