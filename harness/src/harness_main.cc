@@ -39,7 +39,8 @@ ABSL_FLAG(std::string, report_md, "", "write the report as a markdown table to t
 ABSL_FLAG(std::string, report_json, "", "write the report as JSON to this file");
 ABSL_FLAG(std::string, lockd_binary, LOCKD_BINARY, "the lockd executable");
 ABSL_FLAG(std::string, rail_binary, RAIL_BINARY, "the payout-rail executable");
-ABSL_FLAG(std::string, worker_binary, WORKER_BINARY, "the payout-worker executable");
+ABSL_FLAG(std::string, worker_binary, WORKER_BINARY,
+          "the worker executable: payout-worker-faults (payout-worker with fault points)");
 
 namespace fencelock::harness {
 namespace {
@@ -206,8 +207,6 @@ int Main(const std::vector<std::string>& args) {
     std::printf("%s\n", r->ok() ? "no violations" : "VIOLATIONS FOUND");
     return r->ok() ? 0 : 1;
   }
-  // The workers accept the harness-only switches only with this set.
-  setenv("FENCELOCK_HARNESS", "1", 1);
   uint64_t seed = FirstSeed();
   if (command == "run") {
     std::vector<const Scenario*> chosen;

@@ -237,12 +237,12 @@ bool OtherThan(const history::Record& r, const std::string& process) {
   return r.process != process && r.process != "rail";
 }
 
-// Starts w1 with `args` and --harness-pause-before-submit=<id>, and waits until it has stopped
+// Starts w1 with `args` and --pause-before-submit=<id>, and waits until it has stopped
 // itself right before the submit of payout <id>, holding its lock. Returns the "paused" record.
 absl::StatusOr<history::Record> StartPausedHolder(Cluster& c, History& h, int64_t id,
                                                   std::vector<std::string> args,
                                                   process::Child** w1) {
-  args.push_back(absl::StrCat("--harness-pause-before-submit=", id));
+  args.push_back(absl::StrCat("--pause-before-submit=", id));
   auto started = c.StartWorker("w1", args);
   if (!started.ok()) return started.status();
   *w1 = *started;
@@ -287,7 +287,7 @@ absl::Status Uc03(Env& env, Outcome& out, bool client_check) {
   const std::string key = PayoutKey(p);
   History h(c.Path("history"));
   std::vector<std::string> args;
-  if (!client_check) args.push_back("--harness-skip-client-check");
+  if (!client_check) args.push_back("--skip-client-checks");
   process::Child* w1 = nullptr;
   auto paused = StartPausedHolder(c, h, p, args, &w1);
   if (!paused.ok()) return paused.status();

@@ -51,7 +51,9 @@ ABSL_FLAG(bool, keep_state, false, "keep the state directory after a green run")
 ABSL_FLAG(std::string, report_json, "", "also write the reconciliation as JSON to this file");
 ABSL_FLAG(std::string, lockd_binary, LOCKD_BINARY, "the lockd executable");
 ABSL_FLAG(std::string, rail_binary, RAIL_BINARY, "the payout-rail executable");
-ABSL_FLAG(std::string, worker_binary, WORKER_BINARY, "the payout-worker executable");
+ABSL_FLAG(std::string, worker_binary, WORKER_BINARY,
+          "the worker executable: payout-worker-faults, payout-worker with the fault points the "
+          "freeze needs");
 
 namespace fencelock::payout {
 namespace {
@@ -66,10 +68,13 @@ struct Event {
   std::string worker, kind, payout;
   uint64_t token = 0;
 };
+// A step of a worker's payment, from its log line; std::nullopt for any other line (a fault
+// point's "paused" note is not a step: the step before it is where the worker stopped).
 std::optional<Event> ParseEvent(const std::string& line) {
   std::vector<std::string> f = absl::StrSplit(line, ' ');
   Event e;
   if (f.size() < 5 || f[3] != "token" || !absl::SimpleAtoi(f[4], &e.token)) return std::nullopt;
+  if (f[1] == "paused") return std::nullopt;
   e.worker = f[0];
   e.kind = f[1];
   e.payout = f[2];

@@ -1,0 +1,369 @@
+// The payout worker: for each unpaid payout it takes the payout's lock from lockd, claims the
+// payout in the store under the lock's fencing token, and pays it through the rail, abandoning
+// the moment its lease may no longer cover what it is about to do (docs/payout-flow.md).
+//
+// Every event is one line on standard output, "<name> <event> payout/<id> token <t> ...", for
+// the demo's log. With --history it also appends timed records (process/history.h) for the
+// harness's history checker.
+#include "worker.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "lock-client/client.h"
+#include "metrics/metrics.h"
+#include "payout-demo/rail.h"
+#include "payout-demo/store.h"
+#include "process/flags.h"
+#include "process/history.h"
+#include "process/process.h"
+
+ABSL_FLAG(std::string, name, "", "this worker's name, as recorded on its claims; required");
+ABSL_FLAG(std::string, lockd, "127.0.0.1:7420", "lockd: host:port or unix:/path");
+ABSL_FLAG(std::string, rail, "", "the rail: host:port; required");
+ABSL_FLAG(std::string, store, "", "the payout store (SQLite file); required");
+ABSL_FLAG(absl::Duration, session_ttl, absl::Seconds(5), "lock.session.ttl");
+ABSL_FLAG(absl::Duration, lock_ttl, absl::Seconds(5), "the TTL of each payout's lock");
+ABSL_FLAG(double, margin, 0.30, "lock.client.safety-margin, in (0, 1)");
+ABSL_FLAG(absl::Duration, poll, absl::Milliseconds(20),
+          "pause when every unpaid payout is locked by another worker");
+ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(30),
+          "keep trying to reach lockd at startup for this long before giving up");
+ABSL_FLAG(int, metrics_port, -1, "serve /metrics on this port; 0 picks one, -1 disables");
+ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
+ABSL_FLAG(std::string, history, "", "append timed event records to this file (harness)");
+
+namespace fencelock::payout {
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+class Worker {
+ public:
+  Worker(std::string name, std::unique_ptr<Client> client, std::unique_ptr<RailClient> rail,
+         std::unique_ptr<PayoutStore> store, std::unique_ptr<history::Writer> history,
+         FaultPoints* faults)
+      : name_(std::move(name)),
+        faults_(faults),
+        client_checks_off_(faults != nullptr && faults->client_checks_off()),
+        history_(std::move(history)),
+        client_(std::move(client)),
+        rail_(std::move(rail)),
+        store_(std::move(store)),
+        submit_cost_(StepCost::RailSubmit(rail_->read_timeout())),
+        backlog_(client_->metrics()->GetGauge(
+            "payout_backlog_age_seconds", "how long the oldest unpaid payout has waited")),
+        paid_(client_->metrics()->GetCounter("payouts_paid_total",
+                                             "payouts this worker saw paid (by it or found paid)")) {}
+
+  // Works until no payout is left unpaid (0) or a stop signal arrives (1 if work was left).
+  int Run() {
+    size_t offset = std::hash<std::string>()(name_);
+    while (!g_stop.load()) {
+      auto unpaid = store_->Unpaid(1000);
+      if (!unpaid.ok()) {
+        Log(absl::StrCat("store error: ", unpaid.status().ToString()));
+        absl::SleepFor(absl::Milliseconds(100));
+        continue;
+      }
+      if (auto age = store_->OldestUnpaidAge(); age.ok()) {
+        backlog_.Set(absl::ToDoubleSeconds(*age));
+      }
+      if (unpaid->empty()) return 0;
+      bool worked = false;
+      // Workers start at different places in the list so that they rarely race for a lock.
+      for (size_t i = 0; i < unpaid->size() && !g_stop.load(); ++i) {
+        const int64_t id = (*unpaid)[(offset + i) % unpaid->size()];
+        const int64_t sent = history::NowNanos();
+        auto lock = client_->tryAcquire(PayoutKey(id), absl::GetFlag(FLAGS_lock_ttl));
+        if (lock.ok() && lock->has_value()) {
+          history_->Append(sent, "acquire", PayoutKey(id), (*lock)->token());
+        }
+        if (!lock.ok()) {
+          Log(absl::StrCat("lockd error: ", lock.status().ToString()));
+          absl::SleepFor(absl::Milliseconds(100));
+          break;
+        }
+        if (!lock->has_value()) continue;  // another worker holds it
+        Process(id, **lock);
+        worked = true;
+      }
+      ++offset;
+      if (!worked) absl::SleepFor(absl::GetFlag(FLAGS_poll));
+    }
+    return 1;
+  }
+
+ private:
+  void Log(const std::string& line) {
+    std::printf("%s %s\n", name_.c_str(), line.c_str());
+    std::fflush(stdout);
+  }
+  // An event that is also a step of the run's history: the log line, and the timed record
+  // whose `begin` was read before the step was tried, say the same thing.
+  void Step(int64_t begin, const char* event, int64_t id, uint64_t token,
+            const std::string& detail = "") {
+    Event(event, id, token, detail);
+    history_->Append(begin, event, PayoutKey(id), token, detail);
+  }
+  void Event(const char* event, int64_t id, uint64_t token, const std::string& detail = "") {
+    Log(absl::StrCat(event, " ", PayoutKey(id), " token ", token, detail.empty() ? "" : " ", detail));
+  }
+
+  // Pays payout `id` under `lock`, or abandons it. Every store transition and rail request
+  // carries the lock's token; the fences in the store and the rail refuse a stale one.
+  void Process(int64_t id, const LockHandle& lock) {
+    const uint64_t token = lock.token();
+    Event("acquired", id, token);
+    bool claimed = false;
+    std::string abandon;  // the reason, when the payout is given up
+    try {
+      abandon = Pay(id, lock, &claimed);
+    } catch (const LockLostException& e) {
+      abandon = LossReasonName(e.reason());
+      history_->Append(history::NowNanos(), "lost", PayoutKey(id), token, abandon);
+    }
+    if (!abandon.empty()) {
+      Step(history::NowNanos(), "abandoned", id, token, abandon);
+      absl::Status s = claimed ? store_->Abandon(id, token, name_, abandon)
+                               : store_->RecordAbandon(id, token, name_, abandon);
+      if (!s.ok()) Event("abandon-refused", id, token, std::string(s.message()));
+      client_->metrics()
+          ->GetCounter("payouts_abandoned_total", "payouts given up, by reason",
+                       {{"reason", abandon}})
+          .Increment();
+    }
+    const int64_t release_sent = history::NowNanos();
+    absl::Status released = client_->release(lock);
+    Step(release_sent, "released", id, token, released.ok() ? "" : std::string(released.message()));
+  }
+
+  // Returns "" when the payout ended PAID, else why it was abandoned.
+  std::string Pay(int64_t id, const LockHandle& lock, bool* claimed) {
+    const uint64_t token = lock.token();
+    const std::string key = PayoutKey(id);
+    int64_t begin = history::NowNanos();
+    auto before = store_->Claim(id, token, name_);
+    if (!before.ok()) {
+      Event("claim-refused", id, token, std::string(before.status().message()));
+      Fenced(begin, "store", key, token, before.status());
+      return before.status().code() == absl::StatusCode::kAborted ? "store_fenced_out"
+                                                                  : "store_error";
+    }
+    *claimed = true;
+    Step(begin, "claimed", id, token, absl::StrCat("was ", PayoutStateName(before->state)));
+    if (before->state == PayoutState::kPaid) {
+      paid_.Increment();
+      return "";
+    }
+    if (faults_ != nullptr) faults_->AfterClaim(id, Recorder(id, token));
+    if (!client_checks_off_) client_->checkStillHeld(lock);
+    if (before->state == PayoutState::kSubmitted) {
+      // An earlier holder may have reached the rail: ask before paying. The question is fenced
+      // too, so that holder's submit, should it still arrive, is now refused.
+      begin = history::NowNanos();
+      auto status = rail_->Call({.kind = RailRequest::Kind::kStatus, .payout = key, .token = token});
+      if (!status.ok()) return "rail_unavailable";
+      if (status->kind == RailReply::Kind::kFenced) {
+        history_->Append(begin, "fenced", key, token, absl::StrCat("rail highest ", status->highest));
+        return "rail_fenced_out";
+      }
+      history_->Append(begin, "status-asked", key, token, FormatRailReply(*status));
+      if (status->kind == RailReply::Kind::kPaid) {
+        Event("found-paid", id, token, absl::StrCat("txn ", status->txn));
+        return MarkPaid(id, token, status->txn);
+      }
+      if (status->kind != RailReply::Kind::kUnpaid) return "rail_error";
+    } else {
+      begin = history::NowNanos();
+      if (absl::Status s = store_->MarkSubmitted(id, token); !s.ok()) {
+        Event("submit-mark-refused", id, token, std::string(s.message()));
+        Fenced(begin, "store", key, token, s);
+        return s.code() == absl::StatusCode::kAborted ? "store_fenced_out" : "store_error";
+      }
+      history_->Append(begin, "marked-submitted", key, token);
+    }
+    if (faults_ != nullptr) faults_->BeforeSubmit(id, Recorder(id, token));
+    // D4: the submit cannot be undone, so it starts only if the lease covers its worst case.
+    begin = history::NowNanos();
+    if (!client_checks_off_) client_->beginIrreversibleStep(lock, submit_cost_);
+    history_->Append(begin, "step-started", key, token, submit_cost_.name);
+    Event("submitting", id, token);
+    begin = history::NowNanos();
+    auto reply = rail_->Call({.kind = RailRequest::Kind::kSubmit,
+                              .payout = key,
+                              .token = token,
+                              .amount_cents = before->amount_cents});
+    if (!reply.ok()) {
+      Event("submit-unknown", id, token, std::string(reply.status().message()));
+      return "rail_unavailable";  // stays SUBMITTED: the next holder asks the rail first
+    }
+    switch (reply->kind) {
+      case RailReply::Kind::kPaid:
+        Step(begin, "submitted", id, token, absl::StrCat("txn ", reply->txn));
+        return MarkPaid(id, token, reply->txn);
+      case RailReply::Kind::kDuplicate:
+        Event("duplicate", id, token, absl::StrCat("txn ", reply->txn));
+        return MarkPaid(id, token, reply->txn);
+      case RailReply::Kind::kFenced:
+        Event("rail-fenced", id, token, absl::StrCat("highest ", reply->highest));
+        history_->Append(begin, "fenced", key, token, absl::StrCat("rail highest ", reply->highest));
+        return "rail_fenced_out";
+      default:
+        Event("rail-error", id, token, FormatRailReply(*reply));
+        return "rail_error";
+    }
+  }
+
+  std::string MarkPaid(int64_t id, uint64_t token, int64_t txn) {
+    const int64_t begin = history::NowNanos();
+    absl::Status s = store_->MarkPaid(id, token, txn);
+    if (!s.ok()) {
+      // The rail has the payment; a later holder will find it there and record it.
+      Event("paid-mark-refused", id, token, std::string(s.message()));
+      Fenced(begin, "store", PayoutKey(id), token, s);
+      return s.code() == absl::StatusCode::kAborted ? "store_fenced_out" : "store_error";
+    }
+    Step(begin, "paid", id, token, absl::StrCat("txn ", txn));
+    paid_.Increment();
+    return "";
+  }
+
+  // A refusal by a fence (kAborted) is a "fenced" record; other errors are not fence decisions.
+  void Fenced(int64_t begin, const char* fence, const std::string& key, uint64_t token,
+              const absl::Status& s) {
+    if (s.code() == absl::StatusCode::kAborted) {
+      history_->Append(begin, "fenced", key, token, absl::StrCat(fence, " ", s.message()));
+    }
+  }
+
+  // What a fault point records: the event on the log and in the history.
+  FaultPoints::Record Recorder(int64_t id, uint64_t token) {
+    return [this, id, token](const char* event, const std::string& detail) {
+      history_->Append(history::NowNanos(), event, PayoutKey(id), token, detail);
+      Event(event, id, token, detail);
+    };
+  }
+
+  const std::string name_;
+  FaultPoints* const faults_;  // nullptr in the worker users run
+  const bool client_checks_off_;
+  const std::unique_ptr<history::Writer> history_;
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<RailClient> rail_;
+  std::unique_ptr<PayoutStore> store_;
+  const StepCost submit_cost_;
+  metrics::Gauge& backlog_;
+  metrics::Counter& paid_;
+};
+
+// Client::Create, tried again while lockd cannot be reached (it is restarting, or the network
+// between is cut) for up to --connect-timeout, with a backoff from 100 ms to 1 s. A refusal
+// for any other reason (bad options, a session lockd will not open) is returned at once.
+absl::StatusOr<std::unique_ptr<Client>> ConnectToLockd(const std::string& name,
+                                                       const ClientOptions& options) {
+  const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_connect_timeout);
+  absl::Duration backoff = absl::Milliseconds(100);
+  for (int attempt = 1;; ++attempt) {
+    auto client = Client::Create(options);
+    const absl::StatusCode code = client.status().code();
+    if (client.ok() ||
+        (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded)) {
+      return client;
+    }
+    if (g_stop.load() || absl::Now() + backoff > give_up) {
+      return absl::Status(
+          code, absl::StrCat(client.status().message(), " (gave up after ", attempt,
+                             attempt == 1 ? " attempt" : " attempts", ", --connect-timeout=",
+                             absl::FormatDuration(absl::GetFlag(FLAGS_connect_timeout)), ")"));
+    }
+    std::printf("%s cannot reach lockd yet (attempt %d): %s; again in %s\n", name.c_str(), attempt,
+                std::string(client.status().message()).c_str(), absl::FormatDuration(backoff).c_str());
+    std::fflush(stdout);
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
+
+int Main(FaultPoints* faults) {
+  const std::string name = absl::GetFlag(FLAGS_name);
+  for (const auto& [flag, value] : {std::pair{"--name", name},
+                                    std::pair{"--rail", absl::GetFlag(FLAGS_rail)},
+                                    std::pair{"--store", absl::GetFlag(FLAGS_store)}}) {
+    if (value.empty()) {
+      std::fprintf(stderr, "payout-worker: %s is required\n", flag);
+      return 2;
+    }
+  }
+  auto history = history::Writer::Open(absl::GetFlag(FLAGS_history), name);
+  if (!history.ok()) {
+    std::fprintf(stderr, "payout-worker %s: %s\n", name.c_str(), history.status().ToString().c_str());
+    return 1;
+  }
+  auto rail = RailClient::Connect(absl::GetFlag(FLAGS_rail), absl::Seconds(5));
+  if (!rail.ok()) {
+    std::fprintf(stderr, "payout-worker %s: rail: %s\n", name.c_str(), rail.status().ToString().c_str());
+    return 1;
+  }
+  auto store = PayoutStore::Open(absl::GetFlag(FLAGS_store));
+  if (!store.ok()) {
+    std::fprintf(stderr, "payout-worker %s: store: %s\n", name.c_str(), store.status().ToString().c_str());
+    return 1;
+  }
+  ClientOptions options;
+  options.server = absl::GetFlag(FLAGS_lockd);
+  options.session_ttl = absl::GetFlag(FLAGS_session_ttl);
+  options.default_lock_ttl = absl::GetFlag(FLAGS_lock_ttl);
+  options.safety_margin = absl::GetFlag(FLAGS_margin);
+  options.client_name = "payout-worker " + name;
+  // Create() refuses a lease too short for even one submit (D4 would refuse every payout).
+  options.steps = {StepCost::RailSubmit((*rail)->read_timeout())};
+  auto client = ConnectToLockd(name, options);
+  if (!client.ok()) {
+    std::fprintf(stderr, "payout-worker %s: %s\n", name.c_str(), client.status().ToString().c_str());
+    return client.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  std::unique_ptr<metrics::Exposer> exposer;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    auto started = metrics::Exposer::Start("127.0.0.1", absl::GetFlag(FLAGS_metrics_port), (*client)->metrics());
+    if (!started.ok()) {
+      std::fprintf(stderr, "payout-worker %s: metrics: %s\n", name.c_str(), started.status().ToString().c_str());
+      return 1;
+    }
+    exposer = std::move(*started);
+    if (absl::Status s = process::WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), exposer->port()); !s.ok()) {
+      std::fprintf(stderr, "payout-worker %s: %s\n", name.c_str(), s.ToString().c_str());
+      return 1;
+    }
+  }
+  std::printf("%s started session %lu, rail read timeout %s, submit needs %s of lease\n", name.c_str(),
+              static_cast<unsigned long>((*client)->session_id()),
+              absl::FormatDuration((*rail)->read_timeout()).c_str(),
+              absl::FormatDuration(StepCost::RailSubmit((*rail)->read_timeout()).worst_case).c_str());
+  std::fflush(stdout);
+  Worker worker(name, std::move(*client), std::move(*rail), std::move(*store), std::move(*history),
+                faults);
+  const int code = worker.Run();
+  std::printf("%s %s\n", name.c_str(), code == 0 ? "done: no payout left unpaid" : "stopped");
+  return code;
+}
+
+}  // namespace
+
+int WorkerMain(int argc, char** argv, std::unique_ptr<FaultPoints> (*make_faults)()) {
+  signal(SIGPIPE, SIG_IGN);
+  struct sigaction stop = {};
+  stop.sa_handler = [](int) { g_stop.store(true); };
+  sigaction(SIGINT, &stop, nullptr);
+  sigaction(SIGTERM, &stop, nullptr);
+  process::ParseFlags(argc, argv);
+  std::unique_ptr<FaultPoints> faults = make_faults != nullptr ? make_faults() : nullptr;
+  return Main(faults.get());
+}
+
+}  // namespace fencelock::payout
