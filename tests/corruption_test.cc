@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lock-client/client.h"
+#include "lock-server/testing/recovery.h"
 #include "lock-server/testing/test_envs.h"
 #include "lockd_process.h"
 #include "raw_connection.h"
@@ -93,7 +94,7 @@ TEST(CorruptionTest, EveryTruncationAndBitFlipRestoresAcknowledgedStateOrRefuses
   // The state after each of the last few records, to compare a restore that dropped a tail.
   std::map<uint64_t, std::string> state_at;
   for (uint64_t lsn = last >= 3 ? last - 3 : 0; lsn <= last; ++lsn) {
-    auto r = Recover(&env, kDir, kNow, lsn);
+    auto r = server::testing::RecoverThrough(&env, kDir, kNow, lsn);
     if (r.ok()) state_at[lsn] = r->state.DebugString();
   }
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "crc32c.h"
+#include "storage_internal.h"
 #include "fencelock/state.pb.h"
 
 namespace fencelock::server {
@@ -369,8 +370,12 @@ absl::Status InitDataDir(Env* env, const std::string& dir, uint64_t segment_byte
   return env->WriteFileAtomically(Path(dir, kFormatFile), kFormatContents);
 }
 
-absl::StatusOr<Recovered> Recover(Env* env, const std::string& dir, MonoTime now,
-                                  uint64_t stop_after_lsn) {
+absl::StatusOr<Recovered> Recover(Env* env, const std::string& dir, MonoTime now) {
+  return internal::RecoverThrough(env, dir, now, UINT64_MAX);
+}
+
+absl::StatusOr<Recovered> internal::RecoverThrough(Env* env, const std::string& dir, MonoTime now,
+                                                   uint64_t stop_after_lsn) {
   auto names = env->ListDir(dir);
   if (!names.ok()) {
     if (absl::IsNotFound(names.status())) {

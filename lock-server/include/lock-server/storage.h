@@ -107,12 +107,11 @@ struct Recovered {
 };
 
 // Restores the state in `dir` as of server time `now`: every restored session and lock gets
-// its full TTL from `now`. Records beyond `stop_after_lsn` are ignored (tests use this to
-// compute the expected state at a given point). Errors name the file and the offset or reason:
-// kNotFound (no such directory, or not initialized), kFailedPrecondition (unsupported format),
-// kDataLoss (damaged or missing state).
-absl::StatusOr<Recovered> Recover(Env* env, const std::string& dir, MonoTime now,
-                                  uint64_t stop_after_lsn = UINT64_MAX);
+// its full TTL from `now`. Errors name the file and the offset or reason: kNotFound (no such
+// directory, or not initialized), kFailedPrecondition (unsupported format), kDataLoss (damaged
+// or missing state). Tests that need the state at an earlier record use RecoverThrough()
+// (lock-server/testing/recovery.h).
+absl::StatusOr<Recovered> Recover(Env* env, const std::string& dir, MonoTime now);
 
 }  // namespace fencelock::server
 
