@@ -1,32 +1,62 @@
 #include "process/process.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
+#include <chrono>
 #include <fstream>
 #include <iterator>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
 namespace fencelock::process {
+namespace {
 
-Child::Child(Child&& other) noexcept : pid_(other.pid_), status_(other.status_) {
+using SteadyClock = std::chrono::steady_clock;
+
+// Milliseconds from now until `deadline`, rounded up, for poll(); -1 for no deadline.
+int PollTimeout(std::optional<SteadyClock::time_point> deadline) {
+  if (!deadline.has_value()) return -1;
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - SteadyClock::now());
+  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
+}
+
+std::optional<SteadyClock::time_point> DeadlineAfter(absl::Duration timeout) {
+  if (timeout == absl::InfiniteDuration()) return std::nullopt;
+  return SteadyClock::now() + absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration()));
+}
+
+void CloseIfOpen(int& fd) {
+  if (fd >= 0) close(fd);
+  fd = -1;
+}
+
+}  // namespace
+
+Child::Child(Child&& other) noexcept
+    : pid_(other.pid_), pidfd_(other.pidfd_), status_(other.status_) {
   other.pid_ = -1;
+  other.pidfd_ = -1;
   other.status_.reset();
 }
 
 Child& Child::operator=(Child&& other) noexcept {
   if (this != &other) {
     if (running()) Stop();
+    CloseIfOpen(pidfd_);
     pid_ = other.pid_;
+    pidfd_ = other.pidfd_;
     status_ = other.status_;
     other.pid_ = -1;
+    other.pidfd_ = -1;
     other.status_.reset();
   }
   return *this;
@@ -34,8 +64,15 @@ Child& Child::operator=(Child&& other) noexcept {
 
 Child::~Child() {
   if (running()) Stop();
+  CloseIfOpen(pidfd_);
 }
 
+// fork and execve rather than posix_spawn: the child must ask for PR_SET_PDEATHSIG itself,
+// between the two, and posix_spawn runs no code of ours there. Everything the child needs is
+// prepared before fork (argv, the environment, the opened output files), so the child only
+// makes async-signal-safe calls: prctl, getppid, dup2, signal, sigprocmask, execve, write and
+// _exit. An execve that fails sends its errno through a close-on-exec pipe, so Spawn reports
+// it instead of returning a child that exits 127.
 absl::StatusOr<Child> Child::Spawn(const std::string& binary,
                                    const std::vector<std::string>& args,
                                    const SpawnOptions& options) {
@@ -44,7 +81,7 @@ absl::StatusOr<Child> Child::Spawn(const std::string& binary,
   std::vector<char*> argv;
   for (auto& a : all) argv.push_back(a.data());
   argv.push_back(nullptr);
-  // The child's environment, built before fork: the parent's, with options.environment.
+  // The child's environment: the parent's, with options.environment.
   std::vector<std::string> env_strings;
   auto name_of = [](const std::string& entry) { return entry.substr(0, entry.find('=')); };
   for (char** e = environ; *e != nullptr; ++e) {
@@ -59,33 +96,78 @@ absl::StatusOr<Child> Child::Spawn(const std::string& binary,
   std::vector<char*> envp;
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
+
+  // Output files, opened here so that a bad path is an error of Spawn's.
+  int out_fd = -1, err_fd = -1;
+  auto open_output = [](const std::string& path, int* fd) -> absl::Status {
+    if (path.empty()) return absl::OkStatus();
+    *fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (*fd < 0) return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+    return absl::OkStatus();
+  };
+  absl::Status opened = open_output(options.stdout_file, &out_fd);
+  if (opened.ok()) opened = open_output(options.stderr_file, &err_fd);
+  int exec_error[2] = {-1, -1};
+  if (opened.ok() && pipe2(exec_error, O_CLOEXEC) != 0) {
+    opened = absl::UnavailableError(absl::StrCat("pipe2: ", strerror(errno)));
+  }
+  auto close_all = [&] {
+    CloseIfOpen(out_fd);
+    CloseIfOpen(err_fd);
+    CloseIfOpen(exec_error[0]);
+    CloseIfOpen(exec_error[1]);
+  };
+  if (!opened.ok()) {
+    close_all();
+    return opened;
+  }
+
   const pid_t parent = getpid();
   const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  if (pid < 0) {
+    const int error = errno;
+    close_all();
+    return absl::UnavailableError(absl::StrCat("fork: ", strerror(error)));
+  }
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, options.parent_death_signal);
     if (getppid() != parent) _exit(126);  // the parent died before prctl took effect
-    auto redirect = [](const std::string& path, int target) {
-      if (path.empty()) return;
-      const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-      if (fd < 0) {
-        std::fprintf(stderr, "cannot open %s: %s\n", path.c_str(), strerror(errno));
-        _exit(127);
-      }
-      dup2(fd, target);
-      close(fd);
-    };
-    redirect(options.stdout_file, 1);
-    redirect(options.stderr_file, 2);
-    // The parent may block signals (a runner waiting for Ctrl-C); the child starts clean.
+    if (out_fd >= 0) dup2(out_fd, 1);  // dup2's copy is not close-on-exec
+    if (err_fd >= 0) dup2(err_fd, 2);
+    // The parent may ignore SIGPIPE or block signals (a runner waiting for Ctrl-C); the child
+    // starts clean.
+    signal(SIGPIPE, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     execve(argv[0], argv.data(), envp.data());
-    std::fprintf(stderr, "cannot execute %s: %s\n", argv[0], strerror(errno));
+    const int error = errno;
+    [[maybe_unused]] ssize_t n = write(exec_error[1], &error, sizeof(error));
     _exit(127);
   }
-  return Child(pid);
+  CloseIfOpen(exec_error[1]);
+  CloseIfOpen(out_fd);
+  CloseIfOpen(err_fd);
+  // Nothing to read: execve succeeded (the pipe closed on exec). An errno: it failed.
+  int error = 0;
+  ssize_t n;
+  do {
+    n = read(exec_error[0], &error, sizeof(error));
+  } while (n < 0 && errno == EINTR);
+  CloseIfOpen(exec_error[0]);
+  Child child(pid);
+  if (n == sizeof(error)) {
+    child.Wait();
+    const std::string message = absl::StrCat("cannot execute ", binary, ": ", strerror(error));
+    if (error == ENOENT) return absl::NotFoundError(message);
+    if (error == EACCES || error == EPERM) return absl::PermissionDeniedError(message);
+    return absl::UnavailableError(message);
+  }
+  // A descriptor that becomes readable when the child exits, for Wait(); without one (a kernel
+  // before 5.3, or no descriptor left) Wait() falls back to polling.
+  // (The raw syscall: glibc 2.36's <sys/pidfd.h> declares pidfd_open without C linkage.)
+  child.pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  return child;
 }
 
 void Child::Signal(int signal) const {
@@ -101,23 +183,40 @@ bool Child::stopped() const {
   return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
 }
 
+bool Child::Reap(bool block) {
+  int status = 0;
+  pid_t r;
+  do {
+    r = waitpid(pid_, &status, block ? 0 : WNOHANG);
+  } while (r < 0 && errno == EINTR);
+  if (r == 0) return false;
+  status_ = r == pid_ ? status : -1;  // -1: not our child any more; nothing to wait for
+  CloseIfOpen(pidfd_);
+  return true;
+}
+
 std::optional<int> Child::Wait(absl::Duration timeout) {
   if (pid_ <= 0) return std::nullopt;
   if (status_.has_value()) return status_;
-  const absl::Time give_up = absl::Now() + timeout;
-  for (absl::Duration pause = absl::Microseconds(200);; pause = std::min(pause * 2, absl::Milliseconds(20))) {
-    int status = 0;
-    const pid_t r = waitpid(pid_, &status, timeout == absl::InfiniteDuration() ? 0 : WNOHANG);
-    if (r == pid_) {
-      status_ = status;
-      return status_;
+  if (timeout == absl::InfiniteDuration()) {
+    Reap(/*block=*/true);
+    return status_;
+  }
+  const auto deadline = DeadlineAfter(timeout);
+  if (pidfd_ >= 0) {
+    // The pidfd turns readable when the child exits: sleep in poll() until then or the deadline.
+    for (;;) {
+      if (Reap(/*block=*/false)) return status_;
+      pollfd p{pidfd_, POLLIN, 0};
+      const int ready = poll(&p, 1, PollTimeout(deadline));
+      if (ready == 0) return Reap(/*block=*/false) ? status_ : std::nullopt;
+      if (ready < 0 && errno != EINTR) break;  // fall back to polling below
     }
-    if (r < 0 && errno != EINTR) {
-      status_ = -1;  // not our child any more; nothing to wait for
-      return status_;
-    }
-    if (absl::Now() >= give_up) return std::nullopt;
-    if (r == 0) absl::SleepFor(pause);
+  }
+  for (auto pause = std::chrono::microseconds(200);; pause = std::min(pause * 2, std::chrono::microseconds(20000))) {
+    if (Reap(/*block=*/false)) return status_;
+    if (SteadyClock::now() >= *deadline) return std::nullopt;
+    std::this_thread::sleep_for(pause);
   }
 }
 
@@ -146,16 +245,16 @@ absl::Status WritePortFile(const std::string& path, int port) {
 }
 
 absl::StatusOr<int> AwaitPortFile(const std::string& path, Child& child, absl::Duration timeout) {
-  const absl::Time give_up = absl::Now() + timeout;
-  while (absl::Now() < give_up) {
+  const auto give_up = DeadlineAfter(timeout);
+  while (!give_up.has_value() || SteadyClock::now() < *give_up) {
     std::ifstream in(path);
     int port = 0;
     if (in >> port && port > 0) return port;
-    if (auto status = child.Wait(absl::ZeroDuration())) {
+    // Look again in 5 ms, or at once if the child exits first.
+    if (auto status = child.Wait(absl::Milliseconds(5))) {
       return absl::UnavailableError(absl::StrCat("pid ", child.pid(), " ", DescribeStatus(*status),
                                                  " before writing ", path));
     }
-    absl::SleepFor(absl::Milliseconds(5));
   }
   return absl::DeadlineExceededError(
       absl::StrCat("pid ", child.pid(), " wrote no port to ", path, " within ",

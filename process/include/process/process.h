@@ -1,11 +1,12 @@
-// A child process started with fork/exec: signalled, waited for with a timeout, and never
-// outliving its parent (PR_SET_PDEATHSIG). The destructor stops a child still running
+// A child process started with fork/exec: signalled, waited for with a timeout (asleep until it
+// exits or the timeout passes, on a pidfd), and never outliving its parent (PR_SET_PDEATHSIG). The destructor stops a child still running
 // (SIGTERM, then SIGKILL after a grace period) and reaps it, so a runner that returns early or
 // is interrupted leaves no process behind.
 #ifndef FENCELOCK_PROCESS_PROCESS_H_
 #define FENCELOCK_PROCESS_PROCESS_H_
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <optional>
 #include <string>
@@ -37,8 +38,9 @@ class Child {
   Child& operator=(const Child&) = delete;
   ~Child();
 
-  // Starts `binary` with `args` (after argv[0]). Errors: kInternal when fork fails. A binary
-  // that cannot be executed exits with status 127 and says why on its standard error.
+  // Starts `binary` with `args` (after argv[0]). Errors name the cause: kNotFound or
+  // kPermissionDenied when `binary` cannot be executed, kUnavailable when an output file cannot
+  // be opened or fork fails.
   static absl::StatusOr<Child> Spawn(const std::string& binary,
                                      const std::vector<std::string>& args,
                                      const SpawnOptions& options = {});
@@ -54,8 +56,9 @@ class Child {
   // tracing stop ('t') is not one: LeakSanitizer ptrace-stops every process it checks at exit.
   bool stopped() const;
 
-  // Waits up to `timeout` (infinite by default) for the child to exit and returns its wait
-  // status (as waitpid() reports it); std::nullopt if it is still running at the timeout.
+  // Waits up to `timeout` (infinite by default; measured on the monotonic clock) for the child
+  // to exit and returns its wait status (as waitpid() reports it); std::nullopt if it is still
+  // running at the timeout. Returns as soon as the child exits.
   std::optional<int> Wait(absl::Duration timeout = absl::InfiniteDuration());
 
   // SIGTERM, then SIGKILL if it has not exited within `grace`; returns the wait status.
@@ -66,6 +69,8 @@ class Child {
   pid_t Detach() {
     const pid_t pid = pid_;
     pid_ = -1;
+    if (pidfd_ >= 0) close(pidfd_);
+    pidfd_ = -1;
     status_.reset();
     return pid;
   }
@@ -75,7 +80,10 @@ class Child {
 
  private:
   explicit Child(pid_t pid) : pid_(pid) {}
+  // waitpid() for the child, blocking or not; true once it is reaped.
+  bool Reap(bool block);
   pid_t pid_ = -1;
+  int pidfd_ = -1;  // readable once the child exits; -1 if the kernel gave none
   std::optional<int> status_;
 };
 
