@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lock-client/client.h"
+#include "metrics/http_get.h"
 #include "lockd_process.h"
 #include "raw_connection.h"
 
@@ -18,14 +19,14 @@ namespace fencelock {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::HttpGet;
 using testing::RawConnection;
 
 // Polls `path` until the response contains every one of `needles`; returns the last response.
 std::string WaitFor(int port, const std::string& path, const std::vector<std::string>& needles) {
   std::string body;
   for (int i = 0; i < 600; ++i) {
-    body = HttpGet(port, path);
+    auto response = metrics::HttpGet("127.0.0.1", port, path);
+    body = response.ok() ? absl::StrCat(response->status, "\n", response->body) : "";
     bool all = true;
     for (const auto& n : needles) all = all && body.find(n) != std::string::npos;
     if (all) return body;
@@ -52,7 +53,7 @@ TEST(PrometheusTest, ScrapedFencedOutCounterReachesOneAndTheAlertFires) {
        "--storage.tsdb.path=" + tmp.path() + "/data",
        absl::StrCat("--web.listen-address=127.0.0.1:", web_port)},
       tmp.path() + "/prometheus.log");
-  ASSERT_THAT(WaitFor(web_port, "/-/ready", {"200 OK"}), HasSubstr("200 OK"));
+  ASSERT_THAT(WaitFor(web_port, "/-/ready", {"200\n"}), ::testing::StartsWith("200\n"));
   // Healthy first: the counter is scraped at zero.
   ASSERT_THAT(WaitFor(web_port, "/api/v1/query?query=lock_fenced_out_total", {"\"0\"]"}),
               HasSubstr("\"0\"]"));

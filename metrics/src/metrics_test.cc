@@ -2,12 +2,11 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "raw_connection.h"
+#include "metrics/http_get.h"
 
 namespace fencelock::metrics {
 namespace {
 
-using ::fencelock::testing::HttpGet;
 using ::testing::HasSubstr;
 
 TEST(MetricsTest, SeriesAreCreatedOnceAndExposedInTextFormat) {
@@ -32,9 +31,11 @@ TEST(MetricsTest, ExposerServesMetricsOverHttp) {
   auto exposer = Exposer::Start("127.0.0.1", 0, registry);
   ASSERT_TRUE(exposer.ok()) << exposer.status();
   ASSERT_GT((*exposer)->port(), 0);
-  const std::string response = HttpGet((*exposer)->port(), "/metrics");
-  EXPECT_THAT(response, HasSubstr("200 OK"));
-  EXPECT_THAT(response, HasSubstr("served_total 7"));
+  auto response = HttpGet("127.0.0.1", (*exposer)->port(), "/metrics");
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->status, 200);
+  EXPECT_THAT(response->body, HasSubstr("served_total 7"));
+  EXPECT_EQ(ScrapeSample("127.0.0.1", (*exposer)->port(), "served_total").value_or(-1), 7);
 }
 
 TEST(MetricsTest, ExposerReportsABusyPort) {
@@ -52,9 +53,10 @@ TEST(MetricsTest, DestroyingTheExposerClosesItsListenerBeforeReturning) {
   auto exposer = Exposer::Start("127.0.0.1", 0, registry);
   ASSERT_TRUE(exposer.ok());
   const int port = (*exposer)->port();
-  EXPECT_THAT(HttpGet(port, "/metrics"), HasSubstr("200 OK"));
+  EXPECT_EQ(HttpGet("127.0.0.1", port, "/metrics").value_or(HttpResponse{}).status, 200);
   exposer->reset();
-  EXPECT_EQ(HttpGet(port, "/metrics"), "") << "port " << port << " still answers";
+  EXPECT_EQ(HttpGet("127.0.0.1", port, "/metrics").status().code(), absl::StatusCode::kUnavailable)
+      << "port " << port << " still answers";
 }
 
 }  // namespace

@@ -1,52 +1,14 @@
 #include "payout-demo/cluster.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <filesystem>
 #include <limits>
 #include <set>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "metrics/http_get.h"
 #include "payout-demo/rail.h"
 
 namespace fencelock::payout {
-namespace {
-
-// The value of an unlabelled series in a /metrics page (plain HTTP on loopback).
-absl::StatusOr<double> ScrapeMetric(int port, const std::string& name) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{.tv_sec = 5, .tv_usec = 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot reach metrics on port ", port));
-  }
-  const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  std::string body;
-  if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-    char buf[4096];
-    for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) body.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  for (absl::string_view line : absl::StrSplit(body, '\n')) {
-    if (absl::ConsumePrefix(&line, name + " ")) {
-      double v = 0;
-      if (absl::SimpleAtod(line, &v)) return v;
-    }
-  }
-  return absl::NotFoundError(absl::StrCat(name, " not in the /metrics on port ", port));
-}
-
-}  // namespace
 
 std::vector<std::string> LineTail::Poll() {
   std::vector<std::string> lines;
@@ -179,7 +141,7 @@ std::vector<std::string> Cluster::worker_names() const {
 }
 
 absl::StatusOr<double> Cluster::LockdMetric(const std::string& name) const {
-  return ScrapeMetric(lockd_metrics_port_, name);
+  return metrics::ScrapeSample("127.0.0.1", lockd_metrics_port_, name);
 }
 
 absl::StatusOr<Reconciliation> Cluster::Reconcile() {

@@ -27,12 +27,6 @@ namespace {
   std::abort();
 }
 
-// Waits until fd is readable or `timeout` passes; true if readable.
-bool WaitReadable(int fd, absl::Duration timeout) {
-  pollfd p{fd, POLLIN, 0};
-  return poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) > 0;
-}
-
 }  // namespace
 
 int ConnectLoopback(int port) {
@@ -46,27 +40,6 @@ int ConnectLoopback(int port) {
     return -1;
   }
   return fd;
-}
-
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = ConnectLoopback(port);
-  if (fd < 0) return "";
-  const std::string request =
-      "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return "";
-  }
-  std::string response;
-  char buf[65536];
-  while (WaitReadable(fd, absl::Seconds(10))) {
-    ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    response.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  return response;
 }
 
 int FreeLoopbackPort() {

@@ -17,10 +17,6 @@
 
 namespace fencelock::testing {
 
-// GET `path` from 127.0.0.1:`port` over HTTP/1.0. Returns the status line and body, or an
-// empty string if the connection fails.
-std::string HttpGet(int port, const std::string& path);
-
 // A TCP port on 127.0.0.1 that was free a moment ago (for servers that cannot report theirs).
 int FreeLoopbackPort();
 
