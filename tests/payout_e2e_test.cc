@@ -4,11 +4,13 @@
 // store directly (not only through the runner's report), with both must-be-zero counters at 0.
 #include <filesystem>
 
+#include "fencelock/report.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lockd_process.h"
 #include "payout-demo/rail.h"
 #include "payout-demo/store.h"
+#include "process/json.h"
 #include "process/process.h"
 
 namespace fencelock::payout {
@@ -57,12 +59,14 @@ class PayoutDemoTest : public ::testing::Test {
                                           "5\\.0s session TTL"));
     EXPECT_THAT(run.output, HasSubstr("RESULT: OK"));
 
-    const std::string report = ReadTextFile(Path("report.json"));
-    EXPECT_THAT(report, HasSubstr(absl::StrCat("\"paid_once\": ", payouts)));
-    EXPECT_THAT(report, HasSubstr("\"paid_twice\": 0"));
-    EXPECT_THAT(report, HasSubstr("\"left\": 0"));
-    EXPECT_THAT(report, HasSubstr("\"lock_fenced_out_total\": 0"));
-    EXPECT_THAT(report, HasSubstr("\"rail_duplicate_attempted_total\": 0"));
+    report::DemoReport report;
+    ASSERT_TRUE(process::FromJson(ReadTextFile(Path("report.json")), &report).ok());
+    EXPECT_TRUE(report.ok());
+    EXPECT_EQ(report.paid_once(), payouts);
+    EXPECT_EQ(report.paid_twice(), 0);
+    EXPECT_EQ(report.left(), 0);
+    EXPECT_EQ(report.lock_fenced_out_total(), 0);
+    EXPECT_EQ(report.rail_duplicate_attempted_total(), 0);
 
     // Independently of the runner: the ledger holds exactly one payment per payout, and the
     // store records that payment's transaction as PAID.

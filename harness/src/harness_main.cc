@@ -27,7 +27,9 @@
 #include "absl/strings/str_replace.h"
 #include "harness/checker.h"
 #include "scenario.h"
+#include "fencelock/report.pb.h"
 #include "process/flags.h"
+#include "process/json.h"
 
 ABSL_FLAG(uint64_t, seed, 0, "seed of the first run; 0 draws one from the clock (printed)");
 ABSL_FLAG(bool, quick, false, "the short variants (fewer payouts, fewer faults), as in CTest");
@@ -46,10 +48,6 @@ namespace fencelock::harness {
 namespace {
 
 volatile sig_atomic_t g_interrupted = 0;
-
-std::string JsonString(const std::string& s) {
-  return absl::StrCat("\"", absl::StrReplaceAll(s, {{"\\", "\\\\"}, {"\"", "\\\""}, {"\n", "\\n"}}), "\"");
-}
 
 std::string Markdown(const std::vector<Outcome>& runs, const std::string& title) {
   int failed = 0;
@@ -78,27 +76,28 @@ std::string Markdown(const std::vector<Outcome>& runs, const std::string& title)
 }
 
 std::string Json(const std::vector<Outcome>& runs) {
-  std::string json = "{\"runs\": [\n";
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const Outcome& o = runs[i];
-    std::vector<std::string> figures, failures, violations, overlaps;
-    for (const auto& [name, value] : o.figures) figures.push_back(JsonString(name) + ": " + JsonString(value));
-    for (const auto& f : o.failures) failures.push_back(JsonString(f));
-    for (const auto& v : o.check.violations) violations.push_back(JsonString(v));
-    for (const auto& v : o.check.client_overlaps) overlaps.push_back(JsonString(v));
-    absl::StrAppend(&json, "  {\"scenario\": ", JsonString(o.scenario), ", \"seed\": ", o.seed,
-                    ", \"passed\": ", o.passed() ? "true" : "false",
-                    absl::StrFormat(", \"wall_seconds\": %.3f", absl::ToDoubleSeconds(o.wall)),
-                    ", \"figures\": {", absl::StrJoin(figures, ", "), "}, \"failures\": [",
-                    absl::StrJoin(failures, ", "), "], \"history\": {\"records\": ", o.check.records,
-                    ", \"grants\": ", o.check.grants, ", \"fence_decisions\": ",
-                    o.check.fence_decisions, ", \"payments\": ", o.check.payments,
-                    ", \"violations\": [", absl::StrJoin(violations, ", "),
-                    "], \"client_overlaps\": [", absl::StrJoin(overlaps, ", "), "]}}",
-                    i + 1 < runs.size() ? ",\n" : "\n");
+  report::HarnessReport report;
+  for (const Outcome& o : runs) {
+    report::HarnessReport::Run* run = report.add_runs();
+    run->set_scenario(o.scenario);
+    run->set_seed(o.seed);
+    run->set_passed(o.passed());
+    run->set_wall_seconds(absl::ToDoubleSeconds(o.wall));
+    for (const auto& [name, value] : o.figures) {
+      auto* figure = run->add_figures();
+      figure->set_name(name);
+      figure->set_value(value);
+    }
+    for (const auto& f : o.failures) run->add_failures(f);
+    auto* history = run->mutable_history();
+    history->set_records(static_cast<int32_t>(o.check.records));
+    history->set_grants(static_cast<int32_t>(o.check.grants));
+    history->set_fence_decisions(static_cast<int32_t>(o.check.fence_decisions));
+    history->set_payments(static_cast<int32_t>(o.check.payments));
+    for (const auto& v : o.check.violations) history->add_violations(v);
+    for (const auto& v : o.check.client_overlaps) history->add_client_overlaps(v);
   }
-  absl::StrAppend(&json, "]}\n");
-  return json;
+  return process::ToJson(report);
 }
 
 int WriteReports(const std::vector<Outcome>& runs, const std::string& title) {

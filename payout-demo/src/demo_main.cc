@@ -22,8 +22,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "fencelock/report.pb.h"
 #include "payout-demo/cluster.h"
 #include "process/flags.h"
+#include "process/json.h"
 #include "process/process.h"
 
 ABSL_FLAG(int, workers, 3, "payout worker processes (at least 3 with faults on)");
@@ -379,22 +381,26 @@ class Demo {
     const std::string path = absl::GetFlag(FLAGS_report_json);
     if (path.empty()) return absl::OkStatus();
     const Report& r = report_;
-    std::string abandoned;
-    for (const auto& [reason, count] : r.abandoned) {
-      absl::StrAppend(&abandoned, abandoned.empty() ? "" : ", ", "\"", reason, "\": ", count);
-    }
-    std::ofstream out(path, std::ios::trunc);
-    out << absl::StrFormat(
-        "{\"ok\": %s, \"payouts\": %d, \"paid_once\": %d, \"paid_twice\": %d, \"left\": %d,\n"
-        " \"lock_fenced_out_total\": %d, \"rail_duplicate_attempted_total\": %d,\n"
-        " \"rail_fenced_out_total\": %d, \"rail_status_queries\": %d, \"claims\": %d,\n"
-        " \"abandoned\": {%s}, \"wall_seconds\": %.3f, \"payouts_per_second\": %.2f,\n"
-        " \"events\": %d}\n",
-        r.ok() ? "true" : "false", r.payouts, r.paid_once, r.paid_twice, r.left,
-        static_cast<int64_t>(r.lock_fenced_out), r.rail_duplicates, r.rail_fenced_out,
-        r.status_queries, r.claims, abandoned, absl::ToDoubleSeconds(r.wall),
-        r.payouts / absl::ToDoubleSeconds(r.paying), r.story.size());
-    if (!out.flush()) return absl::UnavailableError(absl::StrCat("cannot write ", path));
+    // Counts fit int32 (JSON numbers, not the strings proto3 writes for 64-bit integers).
+    auto n = [](int64_t v) { return static_cast<int32_t>(v); };
+    report::DemoReport out;
+    out.set_ok(r.ok());
+    out.set_payouts(n(r.payouts));
+    out.set_paid_once(n(r.paid_once));
+    out.set_paid_twice(n(r.paid_twice));
+    out.set_left(n(r.left));
+    out.set_lock_fenced_out_total(n(r.lock_fenced_out));
+    out.set_rail_duplicate_attempted_total(n(r.rail_duplicates));
+    out.set_rail_fenced_out_total(n(r.rail_fenced_out));
+    out.set_rail_status_queries(n(r.status_queries));
+    out.set_claims(n(r.claims));
+    for (const auto& [reason, count] : r.abandoned) (*out.mutable_abandoned())[reason] = n(count);
+    out.set_wall_seconds(absl::ToDoubleSeconds(r.wall));
+    out.set_payouts_per_second(r.payouts / absl::ToDoubleSeconds(r.paying));
+    out.set_events(n(static_cast<int64_t>(r.story.size())));
+    std::ofstream file(path, std::ios::trunc);
+    file << process::ToJson(out);
+    if (!file.flush()) return absl::UnavailableError(absl::StrCat("cannot write ", path));
     return absl::OkStatus();
   }
 
