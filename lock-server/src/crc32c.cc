@@ -1,27 +1,14 @@
 #include "crc32c.h"
 
-#include <array>
+#include <boost/crc.hpp>
 
 namespace fencelock::server {
-namespace {
 
-constexpr std::array<uint32_t, 256> MakeTable() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    table[i] = c;
-  }
-  return table;
-}
-constexpr std::array<uint32_t, 256> kTable = MakeTable();
-
-}  // namespace
-
-uint32_t Crc32c(std::string_view data, uint32_t crc) {
-  crc = ~crc;
-  for (unsigned char b : data) crc = kTable[(crc ^ b) & 0xff] ^ (crc >> 8);
-  return ~crc;
+uint32_t Crc32c(std::string_view data) {
+  // Polynomial 0x1EDC6F41, initial value and final XOR all ones, reflected in and out.
+  boost::crc_optimal<32, 0x1EDC6F41, 0xFFFFFFFF, 0xFFFFFFFF, true, true> crc;
+  crc.process_bytes(data.data(), data.size());
+  return crc.checksum();
 }
 
 }  // namespace fencelock::server
