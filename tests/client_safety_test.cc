@@ -137,7 +137,11 @@ TEST_F(ClientSafetyTest, Fr13ConfirmationCatchesAFencedOutToken) {
   } catch (const LockLostException& e) {
     EXPECT_EQ(e.reason(), LossReason::kFencedOut);
   }
-  EXPECT_EQ(client->metrics()->GetCounter("lock_fenced_out_total", "").value(), 1);
+  EXPECT_EQ(client->metrics()->GetCounter("lock_client_fenced_out_total", "").value(), 1);
+  // The client's count has its own name: lockd's lock_fenced_out_total is fence 1's.
+  const std::string exposed = client->metrics()->TextExposition();
+  EXPECT_THAT(exposed, ::testing::HasSubstr("\nlock_client_fenced_out_total 1"));
+  EXPECT_THAT(exposed, ::testing::Not(::testing::HasSubstr("\nlock_fenced_out_total ")));
   EXPECT_EQ(client->metrics()
                 ->GetCounter("lock_lease_lost_total", "", {{"reason", "fenced_out"}})
                 .value(),

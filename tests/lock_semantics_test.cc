@@ -212,7 +212,7 @@ TEST_P(LockSemanticsTest, ReleasingALockAlreadyLostIsNotCountedAsFencedOut) {
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
   EXPECT_THAT(s.message(), ::testing::HasSubstr("already lost before release: deadline_passed"));
   EXPECT_EQ(paused->release(*lost).code(), absl::StatusCode::kAborted);  // twice: still quiet
-  EXPECT_EQ(paused->metrics()->GetCounter("lock_fenced_out_total", "").value(), 0);
+  EXPECT_EQ(paused->metrics()->GetCounter("lock_client_fenced_out_total", "").value(), 0);
   EXPECT_EQ(paused->metrics()
                 ->GetCounter("lock_lease_lost_total", "", {{"reason", "deadline_passed"}})
                 .value(),
@@ -246,7 +246,7 @@ TEST_P(LockSemanticsTest, ReleaseRacingTheHeartbeatIsNeverFencedOut) {
     absl::Status s = client->release(*lock);
     ASSERT_TRUE(s.ok()) << "cycle " << i << ": " << s;
   }
-  EXPECT_EQ(client->metrics()->GetCounter("lock_fenced_out_total", "").value(), 0);
+  EXPECT_EQ(client->metrics()->GetCounter("lock_client_fenced_out_total", "").value(), 0);
   EXPECT_EQ(Stats().fenced_out_total(), 0u);
 }
 

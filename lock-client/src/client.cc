@@ -59,8 +59,10 @@ class ClientImpl final : public Client {
         costliest_step_(CostliestStep(options.steps)),
         metrics_(options.metrics != nullptr ? options.metrics
                                             : std::make_shared<metrics::Registry>()),
-        fenced_out_(metrics_->GetCounter("lock_fenced_out_total",
-                                         "FENCED_OUT answers: a token that no longer held its lock")),
+        // Not lockd's lock_fenced_out_total (which fence 1 counts): what this client was told.
+        fenced_out_(metrics_->GetCounter(
+            "lock_client_fenced_out_total",
+            "FENCED_OUT answers this client received: a token of its that no longer held its lock")),
         heartbeat_failures_(metrics_->GetCounter(
             "lock_heartbeat_failures_total", "Heartbeats that failed or timed out (D5)")),
         heartbeat_rtt_(metrics_->GetHistogram(

@@ -211,7 +211,8 @@ class Client {
   // not be reached (the server then frees it when the lease runs out). A handle the client
   // already knows is lost (deadline passed, fenced out, session lost) gets kAborted naming the
   // reason without a stale request: after a passed deadline the lock is relinquished, which
-  // neither side counts in lock_fenced_out_total, so a paused worker that wakes up, sees its
+  // neither side counts (lockd's lock_fenced_out_total, the client's
+  // lock_client_fenced_out_total), so a paused worker that wakes up, sees its
   // loss and cleans up leaves the must-be-zero counter at zero.
   virtual absl::Status release(const LockHandle& handle) = 0;
 
