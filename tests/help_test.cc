@@ -38,5 +38,27 @@ TEST(HelpTest, EveryProgramListsItsFlags) {
   }
 }
 
+// The default --help shows for `flag`: absl prints "--name (help text); default: <value>;",
+// wrapping long lines.
+std::string FlagDefault(const std::string& help, const std::string& flag) {
+  const size_t at = help.find("--" + flag + " (");
+  if (at == std::string::npos) return "no --" + flag;
+  const size_t value = help.find("default: ", at);
+  if (value == std::string::npos) return "no default for --" + flag;
+  const size_t end = help.find(';', value);
+  return help.substr(value + 9, end - value - 9);
+}
+
+// ADR-006 C5 §5.1 (protocol/defaults.h; defaults_test checks the values).
+TEST(HelpTest, TheContractDefaultsAreTheFlagsDefaults) {
+  const std::string lockd = Help(LOCKD_BINARY);
+  EXPECT_EQ(FlagDefault(lockd, "session_ttl"), "15s");
+  EXPECT_EQ(FlagDefault(lockd, "lock_ttl"), "30s");
+  const std::string worker = Help(PAYOUT_WORKER_BINARY);
+  EXPECT_EQ(FlagDefault(worker, "session_ttl"), "15s");
+  EXPECT_EQ(FlagDefault(worker, "lock_ttl"), "30s");
+  EXPECT_EQ(FlagDefault(worker, "margin"), "0.3");
+}
+
 }  // namespace
 }  // namespace fencelock

@@ -33,7 +33,7 @@ using Mode = FaultProxy::Mode;
 // Every scenario's processes use these. The usable lease, 4 s x 0.7 = 2.8 s, covers a rail
 // submit's worst case, 300 ms + 2 s (D4), with room for the heartbeat.
 constexpr absl::Duration kTtl = absl::Seconds(4);
-constexpr double kMargin = 0.30;
+constexpr double kMargin = defaults::kSafetyMargin;  // the contract's margin
 constexpr absl::Duration kRailReadTimeout = absl::Milliseconds(300);
 
 std::string Secs(absl::Duration d) { return absl::StrFormat("%.2f s", absl::ToDoubleSeconds(d)); }

@@ -28,6 +28,7 @@
 #include "lock-server/server.h"
 #include "process/flags.h"
 #include "process/process.h"
+#include "protocol/defaults.h"
 #include "lock-server/storage.h"
 
 ABSL_FLAG(std::string, data_dir, "", "state directory (created by lockd init)");
@@ -65,9 +66,9 @@ ABSL_FLAG(std::string, port_file, "", "write the bound TCP port to this file");
 ABSL_FLAG(int, metrics_port, 9420,
           "serve Prometheus metrics on 127.0.0.1 at this port; 0 picks a free one, -1 disables");
 ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
-ABSL_FLAG(absl::Duration, session_ttl, absl::Seconds(15),
+ABSL_FLAG(absl::Duration, session_ttl, fencelock::defaults::kSessionTtl,
           "lock.session.ttl: TTL of sessions that ask for none");
-ABSL_FLAG(absl::Duration, lock_ttl, absl::Seconds(30),
+ABSL_FLAG(absl::Duration, lock_ttl, fencelock::defaults::kLockTtl,
           "lock.default.ttl: lease TTL of acquires that ask for none");
 
 namespace {

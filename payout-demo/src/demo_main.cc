@@ -27,13 +27,15 @@
 #include "process/flags.h"
 #include "process/json.h"
 #include "process/process.h"
+#include "protocol/defaults.h"
 
 ABSL_FLAG(int, workers, 3, "payout worker processes (at least 3 with faults on)");
 ABSL_FLAG(int64_t, payouts, 300, "payouts to load");
 ABSL_FLAG(int64_t, amount_cents, 1000, "amount of each payout, in cents");
 ABSL_FLAG(absl::Duration, session_ttl, absl::Seconds(5), "lock.session.ttl of every worker");
 ABSL_FLAG(absl::Duration, lock_ttl, absl::Seconds(5), "TTL of each payout's lock");
-ABSL_FLAG(double, margin, 0.30, "lock.client.safety-margin of every worker");
+ABSL_FLAG(double, margin, fencelock::defaults::kSafetyMargin,
+          "lock.client.safety-margin of every worker");
 ABSL_FLAG(absl::Duration, rail_latency, absl::Milliseconds(20), "time the rail takes per request");
 ABSL_FLAG(absl::Duration, rail_jitter, absl::Milliseconds(10), "extra rail latency, up to this");
 ABSL_FLAG(absl::Duration, rail_read_timeout, absl::Milliseconds(500),

@@ -13,6 +13,7 @@
 #include <cstdio>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "lock-client/client.h"
@@ -22,14 +23,17 @@
 #include "process/flags.h"
 #include "process/history.h"
 #include "process/process.h"
+#include "protocol/defaults.h"
 
 ABSL_FLAG(std::string, name, "", "this worker's name, as recorded on its claims; required");
 ABSL_FLAG(std::string, lockd, "127.0.0.1:7420", "lockd: host:port or unix:/path");
 ABSL_FLAG(std::string, rail, "", "the rail: host:port; required");
 ABSL_FLAG(std::string, store, "", "the payout store (SQLite file); required");
-ABSL_FLAG(absl::Duration, session_ttl, absl::Seconds(5), "lock.session.ttl");
-ABSL_FLAG(absl::Duration, lock_ttl, absl::Seconds(5), "the TTL of each payout's lock");
-ABSL_FLAG(double, margin, 0.30, "lock.client.safety-margin, in (0, 1)");
+ABSL_FLAG(absl::Duration, session_ttl, fencelock::defaults::kSessionTtl, "lock.session.ttl");
+ABSL_FLAG(absl::Duration, lock_ttl, fencelock::defaults::kLockTtl,
+          "the TTL of each payout's lock (lock.default.ttl)");
+ABSL_FLAG(double, margin, fencelock::defaults::kSafetyMargin,
+          "lock.client.safety-margin, in (0, 1)");
 ABSL_FLAG(absl::Duration, poll, absl::Milliseconds(20),
           "pause when every unpaid payout is locked by another worker");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(30),
@@ -361,6 +365,9 @@ int WorkerMain(int argc, char** argv, std::unique_ptr<FaultPoints> (*make_faults
   stop.sa_handler = [](int) { g_stop.store(true); };
   sigaction(SIGINT, &stop, nullptr);
   sigaction(SIGTERM, &stop, nullptr);
+  absl::SetProgramUsageMessage(
+      "pays the payout store's unpaid payouts under locks from lockd\n"
+      "  payout-worker --name=w1 --rail=host:port --store=payouts.db [--lockd=host:port]");
   process::ParseFlags(argc, argv);
   std::unique_ptr<FaultPoints> faults = make_faults != nullptr ? make_faults() : nullptr;
   return Main(faults.get());

@@ -13,6 +13,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "process/flags.h"
+#include "protocol/defaults.h"
 #include "sim/simulator.h"
 
 ABSL_FLAG(uint64_t, seeds, 1000, "how many seeds to run");
@@ -20,7 +21,7 @@ ABSL_FLAG(uint64_t, from, 1, "the first seed");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(20), "simulated time per seed");
 ABSL_FLAG(int, clients, 4, "simulated clients");
 ABSL_FLAG(int, locks, 3, "locks they contend for");
-ABSL_FLAG(double, margin, 0.30, "the clients' safety margin (lock.client.safety-margin)");
+ABSL_FLAG(double, margin, fencelock::defaults::kSafetyMargin, "the clients' safety margin (lock.client.safety-margin)");
 ABSL_FLAG(double, clock_rate_bound, 0.02, "each clock runs within 1 +/- this of true time");
 ABSL_FLAG(double, lockd_fast_clock, 0,
           "break the bound on purpose: lockd's clock runs this much fast (0.5: 1.5x); overlaps "

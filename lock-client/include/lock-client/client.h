@@ -39,6 +39,7 @@
 #include "absl/time/time.h"
 #include "clock/clock.h"
 #include "metrics/metrics.h"
+#include "protocol/defaults.h"
 
 namespace fencelock {
 
@@ -140,12 +141,12 @@ struct ClientOptions {
   // Default: "127.0.0.1:7420".
   std::string server = "127.0.0.1:7420";
   // lock.session.ttl: the session's TTL on the server. Default: 15 s.
-  absl::Duration session_ttl = absl::Seconds(15);
+  absl::Duration session_ttl = defaults::kSessionTtl;
   // lock.default.ttl: lease TTL for acquires that do not give one. Default: 30 s.
-  absl::Duration default_lock_ttl = absl::Seconds(30);
+  absl::Duration default_lock_ttl = defaults::kLockTtl;
   // lock.client.safety-margin: the fraction of every lease the client refuses to use, in
   // (0, 1). Default: 0.30.
-  double safety_margin = 0.30;
+  double safety_margin = defaults::kSafetyMargin;
   // Period of the background heartbeat. Default: zero, meaning a third of the shortest TTL in
   // play (the session's and the held locks'), shortened when `steps` are declared so that the
   // lease left just before a renewal still covers the costliest step with room for one more

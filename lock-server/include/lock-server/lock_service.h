@@ -28,6 +28,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "protocol/defaults.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "clock/clock.h"
@@ -39,9 +40,9 @@ using WaiterId = uint64_t;
 
 struct ServiceOptions {
   // TTL for a session that asks for none (lock.session.ttl). Default: 15 s.
-  absl::Duration default_session_ttl = absl::Seconds(15);
+  absl::Duration default_session_ttl = defaults::kSessionTtl;
   // Lease TTL for an acquire that asks for none (lock.default.ttl). Default: 30 s.
-  absl::Duration default_lock_ttl = absl::Seconds(30);
+  absl::Duration default_lock_ttl = defaults::kLockTtl;
   // Accepted range for requested session and lock TTLs. Default: 10 ms to 1 h.
   absl::Duration min_ttl = absl::Milliseconds(10);
   absl::Duration max_ttl = absl::Hours(1);

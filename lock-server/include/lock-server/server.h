@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "clock/clock.h"
 #include "lock-server/env.h"
+#include "protocol/defaults.h"
 
 namespace fencelock::server {
 
@@ -86,9 +87,9 @@ struct ServerOptions {
   // much later. Zero disables it. Measured on `clock`. Default: 1 s.
   absl::Duration stall_threshold = absl::Seconds(1);
   // lock.session.ttl for sessions that ask for none. Default: 15 s.
-  absl::Duration default_session_ttl = absl::Seconds(15);
+  absl::Duration default_session_ttl = defaults::kSessionTtl;
   // lock.default.ttl for acquires that ask for none. Default: 30 s.
-  absl::Duration default_lock_ttl = absl::Seconds(30);
+  absl::Duration default_lock_ttl = defaults::kLockTtl;
   // Accepted range of requested session and lock TTLs. Default: 10 ms to 1 h.
   absl::Duration min_ttl = absl::Milliseconds(10);
   absl::Duration max_ttl = absl::Hours(1);

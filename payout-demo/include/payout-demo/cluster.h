@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "payout-demo/store.h"
+#include "protocol/defaults.h"
 #include "process/process.h"
 
 namespace fencelock::payout {
@@ -31,7 +32,7 @@ struct ClusterOptions {
   uint64_t rail_seed = 1;
   absl::Duration session_ttl = absl::Seconds(5);
   absl::Duration lock_ttl = absl::Seconds(5);
-  double margin = 0.30;
+  double margin = defaults::kSafetyMargin;
   bool history = false;
   // "NAME=value" entries added to every worker's environment (the harness runs workers with
   // libfaketime this way). Default: none.

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "protocol/defaults.h"
 
 namespace fencelock::sim {
 
@@ -36,7 +37,7 @@ struct SimOptions {
   int clients = 4;
   int locks = 3;
   // The client's safety margin (lock.client.safety-margin). Default: 0.30.
-  double safety_margin = 0.30;
+  double safety_margin = defaults::kSafetyMargin;
   // Each node's clock runs at a rate within 1 ± this bound of true time. The lease rules are
   // safe while the bound is well under the margin. Default: 0.02 (2 %).
   double clock_rate_bound = 0.02;

@@ -1,0 +1,35 @@
+// ADR-006 C5 §5.1's defaults: lock.session.ttl = 15 s, lock.default.ttl = 30 s,
+// lock.client.safety-margin = 0.30. They are defined once (protocol/defaults.h); this checks
+// the values against the contract, and that lockd's and the client's option structs take
+// theirs from there (help_test checks the programs' flags).
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lock-client/client.h"
+#include "lock-server/lock_service.h"
+#include "lock-server/server.h"
+#include "protocol/defaults.h"
+
+namespace fencelock {
+namespace {
+
+TEST(DefaultsTest, AreTheContractsValues) {
+  EXPECT_EQ(defaults::kSessionTtl, absl::Seconds(15));
+  EXPECT_EQ(defaults::kLockTtl, absl::Seconds(30));
+  EXPECT_EQ(defaults::kSafetyMargin, 0.30);
+}
+
+TEST(DefaultsTest, TheClientAndLockdStartFromThem) {
+  const ClientOptions client;
+  EXPECT_EQ(client.session_ttl, defaults::kSessionTtl);
+  EXPECT_EQ(client.default_lock_ttl, defaults::kLockTtl);
+  EXPECT_EQ(client.safety_margin, defaults::kSafetyMargin);
+  const server::ServiceOptions service;
+  EXPECT_EQ(service.default_session_ttl, defaults::kSessionTtl);
+  EXPECT_EQ(service.default_lock_ttl, defaults::kLockTtl);
+  const server::ServerOptions server;
+  EXPECT_EQ(server.default_session_ttl, defaults::kSessionTtl);
+  EXPECT_EQ(server.default_lock_ttl, defaults::kLockTtl);
+}
+
+}  // namespace
+}  // namespace fencelock
