@@ -322,5 +322,49 @@ TEST_F(ClientLeaseTest, ReleaseEndsTheHandleAndStaleReleaseIsFencedOut) {
   EXPECT_EQ(ReasonThrown(*client, LockHandle()), LossReason::kEmptyHandle);
 }
 
+// C2 §2.7: no ambient deadline. What a call checks is the handle it is given, wherever it is
+// called from: there is no thread-local "current lock" for a call to fall back on, and work
+// handed a copy of a handle sees that lock's end, not its own thread's state
+// (lock_client_has_no_thread_local_state_test checks the library's objects for TLS).
+TEST_F(ClientLeaseTest, C27AHandleIsTheSameOnEveryThreadAndNothingIsAmbient) {
+  auto client = NewClient();
+  const MonoTime t_send = clock_.Now();
+  auto a = client->acquire("a", absl::Seconds(5));
+  auto b = client->acquire("b", absl::Seconds(5));
+  ASSERT_TRUE(a.ok() && b.ok());
+  // The thread that holds two locks gets no help for a handle that holds none.
+  EXPECT_EQ(ReasonThrown(*client, LockHandle()), LossReason::kEmptyHandle);
+  EXPECT_EQ(client->remaining(LockHandle()), absl::ZeroDuration());
+
+  // Another thread, which acquired nothing, sees the same lease through the same handle.
+  absl::Duration remaining_there;
+  LossReason reason_there = LossReason::kUnconfirmed;
+  std::thread([&] {
+    remaining_there = client->remaining(*a);
+    reason_there = ReasonThrown(*client, *a);
+    client->beginIrreversibleStep(*a, StepCost::Hop("write", absl::Seconds(1)));
+  }).join();
+  EXPECT_EQ(remaining_there, client->remaining(*a));
+  EXPECT_EQ(remaining_there, kUsable - (clock_.Now() - t_send));
+  EXPECT_EQ(reason_there, LossReason::kNone);
+
+  // Work started under `b` and handed a copy of its handle: once `b` is released (here from a
+  // third thread), the work sees it, although its own thread never released anything and `a` is
+  // still held.
+  LockHandle given = *b;
+  std::thread([&] { EXPECT_TRUE(client->release(*b).ok()); }).join();
+  LossReason in_work = LossReason::kUnconfirmed;
+  std::thread([&] { in_work = ReasonThrown(*client, given); }).join();
+  EXPECT_EQ(in_work, LossReason::kReleased);
+  EXPECT_EQ(ReasonThrown(*client, *a), LossReason::kNone);
+
+  // A deadline that passes ends the handle on every thread at once.
+  clock_.Set(t_send + kUsable);
+  LossReason after_deadline = LossReason::kUnconfirmed;
+  std::thread([&] { after_deadline = ReasonThrown(*client, *a); }).join();
+  EXPECT_EQ(after_deadline, LossReason::kDeadlinePassed);
+  EXPECT_EQ(ReasonThrown(*client, *a), LossReason::kDeadlinePassed);
+}
+
 }  // namespace
 }  // namespace fencelock
