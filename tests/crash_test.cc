@@ -36,21 +36,20 @@ using testing::TempDir;
 
 constexpr int kClients = 4;
 
-pid_t SpawnClient(const std::vector<std::string>& args) {
-  return testing::SpawnProcess(CRASH_LOAD_CLIENT_BINARY, args);
+process::Child SpawnClient(const std::vector<std::string>& args) {
+  auto child = process::Child::Spawn(CRASH_LOAD_CLIENT_BINARY, args);
+  if (!child.ok()) {
+    ADD_FAILURE() << child.status();
+    return process::Child();
+  }
+  return std::move(*child);
 }
 
-void WaitOrKill(pid_t pid) {
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  int status;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > give_up) {
-      ADD_FAILURE() << "load client " << pid << " did not exit after lockd died";
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+void WaitOrKill(process::Child& client) {
+  if (!client.Wait(absl::Seconds(30)).has_value()) {
+    ADD_FAILURE() << "load client " << client.pid() << " did not exit after lockd died";
+    client.Signal(SIGKILL);
+    client.Wait();
   }
 }
 
@@ -102,7 +101,7 @@ TEST(CrashTest, KilledAndRestartedLockdNeverReissuesATokenNorLosesAGrant) {
   uint64_t grants = 0, checked_held = 0;
 
   for (int cycle = 0; cycle < cycles; ++cycle) {
-    std::vector<pid_t> clients;
+    std::vector<process::Child> clients;
     std::vector<std::string> logs;
     for (int c = 0; c < kClients; ++c) {
       logs.push_back(absl::StrCat(tmp.path(), "/cycle", cycle, "-client", c, ".log"));
@@ -123,7 +122,7 @@ TEST(CrashTest, KilledAndRestartedLockdNeverReissuesATokenNorLosesAGrant) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 180));
     lockd.Kill();
-    for (pid_t pid : clients) WaitOrKill(pid);
+    for (process::Child& client : clients) WaitOrKill(client);
 
     std::map<std::pair<std::string, uint64_t>, bool> outstanding;  // grant -> release started
     uint64_t cycle_min = UINT64_MAX, cycle_max = 0;

@@ -2,17 +2,14 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
 #include "process/process.h"
 
@@ -22,10 +19,12 @@ namespace {
 // Runs lockd with `args` (after the binary name) to completion; stderr goes to `err_file`
 // when given.
 int RunToExit(const std::vector<std::string>& args, const std::string& err_file) {
-  const pid_t pid = SpawnProcess(LOCKD_BINARY, args, err_file);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return status;
+  auto child = process::Child::Spawn(LOCKD_BINARY, args, {.stderr_file = err_file});
+  if (!child.ok()) {
+    std::fprintf(stderr, "%s\n", child.status().ToString().c_str());
+    std::abort();
+  }
+  return *child->Wait();
 }
 
 }  // namespace
@@ -104,31 +103,24 @@ void LockdProcess::Start(int port) {
                                    "--metrics-port-file=" + dir_.path() + "/metrics-port"};
   if (!unix_path_.empty()) args.push_back("--unix-socket=" + unix_path_);
   for (const auto& a : options_.extra_args) args.push_back(a);
-  pid_ = SpawnProcess(LOCKD_BINARY, args, options_.stderr_file);
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < give_up) {
-    std::ifstream in(port_file);
-    int bound = 0;
-    if (in >> bound && bound > 0) {
-      port_ = bound;
-      std::ifstream metrics(dir_.path() + "/metrics-port");  // written before the TCP port
-      metrics >> metrics_port_;
-      return;
-    }
-    int status;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      std::fprintf(stderr, "lockd exited before listening (status %d)\n", status);
-      std::abort();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  auto child = process::Child::Spawn(LOCKD_BINARY, args, {.stderr_file = options_.stderr_file});
+  if (!child.ok()) {
+    std::fprintf(stderr, "%s\n", child.status().ToString().c_str());
+    std::abort();
   }
-  std::fprintf(stderr, "lockd did not report its port within 20 s\n");
-  kill(pid_, SIGKILL);
-  std::abort();
+  child_ = std::move(*child);
+  auto bound = process::AwaitPortFile(port_file, child_, absl::Seconds(20));
+  if (!bound.ok()) {
+    std::fprintf(stderr, "lockd did not start listening: %s\n", bound.status().ToString().c_str());
+    std::abort();
+  }
+  port_ = *bound;
+  std::ifstream metrics(dir_.path() + "/metrics-port");  // written before the TCP port
+  metrics >> metrics_port_;
 }
 
 LockdProcess::~LockdProcess() {
-  if (pid_ <= 0) return;
+  if (!child_.running()) return;
   const int status = Stop();
   // A lockd that crashed, or that a sanitizer stopped, fails the test that started it.
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
@@ -138,34 +130,18 @@ LockdProcess::~LockdProcess() {
 }
 
 void LockdProcess::Kill() {
-  if (pid_ <= 0) return;
-  kill(pid_, SIGKILL);
-  int status;
-  waitpid(pid_, &status, 0);
-  pid_ = -1;
+  child_.Signal(SIGKILL);
+  child_.Wait();
 }
 
 void LockdProcess::Restart() {
-  if (pid_ > 0) Kill();
+  Kill();
   Start(port_);
 }
 
 int LockdProcess::Stop() {
-  if (pid_ <= 0) return -1;
-  kill(pid_, SIGCONT);
-  kill(pid_, SIGTERM);
-  int status = 0;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (waitpid(pid_, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > give_up) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, &status, 0);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  pid_ = -1;
-  return status;
+  if (!child_.running()) return -1;
+  return child_.Stop(absl::Seconds(5));
 }
 
 }  // namespace fencelock::testing

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "process/process.h"
+
 namespace fencelock::testing {
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
@@ -60,7 +62,7 @@ class LockdProcess {
   void Kill();
   // Starts lockd again on the same state directory and, if it can, the same port.
   void Restart();
-  bool running() const { return pid_ > 0; }
+  bool running() const { return child_.running(); }
   const std::string& data_dir() const { return data_dir_; }
 
   int port() const { return port_; }
@@ -68,7 +70,7 @@ class LockdProcess {
   std::string tcp_address() const { return "127.0.0.1:" + std::to_string(port_); }
   std::string unix_address() const { return "unix:" + unix_path_; }
   const std::string& unix_path() const { return unix_path_; }
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return child_.running() ? child_.pid() : -1; }
 
   // Sends SIGTERM and waits; returns the exit status as waitpid() reported it.
   int Stop();
@@ -79,7 +81,7 @@ class LockdProcess {
   Options options_;
   TempDir dir_;
   std::string data_dir_;
-  pid_t pid_ = -1;
+  process::Child child_;
   int port_ = 0;
   int metrics_port_ = 0;
   std::string unix_path_;
