@@ -1,7 +1,11 @@
 // lockd's request dispatch (lock-server/src/dispatch.h) against a fresh in-memory lock service:
-// the input is a stream of frames, as one connection would send them, with the service's clock
-// moving between them. Whatever arrives, every request gets an answer (or is queued), the
-// connection is closed only on a protocol error, and grants carry strictly increasing tokens.
+// the input is a stream of frames, as two connections would send them, with the service's
+// clock moving between them. Each step's first byte moves the clock (its upper seven bits, in
+// 20 ms units) and picks the connection (its low bit). Whatever arrives, every request gets an
+// answer (or is queued), a connection is closed only on a protocol error, grants carry
+// strictly increasing tokens, and a request refused PERMISSION_DENIED (a session that is not
+// its connection's, a wrong secret on ResumeSession) changes nothing. Session secrets are
+// "fuzz-secret-0001", "-0002", ... so that inputs can resume the other connection's session.
 #include <cstdio>
 #include <cstdlib>
 
@@ -22,6 +26,11 @@ class Host : public DispatchHost {
   LockService& service() override { return *service_; }
   const absl::Status* fault() const override { return nullptr; }
   WaiterId NextWaiterId() override { return ++waiters_; }
+  std::string NewSessionSecret() override {
+    char secret[17];
+    std::snprintf(secret, sizeof(secret), "fuzz-secret-%04d", ++secrets_ % 10000);
+    return secret;
+  }
   void CountProtocolError() override {}
   void FillStats(wire::StatsReply* stats) const override {
     stats->set_sessions(service_->state().session_count());
@@ -33,6 +42,7 @@ class Host : public DispatchHost {
  private:
   LockService* service_;
   WaiterId waiters_ = 0;
+  int secrets_ = 0;
 };
 
 [[noreturn]] void Fail(const std::string& what) {
@@ -51,8 +61,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                      .max_locks_per_session = 8,
                                      .max_waiters_per_lock = 4});
   Host host(&service);
-  ConnectionState conn;
-  protocol::FrameDecoder decoder(4096);
+  struct Connection {
+    ConnectionState state;
+    protocol::FrameDecoder decoder{4096};
+    bool closed = false;
+  };
+  Connection conns[2];
+  conns[0].state.caller = Caller{1, ""};
+  conns[1].state.caller = Caller{2, ""};
   MonoTime now = MonoTime::FromNanos(1'000'000'000'000);
   FenceToken last_token = 0;
   auto granted = [&](FenceToken token) {
@@ -62,18 +78,35 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     last_token = token;
   };
   std::string payload;
-  while (!in.empty()) {
-    now = now + absl::Milliseconds(in.Byte() * 20);
-    decoder.Feed(in.Bytes(in.U16() % 512));
+  while (!in.empty() && !(conns[0].closed && conns[1].closed)) {
+    const uint8_t step = in.Byte();
+    now = now + absl::Milliseconds((step >> 1) * 20);
+    Connection& c = conns[step & 1];
+    const std::string_view bytes = in.Bytes(in.U16() % 512);
+    if (c.closed) continue;
+    c.decoder.Feed(bytes);
     for (;;) {
-      const auto r = decoder.Next(&payload);
+      const auto r = c.decoder.Next(&payload);
       if (r != protocol::FrameDecoder::Result::kFrame) {
-        if (r == protocol::FrameDecoder::Result::kTooLarge) return 0;  // the server closes
+        if (r == protocol::FrameDecoder::Result::kTooLarge) c.closed = true;  // the server closes
         break;
       }
-      Dispatched d = Dispatch(payload, conn, host, now);
+      // What a refused request must leave as it was (expiries due by now happen first anyway).
+      service.Advance(now);
+      for (const WaiterOutcome& o : service.TakeWaiterOutcomes()) {
+        if (o.status.ok()) granted(o.token);
+      }
+      const std::string before = service.state().DebugString();
+      const uint64_t tokens_before = service.state().last_token();
+      Dispatched d = Dispatch(payload, c.state, host, now);
       if (d.then != Dispatched::Then::kQueued && d.response.code() == wire::CODE_UNSPECIFIED) {
         Fail("answer without a code to: " + d.response.DebugString());
+      }
+      if (d.response.code() == wire::PERMISSION_DENIED &&
+          (service.state().DebugString() != before ||
+           service.state().last_token() != tokens_before)) {
+        Fail("a refused request changed the state: " + before + " -> " +
+             service.state().DebugString());
       }
       // Waiters granted while the request was applied (its expiries come first) got their
       // tokens before a grant in the reply itself.
@@ -83,7 +116,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (d.response.has_acquire() && d.response.acquire().granted()) {
         granted(d.response.acquire().token());
       }
-      if (d.then == Dispatched::Then::kReplyAndClose) return 0;
+      if (d.then == Dispatched::Then::kReplyAndClose) {
+        c.closed = true;
+        break;
+      }
     }
     service.Advance(now);
     for (const WaiterOutcome& o : service.TakeWaiterOutcomes()) {

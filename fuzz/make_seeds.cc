@@ -3,6 +3,7 @@
 //   make_seeds <fuzz-dir>
 // Each seed is a well-formed input built with the real encoders, so the fuzzers start from
 // frames, conversations, records and snapshots that lockd actually produces.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -31,10 +32,11 @@ std::string Framed(const wire::Request& r) {
   return out;
 }
 
-// One dispatch_fuzz step: a clock step, then the frame's bytes with their length.
-std::string Step(uint8_t clock_step, const wire::Request& r) {
+// One dispatch_fuzz step: a clock step (in 20 ms units, at most 127) and the connection (0 or
+// 1) in one byte, then the frame's bytes with their length.
+std::string Step(uint8_t clock_step, const wire::Request& r, int connection = 0) {
   const std::string frame = Framed(r);
-  std::string out(1, static_cast<char>(clock_step));
+  std::string out(1, static_cast<char>((std::min<uint8_t>(clock_step, 127) << 1) | connection));
   out += static_cast<char>(frame.size() & 0xff);
   out += static_cast<char>(frame.size() >> 8);
   return out + frame;
@@ -85,6 +87,14 @@ wire::Request Release(uint64_t id, uint64_t session, const std::string& lock, ui
   return r;
 }
 
+wire::Request Resume(uint64_t id, uint64_t session, const std::string& secret) {
+  wire::Request r;
+  r.set_request_id(id);
+  r.mutable_resume_session()->set_session_id(session);
+  r.mutable_resume_session()->set_secret(secret);
+  return r;
+}
+
 std::string RecordPayload(const Record& r) {
   return EncodeRecordFrame(1, r).substr(kRecordHeaderBytes);  // the serialized LogRecord
 }
@@ -129,6 +139,17 @@ int main(int argc, char** argv) {
             Step(0, Acquire(4, 1, "q", 0)) + Step(0, Acquire(5, 2, "q", 4000)) +
             Step(200, KeepAlive(6, 2, "q", 1)) + Step(1, Release(7, 1, "q", 1)));
   Write(root / "dispatch_fuzz", "no-hello", Step(0, Open(1, 1000)));
+  // Connection 1 drives connection 0's session: refused until it resumes it with its secret
+  // (dispatch_fuzz's first is "fuzz-secret-0001"), after which connection 0 is refused.
+  wire::Request validate_as_holder = validate;
+  validate_as_holder.mutable_validate()->set_session_id(1);
+  Write(root / "dispatch_fuzz", "resume",
+        Step(0, Hello()) + Step(0, Open(2, 5000)) + Step(0, Acquire(3, 1, "a", 0)) +
+            Step(0, Hello(), 1) + Step(1, KeepAlive(4, 1, "a", 1), 1) +
+            Step(1, Release(5, 1, "a", 1), 1) + Step(1, validate_as_holder, 1) +
+            Step(1, Resume(6, 1, "fuzz-secret-0002"), 1) + Step(1, Resume(7, 1, "fuzz-secret-0001"), 1) +
+            Step(1, KeepAlive(8, 1, "a", 1), 1) + Step(1, KeepAlive(9, 1, "a", 1)) +
+            Step(1, validate_as_holder, 1) + Step(1, Release(10, 1, "a", 1), 1) + Step(1, close));
   // The first input dispatch_fuzz stopped on (its check, not lockd, was wrong): a lease runs
   // out while a waiter queues, and the next Acquire of another lock first hands the expired
   // lock to the waiter (token 2) and then takes token 3 itself.

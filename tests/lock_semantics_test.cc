@@ -220,13 +220,30 @@ TEST_P(LockSemanticsTest, ReleasingALockAlreadyLostIsNotCountedAsFencedOut) {
   EXPECT_NO_THROW(other->checkStillHeld(*current));  // the relinquish did not touch the holder
   EXPECT_EQ(Stats().fenced_out_total(), 0u);
 
-  // The same stale token without the relinquish flag is a stale request, and counted.
-  RawConnection raw = Raw();
-  raw.Hello();
+  // Another connection sending the paused session's stale release is refused before any
+  // fence: the session is not its own, and nothing is counted as fenced out.
+  RawConnection stranger = Raw();
+  stranger.Hello();
   wire::Request release;
   release.mutable_release()->set_session_id(paused->session_id());
   release.mutable_release()->set_lock("p");
   release.mutable_release()->set_token(lost->token());
+  EXPECT_EQ(stranger.Call(release).code(), wire::PERMISSION_DENIED);
+  EXPECT_EQ(Stats().fenced_out_total(), 0u);
+
+  // A lease's own session sending its stale token without the relinquish flag is a stale
+  // request, and counted; with the flag it is answered the same and not counted.
+  RawConnection raw = Raw();
+  const uint64_t session = raw.HelloAndOpenSession(absl::Seconds(30));
+  const uint64_t stale = raw.Call(testing::request::Acquire(session, "q", absl::ZeroDuration(),
+                                                            absl::Milliseconds(300)))
+                             .acquire()
+                             .token();
+  ASSERT_GT(stale, 0u);
+  ASSERT_TRUE(other->acquire("q", absl::Seconds(20)).ok());  // once the 300 ms lease ends
+  release.mutable_release()->set_session_id(session);
+  release.mutable_release()->set_lock("q");
+  release.mutable_release()->set_token(stale);
   EXPECT_EQ(raw.Call(release).code(), wire::FENCED_OUT);
   release.mutable_release()->set_relinquish(true);
   EXPECT_EQ(raw.Call(release).code(), wire::FENCED_OUT);

@@ -182,6 +182,8 @@ class ClientImpl final : public Client {
 
   mutable absl::Mutex mu_;
   uint64_t session_id_ ABSL_GUARDED_BY(mu_) = 0;
+  // Resumes the session on a new connection (lockd binds a session to one connection).
+  std::string session_secret_ ABSL_GUARDED_BY(mu_);
   absl::Duration session_ttl_ ABSL_GUARDED_BY(mu_);
   MonoTime session_deadline_ ABSL_GUARDED_BY(mu_) = MonoTime::Min();
   absl::flat_hash_map<std::string, HeldLock> held_ ABSL_GUARDED_BY(mu_);
@@ -286,7 +288,34 @@ absl::Status ClientImpl::EnsureSessionLocked() {
     absl::Status s =
         channel_->Connect(options_.server, options_.client_name, options_.connect_timeout);
     if (!s.ok()) return s;
-    // A session that survived on the server is resumed by the next KeepAlive.
+    // lockd lets only the connection a session is bound to drive it: a session that may have
+    // survived on the server is resumed here, with its secret, before anything else is sent.
+    wire::Request resume;
+    {
+      absl::MutexLock lock(&mu_);
+      if (session_id_ != 0) {
+        resume.mutable_resume_session()->set_session_id(session_id_);
+        resume.mutable_resume_session()->set_secret(session_secret_);
+      }
+    }
+    if (resume.has_resume_session()) {
+      auto reply = channel_->Call(std::move(resume), options_.request_timeout);
+      if (!reply.ok()) {
+        channel_->Close();  // try the resume again with the next connection
+        return reply.status();
+      }
+      const wire::Response& r = reply->response;
+      if (r.code() == wire::SESSION_NOT_FOUND || r.code() == wire::PERMISSION_DENIED) {
+        // Gone (expired, or lockd lost it), or no longer ours to drive: its locks are lost, as
+        // when a KeepAlive hears SESSION_NOT_FOUND; the next call opens a new session.
+        LoseSession(LossReason::kSessionLost);
+        return absl::NotFoundError(absl::StrCat("the session could not be resumed: ", r.message()));
+      }
+      if (r.code() != wire::OK) {
+        channel_->Close();
+        return protocol::StatusFromCode(r.code(), r.message());
+      }
+    }
   }
   {
     absl::MutexLock lock(&mu_);
@@ -300,6 +329,7 @@ absl::Status ClientImpl::EnsureSessionLocked() {
   if (r.code() != wire::OK) return protocol::StatusFromCode(r.code(), r.message());
   absl::MutexLock lock(&mu_);
   session_id_ = r.open_session().session_id();
+  session_secret_ = r.open_session().secret();
   session_ttl_ = absl::Milliseconds(r.open_session().ttl_ms());
   session_deadline_ = UsableDeadline(reply->sent_at, session_ttl_, options_.safety_margin);
   return absl::OkStatus();
@@ -462,6 +492,7 @@ void ClientImpl::LoseSession(LossReason reason) {
   held_.clear();
   unsettled_.clear();  // the session's locks went with it
   session_id_ = 0;
+  session_secret_.clear();
   session_deadline_ = MonoTime::Min();
 }
 
@@ -560,6 +591,7 @@ absl::StatusOr<std::optional<LockHandle>> ClientImpl::AcquireImpl(std::string_vi
   {
     absl::MutexLock hb(&heartbeat_mu_);
     absl::Status s = EnsureSessionLocked();
+    if (absl::IsNotFound(s)) s = EnsureSessionLocked();  // the old session is gone: a new one
     if (!s.ok()) return s;
     if (SessionLeaseShort()) {
       // Our deadline for the session ran out, or so nearly that it would not cover a declared

@@ -27,8 +27,8 @@ AsioConnection::AsioConnection(ServerCore* core, Socket socket, const Connection
       budget_(budget),
       on_gone_(std::move(on_gone)) {}
 
-void AsioConnection::Serve() {
-  id_ = core_->Connect(this);
+void AsioConnection::Serve(std::string identity) {
+  id_ = core_->Connect(this, std::move(identity));
   asio::co_spawn(socket_.get_executor(), ReadLoop(shared_from_this()), asio::detached);
 }
 

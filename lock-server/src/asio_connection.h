@@ -42,8 +42,9 @@ class AsioConnection final : public ConnectionSink,
   AsioConnection(ServerCore* core, Socket socket, const ConnectionBudget& budget,
                  std::function<void(AsioConnection*, CloseReason)> on_gone);
 
-  // Registers with the core and starts reading requests.
-  void Serve();
+  // Registers with the core, as a peer authenticated as `identity` (empty: none), and starts
+  // reading requests.
+  void Serve(std::string identity);
   // Refuses the connection at admission: sends `error_frame` and closes, without ever
   // registering with the core.
   void Refuse(const std::string& error_frame);

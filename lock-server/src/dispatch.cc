@@ -65,6 +65,11 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
     if (!s.ok()) resp.set_message(std::string(s.message()));
     return out;
   };
+  // A request that drives a session must come from the connection the session is bound to.
+  auto authorize = [&](SessionId session) {
+    service.Advance(now);
+    return service.Authorize(session, conn.caller);
+  };
   switch (req.body_case()) {
     case wire::Request::kHello: {
       if (conn.hello_done) {
@@ -95,32 +100,45 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
             " open sessions, the most one connection may (lockd --max-sessions-per-connection=",
             limit, ")")));
       }
-      auto opened = service.OpenSession(FromMillis(req.open_session().ttl_ms()), now);
+      std::string secret = host.NewSessionSecret();
+      auto opened = service.OpenSession(FromMillis(req.open_session().ttl_ms()), now, conn.caller,
+                                        secret);
       if (opened.ok()) {
         conn.sessions.push_back(opened->first);
         resp.mutable_open_session()->set_session_id(opened->first);
         resp.mutable_open_session()->set_ttl_ms(ToMillis(opened->second));
+        resp.mutable_open_session()->set_secret(std::move(secret));
       }
       return finish(opened.status());
     }
-    case wire::Request::kKeepAlive: {
-      const auto& ka = req.keep_alive();
-      std::vector<LockRef> refs;
-      refs.reserve(ka.locks_size());
-      for (const auto& l : ka.locks()) refs.push_back(LockRef{l.lock(), l.token()});
-      auto results = service.KeepAlive(ka.session_id(), refs, now);
-      if (results.ok()) {
-        if (std::find(conn.sessions.begin(), conn.sessions.end(), ka.session_id()) ==
+    case wire::Request::kResumeSession: {
+      const auto& r = req.resume_session();
+      service.Advance(now);
+      auto ttl = service.Resume(r.session_id(), r.secret(), conn.caller);
+      if (ttl.ok()) {
+        if (std::find(conn.sessions.begin(), conn.sessions.end(), r.session_id()) ==
                 conn.sessions.end() &&
-            std::find(conn.renewed.begin(), conn.renewed.end(), ka.session_id()) ==
+            std::find(conn.renewed.begin(), conn.renewed.end(), r.session_id()) ==
                 conn.renewed.end()) {
           std::erase_if(conn.renewed,
                         [&](SessionId id) { return service.state().FindSession(id) == nullptr; });
           if (conn.renewed.size() >= host.max_sessions_per_connection()) {
             conn.renewed.erase(conn.renewed.begin());
           }
-          conn.renewed.push_back(ka.session_id());
+          conn.renewed.push_back(r.session_id());
         }
+        resp.mutable_resume_session()->set_session_ttl_ms(ToMillis(*ttl));
+      }
+      return finish(ttl.status());
+    }
+    case wire::Request::kKeepAlive: {
+      const auto& ka = req.keep_alive();
+      if (absl::Status s = authorize(ka.session_id()); !s.ok()) return finish(s);
+      std::vector<LockRef> refs;
+      refs.reserve(ka.locks_size());
+      for (const auto& l : ka.locks()) refs.push_back(LockRef{l.lock(), l.token()});
+      auto results = service.KeepAlive(ka.session_id(), refs, now);
+      if (results.ok()) {
         auto* reply = resp.mutable_keep_alive();
         reply->set_session_ttl_ms(ToMillis(service.state().FindSession(ka.session_id())->ttl));
         for (const absl::Status& s : *results) reply->add_lock_codes(protocol::CodeFromStatus(s));
@@ -128,11 +146,13 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
       return finish(results.status());
     }
     case wire::Request::kCloseSession: {
+      if (absl::Status s = authorize(req.close_session().session_id()); !s.ok()) return finish(s);
       resp.mutable_close_session();
       return finish(service.CloseSession(req.close_session().session_id(), now));
     }
     case wire::Request::kAcquire: {
       const auto& a = req.acquire();
+      if (absl::Status s = authorize(a.session_id()); !s.ok()) return finish(s);
       const WaiterId waiter_id = host.NextWaiterId();
       auto result = service.Acquire(a.session_id(), a.lock(), FromMillis(a.ttl_ms()),
                                     FromMillis(a.wait_timeout_ms()), waiter_id, now);
@@ -154,12 +174,19 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
     }
     case wire::Request::kRelease: {
       const auto& r = req.release();
+      if (absl::Status s = authorize(r.session_id()); !s.ok()) return finish(s);
       resp.mutable_release();
       return finish(service.Release(r.session_id(), r.lock(), r.token(), now, r.relinquish()));
     }
     case wire::Request::kValidate: {
+      const auto& v = req.validate();
+      std::optional<SessionId> holder;
+      if (v.session_id() != 0) {
+        if (absl::Status s = authorize(v.session_id()); !s.ok()) return finish(s);
+        holder = v.session_id();
+      }
       resp.mutable_validate();
-      return finish(service.Validate(req.validate().lock(), req.validate().token(), now));
+      return finish(service.Validate(v.lock(), v.token(), now, holder));
     }
     case wire::Request::kGetStats: {
       host.FillStats(resp.mutable_stats());

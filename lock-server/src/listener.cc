@@ -266,10 +266,12 @@ asio::awaitable<void> Listener::AcceptLoop(Acceptor& acceptor) {
     socket.non_blocking(true, ec);  // the reads and first writes must never block
     // Admission: a refused peer gets one error frame and is closed; nobody else notices.
     std::string peer;
+    std::string identity;  // authenticated: the kernel's word for the Unix socket's peer
     absl::Status refused;
     if constexpr (kUnix) {
       std::optional<ucred> cred = PeerCredentials(socket.native_handle());
       peer = cred ? absl::StrCat("user id ", cred->uid) : "a Unix-socket peer";
+      if (cred) identity = absl::StrCat("uid:", cred->uid);
       refused = CheckAllowed(cred);
     } else {
       peer = TcpPeerIdentity(socket.local_endpoint(ec), socket.remote_endpoint(ec));
@@ -301,7 +303,7 @@ asio::awaitable<void> Listener::AcceptLoop(Acceptor& acceptor) {
         });
     open_[id] = connection;
     if (admitted) {
-      connection->Serve();
+      connection->Serve(std::move(identity));
       continue;
     }
     core_->CountTransportEvent(TransportEvent::kRefused);

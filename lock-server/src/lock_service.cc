@@ -36,13 +36,52 @@ absl::StatusOr<absl::Duration> LockService::ResolveTtl(absl::Duration requested,
 }
 
 absl::StatusOr<std::pair<SessionId, absl::Duration>> LockService::OpenSession(
-    absl::Duration ttl, MonoTime now) {
+    absl::Duration ttl, MonoTime now, const Caller& caller, std::string secret) {
   Advance(now);
   auto resolved = ResolveTtl(ttl, options_.default_session_ttl);
   if (!resolved.ok()) return resolved.status();
   const SessionId id = state_.last_session_id() + 1;
-  Commit(record::SessionOpened{id, *resolved}, now);
+  Commit(record::SessionOpened{id, *resolved, std::move(secret), caller.identity}, now);
+  bound_[id] = caller.connection;
   return std::make_pair(id, *resolved);
+}
+
+absl::Status LockService::Deny(std::string message) {
+  ++stats_.permission_denied_total;
+  if (options_.on_permission_denied) options_.on_permission_denied(message);
+  return absl::PermissionDeniedError(std::move(message));
+}
+
+absl::Status LockService::Authorize(SessionId session, const Caller& caller) {
+  const SessionState* s = state_.FindSession(session);
+  if (s == nullptr) return absl::OkStatus();
+  if (s->owner != caller.identity) {
+    return Deny(absl::StrCat("session ", session, " belongs to another identity"));
+  }
+  auto it = bound_.find(session);
+  if (it == bound_.end() || it->second != caller.connection) {
+    return Deny(absl::StrCat("session ", session,
+                             " is not bound to this connection: resume it with its secret "
+                             "(ResumeSession) first"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Duration> LockService::Resume(SessionId session, std::string_view secret,
+                                                   const Caller& caller) {
+  const SessionState* s = state_.FindSession(session);
+  if (s == nullptr) return absl::NotFoundError(absl::StrCat("session ", session, " does not exist"));
+  // Compared in full whatever differs, so the time taken tells nothing about the secret.
+  unsigned char diff = s->secret.size() == secret.size() && !s->secret.empty() ? 0 : 1;
+  for (size_t i = 0; i < secret.size() && i < s->secret.size(); ++i) {
+    diff |= static_cast<unsigned char>(s->secret[i] ^ secret[i]);
+  }
+  if (diff != 0 || s->owner != caller.identity) {
+    return Deny(absl::StrCat("session ", session, " cannot be resumed with this secret",
+                             s->owner != caller.identity ? " by this identity" : ""));
+  }
+  bound_[session] = caller.connection;
+  return s->ttl;
 }
 
 absl::Status LockService::CheckHolder(std::optional<SessionId> session, const std::string& lock,
@@ -199,9 +238,11 @@ absl::Status LockService::Release(SessionId session, const std::string& lock, Fe
   return absl::OkStatus();
 }
 
-absl::Status LockService::Validate(const std::string& lock, FenceToken token, MonoTime now) {
+absl::Status LockService::Validate(const std::string& lock, FenceToken token, MonoTime now,
+                                   std::optional<SessionId> holder) {
   Advance(now);
-  return CheckHolder(std::nullopt, lock, token);  // a resource has the token, not a session
+  // A resource has the token, not a session; a holder confirming its lock names its session.
+  return CheckHolder(holder, lock, token);
 }
 
 void LockService::ReleaseAndHandOff(const std::string& lock, FenceToken token,
@@ -242,6 +283,7 @@ void LockService::EndSession(SessionId session, EndReason reason, MonoTime now) 
     ReleaseAndHandOff(lock, state_.FindHolder(lock)->token, ReleaseReason::kSessionEnded, now);
   }
   Commit(record::SessionEnded{session, reason}, now);
+  bound_.erase(session);
 }
 
 void LockService::RemoveWaiter(WaiterId waiter, absl::Status outcome) {

@@ -318,5 +318,53 @@ TEST_F(LockServiceTest, RecordsAreObservedInOrder) {
   EXPECT_EQ(kinds, (std::vector<size_t>{0, 3, 5, 2}));
 }
 
+// Issue 15: who may drive a session.
+TEST(SessionOwnershipTest, OnlyTheBoundConnectionDrivesASessionAndResumeTakesTheSecret) {
+  std::vector<std::string> denied;
+  LockService service(ServiceOptions{
+      .on_permission_denied = [&](const std::string& line) { denied.push_back(line); }});
+  const Caller one{1, ""}, two{2, ""};
+  auto opened = service.OpenSession(absl::Seconds(15), At(0), one, "sixteen-byte-key");
+  ASSERT_TRUE(opened.ok());
+  const SessionId s = opened->first;
+  EXPECT_TRUE(service.Authorize(s, one).ok());
+  EXPECT_EQ(service.Authorize(s, two).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(service.Authorize(s + 1, two).ok());  // no such session: SESSION_NOT_FOUND later
+  EXPECT_EQ(service.Resume(s, "sixteen-byte-kez", two).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(service.Resume(s, "sixteen-byte-ke", two).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(service.Resume(s + 1, "sixteen-byte-key", two).status().code(),
+            absl::StatusCode::kNotFound);
+  auto resumed = service.Resume(s, "sixteen-byte-key", two);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(*resumed, absl::Seconds(15));
+  EXPECT_TRUE(service.Authorize(s, two).ok());
+  EXPECT_EQ(service.Authorize(s, one).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(service.stats().permission_denied_total, 4u);
+  EXPECT_EQ(denied.size(), 4u);
+  // Ended sessions leave no binding behind.
+  ASSERT_TRUE(service.CloseSession(s, At(1)).ok());
+  EXPECT_TRUE(service.Authorize(s, one).ok());
+}
+
+TEST(SessionOwnershipTest, AnIdentitysSessionIsNeverAnotherIdentitysEvenWithTheSecret) {
+  LockService service(ServiceOptions{});
+  auto opened = service.OpenSession(absl::Seconds(15), At(0), Caller{1, "uid:1000"}, "secret-of-1000!!");
+  ASSERT_TRUE(opened.ok());
+  const SessionId s = opened->first;
+  EXPECT_EQ(service.state().FindSession(s)->owner, "uid:1000");
+  EXPECT_EQ(service.Resume(s, "secret-of-1000!!", Caller{2, "uid:1001"}).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(service.Resume(s, "secret-of-1000!!", Caller{3, ""}).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(service.Resume(s, "secret-of-1000!!", Caller{4, "uid:1000"}).ok());
+  // A session without a secret (logged before secrets existed) cannot be resumed at all.
+  auto old = service.OpenSession(absl::Seconds(15), At(0), Caller{5, ""}, "");
+  ASSERT_TRUE(old.ok());
+  EXPECT_EQ(service.Resume(old->first, "", Caller{6, ""}).status().code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
 }  // namespace
 }  // namespace fencelock::server

@@ -110,6 +110,10 @@ int Main(const std::string& command) {
     std::printf("  grants            %lu\n", static_cast<unsigned long>(s.grants_total()));
     std::printf("  fenced out        %lu%s\n", static_cast<unsigned long>(s.fenced_out_total()),
                 s.fenced_out_total() > 0 ? "   (must be zero: investigate)" : "");
+    std::printf("  refused sessions  %lu%s\n", static_cast<unsigned long>(s.permission_denied_total()),
+                s.permission_denied_total() > 0
+                    ? "   (requests for sessions not their own, or wrong secrets)"
+                    : "");
     std::printf("  session expiries  %lu\n", static_cast<unsigned long>(s.session_expiries_total()));
     std::printf("  lock expiries     %lu\n", static_cast<unsigned long>(s.lock_expiries_total()));
     std::printf("  last token        %lu\n", static_cast<unsigned long>(s.last_token()));

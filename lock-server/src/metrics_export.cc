@@ -26,6 +26,10 @@ void MetricsExport::ExportNow() {
   add("lockd_foreign_tokens_total",
       "Requests refused for a token their session never held (not a lease violation)",
       s.service.foreign_tokens_total, exported_.service.foreign_tokens_total);
+  add("lockd_permission_denied_total",
+      "Requests refused for driving a session that is not the sender's, or resuming one with "
+      "a wrong secret",
+      s.service.permission_denied_total, exported_.service.permission_denied_total);
   add("lockd_grants_total", "Locks granted", s.service.grants_total,
       exported_.service.grants_total);
   add("lockd_session_expiries_total", "Sessions that expired on lockd's clock",

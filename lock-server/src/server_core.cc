@@ -1,8 +1,12 @@
 #include "lock-server/server_core.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -37,8 +41,27 @@ std::string EncodeFrame(const wire::Response& response, size_t max_frame_bytes) 
   return frame;
 }
 
+// 16 bytes from the kernel's random number generator.
+std::string RandomSecret() {
+  std::string secret(16, '\0');
+  size_t filled = 0;
+  while (filled < secret.size()) {
+    const ssize_t n = getrandom(secret.data() + filled, secret.size() - filled, 0);
+    if (n > 0) {
+      filled += static_cast<size_t>(n);
+    } else if (n < 0 && errno != EINTR) {
+      // No getrandom (a kernel before 3.17): the C++ library's nondeterministic source.
+      std::random_device device;
+      for (char& c : secret) c = static_cast<char>(device());
+      return secret;
+    }
+  }
+  return secret;
+}
+
 CoreOptions Resolve(CoreOptions options) {
   if (!options.log) options.log = LogToStderr;
+  if (!options.session_secrets) options.session_secrets = RandomSecret;
   return options;
 }
 
@@ -85,10 +108,11 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
     for (auto& [id, c] : connections_) c.timer.reset();
   }
 
-  ConnectionId Connect(ConnectionSink* sink) {
+  ConnectionId Connect(ConnectionSink* sink, std::string identity) {
     const ConnectionId id = ++last_connection_id_;
     Conn& c = connections_[id];
     c.sink = sink;
+    c.state.caller = Caller{id, std::move(identity)};
     c.timer = time_->NewTimer();
     c.timer->ArmAt(time_->Now() + options_.hello_timeout, [this, id] { OnHelloTimeout(id); });
     return id;
@@ -180,6 +204,11 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
         limiter_.Log("foreign token", line);
       };
     }
+    if (!service.on_permission_denied) {
+      service.on_permission_denied = [this](const std::string& line) {
+        limiter_.Log("permission denied", line);
+      };
+    }
     return service;
   }
 
@@ -187,6 +216,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   LockService& service() override { return service_; }
   const absl::Status* fault() const override { return log_->fault(); }
   WaiterId NextWaiterId() override { return ++last_waiter_id_; }
+  std::string NewSessionSecret() override { return options_.session_secrets(); }
   void CountProtocolError() override { ++protocol_errors_total_; }
   size_t max_sessions_per_connection() const override {
     return options_.max_sessions_per_connection;
@@ -401,6 +431,7 @@ void ServerCore::Impl::FillStats(wire::StatsReply* stats) const {
   stats->set_grants_total(s.grants_total);
   stats->set_fenced_out_total(s.fenced_out_total);
   stats->set_foreign_tokens_total(s.foreign_tokens_total);
+  stats->set_permission_denied_total(s.permission_denied_total);
   stats->set_stalls_total(stalls_total_);
   stats->set_connections_closed_slow_total(stats_.connections_closed_slow_total);
   stats->set_connections_closed_idle_total(stats_.connections_closed_idle_total);
@@ -423,7 +454,9 @@ ServerCore::ServerCore(const CoreOptions& options, TimeSource* time, OpenedCommi
 ServerCore::~ServerCore() = default;
 void ServerCore::Start() { impl_->Start(); }
 void ServerCore::Stop() { impl_->Stop(); }
-ConnectionId ServerCore::Connect(ConnectionSink* sink) { return impl_->Connect(sink); }
+ConnectionId ServerCore::Connect(ConnectionSink* sink, std::string identity) {
+  return impl_->Connect(sink, std::move(identity));
+}
 void ServerCore::Receive(ConnectionId id, std::span<const std::string> payloads) {
   impl_->Receive(id, payloads);
 }

@@ -155,6 +155,8 @@ void StateMachine::ApplyOne(const record::SessionOpened& r, MonoTime now) {
   SessionState& s = sessions_[r.session];
   s.ttl = r.ttl;
   s.expires_at = now + r.ttl;
+  s.secret = r.secret;
+  s.owner = r.owner;
   session_expiry_.emplace(s.expires_at, r.session);
 }
 

@@ -74,6 +74,8 @@ state::LogRecord ToProto(uint64_t lsn, const Record& r) {
         if constexpr (std::is_same_v<T, record::SessionOpened>) {
           p.mutable_session_opened()->set_session_id(rec.session);
           p.mutable_session_opened()->set_ttl_ns(Nanos(rec.ttl));
+          p.mutable_session_opened()->set_secret(rec.secret);
+          p.mutable_session_opened()->set_owner(rec.owner);
         } else if constexpr (std::is_same_v<T, record::SessionEnded>) {
           p.mutable_session_ended()->set_session_id(rec.session);
           p.mutable_session_ended()->set_reason(rec.reason == EndReason::kExpired ? 1 : 0);
@@ -102,7 +104,8 @@ absl::StatusOr<Record> FromProto(const state::LogRecord& p) {
   switch (p.kind_case()) {
     case state::LogRecord::kSessionOpened:
       return Record(record::SessionOpened{p.session_opened().session_id(),
-                                          absl::Nanoseconds(p.session_opened().ttl_ns())});
+                                          absl::Nanoseconds(p.session_opened().ttl_ns()),
+                                          p.session_opened().secret(), p.session_opened().owner()});
     case state::LogRecord::kSessionEnded:
       if (p.session_ended().reason() > 1) return absl::InvalidArgumentError("bad end reason");
       return Record(record::SessionEnded{
@@ -223,7 +226,8 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
     return absl::OkStatus();
   };
   for (const auto& s : snap.sessions()) {
-    if (absl::Status st = apply(record::SessionOpened{s.session_id(), absl::Nanoseconds(s.ttl_ns())});
+    if (absl::Status st = apply(record::SessionOpened{s.session_id(), absl::Nanoseconds(s.ttl_ns()),
+                                                      s.secret(), s.owner()});
         !st.ok()) {
       return st;
     }
@@ -301,6 +305,8 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
     auto* s = snap.add_sessions();
     s->set_session_id(id);
     s->set_ttl_ns(Nanos(session.ttl));
+    s->set_secret(session.secret);
+    s->set_owner(session.owner);
   }
   std::vector<std::pair<std::string, HolderState>> holders(state.holders().begin(),
                                                            state.holders().end());

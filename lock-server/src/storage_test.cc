@@ -302,6 +302,24 @@ TEST_F(StorageTest, SnapshotPlusNewerRecordsRecover) {
   EXPECT_NE(r->state.FindHolder("y"), nullptr);
 }
 
+// A session's secret and owner resume it after a restart, from the log and from a snapshot.
+TEST_F(StorageTest, SessionSecretsAndOwnersSurviveTheLogAndTheSnapshot) {
+  const record::SessionOpened snapshotted{1, absl::Seconds(10), "secret-number-01", "uid:1000"};
+  const record::SessionOpened logged{2, absl::Seconds(10), "secret-number-02", ""};
+  StateMachine s;
+  s.Apply(snapshotted, kNow);
+  env_.PutFile(P(SnapshotName(1)), EncodeSnapshot(s, 1));
+  WriteSegment(1, {EncodeRecordFrame(1, snapshotted), EncodeRecordFrame(2, logged)});
+  auto r = Recover(&env_, kDir, kNow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_NE(r->state.FindSession(1), nullptr);
+  ASSERT_NE(r->state.FindSession(2), nullptr);
+  EXPECT_EQ(r->state.FindSession(1)->secret, "secret-number-01");
+  EXPECT_EQ(r->state.FindSession(1)->owner, "uid:1000");
+  EXPECT_EQ(r->state.FindSession(2)->secret, "secret-number-02");
+  EXPECT_EQ(r->state.FindSession(2)->owner, "");
+}
+
 TEST_F(StorageTest, DamagedSnapshotIsRefused) {
   StateMachine s;
   s.Apply(Open(1), kNow);

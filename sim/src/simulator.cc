@@ -260,7 +260,7 @@ struct Connection {
 
 // A request in flight, as the client remembers it.
 struct Pending {
-  enum class Kind { kHello, kOpen, kKeepAlive, kAcquire, kRelease, kClose } kind;
+  enum class Kind { kHello, kOpen, kResume, kKeepAlive, kAcquire, kRelease, kClose } kind;
   MonoTime t_send;
   absl::Duration timeout;
   std::string lock;
@@ -300,6 +300,7 @@ class SimClient {
   int conn_ = -1;
   uint64_t next_request_ = 0;
   SessionId session_ = 0;
+  std::string secret_;  // resumes session_ on a new connection
   MonoTime session_deadline_ = MonoTime::Min();  // the client's own estimate (D1)
   bool opening_ = false;
   absl::Duration session_ttl_;
@@ -314,6 +315,7 @@ class Simulation {
   explicit Simulation(const SimOptions& options)
       : options_(options),
         rng_(options.seed),
+        secrets_(options.seed ^ 0x5ec7e75ec7e75ULL),
         world_(options.clients + 2),
         env_node_(options.clients + 1) {
     result_.seed = options.seed;
@@ -371,6 +373,7 @@ class Simulation {
 
   SimOptions options_;
   Rng rng_;
+  Rng secrets_;  // session secrets, apart from rng_ so that they change no other draw
   World world_;
   SimResult result_;
   SimDisk disk_;
@@ -594,7 +597,12 @@ void Simulation::StartLockd() {
                                         .max_wait = absl::Seconds(60)},
       .hello_timeout = absl::Seconds(2),
       .stall_threshold = absl::Seconds(1),
-      .log = [](const std::string&) {}};
+      .log = [](const std::string&) {},
+      .session_secrets = [this] {
+        std::string secret(16, '\0');
+        for (char& c : secret) c = static_cast<char>(secrets_.Next());
+        return secret;
+      }};
   core_ = std::make_unique<ServerCore>(core_options, lockd_time_.get(), std::move(*opened));
   core_->Start();
   lockd_up_ = true;
@@ -845,6 +853,13 @@ void SimClient::Connect() {
   hello.mutable_hello()->set_min_version(1);
   hello.mutable_hello()->set_max_version(1);
   Send(Pending{.kind = Pending::Kind::kHello, .timeout = kRequestTimeout}, hello);
+  if (session_ != 0) {
+    // lockd lets only the connection a session is bound to drive it: resume it here first.
+    wire::Request resume;
+    resume.mutable_resume_session()->set_session_id(session_);
+    resume.mutable_resume_session()->set_secret(secret_);
+    Send(Pending{.kind = Pending::Kind::kResume, .timeout = kRequestTimeout}, resume);
+  }
   if (session_ == 0 && !opening_) {
     wire::Request open;
     open.mutable_open_session()->set_ttl_ms(absl::ToInt64Milliseconds(session_ttl_));
@@ -971,6 +986,11 @@ void SimClient::OnResponse(int conn, const wire::Response& r) {
   Pending p = std::move(it->second);
   pending_.erase(it);
   const MonoTime now = time_.Now();
+  if (r.code() == wire::PERMISSION_DENIED) {
+    // Every client drives only its own session, resumed with its own secret first.
+    sim_->Fail(absl::StrCat("lockd refused client ", node_, "'s own session ", session_, ": ",
+                            r.message()));
+  }
   if (r.code() == wire::SESSION_NOT_FOUND && session_ != 0 && p.kind != Pending::Kind::kOpen) {
     // lockd no longer has the session: every lock it held is gone.
     DropAll();
@@ -979,12 +999,14 @@ void SimClient::OnResponse(int conn, const wire::Response& r) {
   }
   switch (p.kind) {
     case Pending::Kind::kHello:
+    case Pending::Kind::kResume:
     case Pending::Kind::kClose:
       break;
     case Pending::Kind::kOpen:
       opening_ = false;
       if (r.code() == wire::OK) {
         session_ = r.open_session().session_id();
+        secret_ = r.open_session().secret();
         session_deadline_ = Deadline(p.t_send, session_ttl_);
       }
       break;

@@ -7,6 +7,7 @@
 #ifndef FENCELOCK_LOCK_SERVER_DISPATCH_H_
 #define FENCELOCK_LOCK_SERVER_DISPATCH_H_
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -19,9 +20,11 @@ namespace fencelock::server {
 
 // What lockd remembers about one connection between its requests.
 struct ConnectionState {
+  // Who drives the sessions of this connection (see LockService::Authorize).
+  Caller caller;
   bool hello_done = false;
   std::vector<SessionId> sessions;  // opened on this connection (some may have ended since)
-  // Sessions opened elsewhere and renewed on this connection (a client that reconnected),
+  // Sessions opened elsewhere and resumed on this connection (a client that reconnected),
   // at most max_sessions_per_connection, the newest last.
   std::vector<SessionId> renewed;
 };
@@ -34,6 +37,8 @@ class DispatchHost {
   // The disk fault that stopped mutations; nullptr while healthy.
   virtual const absl::Status* fault() const = 0;
   virtual WaiterId NextWaiterId() = 0;
+  // The secret of a new session: 16 bytes nobody can guess (see OpenSessionReply.secret).
+  virtual std::string NewSessionSecret() = 0;
   virtual void CountProtocolError() = 0;
   virtual void FillStats(wire::StatsReply* stats) const = 0;
   virtual size_t max_sessions_per_connection() const = 0;

@@ -24,6 +24,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -37,6 +38,16 @@
 namespace fencelock::server {
 
 using WaiterId = uint64_t;
+// A connection of the server's transport; 0 is none.
+using ConnectionId = uint64_t;
+
+// Who sent a request that drives a session.
+struct Caller {
+  ConnectionId connection = 0;
+  // The connection's authenticated identity ("uid:1000" on the Unix socket); empty when it has
+  // none (plaintext TCP).
+  std::string identity;
+};
 
 struct ServiceOptions {
   // TTL for a session that asks for none (lock.session.ttl). Default: 15 s.
@@ -61,6 +72,9 @@ struct ServiceOptions {
   // Told about every request refused for a token its session never held (counted in
   // foreign_tokens_total, not as fenced out). Default: none.
   std::function<void(const std::string&)> on_foreign_token;
+  // Told about every request refused for driving a session that is not the caller's, or for
+  // resuming one with the wrong secret (counted in permission_denied_total). Default: none.
+  std::function<void(const std::string&)> on_permission_denied;
   // How many ended leases (lock, token, holder session) are remembered, the last to end, to
   // tell a lock's own session acting on a lost lease (fenced out, must be zero) from a request
   // naming a token its sender never held. Leases that ended earlier, and every lease that ended
@@ -97,6 +111,9 @@ struct ServiceStats {
   uint64_t foreign_tokens_total = 0;
   uint64_t session_expiries_total = 0;
   uint64_t lock_expiries_total = 0;
+  // Requests refused for driving another connection's or identity's session, or resuming a
+  // session with a secret that is not its own.
+  uint64_t permission_denied_total = 0;
 };
 
 class LockService {
@@ -105,9 +122,27 @@ class LockService {
   // Starts from a recovered state (sessions and holders, no waiters).
   LockService(ServiceOptions options, StateMachine restored);
 
-  // Opens a session with `ttl` (zero: the default). Returns its id and effective TTL.
+  // Opens a session with `ttl` (zero: the default), owned by `caller`'s identity and bound to
+  // its connection, resumable elsewhere with `secret` (empty: never). Returns its id and
+  // effective TTL.
   absl::StatusOr<std::pair<SessionId, absl::Duration>> OpenSession(absl::Duration ttl,
-                                                                   MonoTime now);
+                                                                   MonoTime now,
+                                                                   const Caller& caller = {},
+                                                                   std::string secret = "");
+
+  // Whether `caller` may drive `session` (keep it alive, acquire, release, validate as its
+  // holder, close it): only from the connection the session is bound to (the one that opened
+  // it, or the last to resume it) and only with the identity that opened it. OK too for a
+  // session that does not exist (the request then answers SESSION_NOT_FOUND). Otherwise
+  // kPermissionDenied, counted; the session is left as it was.
+  absl::Status Authorize(SessionId session, const Caller& caller);
+
+  // Binds `session` to `caller`'s connection (after a reconnect, or after lockd restarted) if
+  // `secret` is the session's and `caller`'s identity opened it; the connection it was bound to
+  // may no longer drive it. Returns the session's TTL. Errors: kNotFound (no such session),
+  // kPermissionDenied (wrong secret or identity, counted).
+  absl::StatusOr<absl::Duration> Resume(SessionId session, std::string_view secret,
+                                        const Caller& caller);
 
   // Renews the session and each listed lock's lease from `now`. On success returns one status
   // per lock, in order: OK or kAborted (stale token, counted as fenced out).
@@ -130,8 +165,10 @@ class LockService {
   absl::Status Release(SessionId session, const std::string& lock, FenceToken token,
                        MonoTime now, bool relinquish = false);
 
-  // Fence 1 for resources that cannot store tokens: OK iff `token` holds `lock` now.
-  absl::Status Validate(const std::string& lock, FenceToken token, MonoTime now);
+  // Fence 1 for resources that cannot store tokens: OK iff `token` holds `lock` now (and, when
+  // `holder` is given, that session holds it: a holder confirming its own lock).
+  absl::Status Validate(const std::string& lock, FenceToken token, MonoTime now,
+                        std::optional<SessionId> holder = std::nullopt);
 
   // Forgets a queued waiter whose requester went away. No outcome is produced for it.
   void CancelWaiter(WaiterId waiter);
@@ -204,12 +241,16 @@ class LockService {
   void RemoveWaiter(WaiterId waiter, absl::Status outcome);
   // One waiter of `session` left its queue.
   void Unqueued(SessionId session);
+  absl::Status Deny(std::string message);
 
   ServiceOptions options_;
   StateMachine state_;
   absl::flat_hash_map<std::string, std::deque<Waiter>> queues_;
   absl::flat_hash_map<WaiterId, WaiterPlace> waiter_index_;
   absl::flat_hash_map<SessionId, size_t> waiting_;  // queued waiters per session
+  // The connection each session is bound to. Not durable: after a restart every session is
+  // resumed with its secret.
+  absl::flat_hash_map<SessionId, ConnectionId> bound_;
   std::set<std::pair<MonoTime, WaiterId>> waiter_deadlines_;
   std::vector<WaiterOutcome> outcomes_;
   ServiceStats stats_;

@@ -33,8 +33,6 @@ class StatsReply;
 
 namespace fencelock::server {
 
-using ConnectionId = uint64_t;
-
 // Where the core writes one connection's replies. Implemented by the transport.
 class ConnectionSink {
  public:
@@ -66,6 +64,9 @@ struct CoreOptions {
   absl::Duration stall_threshold = absl::Seconds(1);
   // Where operator messages go (stalls, fenced-out requests). Default: stderr, "lockd: " first.
   std::function<void(const std::string&)> log;
+  // Where session secrets come from: 16 bytes each that nobody can guess. Default: the
+  // kernel's random number generator (getrandom). The simulator passes its seeded one.
+  std::function<std::string()> session_secrets;
 };
 
 // Figures the core counts, for GetStats and the metrics export.
@@ -99,9 +100,10 @@ class ServerCore {
   // Cancels every timer; connections are left to the transport (which disconnects them).
   void Stop();
 
-  // A new connection whose replies go to `sink` (which stays valid until Disconnect()). Arms its
-  // Hello timeout.
-  ConnectionId Connect(ConnectionSink* sink);
+  // A new connection whose replies go to `sink` (which stays valid until Disconnect()), from a
+  // peer authenticated as `identity` (empty: none, as on plaintext TCP). Arms its Hello
+  // timeout.
+  ConnectionId Connect(ConnectionSink* sink, std::string identity = "");
   // The complete request frames (payloads, without length prefixes) of one read, received now.
   // Every lease they touch is measured from one reading of the clock.
   void Receive(ConnectionId id, std::span<const std::string> payloads);

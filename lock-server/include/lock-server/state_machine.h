@@ -36,6 +36,12 @@ namespace record {
 struct SessionOpened {
   SessionId session;
   absl::Duration ttl;
+  // What resumes the session on another connection (ResumeSession): random bytes given only
+  // to the opener. Empty for sessions logged before secrets existed: those cannot be resumed.
+  std::string secret;
+  // The authenticated identity that opened it ("uid:1000" on the Unix socket); empty when the
+  // connection had none (plaintext TCP). Only this identity may drive the session.
+  std::string owner;
 };
 struct SessionRenewed {
   SessionId session;
@@ -69,6 +75,8 @@ struct SessionState {
   absl::Duration ttl;
   MonoTime expires_at;
   absl::btree_set<std::string> locks;  // names of the locks this session holds
+  std::string secret;  // see record::SessionOpened
+  std::string owner;
 };
 
 struct HolderState {
