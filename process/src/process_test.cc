@@ -67,7 +67,8 @@ TEST_F(ProcessTest, WaitTimesOutOnARunningChildAndStopEndsIt) {
 }
 
 TEST_F(ProcessTest, StopResumesAStoppedChildAndKillsOneThatIgnoresSigterm) {
-  auto child = Child::Spawn("/bin/sh", {"-c", "trap '' TERM; kill -STOP $$; sleep 60"});
+  // exec: the sleeper is the child itself (it inherits the ignored SIGTERM), not an orphan.
+  auto child = Child::Spawn("/bin/sh", {"-c", "trap '' TERM; kill -STOP $$; exec sleep 60"});
   ASSERT_TRUE(child.ok()) << child.status();
   for (int i = 0; i < 6000 && !child->stopped(); ++i) usleep(1000);
   ASSERT_TRUE(child->stopped());
@@ -166,7 +167,7 @@ TEST_F(ProcessTest, AChildDiesWithTheProcessThatSpawnedIt) {
 TEST_F(ProcessTest, AwaitPortFileReadsThePortOrNamesTheChildsExit) {
   auto writer = Child::Spawn("/bin/sh", {"-c", "sleep 0.1; echo 4242 > " + Path("port.tmp") +
                                                    " && mv " + Path("port.tmp") + " " + Path("port") +
-                                                   "; sleep 60"});
+                                                   "; exec sleep 60"});
   ASSERT_TRUE(writer.ok()) << writer.status();
   auto port = AwaitPortFile(Path("port"), *writer, absl::Seconds(60));
   ASSERT_TRUE(port.ok()) << port.status();
