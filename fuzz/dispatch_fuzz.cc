@@ -8,6 +8,7 @@
 // "fuzz-secret-0001", "-0002", ... so that inputs can resume the other connection's session.
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 
 #include "lock-server/dispatch.h"
@@ -27,9 +28,8 @@ class Host : public DispatchHost {
   const absl::Status* fault() const override { return nullptr; }
   WaiterId NextWaiterId() override { return ++waiters_; }
   std::string NewSessionSecret() override {
-    char secret[17];
-    std::snprintf(secret, sizeof(secret), "fuzz-secret-%04d", ++secrets_ % 10000);
-    return secret;
+    std::string number = std::to_string(++secrets_ % 10000);
+    return "fuzz-secret-" + std::string(4 - number.size(), '0') + number;
   }
   void CountProtocolError() override {}
   void FillStats(wire::StatsReply* stats) const override {
