@@ -7,9 +7,11 @@
 
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lockd_process.h"
+#include "metrics/http_get.h"
 #include "protocol/version.h"
 #include "raw_connection.h"
 
@@ -111,18 +113,72 @@ TEST(UnixSocketTest, AllowlistAdmitsTheListedUserOnly) {
   EXPECT_EQ(HelloAs(0, lockd.unix_path()), wire::PERMISSION_DENIED);
 }
 
-TEST(ListenTest, NonLoopbackAddressNeedsAnExplicitFlag) {
+// Plaintext TCP is never served to other machines (issue 15): no flag allows it.
+TEST(ListenTest, NonLoopbackPlaintextIsRefused) {
   testing::TempDir dir;
   ASSERT_EQ(testing::InitDataDir(dir.path() + "/data"), 0);
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--listen=0.0.0.0"}, {"--listen=::"}, {"--listen=192.0.2.1"}}) {
+    std::vector<std::string> args = {"serve", "--data-dir=" + dir.path() + "/data", "--port=0",
+                                     "--metrics-port=-1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto [status, err] = testing::RunLockdToExit(args);
+    EXPECT_NE(status, 0) << extra[0];
+    EXPECT_THAT(err, HasSubstr("is not loopback: lockd serves plaintext TCP on loopback"))
+        << extra[0];
+  }
   auto [status, err] = testing::RunLockdToExit(
-      {"serve", "--data-dir=" + dir.path() + "/data", "--listen=0.0.0.0", "--port=0",
-       "--metrics-port=-1"});
+      {"serve", "--data-dir=" + dir.path() + "/data", "--listen=0.0.0.0", "--allow-remote",
+       "--port=0", "--metrics-port=-1"});
   EXPECT_NE(status, 0);
-  EXPECT_THAT(err, HasSubstr("is not loopback"));
-  EXPECT_THAT(err, HasSubstr("--allow-remote"));
-  LockdProcess remote({.extra_args = {"--listen=0.0.0.0", "--allow-remote"}});
-  RawConnection c = RawConnection::Tcp(remote.port());  // 0.0.0.0 includes loopback
-  EXPECT_EQ(c.Hello().code(), wire::OK);
+  EXPECT_THAT(err, HasSubstr("--allow-remote is no longer accepted"));
+}
+
+// --tcp=false: the Unix socket serves and nothing answers on TCP, so --allowed-uids cannot be
+// bypassed through loopback.
+TEST(ListenTest, WithTcpOffOnlyTheUnixSocketAnswers) {
+  testing::TempDir dir;
+  ASSERT_EQ(testing::InitDataDir(dir.path() + "/data"), 0);
+  const int port = testing::FreeLoopbackPort();
+  const std::string socket = dir.path() + "/lockd.sock";
+  auto lockd = process::Child::Spawn(
+      LOCKD_BINARY, {"serve", "--data-dir=" + dir.path() + "/data", "--tcp=false",
+                     absl::StrCat("--port=", port), "--unix-socket=" + socket,
+                     "--metrics-port=-1", "--port-file=" + dir.path() + "/port"});
+  ASSERT_TRUE(lockd.ok()) << lockd.status();
+  for (int i = 0; i < 2000 && testing::ReadTextFile(dir.path() + "/port") != "0\n"; ++i) {
+    ASSERT_EQ(lockd->Wait(absl::Milliseconds(10)), std::nullopt) << "lockd exited";
+  }
+  ASSERT_EQ(testing::ReadTextFile(dir.path() + "/port"), "0\n");
+  RawConnection over_unix = RawConnection::Unix(socket);
+  EXPECT_EQ(over_unix.Hello().code(), wire::OK);
+  EXPECT_EQ(testing::ConnectLoopback(port), -1);
+  EXPECT_EQ(process::DescribeStatus(lockd->Stop()), "exited 0");
+
+  // Without a Unix socket there is nothing to serve: refused.
+  auto [status, err] = testing::RunLockdToExit(
+      {"serve", "--data-dir=" + dir.path() + "/data", "--tcp=false", "--metrics-port=-1"});
+  EXPECT_NE(status, 0);
+  EXPECT_THAT(err, HasSubstr("--tcp=false leaves nothing to listen on"));
+}
+
+// The metrics endpoint, wherever it listens, shows no lock names (nor ids or tokens).
+TEST(ListenTest, MetricsShowNoLockNames) {
+  LockdProcess lockd;
+  RawConnection holder = RawConnection::Tcp(lockd.port());
+  const uint64_t session = holder.HelloAndOpenSession(absl::Seconds(30));
+  ASSERT_EQ(holder.Call(testing::request::Acquire(session, "payout/customer-4711")).code(), wire::OK);
+  std::string page;
+  for (int i = 0; i < 100; ++i) {  // lockd exports its figures every 250 ms
+    auto got = metrics::HttpGet("127.0.0.1", lockd.metrics_port(), "/metrics");
+    ASSERT_TRUE(got.ok()) << got.status();
+    page = got->body;
+    if (metrics::FindSample(page, "lockd_locks_held").value_or(0) == 1) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(metrics::FindSample(page, "lockd_locks_held").value_or(0), 1);
+  EXPECT_THAT(page, ::testing::Not(HasSubstr("customer-4711")));
+  EXPECT_THAT(page, ::testing::Not(HasSubstr("payout/")));
 }
 
 TEST(ListenTest, BadAccessFlagsAreRefusedWithTheirName) {

@@ -152,16 +152,25 @@ absl::Status EnsureDescriptorBudget(uint64_t max_connections, std::string* raise
 
 absl::Status Listener::Bind() {
   boost::system::error_code ec;
+  if (!options_.tcp) {
+    if (options_.unix_socket_path.empty()) {
+      return absl::InvalidArgumentError(
+          "--tcp=false leaves nothing to listen on: give --unix-socket=PATH");
+    }
+    return BindUnixSocket();
+  }
   const auto address = asio::ip::make_address(options_.tcp_host, ec);
   if (ec) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot parse listen address \"", options_.tcp_host, "\": ", ec.message()));
   }
-  if (!address.is_loopback() && !options_.allow_remote) {
+  if (!address.is_loopback()) {
+    // Anyone on the network could read and forge a plaintext stream; other machines must reach
+    // lockd over TLS with client certificates.
     return absl::InvalidArgumentError(absl::StrCat(
         "listen address ", options_.tcp_host,
-        " is not loopback: lockd would be reachable from other machines; pass --allow-remote "
-        "to do that on purpose"));
+        " is not loopback: lockd serves plaintext TCP on loopback (127.0.0.0/8, ::1) only, and "
+        "does not serve TLS yet; listen on loopback or on the Unix socket (--unix-socket)"));
   }
   asio::ip::tcp::endpoint endpoint(address, options_.tcp_port);
   tcp_acceptor_.open(endpoint.protocol(), ec);
@@ -228,7 +237,7 @@ absl::Status Listener::BindUnixSocket() {
 }
 
 void Listener::Start() {
-  asio::co_spawn(io_, AcceptLoop(tcp_acceptor_), asio::detached);
+  if (tcp_acceptor_.is_open()) asio::co_spawn(io_, AcceptLoop(tcp_acceptor_), asio::detached);
   if (unix_acceptor_.is_open()) asio::co_spawn(io_, AcceptLoop(unix_acceptor_), asio::detached);
 }
 

@@ -34,11 +34,14 @@
 ABSL_FLAG(std::string, data_dir, "", "state directory (created by lockd init)");
 ABSL_FLAG(uint64_t, wal_segment_bytes, uint64_t{64} << 20,
           "size of each preallocated WAL segment; a snapshot follows each new segment");
-ABSL_FLAG(std::string, listen, "127.0.0.1", "TCP address to listen on");
+ABSL_FLAG(bool, tcp, true, "serve TCP; --tcp=false serves the Unix socket only (--unix-socket)");
+ABSL_FLAG(std::string, listen, "127.0.0.1",
+          "TCP address to listen on: loopback only (plaintext TCP is never served to other "
+          "machines)");
 ABSL_FLAG(int, port, 7420, "TCP port to listen on; 0 picks a free port");
 ABSL_FLAG(std::string, unix_socket, "", "also listen on this Unix-domain socket path");
 ABSL_FLAG(bool, allow_remote, false,
-          "allow --listen to be an address other than loopback (reachable from other machines)");
+          "no longer accepted: plaintext TCP is served on loopback only");
 ABSL_FLAG(std::string, unix_socket_mode, "0600", "permission bits of the Unix socket, in octal");
 ABSL_FLAG(std::string, unix_socket_group, "",
           "group (name or id) of the Unix socket; default: lockd's own");
@@ -64,8 +67,12 @@ ABSL_FLAG(absl::Duration, stall_threshold, absl::Seconds(1),
           "it lost; 0 disables");
 ABSL_FLAG(std::string, port_file, "", "write the bound TCP port to this file");
 ABSL_FLAG(int, metrics_port, 9420,
-          "serve Prometheus metrics on 127.0.0.1 at this port; 0 picks a free one, -1 disables");
+          "serve Prometheus metrics at this port of --metrics-listen; 0 picks a free one, -1 "
+          "disables");
 ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1",
+          "IPv4 address of the metrics endpoint (it shows counts and figures, never lock names, "
+          "session ids or tokens)");
 ABSL_FLAG(absl::Duration, session_ttl, fencelock::defaults::kSessionTtl,
           "lock.session.ttl: TTL of sessions that ask for none");
 ABSL_FLAG(absl::Duration, lock_ttl, fencelock::defaults::kLockTtl,
@@ -93,7 +100,15 @@ int Serve() {
     std::fprintf(stderr, "lockd: --port=%d is not a TCP port (0 to 65535)\n", port);
     return 1;
   }
+  if (absl::GetFlag(FLAGS_allow_remote)) {
+    std::fprintf(stderr,
+                 "lockd: --allow-remote is no longer accepted: anyone on the network could read and "
+                 "forge plaintext TCP, so lockd serves it on loopback only; use loopback or the "
+                 "Unix socket until lockd serves TLS\n");
+    return 1;
+  }
   ServerOptions options;
+  options.tcp = absl::GetFlag(FLAGS_tcp);
   options.tcp_host = absl::GetFlag(FLAGS_listen);
   options.tcp_port = static_cast<uint16_t>(port);
   options.unix_socket_path = absl::GetFlag(FLAGS_unix_socket);
@@ -101,8 +116,8 @@ int Serve() {
   options.default_lock_ttl = absl::GetFlag(FLAGS_lock_ttl);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics_host = absl::GetFlag(FLAGS_metrics_listen);
   options.wal_segment_bytes = absl::GetFlag(FLAGS_wal_segment_bytes);
-  options.allow_remote = absl::GetFlag(FLAGS_allow_remote);
   options.max_connections = absl::GetFlag(FLAGS_max_connections);
   options.max_sessions_per_connection = absl::GetFlag(FLAGS_max_sessions_per_connection);
   options.max_locks_per_session = absl::GetFlag(FLAGS_max_locks_per_session);
@@ -176,12 +191,12 @@ int Serve() {
       return 1;
     }
   }
-  std::printf("lockd: listening on tcp %s:%u\n", options.tcp_host.c_str(), bound);
+  if (options.tcp) std::printf("lockd: listening on tcp %s:%u\n", options.tcp_host.c_str(), bound);
   if (!options.unix_socket_path.empty()) {
     std::printf("lockd: listening on unix %s\n", options.unix_socket_path.c_str());
   }
   if ((*server)->metrics_port() > 0) {
-    std::printf("lockd: serving metrics on http://127.0.0.1:%d/metrics\n",
+    std::printf("lockd: serving metrics on http://%s:%d/metrics\n", options.metrics_host.c_str(),
                 (*server)->metrics_port());
   }
   std::fflush(stdout);
@@ -223,8 +238,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "the fencelock lock server\n"
       "  lockd init  --data-dir=DIR\n"
-      "  lockd serve --data-dir=DIR [--listen=ADDR] [--port=N] [--unix-socket=PATH]\n"
-      "              [--port-file=PATH] [--session-ttl=D] [--lock-ttl=D] [--allow-remote]\n"
+      "  lockd serve --data-dir=DIR [--listen=ADDR] [--port=N] [--unix-socket=PATH] [--tcp=false]\n"
+      "              [--port-file=PATH] [--session-ttl=D] [--lock-ttl=D]\n"
+      "              [--metrics-port=N] [--metrics-listen=ADDR]\n"
       "              [--unix-socket-mode=0600] [--unix-socket-group=G] [--allowed-uids=U,...]\n"
       "              [--max-connections=N] [--max-connections-per-peer=N]\n"
       "              [--idle-timeout=D] [--slow-reader-timeout=D] [--max-sessions-per-connection=N]\n"

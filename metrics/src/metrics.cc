@@ -157,6 +157,14 @@ class CivetExposer final : public Exposer {
 
 absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Start(const std::string& host, int port,
                                                         std::shared_ptr<Registry> registry) {
+  in_addr parsed{};
+  if (inet_pton(AF_INET, host.c_str(), &parsed) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot serve metrics on \"", host, "\": the metrics endpoint needs an IPv4 address"));
+  }
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics port ", port, " is not 0 to 65535"));
+  }
   try {
     auto exposer = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port));
     return std::unique_ptr<Exposer>(

@@ -46,6 +46,17 @@ TEST(MetricsTest, ExposerReportsABusyPort) {
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
 }
 
+TEST(MetricsTest, ExposerRefusesAnAddressItCannotServe) {
+  auto registry = std::make_shared<Registry>();
+  for (const char* host : {"not-an-ip", "::1", ""}) {
+    auto exposer = Exposer::Start(host, 0, registry);
+    EXPECT_EQ(exposer.status().code(), absl::StatusCode::kInvalidArgument) << host;
+    EXPECT_THAT(exposer.status().message(), HasSubstr("needs an IPv4 address")) << host;
+  }
+  EXPECT_EQ(Exposer::Start("127.0.0.1", 70000, registry).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // The listener and its threads are gone when the destructor returns: nothing is left running
 // for an exiting process to leave behind (ThreadSanitizer reports such a thread as a leak).
 TEST(MetricsTest, DestroyingTheExposerClosesItsListenerBeforeReturning) {

@@ -34,12 +34,12 @@ struct ServerOptions {
   uint64_t wal_segment_bytes = uint64_t{64} << 20;
   // Tokens and session ids reserved per durable SEQUENCES write. Default: 10000.
   uint64_t reservation_block = 10000;
-  // Address the TCP listener binds. Default: 127.0.0.1 (loopback only).
+  // Whether to listen on TCP at all; false leaves only the Unix socket (which must then be
+  // given). Default: true.
+  bool tcp = true;
+  // Address the TCP listener binds: loopback only (127.0.0.0/8, ::1). Plaintext TCP is never
+  // served to other machines; Create() refuses any other address. Default: 127.0.0.1.
   std::string tcp_host = "127.0.0.1";
-  // Lets tcp_host be an address other than loopback (127.0.0.0/8, ::1). Without it, Create()
-  // refuses such an address: lockd is reachable from other machines only on purpose.
-  // Default: false.
-  bool allow_remote = false;
   // TCP port; 0 picks a free one, reported by Server::tcp_port(). Default: 7420.
   uint16_t tcp_port = 7420;
   // Path of a Unix-domain socket to listen on as well. Default: empty (none).
@@ -101,9 +101,12 @@ struct ServerOptions {
   // clock for the time left until a deadline on this clock. Default: nullptr, the real
   // boot-time clock.
   Clock* clock = nullptr;
-  // Serve Prometheus metrics (GET /metrics) on this loopback port; 0 picks a free one, reported
-  // by metrics_port(). Default: -1, no metrics endpoint (lockd's flag turns it on).
+  // Serve Prometheus metrics (GET /metrics) on this port of metrics_host; 0 picks a free one,
+  // reported by metrics_port(). Default: -1, no metrics endpoint (lockd's flag turns it on).
+  // The endpoint shows counts and figures, never lock names, session ids or tokens.
   int metrics_port = -1;
+  // Address of the metrics endpoint (any address: Prometheus may scrape from elsewhere).
+  // Default: 127.0.0.1.
   std::string metrics_host = "127.0.0.1";
 };
 

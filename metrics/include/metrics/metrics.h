@@ -84,7 +84,8 @@ class Registry {
 // threads before returning (about 10 ms).
 class Exposer {
  public:
-  // Listens on `host:port` (port 0 picks a free one). kUnavailable if it cannot bind.
+  // Listens on `host:port`, `host` an IPv4 address (port 0 picks a free one).
+  // kInvalidArgument for another host or port, kUnavailable if it cannot bind.
   static absl::StatusOr<std::unique_ptr<Exposer>> Start(const std::string& host, int port,
                                                         std::shared_ptr<Registry> registry);
   virtual ~Exposer() = default;
