@@ -37,12 +37,14 @@ class Host : public DispatchHost {
     stats->set_last_token(service_->state().last_token());
   }
   size_t max_sessions_per_connection() const override { return 4; }
+  const Permissions& permissions() const override { return permissions_; }
   size_t max_frame_bytes() const override { return 4096; }
 
  private:
   LockService* service_;
   WaiterId waiters_ = 0;
   int secrets_ = 0;
+  Permissions permissions_;
 };
 
 [[noreturn]] void Fail(const std::string& what) {

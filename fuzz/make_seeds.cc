@@ -158,6 +158,12 @@ int main(int argc, char** argv) {
             Step(0, Acquire(4, 1, "q", 0)) + Step(0, Acquire(5, 2, "q", 60000)) +
             Step(150, Acquire(6, 1, "r", 0)));
 
+  // permissions_fuzz: a file as an operator would write it, and one with an error.
+  Write(root / "permissions_fuzz", "file",
+        "# payout workers\nuid:1000  acquire payout/ refunds/\nuid:1000 list\n"
+        "uid:0 acquire *\nuid:0 operator\nanonymous acquire public/\n* acquire shared/\n");
+  Write(root / "permissions_fuzz", "error", "uid:1 acquire a/\nuid:1 aquire b/\n");
+
   // wal_record_fuzz: even first byte, then [u16 length][LogRecord payload]...
   std::string records(1, '\0');
   for (const Record& r : std::vector<Record>{

@@ -10,7 +10,7 @@ source "$(dirname "$0")/lib.sh"
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(frame_decoder_fuzz dispatch_fuzz wal_record_fuzz snapshot_fuzz)
+[ ${#targets[@]} -gt 0 ] || targets=(frame_decoder_fuzz dispatch_fuzz wal_record_fuzz snapshot_fuzz permissions_fuzz)
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/fencelock-fuzz-XXXXXX")"
 
 fuzz_one() {

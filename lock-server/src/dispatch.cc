@@ -153,6 +153,10 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
     case wire::Request::kAcquire: {
       const auto& a = req.acquire();
       if (absl::Status s = authorize(a.session_id()); !s.ok()) return finish(s);
+      if (!host.permissions().MayAcquire(conn.caller.identity, a.lock())) {
+        return finish(service.Deny(absl::StrCat("may not acquire \"", a.lock(), "\": ",
+                                                host.permissions().DescribeAcquire(conn.caller.identity))));
+      }
       const WaiterId waiter_id = host.NextWaiterId();
       auto result = service.Acquire(a.session_id(), a.lock(), FromMillis(a.ttl_ms()),
                                     FromMillis(a.wait_timeout_ms()), waiter_id, now);
@@ -199,6 +203,11 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
             "lockd stopped after a disk fault (", fault->message(),
             "); its memory may hold changes that never became durable, so it lists nothing; "
             "restart it once the disk is fixed")));
+      }
+      if (!host.permissions().MayList(conn.caller.identity)) {
+        return finish(service.Deny(absl::StrCat(
+            Permissions::Name(conn.caller.identity), " may not list sessions and locks (",
+            host.permissions().source(), " has no \"list\" rule for it)")));
       }
       const auto& q = req.list_locks();
       if (q.limit() > protocol::kMaxListLimit) {

@@ -34,6 +34,9 @@
 ABSL_FLAG(std::string, data_dir, "", "state directory (created by lockd init)");
 ABSL_FLAG(uint64_t, wal_segment_bytes, uint64_t{64} << 20,
           "size of each preallocated WAL segment; a snapshot follows each new segment");
+ABSL_FLAG(std::string, permissions, "",
+          "the permissions file: what each identity may acquire and list (see docs/security.md); "
+          "reloaded on SIGHUP; default: none, everything allowed");
 ABSL_FLAG(bool, tcp, true, "serve TCP; --tcp=false serves the Unix socket only (--unix-socket)");
 ABSL_FLAG(std::string, listen, "127.0.0.1",
           "TCP address to listen on: loopback only (plaintext TCP is never served to other "
@@ -117,6 +120,7 @@ int Serve() {
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_listen);
+  options.permissions_file = absl::GetFlag(FLAGS_permissions);
   options.wal_segment_bytes = absl::GetFlag(FLAGS_wal_segment_bytes);
   options.max_connections = absl::GetFlag(FLAGS_max_connections);
   options.max_sessions_per_connection = absl::GetFlag(FLAGS_max_sessions_per_connection);
@@ -170,6 +174,7 @@ int Serve() {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGHUP);  // reloads the permissions file
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -202,11 +207,26 @@ int Serve() {
   std::fflush(stdout);
 
   std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    std::printf("lockd: signal %d, shutting down\n", sig);
-    std::fflush(stdout);
-    (*server)->Shutdown();
+    for (;;) {
+      int sig = 0;
+      sigwait(&stop_signals, &sig);
+      if (sig == SIGHUP) {
+        // A bad file changes nothing: the permissions in force stay.
+        auto reloaded = (*server)->ReloadPermissions();
+        if (reloaded.ok()) {
+          std::printf("lockd: SIGHUP: %s\n", reloaded->c_str());
+        } else {
+          std::printf("lockd: SIGHUP: %s; the permissions in force are unchanged\n",
+                      std::string(reloaded.status().message()).c_str());
+        }
+        std::fflush(stdout);
+        continue;
+      }
+      std::printf("lockd: signal %d, shutting down\n", sig);
+      std::fflush(stdout);
+      (*server)->Shutdown();
+      return;
+    }
   });
   (*server)->Run();
   // Run() returned because of the signal, or something made it stop: make sure the signal
@@ -240,7 +260,7 @@ int main(int argc, char** argv) {
       "  lockd init  --data-dir=DIR\n"
       "  lockd serve --data-dir=DIR [--listen=ADDR] [--port=N] [--unix-socket=PATH] [--tcp=false]\n"
       "              [--port-file=PATH] [--session-ttl=D] [--lock-ttl=D]\n"
-      "              [--metrics-port=N] [--metrics-listen=ADDR]\n"
+      "              [--metrics-port=N] [--metrics-listen=ADDR] [--permissions=FILE]\n"
       "              [--unix-socket-mode=0600] [--unix-socket-group=G] [--allowed-uids=U,...]\n"
       "              [--max-connections=N] [--max-connections-per-peer=N]\n"
       "              [--idle-timeout=D] [--slow-reader-timeout=D] [--max-sessions-per-connection=N]\n"

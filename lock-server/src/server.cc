@@ -27,6 +27,20 @@
 namespace fencelock::server {
 namespace {
 
+absl::StatusOr<Permissions> LoadPermissions(Env* env, const std::string& path) {
+  auto text = env->ReadFile(path);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot read the permissions file: ",
+                                                   text.status().message()));
+  }
+  return Permissions::Parse(*text, path);
+}
+
+std::string Describe(const Permissions& p) {
+  return absl::StrCat("permissions from ", p.source(), ": ", p.rule_count(),
+                      p.rule_count() == 1 ? " rule" : " rules");
+}
+
 class ServerImpl final : public Server {
  public:
   explicit ServerImpl(const ServerOptions& options)
@@ -51,6 +65,16 @@ class ServerImpl final : public Server {
   void Run() override;
   void Shutdown() override {
     asio::post(io_, [this] { Stop(); });
+  }
+  absl::StatusOr<std::string> ReloadPermissions() override {
+    if (options_.permissions_file.empty()) {
+      return absl::FailedPreconditionError("no permissions file to reload (--permissions)");
+    }
+    auto loaded = LoadPermissions(options_.env, options_.permissions_file);
+    if (!loaded.ok()) return loaded.status();
+    const std::string line = Describe(*loaded);
+    asio::post(io_, [this, p = std::move(*loaded)]() mutable { core_->SetPermissions(std::move(p)); });
+    return line;
   }
 
  private:
@@ -94,6 +118,13 @@ absl::Status ServerImpl::Init() {
   auto opened = OpenCommitLog();
   if (!opened.ok()) return opened.status();
   summary_.insert(summary_.end(), opened->summary.begin(), opened->summary.end());
+  Permissions permissions;
+  if (!options_.permissions_file.empty()) {
+    auto loaded = LoadPermissions(options_.env, options_.permissions_file);
+    if (!loaded.ok()) return loaded.status();
+    permissions = std::move(*loaded);
+    Note(Describe(permissions));
+  }
   CoreOptions core_options{
       .service = ServiceOptions{.default_session_ttl = options_.default_session_ttl,
                                 .default_lock_ttl = options_.default_lock_ttl,
@@ -106,7 +137,8 @@ absl::Status ServerImpl::Init() {
       .max_frame_bytes = options_.max_frame_bytes,
       .hello_timeout = options_.hello_timeout,
       .idle_timeout = options_.idle_timeout,
-      .stall_threshold = options_.stall_threshold};
+      .stall_threshold = options_.stall_threshold,
+      .permissions = std::move(permissions)};
   core_ = std::make_unique<ServerCore>(core_options, &time_, std::move(*opened));
   listener_ = std::make_unique<Listener>(io_, core_.get(), &time_, options_);
   if (absl::Status s = listener_->Bind(); !s.ok()) return s;

@@ -218,6 +218,8 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   WaiterId NextWaiterId() override { return ++last_waiter_id_; }
   std::string NewSessionSecret() override { return options_.session_secrets(); }
   void CountProtocolError() override { ++protocol_errors_total_; }
+  const Permissions& permissions() const override { return options_.permissions; }
+  void SetPermissions(Permissions permissions) { options_.permissions = std::move(permissions); }
   size_t max_sessions_per_connection() const override {
     return options_.max_sessions_per_connection;
   }
@@ -280,7 +282,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   // queued acquire, or a reply waiting for its commit.
   bool HasWork(ConnectionId id, const Conn& c) const;
 
-  const CoreOptions options_;
+  CoreOptions options_;  // only the permissions change (SetPermissions)
   TimeSource* const time_;
   LogLimiter limiter_;
   LockService service_;
@@ -454,6 +456,10 @@ ServerCore::ServerCore(const CoreOptions& options, TimeSource* time, OpenedCommi
 ServerCore::~ServerCore() = default;
 void ServerCore::Start() { impl_->Start(); }
 void ServerCore::Stop() { impl_->Stop(); }
+void ServerCore::SetPermissions(Permissions permissions) {
+  impl_->SetPermissions(std::move(permissions));
+}
+
 ConnectionId ServerCore::Connect(ConnectionSink* sink, std::string identity) {
   return impl_->Connect(sink, std::move(identity));
 }

@@ -103,7 +103,9 @@ void LockdProcess::Start(int port) {
                                    "--metrics-port-file=" + dir_.path() + "/metrics-port"};
   if (!unix_path_.empty()) args.push_back("--unix-socket=" + unix_path_);
   for (const auto& a : options_.extra_args) args.push_back(a);
-  auto child = process::Child::Spawn(LOCKD_BINARY, args, {.stderr_file = options_.stderr_file});
+  auto child = process::Child::Spawn(
+      LOCKD_BINARY, args,
+      {.stdout_file = options_.stdout_file, .stderr_file = options_.stderr_file});
   if (!child.ok()) {
     std::fprintf(stderr, "%s\n", child.status().ToString().c_str());
     std::abort();

@@ -51,6 +51,8 @@ class LockdProcess {
     uint64_t segment_bytes = 1 << 20;
     // Where lockd's standard error goes; empty: the test's own.
     std::string stderr_file;
+    // Where lockd's standard output goes (its startup and SIGHUP lines); empty: the test's own.
+    std::string stdout_file;
   };
   // Starts lockd and waits until it listens; aborts the test binary if it cannot start.
   explicit LockdProcess(Options options);

@@ -15,6 +15,7 @@
 #include "clock/clock.h"
 #include "fencelock/wire.pb.h"
 #include "lock-server/lock_service.h"
+#include "lock-server/permissions.h"
 
 namespace fencelock::server {
 
@@ -42,6 +43,8 @@ class DispatchHost {
   virtual void CountProtocolError() = 0;
   virtual void FillStats(wire::StatsReply* stats) const = 0;
   virtual size_t max_sessions_per_connection() const = 0;
+  // What each identity may acquire and list (lockd's permissions file).
+  virtual const Permissions& permissions() const = 0;
   // Largest reply frame lockd sends, in bytes.
   virtual size_t max_frame_bytes() const = 0;
 };

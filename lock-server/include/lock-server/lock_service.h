@@ -144,6 +144,11 @@ class LockService {
   absl::StatusOr<absl::Duration> Resume(SessionId session, std::string_view secret,
                                         const Caller& caller);
 
+  // A request refused for its sender's identity (a session not its own, a wrong secret, or
+  // what the permissions file does not grant): counted in permission_denied_total and told to
+  // on_permission_denied. Returns kPermissionDenied with `message`.
+  absl::Status Deny(std::string message);
+
   // Renews the session and each listed lock's lease from `now`. On success returns one status
   // per lock, in order: OK or kAborted (stale token, counted as fenced out).
   absl::StatusOr<std::vector<absl::Status>> KeepAlive(SessionId session,
@@ -241,7 +246,6 @@ class LockService {
   void RemoveWaiter(WaiterId waiter, absl::Status outcome);
   // One waiter of `session` left its queue.
   void Unqueued(SessionId session);
-  absl::Status Deny(std::string message);
 
   ServiceOptions options_;
   StateMachine state_;

@@ -105,6 +105,10 @@ struct ServerOptions {
   // reported by metrics_port(). Default: -1, no metrics endpoint (lockd's flag turns it on).
   // The endpoint shows counts and figures, never lock names, session ids or tokens.
   int metrics_port = -1;
+  // The permissions file (lock-server/permissions.h): what each identity may acquire and
+  // list. Create() refuses a file it cannot read or parse, naming the line. Default: empty,
+  // no file: every identity may acquire every lock and list.
+  std::string permissions_file;
   // Address of the metrics endpoint (any address: Prometheus may scrape from elsewhere).
   // Default: 127.0.0.1.
   std::string metrics_host = "127.0.0.1";
@@ -136,6 +140,12 @@ class Server {
 
   // Stops serving: closes listeners and connections, makes Run() return. Non-blocking.
   virtual void Shutdown() = 0;
+
+  // Reads options.permissions_file again and, if it parses, judges every request from then on
+  // by it; sessions and held locks are left as they are. A file that cannot be read or parsed
+  // changes nothing: the error names the line and the reason. Returns a line for the log.
+  // Thread-safe (lockd calls it on SIGHUP).
+  virtual absl::StatusOr<std::string> ReloadPermissions() = 0;
 };
 
 }  // namespace fencelock::server

@@ -25,6 +25,7 @@
 #include "clock/time_source.h"
 #include "lock-server/commit_log.h"
 #include "lock-server/lock_service.h"
+#include "lock-server/permissions.h"
 
 namespace fencelock::wire {
 class Response;
@@ -67,6 +68,8 @@ struct CoreOptions {
   // Where session secrets come from: 16 bytes each that nobody can guess. Default: the
   // kernel's random number generator (getrandom). The simulator passes its seeded one.
   std::function<std::string()> session_secrets;
+  // What each identity may acquire and list. Default: everything (no permissions file).
+  Permissions permissions;
 };
 
 // Figures the core counts, for GetStats and the metrics export.
@@ -115,6 +118,9 @@ class ServerCore {
   // Replies of `id` that wait for their commit (requests in flight, for back pressure).
   size_t HeldReplies(ConnectionId id) const;
   void CountTransportEvent(TransportEvent event);
+  // Replaces the permissions (a reload): requests from now on are judged by `permissions`;
+  // sessions and the locks they hold are left as they are.
+  void SetPermissions(Permissions permissions);
 
   const LockService& service() const;
   const CommitLog& log() const;

@@ -1,0 +1,63 @@
+// What each identity may do, from lockd's permissions file (--permissions=FILE, reloaded on
+// SIGHUP). One rule per line; `#` starts a comment:
+//
+//   <identity>  acquire  <prefix> [<prefix> ...]   may acquire locks whose names start so
+//   <identity>  list                               may list sessions and locks (ListLocks)
+//   <identity>  operator                           operator rights (recovery, drain)
+//
+// An identity is how lockd knows the peer: `uid:<n>` on the Unix socket, `anonymous` for
+// plaintext TCP on loopback (which has none), or `*`, whose rules every identity gets as well.
+// A prefix `*` means every lock. Rules add up; anything no rule grants is refused. Without a
+// file every identity may acquire every lock and list, as before permissions existed. No rule
+// ever lets an identity drive another's session (LockService::Authorize).
+#ifndef FENCELOCK_LOCK_SERVER_PERMISSIONS_H_
+#define FENCELOCK_LOCK_SERVER_PERMISSIONS_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+
+namespace fencelock::server {
+
+class Permissions {
+ public:
+  // Everything allowed: lockd without a permissions file.
+  Permissions() = default;
+
+  // Parses a permissions file's text. Errors: kInvalidArgument naming `source`, the line and
+  // the reason ("/etc/lockd/permissions line 3: unknown right \"aquire\"").
+  static absl::StatusOr<Permissions> Parse(std::string_view text, const std::string& source);
+
+  // The identity a connection is known by in the file: `identity`, or "anonymous" for none.
+  static std::string Name(const std::string& identity);
+
+  bool MayAcquire(const std::string& identity, std::string_view lock) const;
+  bool MayList(const std::string& identity) const;
+  bool IsOperator(const std::string& identity) const;
+  // For refusals: "uid:1000 may acquire locks starting with payout/, refunds/" or "... none".
+  std::string DescribeAcquire(const std::string& identity) const;
+  // Where the rules came from ("" without a file), and how many there are.
+  const std::string& source() const { return source_; }
+  size_t rule_count() const { return rule_count_; }
+
+ private:
+  struct Rights {
+    std::vector<std::string> prefixes;  // "" is every lock
+    bool list = false;
+    bool op = false;
+  };
+  // The rights of `identity` and of `*`, together.
+  Rights For(const std::string& identity) const;
+
+  bool all_allowed_ = true;
+  std::string source_;
+  size_t rule_count_ = 0;
+  absl::flat_hash_map<std::string, Rights> rights_;
+};
+
+}  // namespace fencelock::server
+
+#endif  // FENCELOCK_LOCK_SERVER_PERMISSIONS_H_

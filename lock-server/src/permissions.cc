@@ -1,0 +1,120 @@
+#include "lock-server/permissions.h"
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace fencelock::server {
+namespace {
+
+constexpr size_t kMaxLines = 100000;
+constexpr size_t kMaxPrefixBytes = 512;  // a lock name is at most this long too
+
+// `uid:<digits>`, `anonymous` or `*`; later also certificate names (`cn:...`, `dns:...`).
+bool ValidIdentity(absl::string_view id) {
+  if (id == "anonymous" || id == "*") return true;
+  const size_t colon = id.find(':');
+  if (colon == absl::string_view::npos || colon == 0 || colon + 1 == id.size()) return false;
+  const absl::string_view kind = id.substr(0, colon), value = id.substr(colon + 1);
+  if (kind == "uid") {
+    return std::all_of(value.begin(), value.end(), [](char c) { return absl::ascii_isdigit(c); });
+  }
+  return std::all_of(kind.begin(), kind.end(), [](char c) { return absl::ascii_islower(c); }) &&
+         std::all_of(value.begin(), value.end(), [](char c) { return absl::ascii_isgraph(c); });
+}
+
+}  // namespace
+
+absl::StatusOr<Permissions> Permissions::Parse(std::string_view text, const std::string& source) {
+  Permissions p;
+  p.all_allowed_ = false;
+  p.source_ = source;
+  size_t number = 0;
+  for (absl::string_view line : absl::StrSplit(absl::string_view(text.data(), text.size()), '\n')) {
+    ++number;
+    auto fail = [&](const std::string& why) {
+      return absl::InvalidArgumentError(absl::StrCat(source, " line ", number, ": ", why));
+    };
+    if (number > kMaxLines) return fail(absl::StrCat("more than ", kMaxLines, " lines"));
+    if (const size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
+    std::vector<absl::string_view> words =
+        absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
+    if (words.empty()) continue;
+    for (absl::string_view w : words) {
+      if (!std::all_of(w.begin(), w.end(), [](char c) { return absl::ascii_isgraph(c); })) {
+        return fail("only printable ASCII is allowed");
+      }
+    }
+    if (!ValidIdentity(words[0])) {
+      return fail(absl::StrCat("\"", words[0],
+                               "\" is not an identity (uid:<number>, anonymous or *)"));
+    }
+    if (words.size() < 2) return fail(absl::StrCat("no right after \"", words[0], "\""));
+    Rights& r = p.rights_[std::string(words[0])];
+    const absl::string_view right = words[1];
+    if (right == "acquire") {
+      if (words.size() < 3) return fail("acquire needs at least one lock-name prefix (or *)");
+      for (size_t i = 2; i < words.size(); ++i) {
+        if (words[i].size() > kMaxPrefixBytes) {
+          return fail(absl::StrCat("a prefix of ", words[i].size(), " bytes (at most ",
+                                   kMaxPrefixBytes, ")"));
+        }
+        r.prefixes.push_back(words[i] == "*" ? "" : std::string(words[i]));
+      }
+    } else if (right == "list" || right == "operator") {
+      if (words.size() > 2) return fail(absl::StrCat(right, " takes no arguments"));
+      (right == "list" ? r.list : r.op) = true;
+    } else {
+      return fail(absl::StrCat("unknown right \"", right, "\" (acquire, list, operator)"));
+    }
+    ++p.rule_count_;
+  }
+  return p;
+}
+
+std::string Permissions::Name(const std::string& identity) {
+  return identity.empty() ? "anonymous" : identity;
+}
+
+Permissions::Rights Permissions::For(const std::string& identity) const {
+  Rights out;
+  for (const std::string& who : {Name(identity), std::string("*")}) {
+    auto it = rights_.find(who);
+    if (it == rights_.end()) continue;
+    out.prefixes.insert(out.prefixes.end(), it->second.prefixes.begin(), it->second.prefixes.end());
+    out.list = out.list || it->second.list;
+    out.op = out.op || it->second.op;
+  }
+  return out;
+}
+
+bool Permissions::MayAcquire(const std::string& identity, std::string_view lock) const {
+  if (all_allowed_) return true;
+  const absl::string_view name(lock.data(), lock.size());
+  for (const std::string& prefix : For(identity).prefixes) {
+    if (absl::StartsWith(name, prefix)) return true;
+  }
+  return false;
+}
+
+bool Permissions::MayList(const std::string& identity) const {
+  return all_allowed_ || For(identity).list;
+}
+
+bool Permissions::IsOperator(const std::string& identity) const {
+  return all_allowed_ || For(identity).op;
+}
+
+std::string Permissions::DescribeAcquire(const std::string& identity) const {
+  const Rights r = For(identity);
+  std::vector<std::string> shown;
+  for (const std::string& p : r.prefixes) shown.push_back(p.empty() ? "*" : p);
+  return absl::StrCat(Name(identity), " may acquire locks starting with ",
+                      shown.empty() ? "nothing" : absl::StrJoin(shown, ", "), " (", source_, ")");
+}
+
+}  // namespace fencelock::server
