@@ -82,12 +82,31 @@ TEST_F(PermissionsTest, SighupReloadsKeepingSessionsAndABadFileChangesNothing) {
   Write("uid:0 acquire payout/ admin/\nuid:0 list\n");
   Reload("SIGHUP: permissions from " + path_ + ": 2 rules", 1);
   EXPECT_EQ(root.Call(request::Acquire(session, "admin/x")).code(), wire::OK);
-  EXPECT_EQ(root.Call(request::ListLocks(10)).list().locks_size(), 2);
+  // "list" shows the locks, not whose they are: every holder session and token is 0.
+  const wire::ListReply names = root.Call(request::ListLocks(10)).list();
+  ASSERT_EQ(names.locks_size(), 2);
+  EXPECT_TRUE(names.redacted());
+  EXPECT_EQ(names.locks(0).lock(), "admin/x");
+  EXPECT_EQ(names.locks(1).token(), 0u);
+  EXPECT_EQ(names.locks(1).session_id(), 0u);
+  wire::Request with_sessions = request::ListLocks(10);
+  with_sessions.mutable_list_locks()->set_include_sessions(true);
+  EXPECT_EQ(root.Call(with_sessions).code(), wire::PERMISSION_DENIED);
+
+  // "inspect" shows them, and the sessions.
+  Write("uid:0 acquire payout/ admin/\nuid:0 inspect\n");
+  Reload("SIGHUP: permissions from " + path_ + ": 2 rules", 2);
+  const wire::ListReply full = root.Call(with_sessions).list();
+  EXPECT_FALSE(full.redacted());
+  ASSERT_EQ(full.locks_size(), 2);
+  EXPECT_EQ(full.locks(1).token(), token);
+  EXPECT_EQ(full.locks(1).session_id(), session);
+  EXPECT_EQ(full.sessions_size(), 1);
 
   // A file with an error: logged with its line, and the rules above stay in force.
   Write("uid:0 acquire payout/\nuid:0 lists\n");
-  Reload(path_ + " line 2: unknown right \"lists\" (acquire, list, operator); the permissions in "
-                 "force are unchanged", 1);
+  Reload(path_ + " line 2: unknown right \"lists\" (acquire, list, inspect, operator); the "
+                 "permissions in force are unchanged", 1);
   EXPECT_EQ(root.Call(request::ListLocks(10)).code(), wire::OK);
   EXPECT_EQ(root.Call(request::Acquire(session, "admin/y")).code(), wire::OK);
   // The session and its first lock went through both reloads untouched.

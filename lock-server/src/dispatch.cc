@@ -204,12 +204,20 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
             "); its memory may hold changes that never became durable, so it lists nothing; "
             "restart it once the disk is fixed")));
       }
-      if (!host.permissions().MayList(conn.caller.identity)) {
+      const Permissions& permissions = host.permissions();
+      const std::string& who = conn.caller.identity;
+      const bool inspect = permissions.MayInspect(who);
+      if (!permissions.MayList(who) && !inspect) {
         return finish(service.Deny(absl::StrCat(
-            Permissions::Name(conn.caller.identity), " may not list sessions and locks (",
-            host.permissions().source(), " has no \"list\" rule for it)")));
+            Permissions::Name(who), " may not list sessions and locks (",
+            permissions.source(), " has no \"list\" or \"inspect\" rule for it)")));
       }
       const auto& q = req.list_locks();
+      if (q.include_sessions() && !inspect) {
+        return finish(service.Deny(absl::StrCat(
+            Permissions::Name(who), " may list locks but not sessions (",
+            permissions.source(), " has no \"inspect\" rule for it)")));
+      }
       if (q.limit() > protocol::kMaxListLimit) {
         return finish(absl::InvalidArgumentError(
             absl::StrCat("ListLocks limit is at most ", protocol::kMaxListLimit, ", got ", q.limit())));
@@ -217,6 +225,14 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
       // Room for the reply's own fields around the entries.
       const size_t cap = host.max_frame_bytes() > 1024 ? host.max_frame_bytes() - 1024 : 64;
       FillList(service, q, resp.mutable_list(), now, cap);
+      if (!inspect) {
+        // Names and leases only: whose they are, and under which token, is not this caller's.
+        for (auto& l : *resp.mutable_list()->mutable_locks()) {
+          l.set_session_id(0);
+          l.set_token(0);
+        }
+        resp.mutable_list()->set_redacted(true);
+      }
       return finish(absl::OkStatus());
     }
     case wire::Request::BODY_NOT_SET:

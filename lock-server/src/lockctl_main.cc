@@ -152,10 +152,11 @@ int Main(const std::string& command) {
       }
       for (const auto& l : list.locks()) {
         if (command == "waiters" && l.waiters() == 0) continue;
-        std::printf("%-32s %-12lu %-22lu %-12s %u\n", l.lock().c_str(),
-                    static_cast<unsigned long>(l.token()),
-                    static_cast<unsigned long>(l.session_id()),
-                    Seconds(l.expires_in_ms()).c_str(), l.waiters());
+        // Without lockd's "inspect" right the holder and token are not shown to us: "-".
+        const std::string token = list.redacted() ? "-" : std::to_string(l.token());
+        const std::string holder = list.redacted() ? "-" : std::to_string(l.session_id());
+        std::printf("%-32s %-12s %-22s %-12s %u\n", l.lock().c_str(), token.c_str(),
+                    holder.c_str(), Seconds(l.expires_in_ms()).c_str(), l.waiters());
       }
     });
     if (!listed.ok()) return Fail(listed);

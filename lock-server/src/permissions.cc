@@ -65,11 +65,12 @@ absl::StatusOr<Permissions> Permissions::Parse(std::string_view text, const std:
         }
         r.prefixes.push_back(words[i] == "*" ? "" : std::string(words[i]));
       }
-    } else if (right == "list" || right == "operator") {
+    } else if (right == "list" || right == "inspect" || right == "operator") {
       if (words.size() > 2) return fail(absl::StrCat(right, " takes no arguments"));
-      (right == "list" ? r.list : r.op) = true;
+      (right == "list" ? r.list : right == "inspect" ? r.inspect : r.op) = true;
     } else {
-      return fail(absl::StrCat("unknown right \"", right, "\" (acquire, list, operator)"));
+      return fail(
+          absl::StrCat("unknown right \"", right, "\" (acquire, list, inspect, operator)"));
     }
     ++p.rule_count_;
   }
@@ -87,6 +88,7 @@ Permissions::Rights Permissions::For(const std::string& identity) const {
     if (it == rights_.end()) continue;
     out.prefixes.insert(out.prefixes.end(), it->second.prefixes.begin(), it->second.prefixes.end());
     out.list = out.list || it->second.list;
+    out.inspect = out.inspect || it->second.inspect;
     out.op = out.op || it->second.op;
   }
   return out;
@@ -103,6 +105,10 @@ bool Permissions::MayAcquire(const std::string& identity, std::string_view lock)
 
 bool Permissions::MayList(const std::string& identity) const {
   return all_allowed_ || For(identity).list;
+}
+
+bool Permissions::MayInspect(const std::string& identity) const {
+  return all_allowed_ || For(identity).inspect;
 }
 
 bool Permissions::IsOperator(const std::string& identity) const {

@@ -25,10 +25,14 @@ TEST(PermissionsTest, RulesAddUpAndAnythingNotGrantedIsRefused) {
       "uid:0     operator\n"
       "anonymous acquire public/\n"
       "*         acquire shared/\n"
+      "uid:7     inspect\n"
       "\n",
       "perm");
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(p->rule_count(), 6u);
+  EXPECT_EQ(p->rule_count(), 7u);
+  EXPECT_TRUE(p->MayInspect("uid:7"));
+  EXPECT_FALSE(p->MayList("uid:7"));  // inspect is its own right (lockd lets it list too)
+  EXPECT_FALSE(p->MayInspect("uid:1000"));
   EXPECT_TRUE(p->MayAcquire("uid:1000", "payout/7"));
   EXPECT_TRUE(p->MayAcquire("uid:1000", "shared/x"));  // * adds to everyone
   EXPECT_FALSE(p->MayAcquire("uid:1000", "admin/x"));

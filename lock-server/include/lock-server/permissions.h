@@ -2,7 +2,10 @@
 // SIGHUP). One rule per line; `#` starts a comment:
 //
 //   <identity>  acquire  <prefix> [<prefix> ...]   may acquire locks whose names start so
-//   <identity>  list                               may list sessions and locks (ListLocks)
+//   <identity>  list                               may list locks (ListLocks), without their
+//                                                  holders' session ids and tokens
+//   <identity>  inspect                            may also see those ids and tokens, and list
+//                                                  sessions
 //   <identity>  operator                           operator rights (recovery, drain)
 //
 // An identity is how lockd knows the peer: `uid:<n>` on the Unix socket, `anonymous` for
@@ -36,6 +39,7 @@ class Permissions {
 
   bool MayAcquire(const std::string& identity, std::string_view lock) const;
   bool MayList(const std::string& identity) const;
+  bool MayInspect(const std::string& identity) const;
   bool IsOperator(const std::string& identity) const;
   // For refusals: "uid:1000 may acquire locks starting with payout/, refunds/" or "... none".
   std::string DescribeAcquire(const std::string& identity) const;
@@ -47,6 +51,7 @@ class Permissions {
   struct Rights {
     std::vector<std::string> prefixes;  // "" is every lock
     bool list = false;
+    bool inspect = false;
     bool op = false;
   };
   // The rights of `identity` and of `*`, together.
