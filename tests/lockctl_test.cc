@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -72,6 +73,28 @@ TEST(LockctlTest, ShowsHoldersTokensAndWaitersAsTablesAndJson) {
 
   ASSERT_TRUE((*holder)->release(*held).ok());
   waiting.join();
+}
+
+// An identity whose permissions allow "list" but not "inspect" sees lock names and leases,
+// and "-" where the holder and the token would be; sessions it may not list at all.
+TEST(LockctlTest, WithoutTheInspectRightHoldersAndTokensAreNotShown) {
+  testing::TempDir dir;
+  std::ofstream(dir.path() + "/permissions") << "anonymous acquire payout-\nanonymous list\n";
+  testing::LockdProcess lockd({.extra_args = {"--permissions=" + dir.path() + "/permissions"}});
+  ClientOptions options;
+  options.server = lockd.tcp_address();
+  auto holder = Client::Create(options);
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  auto held = (*holder)->acquire("payout-77", absl::Seconds(5));
+  ASSERT_TRUE(held.ok()) << held.status();
+  const std::string server = "--server=" + lockd.tcp_address();
+  auto [rc, locks] = Lockctl(server + " locks");
+  EXPECT_EQ(rc, 0) << locks;
+  EXPECT_THAT(locks, ::testing::ContainsRegex("payout-77 +- +- "));
+  EXPECT_THAT(locks, Not(HasSubstr(absl::StrCat(" ", held->token(), " "))));
+  auto [sessions_rc, sessions] = Lockctl(server + " sessions");
+  EXPECT_NE(sessions_rc, 0);
+  EXPECT_THAT(sessions, HasSubstr("may list locks but not sessions"));
 }
 
 TEST(LockctlTest, AStateLargerThanAFrameIsListedPageByPage) {
