@@ -761,6 +761,12 @@ void ClientImpl::checkStillHeld(const LockHandle& handle, Confirm confirm) const
   wire::Request request;
   request.mutable_validate()->set_lock(state->lock());
   request.mutable_validate()->set_token(state->token());
+  {
+    // As its holder: lockd also checks that this connection's session holds the lock (a lock
+    // of an earlier session was already lost above, with that session).
+    absl::MutexLock lock(&mu_);
+    request.mutable_validate()->set_session_id(session_id_);
+  }
   auto reply = channel_->Call(std::move(request), options_.request_timeout);
   const MonoTime end = clock_->Now();
   confirm_cost_.Observe(absl::ToDoubleSeconds(end - start));
