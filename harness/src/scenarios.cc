@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -589,13 +590,25 @@ absl::Status ServerPause(Env& env, Outcome& out) {
 // replies, floods cheap listings, presents tokens it never held, and holds idle connections.
 // lockd must keep serving the workers: every payout paid once, no worker lease lost, and the
 // must-be-zero fence counters stay zero (a stranger's tokens are not a holder's).
+// StartPaying with BusyPayouts(env) payouts, once every worker has opened its session.
+absl::StatusOr<std::unique_ptr<Cluster>> StartPayingWithSessions(Env& env) {
+  auto cluster = StartPaying(env, BusyPayouts(env));
+  if (!cluster.ok()) return cluster.status();
+  if (absl::Status s = AwaitSessions(**cluster); !s.ok()) return s;
+  return cluster;
+}
+
+// The workers noticed nothing of what ran `beside` them: no lease lost.
+void ExpectNoLeaseLost(History& h, Outcome& out, const std::string& beside) {
+  out.Figure("lost leases (client side)", absl::StrCat(h.Count("lost")));
+  out.Expect(h.Count("lost") == 0, absl::StrCat(h.Count("lost"), " worker leases lost ", beside));
+}
+
 absl::Status NoisyNeighbour(Env& env, Outcome& out) {
-  const int64_t n = BusyPayouts(env);
-  auto cluster = StartPaying(env, n);
+  auto cluster = StartPayingWithSessions(env);
   if (!cluster.ok()) return cluster.status();
   Cluster& c = **cluster;
   History h(c.Path("history"));
-  if (absl::Status s = AwaitSessions(c); !s.ok()) return s;
   const server::BlockingConnectionOptions options{.server = c.lockd_address(),
                                                   .timeout = absl::Seconds(1),
                                                   .client_name = "noisy-neighbour"};
@@ -649,9 +662,92 @@ absl::Status NoisyNeighbour(Env& env, Outcome& out) {
   out.Figure("noisy neighbour", absl::StrCat(listings.load(), " listings, ", foreign.load(),
                                              " foreign tokens, ", unread.load(),
                                              " unread listings, 50 idle connections"));
-  out.Figure("lost leases (client side)", absl::StrCat(h.Count("lost")));
-  out.Expect(h.Count("lost") == 0,
-             absl::StrCat(h.Count("lost"), " worker leases lost beside a noisy neighbour"));
+  ExpectNoLeaseLost(h, out, "beside a noisy neighbour");
+  return Finish(c, out, {});
+}
+
+// Issue 15: a stranger on loopback reads every holder's session id and token from the lists
+// (no permissions file: anyone may list) and sends them back as its own, all the while the
+// workers pay: Release, KeepAlive, Acquire, Validate as holder, CloseSession, and
+// ResumeSession with guessed secrets. Every one must be refused, and the workers must not
+// notice.
+absl::Status Stranger(Env& env, Outcome& out) {
+  auto cluster = StartPayingWithSessions(env);
+  if (!cluster.ok()) return cluster.status();
+  Cluster& c = **cluster;
+  History h(c.Path("history"));
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> sent{0}, refused{0}, accepted{0};
+  std::string first_accepted;
+  std::thread stranger([&] {
+    auto conn = server::BlockingConnection::Connect(server::BlockingConnectionOptions{
+        .server = c.lockd_address(), .timeout = absl::Seconds(1), .client_name = "stranger"});
+    if (!conn.ok()) return;
+    std::mt19937_64 guesses(env.seed);
+    while (!stop) {
+      wire::Request list;
+      list.mutable_list_locks()->set_include_sessions(true);
+      auto listed = (*conn)->Call(list);
+      if (!listed.ok()) break;
+      std::vector<wire::Request> attacks;
+      for (const wire::LockInfo& l : listed->list().locks()) {
+        wire::Request r;
+        r.mutable_release()->set_session_id(l.session_id());
+        r.mutable_release()->set_lock(l.lock());
+        r.mutable_release()->set_token(l.token());
+        attacks.push_back(r);
+        r.Clear();
+        auto* ka = r.mutable_keep_alive();
+        ka->set_session_id(l.session_id());
+        auto* ref = ka->add_locks();
+        ref->set_lock(l.lock());
+        ref->set_token(l.token());
+        attacks.push_back(r);
+        r.Clear();
+        r.mutable_validate()->set_lock(l.lock());
+        r.mutable_validate()->set_token(l.token());
+        r.mutable_validate()->set_session_id(l.session_id());
+        attacks.push_back(r);
+        r.Clear();
+        r.mutable_acquire()->set_session_id(l.session_id());
+        r.mutable_acquire()->set_lock(l.lock() + "-stolen");
+        attacks.push_back(r);
+      }
+      for (const wire::SessionInfo& s : listed->list().sessions()) {
+        wire::Request r;
+        std::string secret(16, '\0');
+        for (char& ch : secret) ch = static_cast<char>(guesses());
+        r.mutable_resume_session()->set_session_id(s.session_id());
+        r.mutable_resume_session()->set_secret(secret);
+        attacks.push_back(r);
+        r.Clear();
+        r.mutable_close_session()->set_session_id(s.session_id());
+        attacks.push_back(r);
+      }
+      for (const wire::Request& r : attacks) {
+        auto reply = (*conn)->Call(r);
+        if (!reply.ok()) break;
+        ++sent;
+        if (reply->code() == wire::PERMISSION_DENIED) {
+          ++refused;
+        } else if (reply->code() == wire::OK) {
+          if (accepted++ == 0) first_accepted = r.ShortDebugString();
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  });
+  absl::Status waited = WaitWorkers(c, out, absl::Seconds(120));
+  stop = true;
+  stranger.join();
+  if (!waited.ok()) return waited;
+  out.Figure("stranger", absl::StrCat(sent.load(), " requests with other sessions' ids, ",
+                                      refused.load(), " refused, ", accepted.load(), " accepted"));
+  out.Expect(sent.load() > 0, "the stranger sent nothing");
+  out.Expect(accepted.load() == 0,
+             absl::StrCat(accepted.load(), " of the stranger's requests were accepted, first: ",
+                          first_accepted));
+  ExpectNoLeaseLost(h, out, "to a stranger's requests");
   return Finish(c, out, {});
 }
 
@@ -676,6 +772,9 @@ const std::vector<Scenario>& Scenarios() {
       {"noisy-neighbour",
        "a client that never reads, floods listings and presents foreign tokens: workers unharmed",
        NoisyNeighbour},
+      {"stranger",
+       "a peer replays every holder's session id and token, and guesses secrets: all refused",
+       Stranger},
   };
   return *scenarios;
 }
