@@ -127,6 +127,17 @@ TEST(PermissionsStartupTest, AFileWithAnErrorIsRefusedNamingTheLine) {
        "--permissions=" + dir.path() + "/none"});
   EXPECT_NE(missing, 0);
   EXPECT_THAT(why, HasSubstr("cannot read the permissions file"));
+  // A file far larger than any set of rules is refused before it is read.
+  {
+    std::ofstream huge(dir.path() + "/huge");
+    const std::string comment = "#" + std::string(1023, 'x') + "\n";
+    for (int i = 0; i < 17 * 1024; ++i) huge << comment;
+  }
+  auto [big, too_big] = testing::RunLockdToExit(
+      {"serve", "--data-dir=" + dir.path() + "/data", "--port=0", "--metrics-port=-1",
+       "--permissions=" + dir.path() + "/huge"});
+  EXPECT_NE(big, 0);
+  EXPECT_THAT(too_big, HasSubstr("bytes; at most 16777216 are read"));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 // Time reaches all of them through one AsioTimeSource over the configured Clock.
 #include "lock-server/server.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <memory>
@@ -27,7 +28,17 @@
 namespace fencelock::server {
 namespace {
 
+// A permissions file is a few lines per identity; a huge one is a mistake, refused before it
+// is read into memory.
+constexpr uint64_t kMaxPermissionsBytes = uint64_t{16} << 20;
+
 absl::StatusOr<Permissions> LoadPermissions(Env* env, const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) > kMaxPermissionsBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the permissions file ", path, " is ",
+                                                   st.st_size, " bytes; at most ",
+                                                   kMaxPermissionsBytes, " are read"));
+  }
   auto text = env->ReadFile(path);
   if (!text.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("cannot read the permissions file: ",
