@@ -138,6 +138,12 @@ TEST(PermissionsStartupTest, AFileWithAnErrorIsRefusedNamingTheLine) {
        "--permissions=" + dir.path() + "/huge"});
   EXPECT_NE(big, 0);
   EXPECT_THAT(too_big, HasSubstr("bytes; at most 16777216 are read"));
+  // A device or a FIFO is not a file of rules (reading /dev/zero would never end).
+  auto [device, not_file] = testing::RunLockdToExit(
+      {"serve", "--data-dir=" + dir.path() + "/data", "--port=0", "--metrics-port=-1",
+       "--permissions=/dev/zero"});
+  EXPECT_NE(device, 0);
+  EXPECT_THAT(not_file, HasSubstr("/dev/zero is not a regular file"));
 }
 
 }  // namespace

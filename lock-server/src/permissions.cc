@@ -74,6 +74,17 @@ absl::StatusOr<Permissions> Permissions::Parse(std::string_view text, const std:
     }
     ++p.rule_count_;
   }
+  // `*`'s rules apply to every identity: merge them into each named one now.
+  if (auto star = p.rights_.find("*"); star != p.rights_.end()) {
+    p.everyone_ = std::move(star->second);
+    p.rights_.erase(star);
+    for (auto& [who, r] : p.rights_) {
+      r.prefixes.insert(r.prefixes.end(), p.everyone_.prefixes.begin(), p.everyone_.prefixes.end());
+      r.list = r.list || p.everyone_.list;
+      r.inspect = r.inspect || p.everyone_.inspect;
+      r.op = r.op || p.everyone_.op;
+    }
+  }
   return p;
 }
 
@@ -81,17 +92,9 @@ std::string Permissions::Name(const std::string& identity) {
   return identity.empty() ? "anonymous" : identity;
 }
 
-Permissions::Rights Permissions::For(const std::string& identity) const {
-  Rights out;
-  for (const std::string& who : {Name(identity), std::string("*")}) {
-    auto it = rights_.find(who);
-    if (it == rights_.end()) continue;
-    out.prefixes.insert(out.prefixes.end(), it->second.prefixes.begin(), it->second.prefixes.end());
-    out.list = out.list || it->second.list;
-    out.inspect = out.inspect || it->second.inspect;
-    out.op = out.op || it->second.op;
-  }
-  return out;
+const Permissions::Rights& Permissions::For(const std::string& identity) const {
+  auto it = rights_.find(identity.empty() ? absl::string_view("anonymous") : absl::string_view(identity));
+  return it == rights_.end() ? everyone_ : it->second;
 }
 
 bool Permissions::MayAcquire(const std::string& identity, std::string_view lock) const {
@@ -116,7 +119,7 @@ bool Permissions::IsOperator(const std::string& identity) const {
 }
 
 std::string Permissions::DescribeAcquire(const std::string& identity) const {
-  const Rights r = For(identity);
+  const Rights& r = For(identity);
   std::vector<std::string> shown;
   for (const std::string& p : r.prefixes) shown.push_back(p.empty() ? "*" : p);
   return absl::StrCat(Name(identity), " may acquire locks starting with ",

@@ -34,10 +34,17 @@ constexpr uint64_t kMaxPermissionsBytes = uint64_t{16} << 20;
 
 absl::StatusOr<Permissions> LoadPermissions(Env* env, const std::string& path) {
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) > kMaxPermissionsBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("the permissions file ", path, " is ",
-                                                   st.st_size, " bytes; at most ",
-                                                   kMaxPermissionsBytes, " are read"));
+  if (::stat(path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) {
+      // /dev/zero would be read forever, a FIFO would block the reload until someone writes.
+      return absl::InvalidArgumentError(
+          absl::StrCat("the permissions file ", path, " is not a regular file"));
+    }
+    if (static_cast<uint64_t>(st.st_size) > kMaxPermissionsBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("the permissions file ", path, " is ",
+                                                     st.st_size, " bytes; at most ",
+                                                     kMaxPermissionsBytes, " are read"));
+    }
   }
   auto text = env->ReadFile(path);
   if (!text.ok()) {

@@ -54,13 +54,15 @@ class Permissions {
     bool inspect = false;
     bool op = false;
   };
-  // The rights of `identity` and of `*`, together.
-  Rights For(const std::string& identity) const;
+  // The rights of `identity` and of `*`, together (merged once, when the file is parsed, so
+  // that the grant path allocates nothing).
+  const Rights& For(const std::string& identity) const;
 
   bool all_allowed_ = true;
   std::string source_;
   size_t rule_count_ = 0;
-  absl::flat_hash_map<std::string, Rights> rights_;
+  absl::flat_hash_map<std::string, Rights> rights_;  // each named identity's, `*`'s merged in
+  Rights everyone_;                                   // `*`'s: for identities not named
 };
 
 }  // namespace fencelock::server
