@@ -98,6 +98,14 @@ class Renewer {
   }
   int lost() const { return lost_; }
   int renewals() const { return renewals_; }
+  // Waits (up to the TTL) for a renewal beyond the first `seen`; whether one came.
+  bool AwaitRenewalBeyond(int seen) const {
+    const MonoTime deadline = Now() + ttl_;
+    while (renewals_ <= seen && lost_ == 0 && Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return renewals_ > seen;
+  }
   absl::Duration slowest() const { return absl::Nanoseconds(slowest_ns_.load()); }
 
  private:
@@ -228,8 +236,9 @@ TEST(FairServiceTest, ASlowReaderIsHeldBackAndClosedWhileOthersKeepTheirLeases) 
 #else
   EXPECT_LT(rss_max - rss_before, 64.0) << "lockd's memory grew with the unread replies";
 #endif
+  // Every renewal during the slow reader was answered in time, and renewals go on after it.
+  EXPECT_TRUE(renewer.AwaitRenewalBeyond(renewer.renewals()));
   EXPECT_EQ(renewer.lost(), 0);
-  EXPECT_GT(renewer.renewals(), 3);
 }
 
 TEST(FairServiceTest, CheapListingsOverManyLocksCostLittleAndStarveNoOne) {
@@ -254,13 +263,13 @@ TEST(FairServiceTest, CheapListingsOverManyLocksCostLittleAndStarveNoOne) {
     ASSERT_EQ(r.list().locks_size(), 1);
     EXPECT_TRUE(r.list().more());
   }
-  absl::SleepFor(absl::Seconds(2));  // one more renewal after the listings
+  // One more renewal is answered after the listings (a fixed sleep raced the renewer's period).
+  EXPECT_TRUE(renewer.AwaitRenewalBeyond(renewer.renewals()));
   std::printf("300 listings (limit 1) over %zu locks answered in %s, lockd CPU %s; renewals "
               "%d, slowest %s\n",
               kLocks, absl::FormatDuration(took).c_str(), absl::FormatDuration(cpu).c_str(),
               renewer.renewals(), absl::FormatDuration(renewer.slowest()).c_str());
   EXPECT_EQ(renewer.lost(), 0);
-  EXPECT_GE(renewer.renewals(), 1);
 }
 
 TEST(FairServiceTest, AStrangersStaleTokensAreRefusedWithoutRaisingFencedOut) {
