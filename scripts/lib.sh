@@ -9,7 +9,7 @@ FENCELOCK_PACKAGES=(
   g++ cmake ninja-build ccache pkg-config
   libabsl-dev libboost-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev
-  prometheus faketime openssl
+  prometheus faketime openssl libssl-dev
   clang libclang-rt-14-dev
 )
 

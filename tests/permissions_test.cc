@@ -1,6 +1,7 @@
 // lockd's permissions file against a real lockd: an identity limited to payout/ cannot take
 // admin/x, listing needs its own right, SIGHUP reloads the file without dropping sessions, and
-// a file with an error is refused at startup and on reload (the old rules stay in force).
+// a file with an error is refused at startup and on reload (the old rules stay in force), and
+// checking a token without a session takes the validate right.
 // Identities here: uid:0 (the test runs as root) on the Unix socket, anonymous on TCP.
 #include <signal.h>
 #include <unistd.h>
@@ -105,12 +106,32 @@ TEST_F(PermissionsTest, SighupReloadsKeepingSessionsAndABadFileChangesNothing) {
 
   // A file with an error: logged with its line, and the rules above stay in force.
   Write("uid:0 acquire payout/\nuid:0 lists\n");
-  Reload(path_ + " line 2: unknown right \"lists\" (acquire, list, inspect, operator); the "
+  Reload(path_ + " line 2: unknown right \"lists\" (acquire, list, inspect, validate, operator); the "
                  "permissions in force are unchanged", 1);
   EXPECT_EQ(root.Call(request::ListLocks(10)).code(), wire::OK);
   EXPECT_EQ(root.Call(request::Acquire(session, "admin/y")).code(), wire::OK);
   // The session and its first lock went through both reloads untouched.
   EXPECT_EQ(root.Call(request::Release(session, "payout/1", token)).code(), wire::OK);
+}
+
+TEST_F(PermissionsTest, CheckingATokenWithoutASessionTakesTheValidateRight) {
+  RawConnection root = RawConnection::Unix(lockd_->unix_path());
+  const uint64_t session = root.HelloAndOpenSession(absl::Seconds(60));
+  const uint64_t token = root.Call(request::Acquire(session, "payout/1")).acquire().token();
+  ASSERT_EQ(root.Call(request::Release(session, "payout/1", token)).code(), wire::OK);
+  // A stranger who remembers the old token cannot make lockd count a fenced-out request (an
+  // alert) by asking about it: checking tokens is a resource's right.
+  RawConnection stranger = RawConnection::Tcp(lockd_->port());
+  stranger.Hello();
+  const wire::Response refused = stranger.Call(request::Validate("payout/1", token));
+  EXPECT_EQ(refused.code(), wire::PERMISSION_DENIED);
+  EXPECT_THAT(refused.message(), HasSubstr("anonymous has no validate right"));
+  EXPECT_EQ(root.Call(request::GetStats()).stats().fenced_out_total(), 0u);
+  // Given the right, the same check is answered, and a stale token is fenced out.
+  Write("uid:0 acquire payout/\nanonymous validate\n");
+  Reload("SIGHUP: permissions from " + path_ + ": 2 rules", 1);
+  EXPECT_EQ(stranger.Call(request::Validate("payout/1", token)).code(), wire::FENCED_OUT);
+  EXPECT_EQ(root.Call(request::GetStats()).stats().fenced_out_total(), 1u);
 }
 
 TEST(PermissionsStartupTest, AFileWithAnErrorIsRefusedNamingTheLine) {

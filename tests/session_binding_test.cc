@@ -18,32 +18,10 @@ using testing::LockdProcess;
 using testing::RawConnection;
 namespace request = testing::request;
 
-wire::Request KeepAlive(uint64_t session, const std::string& lock, uint64_t token) {
-  wire::Request r;
-  r.mutable_keep_alive()->set_session_id(session);
-  auto* ref = r.mutable_keep_alive()->add_locks();
-  ref->set_lock(lock);
-  ref->set_token(token);
-  return r;
-}
-wire::Request Close(uint64_t session) {
-  wire::Request r;
-  r.mutable_close_session()->set_session_id(session);
-  return r;
-}
-wire::Request Validate(const std::string& lock, uint64_t token, uint64_t as_holder = 0) {
-  wire::Request r;
-  r.mutable_validate()->set_lock(lock);
-  r.mutable_validate()->set_token(token);
-  r.mutable_validate()->set_session_id(as_holder);
-  return r;
-}
-wire::Request Resume(uint64_t session, const std::string& secret) {
-  wire::Request r;
-  r.mutable_resume_session()->set_session_id(session);
-  r.mutable_resume_session()->set_secret(secret);
-  return r;
-}
+using request::Close;
+using request::KeepAlive;
+using request::Resume;
+using request::Validate;
 
 class SessionBindingTest : public ::testing::Test {
  protected:

@@ -36,6 +36,9 @@ ABSL_FLAG(bool, quick, false, "the short variants (fewer payouts, fewer faults),
 ABSL_FLAG(int, count, 0, "soak: number of runs (0: until --duration)");
 ABSL_FLAG(absl::Duration, duration, absl::ZeroDuration(), "soak: run for this long");
 ABSL_FLAG(std::string, dir, "", "where run directories go; default: a fresh one under $TMPDIR");
+ABSL_FLAG(std::string, tls_dir, "",
+          "run lockd and the workers over TLS with the certificates in this directory, made by "
+          "scripts/make-certs.sh DIR lockd worker; default: plaintext loopback");
 ABSL_FLAG(bool, keep, false, "keep every run's directory, not only the failed ones");
 ABSL_FLAG(std::string, report_md, "", "write the report as a markdown table to this file");
 ABSL_FLAG(std::string, report_json, "", "write the report as JSON to this file");
@@ -131,13 +134,15 @@ class Runner {
     Env env;
     env.seed = seed;
     env.quick = absl::GetFlag(FLAGS_quick);
+    env.tls_dir = absl::GetFlag(FLAGS_tls_dir);
     env.binaries = {absl::GetFlag(FLAGS_lockd_binary), absl::GetFlag(FLAGS_rail_binary),
                     absl::GetFlag(FLAGS_worker_binary)};
     env.dir = absl::StrCat(root_, "/", runs_.size() + 1, "-", scenario.name, "-", seed);
     std::filesystem::remove_all(env.dir);
     std::filesystem::create_directories(env.dir);
-    std::printf("[%zu] %s --seed=%lu ...\n", runs_.size() + 1, scenario.name.c_str(),
-                static_cast<unsigned long>(seed));
+    std::printf("[%zu] %s --seed=%lu%s ...\n", runs_.size() + 1, scenario.name.c_str(),
+                static_cast<unsigned long>(seed),
+                env.tls_dir.empty() ? "" : absl::StrCat(" --tls-dir=", env.tls_dir).c_str());
     std::fflush(stdout);
     Outcome out = RunScenario(scenario, env);
     std::printf("[%zu] %s --seed=%lu: %s in %.1f s\n", runs_.size() + 1, scenario.name.c_str(),

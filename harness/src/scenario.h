@@ -27,6 +27,9 @@ struct Env {
   uint64_t seed = 1;
   bool quick = false;  // the short variant CTest runs
   Binaries binaries;
+  // Certificates for TLS between the workers and lockd (ClusterOptions::tls_dir); empty:
+  // plaintext loopback.
+  std::string tls_dir;
   std::mt19937_64 rng;
   // A value in [lo, hi] from the run's seed.
   int64_t Uniform(int64_t lo, int64_t hi) {

@@ -57,7 +57,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(
                          .lock_ttl = ttl,
                          .margin = kMargin,
                          .history = true,
-                         .worker_environment = std::move(worker_environment)});
+                         .worker_environment = std::move(worker_environment),
+                         .tls_dir = env.tls_dir});
   if (!cluster.ok()) return cluster.status();
   if (payouts == 0) return cluster;
   if (absl::Status s = (*cluster)->Load(payouts, 1000); !s.ok()) return s;
@@ -611,7 +612,8 @@ absl::Status NoisyNeighbour(Env& env, Outcome& out) {
   History h(c.Path("history"));
   const server::BlockingConnectionOptions options{.server = c.lockd_address(),
                                                   .timeout = absl::Seconds(1),
-                                                  .client_name = "noisy-neighbour"};
+                                                  .client_name = "noisy-neighbour",
+                                                  .tls = c.lockd_tls()};
   std::atomic<bool> stop{false};
   std::atomic<int64_t> listings{0}, foreign{0}, unread{0};
   std::vector<std::unique_ptr<server::BlockingConnection>> idle;
@@ -681,7 +683,8 @@ absl::Status Stranger(Env& env, Outcome& out) {
   std::string first_accepted;
   std::thread stranger([&] {
     auto conn = server::BlockingConnection::Connect(server::BlockingConnectionOptions{
-        .server = c.lockd_address(), .timeout = absl::Seconds(1), .client_name = "stranger"});
+        .server = c.lockd_address(), .timeout = absl::Seconds(1), .client_name = "stranger",
+        .tls = c.lockd_tls()});
     if (!conn.ok()) return;
     std::mt19937_64 guesses(env.seed);
     while (!stop) {

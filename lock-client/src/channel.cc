@@ -1,7 +1,10 @@
 #include "channel.h"
 
+#include <openssl/ssl.h>
+
 #include <charconv>
 #include <future>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -11,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "clock/monotonic_event.h"
 #include "net/asio.h"
+#include "net/asio_ssl.h"
 #include "protocol/codes.h"
 #include "protocol/frame.h"
 #include "protocol/version.h"
@@ -22,6 +26,29 @@ using asio::awaitable;
 using asio::use_awaitable;
 using Socket = asio::generic::stream_protocol::socket;
 using Endpoint = asio::generic::stream_protocol::endpoint;
+
+// One connection's socket, and the TLS session over it when there is one: all bytes go
+// through `tls` then.
+struct Connection {
+  explicit Connection(asio::io_context& io) : socket(io) {}
+  Socket socket;
+  std::unique_ptr<asio::ssl::stream<Socket&>> tls;
+
+  template <typename Buffer>
+  awaitable<size_t> ReadSome(const Buffer& buffer, boost::system::error_code& ec) {
+    if (tls) co_return co_await tls->async_read_some(buffer, asio::redirect_error(use_awaitable, ec));
+    co_return co_await socket.async_read_some(buffer, asio::redirect_error(use_awaitable, ec));
+  }
+  template <typename Buffer>
+  awaitable<void> WriteAll(const Buffer& buffer, boost::system::error_code& ec) {
+    if (tls) {
+      co_await asio::async_write(*tls, buffer, asio::redirect_error(use_awaitable, ec));
+    } else {
+      co_await asio::async_write(socket, buffer, asio::redirect_error(use_awaitable, ec));
+    }
+  }
+};
+
 
 struct PendingCall {
   absl::Mutex mu;
@@ -71,8 +98,17 @@ absl::StatusOr<Endpoint> ResolveAddress(asio::io_context& io, const std::string&
 
 class AsioChannel final : public Channel {
  public:
-  explicit AsioChannel(Clock* clock)
-      : clock_(clock), work_(asio::make_work_guard(io_)), thread_([this] { io_.run(); }) {}
+  AsioChannel(Clock* clock, std::shared_ptr<net::TlsContext> tls, std::string tls_server_name)
+      : clock_(clock),
+        tls_(std::move(tls)),
+        tls_server_name_(std::move(tls_server_name)),
+        work_(asio::make_work_guard(io_)),
+        thread_([this] { io_.run(); }) {
+    if (tls_) {
+      SSL_CTX_up_ref(tls_->native());  // Asio's context holds a reference of its own
+      tls_context_.emplace(tls_->native());
+    }
+  }
 
   ~AsioChannel() override {
     Close();
@@ -100,12 +136,15 @@ class AsioChannel final : public Channel {
   absl::StatusOr<uint64_t> Submit(wire::Request& request, std::shared_ptr<PendingCall> call);
   // I/O thread only.
   void Enqueue(std::string frame, uint64_t id, uint64_t generation);
-  awaitable<void> WriteLoop(std::shared_ptr<Socket> socket, uint64_t generation);
-  awaitable<void> ReadLoop(std::shared_ptr<Socket> socket, uint64_t generation);
+  awaitable<void> WriteLoop(std::shared_ptr<Connection> connection, uint64_t generation);
+  awaitable<void> ReadLoop(std::shared_ptr<Connection> connection, uint64_t generation);
   void FailConnection(uint64_t generation, const absl::Status& why);
   void Deliver(wire::Response response);
 
   Clock* const clock_;
+  const std::shared_ptr<net::TlsContext> tls_;
+  const std::string tls_server_name_;
+  std::optional<asio::ssl::context> tls_context_;
   asio::io_context io_{1};
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::function<void(const wire::Response&)> unmatched_;
@@ -117,7 +156,7 @@ class AsioChannel final : public Channel {
   absl::flat_hash_map<uint64_t, std::shared_ptr<PendingCall>> pending_ ABSL_GUARDED_BY(mu_);
 
   // I/O thread only.
-  std::shared_ptr<Socket> socket_;
+  std::shared_ptr<Connection> socket_;
   uint64_t socket_generation_ = 0;
   std::string outbox_;
   std::vector<uint64_t> outbox_ids_;
@@ -138,15 +177,31 @@ absl::Status AsioChannel::Connect(const std::string& address, const std::string&
     absl::MutexLock lock(&mu_);
     generation = ++generation_;
   }
-  auto connected = std::make_shared<std::promise<boost::system::error_code>>();
+  const bool use_tls = tls_ != nullptr && address.rfind("unix:", 0) != 0;
+  const std::string server_name = tls_server_name_.empty() ? net::ServerNameOf(address) : tls_server_name_;
+  // The connect's (and the TLS handshake's) outcome: empty when connected.
+  auto connected = std::make_shared<std::promise<std::string>>();
   auto result = connected->get_future();
-  asio::post(io_, [this, generation, ep = *endpoint, connected] {
-    socket_ = std::make_shared<Socket>(io_);
+  asio::post(io_, [this, generation, ep = *endpoint, connected, use_tls, server_name] {
+    socket_ = std::make_shared<Connection>(io_);
     socket_generation_ = generation;
     outbox_.clear();
     outbox_ids_.clear();
-    socket_->async_connect(ep, [connected](boost::system::error_code ec) {
-      connected->set_value(ec);
+    auto connection = socket_;
+    connection->socket.async_connect(ep, [this, connection, connected, use_tls, server_name](
+                                             boost::system::error_code ec) {
+      if (ec) return connected->set_value(ec.message());
+      if (!use_tls) return connected->set_value("");
+      connection->tls = std::make_unique<asio::ssl::stream<Socket&>>(connection->socket,
+                                                                     *tls_context_);
+      if (absl::Status s = net::ExpectServerName(connection->tls->native_handle(), server_name);
+          !s.ok()) {
+        return connected->set_value(std::string(s.message()));
+      }
+      connection->tls->async_handshake(
+          asio::ssl::stream_base::client, [connected](boost::system::error_code ec) {
+            connected->set_value(ec ? absl::StrCat("TLS handshake failed: ", ec.message()) : "");
+          });
     });
   });
   if (result.wait_for(absl::ToChronoNanoseconds(timeout)) != std::future_status::ready) {
@@ -157,18 +212,17 @@ absl::Status AsioChannel::Connect(const std::string& address, const std::string&
                                                ": no answer within ",
                                                absl::FormatDuration(timeout)));
   }
-  if (auto ec = result.get()) {
+  if (std::string error = result.get(); !error.empty()) {
     asio::post(io_, [this, generation] {
       FailConnection(generation, absl::UnavailableError("connect failed"));
     });
-    return absl::UnavailableError(
-        absl::StrCat("cannot connect to lockd at ", address, ": ", ec.message()));
+    return absl::UnavailableError(absl::StrCat("cannot connect to lockd at ", address, ": ", error));
   }
   asio::post(io_, [this, generation] {
     if (generation != socket_generation_) return;
     boost::system::error_code ec;
-    if (socket_->local_endpoint(ec).protocol().family() != AF_UNIX) {
-      socket_->set_option(asio::ip::tcp::no_delay(true), ec);
+    if (socket_->socket.local_endpoint(ec).protocol().family() != AF_UNIX) {
+      socket_->socket.set_option(asio::ip::tcp::no_delay(true), ec);
     }
     asio::co_spawn(io_, ReadLoop(socket_, generation), asio::detached);
   });
@@ -250,7 +304,8 @@ void AsioChannel::Enqueue(std::string frame, uint64_t id, uint64_t generation) {
   }
 }
 
-awaitable<void> AsioChannel::WriteLoop(std::shared_ptr<Socket> socket, uint64_t generation) {
+awaitable<void> AsioChannel::WriteLoop(std::shared_ptr<Connection> connection,
+                                       uint64_t generation) {
   boost::system::error_code ec;
   while (!outbox_.empty() && generation == socket_generation_) {
     std::string batch;
@@ -268,8 +323,7 @@ awaitable<void> AsioChannel::WriteLoop(std::shared_ptr<Socket> socket, uint64_t 
         it->second->reply.sent_at = t_send;
       }
     }
-    co_await asio::async_write(*socket, asio::buffer(batch),
-                               asio::redirect_error(use_awaitable, ec));
+    co_await connection->WriteAll(asio::buffer(batch), ec);
     if (ec) {
       FailConnection(generation, absl::UnavailableError(
                                      absl::StrCat("write to lockd failed: ", ec.message())));
@@ -279,14 +333,14 @@ awaitable<void> AsioChannel::WriteLoop(std::shared_ptr<Socket> socket, uint64_t 
   if (generation == socket_generation_) writing_ = false;
 }
 
-awaitable<void> AsioChannel::ReadLoop(std::shared_ptr<Socket> socket, uint64_t generation) {
+awaitable<void> AsioChannel::ReadLoop(std::shared_ptr<Connection> connection,
+                                      uint64_t generation) {
   protocol::FrameDecoder decoder;
   std::string chunk(64 * 1024, '\0');
   std::string payload;
   boost::system::error_code ec;
   for (;;) {
-    const size_t n = co_await socket->async_read_some(asio::buffer(chunk),
-                                                      asio::redirect_error(use_awaitable, ec));
+    const size_t n = co_await connection->ReadSome(asio::buffer(chunk), ec);
     if (ec) {
       FailConnection(generation, absl::UnavailableError(
                                      absl::StrCat("connection to lockd lost: ", ec.message())));
@@ -301,6 +355,14 @@ awaitable<void> AsioChannel::ReadLoop(std::shared_ptr<Socket> socket, uint64_t g
           !response.ParseFromString(payload)) {
         FailConnection(generation,
                        absl::UnavailableError("lockd sent a frame that does not parse"));
+        co_return;
+      }
+      if (response.request_id() == 0 && response.code() != wire::OK) {
+        // About the whole connection (refused at admission, a frame lockd could not parse):
+        // every pending call fails with lockd's reason (kUnavailable, as for any lost
+        // connection).
+        FailConnection(generation, absl::UnavailableError(absl::StrCat(
+                                       "lockd closed the connection: ", response.message())));
         co_return;
       }
       Deliver(std::move(response));
@@ -333,7 +395,7 @@ void AsioChannel::Deliver(wire::Response response) {
 void AsioChannel::FailConnection(uint64_t generation, const absl::Status& why) {
   if (generation != socket_generation_ || socket_ == nullptr) return;
   boost::system::error_code ec;
-  socket_->close(ec);
+  socket_->socket.close(ec);
   socket_.reset();
   outbox_.clear();
   outbox_ids_.clear();
@@ -371,8 +433,9 @@ void AsioChannel::Close() {
 
 }  // namespace
 
-std::unique_ptr<Channel> Channel::Create(Clock* clock) {
-  return std::make_unique<AsioChannel>(clock);
+std::unique_ptr<Channel> Channel::Create(Clock* clock, std::shared_ptr<net::TlsContext> tls,
+                                         std::string tls_server_name) {
+  return std::make_unique<AsioChannel>(clock, std::move(tls), std::move(tls_server_name));
 }
 
 }  // namespace fencelock::client_internal

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "clock/clock.h"
 #include "fencelock/wire.pb.h"
+#include "net/tls.h"
 
 namespace fencelock::client_internal {
 
@@ -29,14 +30,19 @@ struct Reply {
 
 class Channel {
  public:
-  // `clock` must outlive the channel.
-  static std::unique_ptr<Channel> Create(Clock* clock);
+  // `clock` must outlive the channel. With `tls`, TCP connections run a TLS handshake after
+  // connecting, presenting the client's certificate and checking that the server's names
+  // `tls_server_name` (empty: the host of the address Connect() is given).
+  static std::unique_ptr<Channel> Create(Clock* clock,
+                                         std::shared_ptr<net::TlsContext> tls = nullptr,
+                                         std::string tls_server_name = "");
   virtual ~Channel() = default;
 
   // (Re)connects to `address` ("host:port" or "unix:/path") and exchanges Hello. Closes any
   // previous connection first; its pending calls fail with kUnavailable. Blocks up to
   // `timeout`. Errors: kInvalidArgument (bad address), kUnavailable (cannot connect or no
-  // Hello reply), kFailedPrecondition (no common protocol version; the message names both).
+  // Hello reply, or the TLS handshake failed: the message says why), kFailedPrecondition (no
+  // common protocol version; the message names both).
   virtual absl::Status Connect(const std::string& address, const std::string& client_name,
                                absl::Duration timeout) = 0;
 

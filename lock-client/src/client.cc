@@ -53,7 +53,7 @@ uint64_t LockHandle::token() const { return state_ ? state_->token() : 0; }
 
 class ClientImpl final : public Client {
  public:
-  ClientImpl(const ClientOptions& options, Clock* clock)
+  ClientImpl(const ClientOptions& options, Clock* clock, std::shared_ptr<net::TlsContext> tls)
       : options_(options),
         clock_(clock),
         costliest_step_(CostliestStep(options.steps)),
@@ -77,7 +77,7 @@ class ClientImpl final : public Client {
         confirm_cost_(metrics_->GetHistogram(
             "lock_confirm_seconds", "Time spent confirming with lockd in checkStillHeld (FR-13)",
             metrics::LatencyBuckets())),
-        channel_(Channel::Create(clock)) {
+        channel_(Channel::Create(clock, std::move(tls), options.tls_server_name)) {
     for (LossReason r : {LossReason::kDeadlinePassed, LossReason::kFencedOut,
                          LossReason::kSessionLost}) {
       lease_lost_[static_cast<size_t>(r)] = &metrics_->GetCounter(
@@ -241,8 +241,22 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
           " is not larger than its worst-case cost ", absl::FormatDuration(step.worst_case)));
     }
   }
+  std::shared_ptr<net::TlsContext> tls;
+  const net::TlsFiles tls_files{.ca_file = options.tls_ca_file,
+                                .cert_file = options.tls_cert_file,
+                                .key_file = options.tls_key_file};
+  if (tls_files.enabled()) {
+    if (options.server.rfind("unix:", 0) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TLS files were given for ", options.server,
+          ", a Unix socket: lockd knows its peers there by uid and serves no TLS on it"));
+    }
+    auto loaded = net::TlsContext::Create(tls_files, net::TlsRole::kClient, "tls_");
+    if (!loaded.ok()) return loaded.status();
+    tls = std::move(*loaded);
+  }
   auto client = std::make_unique<ClientImpl>(
-      options, options.clock != nullptr ? options.clock : Clock::Real());
+      options, options.clock != nullptr ? options.clock : Clock::Real(), std::move(tls));
   absl::Status started = client->Start();
   if (!started.ok()) return started;
   return client;

@@ -1,6 +1,7 @@
 // Durable acquire+release throughput and acquire latency of a real lockd process.
 //
 //   lockd_durable_bench --lockd=build/lock-server/lockd [--clients=1,8,64] [--seconds=3]
+//                       [--tls-dir=DIR]
 //
 // Starts lockd on a fresh state directory (under $TMPDIR) and, for each client count, opens
 // that many TCP connections with one session each. Every client loops: Acquire its own lock
@@ -8,6 +9,11 @@
 // only after its WAL record is fdatasynced, so every cycle is two durable mutations; clients
 // share syncs through group commit. Prints cycles/s, WAL syncs/s (from lockd's own counters),
 // and p50/p99 acquire latency. One benchmark thread drives all clients with Asio.
+//
+// With --tls-dir (a directory made by scripts/make-certs.sh DIR lockd bench), it measures
+// twice in one run, on two fresh lockds: plaintext loopback TCP first, then TLS 1.3 with
+// client certificates, so that the cost of TLS shows beside the same workload.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -27,12 +33,17 @@
 #include "absl/strings/str_split.h"
 #include "fencelock/wire.pb.h"
 #include "net/asio.h"
+#include "net/asio_ssl.h"
+#include "net/tls.h"
 #include "protocol/frame.h"
 
 ABSL_FLAG(std::string, lockd, "", "path to the lockd binary");
 ABSL_FLAG(std::string, clients, "1,8,64", "client counts to measure");
 ABSL_FLAG(double, seconds, 3.0, "measuring time per client count");
 ABSL_FLAG(std::string, dir, "", "state directory parent (default $TMPDIR or /tmp)");
+ABSL_FLAG(std::string, tls_dir, "",
+          "also measure over TLS, with the certificates made by scripts/make-certs.sh DIR lockd "
+          "bench in this directory");
 ABSL_FLAG(bool, pipeline, false,
           "each client writes Release(previous grant) and Acquire(next) in one write and then "
           "reads both answers, as the protocol's request ids allow");
@@ -47,15 +58,18 @@ using asio::awaitable;
 using asio::use_awaitable;
 using Clock = std::chrono::steady_clock;
 
-// One request/response exchange on a connection (no pipelining).
+// One request/response exchange on a connection (no pipelining), over TLS when `tls` is set.
 class Conn {
  public:
-  explicit Conn(asio::ip::tcp::socket s) : socket_(std::move(s)) {}
+  Conn(asio::ip::tcp::socket s, asio::ssl::context* tls) : socket_(std::move(s)) {
+    if (tls != nullptr) tls_ = std::make_unique<asio::ssl::stream<asio::ip::tcp::socket&>>(socket_, *tls);
+  }
+
   awaitable<wire::Response> Call(wire::Request req) {
     req.set_request_id(++id_);
     std::string frame;
     (void)protocol::AppendFrame(req.SerializeAsString(), &frame);
-    co_await asio::async_write(socket_, asio::buffer(frame), use_awaitable);
+    co_await Write(frame);
     co_return co_await Read();
   }
   // Writes `a` and `b` in one write; returns both answers, in request order.
@@ -65,13 +79,15 @@ class Conn {
     std::string frames;
     (void)protocol::AppendFrame(a.SerializeAsString(), &frames);
     (void)protocol::AppendFrame(b.SerializeAsString(), &frames);
-    co_await asio::async_write(socket_, asio::buffer(frames), use_awaitable);
+    co_await Write(frames);
     wire::Response first = co_await Read();
     wire::Response second = co_await Read();
     if (first.request_id() == b.request_id()) std::swap(first, second);
     co_return std::make_pair(std::move(first), std::move(second));
   }
+  // The TLS handshake if any, then Hello.
   awaitable<void> Hello() {
+    if (tls_) co_await tls_->async_handshake(asio::ssl::stream_base::client, use_awaitable);
     wire::Request hello;
     hello.mutable_hello()->set_min_version(1);
     hello.mutable_hello()->set_max_version(1);
@@ -85,13 +101,27 @@ class Conn {
         r.ParseFromString(payload);
         co_return r;
       }
-      const size_t n = co_await socket_.async_read_some(asio::buffer(buf_), use_awaitable);
+      size_t n = 0;
+      if (tls_) {
+        n = co_await tls_->async_read_some(asio::buffer(buf_), use_awaitable);
+      } else {
+        n = co_await socket_.async_read_some(asio::buffer(buf_), use_awaitable);
+      }
       decoder_.Feed(std::string_view(buf_, n));
     }
   }
 
  private:
+  awaitable<void> Write(const std::string& bytes) {
+    if (tls_) {
+      co_await asio::async_write(*tls_, asio::buffer(bytes), use_awaitable);
+    } else {
+      co_await asio::async_write(socket_, asio::buffer(bytes), use_awaitable);
+    }
+  }
+
   asio::ip::tcp::socket socket_;
+  std::unique_ptr<asio::ssl::stream<asio::ip::tcp::socket&>> tls_;
   protocol::FrameDecoder decoder_;
   char buf_[65536];
   uint64_t id_ = 0;
@@ -105,13 +135,14 @@ struct Shared {
   int errors = 0;
 };
 
-awaitable<void> RunClient(asio::io_context& io, int port, int index, Shared& shared) {
+awaitable<void> RunClient(asio::io_context& io, int port, asio::ssl::context* tls, int index,
+                          Shared& shared) {
   asio::ip::tcp::socket socket(io);
   co_await socket.async_connect(
       asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port)),
       use_awaitable);
   socket.set_option(asio::ip::tcp::no_delay(true));
-  Conn conn(std::move(socket));
+  Conn conn(std::move(socket), tls);
   co_await conn.Hello();
   wire::Request open;
   open.mutable_open_session()->set_ttl_ms(600'000);
@@ -195,7 +226,7 @@ awaitable<void> RunClient(asio::io_context& io, int port, int index, Shared& sha
   }
 }
 
-wire::StatsReply Stats(int port) {
+wire::StatsReply Stats(int port, asio::ssl::context* tls) {
   asio::io_context io;
   wire::StatsReply out;
   asio::co_spawn(
@@ -205,7 +236,7 @@ wire::StatsReply Stats(int port) {
         co_await s.async_connect(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"),
                                                          static_cast<uint16_t>(port)),
                                  use_awaitable);
-        Conn conn(std::move(s));
+        Conn conn(std::move(s), tls);
         co_await conn.Hello();
         wire::Request stats;
         stats.mutable_get_stats();
@@ -223,45 +254,71 @@ double Percentile(std::vector<double>& v, double p) {
   return v[k];
 }
 
-int Main() {
-  const std::string lockd = absl::GetFlag(FLAGS_lockd);
-  if (lockd.empty()) {
-    std::fprintf(stderr, "--lockd=PATH is required\n");
-    return 2;
-  }
-  std::string base = absl::GetFlag(FLAGS_dir);
-  if (base.empty()) base = getenv("TMPDIR") != nullptr ? getenv("TMPDIR") : "/tmp";
-  std::string work = base + "/fencelock-bench-XXXXXX";
-  if (mkdtemp(work.data()) == nullptr) return 1;
+// A lockd serving a fresh state directory under `work`, and the client side of its transport.
+struct Lockd {
+  pid_t pid = -1;
+  int port = 0;
+  std::unique_ptr<asio::ssl::context> tls;  // null: plaintext
+};
+
+// Starts lockd (over TLS with the certificates in `tls_dir` unless it is empty); false if it
+// does not come up.
+bool StartLockd(const std::string& lockd, const std::string& work, const std::string& tls_dir,
+                Lockd* out) {
   const std::string data = work + "/state", port_file = work + "/port";
-  if (std::system((lockd + " init --data-dir=" + data + " > /dev/null").c_str()) != 0) return 1;
-  const pid_t pid = fork();
-  if (pid == 0) {
+  if (std::system((lockd + " init --data-dir=" + data + " > /dev/null").c_str()) != 0) return false;
+  std::vector<std::string> args = {lockd, "serve", "--data-dir=" + data, "--port=0",
+                                   "--port-file=" + port_file, "--metrics-port=-1"};
+  if (!tls_dir.empty()) {
+    args.insert(args.end(), {"--tls-ca=" + tls_dir + "/ca.crt",
+                             "--tls-cert=" + tls_dir + "/lockd.crt",
+                             "--tls-key=" + tls_dir + "/lockd.key"});
+    auto context = net::TlsContext::Create({.ca_file = tls_dir + "/ca.crt",
+                                            .cert_file = tls_dir + "/bench.crt",
+                                            .key_file = tls_dir + "/bench.key"},
+                                           net::TlsRole::kClient, "bench ");
+    if (!context.ok()) {
+      std::fprintf(stderr, "--tls-dir=%s (scripts/make-certs.sh DIR lockd bench): %s\n",
+                   tls_dir.c_str(), std::string(context.status().message()).c_str());
+      return false;
+    }
+    SSL_CTX_up_ref((*context)->native());
+    out->tls = std::make_unique<asio::ssl::context>((*context)->native());
+  }
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string log = work + "/lockd.log";
+  out->pid = fork();
+  if (out->pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    execl(lockd.c_str(), lockd.c_str(), "serve", ("--data-dir=" + data).c_str(), "--port=0",
-          ("--port-file=" + port_file).c_str(), "--metrics-port=-1", static_cast<char*>(nullptr));
+    // lockd's own lines go to its log, not between the table's rows.
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+    }
+    execv(lockd.c_str(), argv.data());
     _exit(127);
   }
-  int port = 0;
-  for (int i = 0; i < 2000 && port == 0; ++i) {
+  for (int i = 0; i < 2000 && out->port == 0; ++i) {
     std::ifstream in(port_file);
-    in >> port;
+    in >> out->port;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  if (port == 0) return 1;
+  return out->port != 0;
+}
 
-  std::printf("durable acquire+release cycles against lockd (state in %s, fdatasync per batch)\n",
-              data.c_str());
-  std::printf("%8s %12s %10s %12s %12s %12s %12s\n", "clients", "cycles/s", "syncs/s",
-              "cycles/sync", "sync avg", "acquire p50", "acquire p99");
-  int status = 0;
+// Every client count against `lockd`, one line each; false if a cycle failed.
+bool Measure(Lockd& lockd, const char* transport) {
+  bool ok = true;
   for (absl::string_view count_text : absl::StrSplit(absl::GetFlag(FLAGS_clients), ',')) {
     int clients = 0;
-    if (!absl::SimpleAtoi(count_text, &clients) || clients <= 0) return 2;
+    if (!absl::SimpleAtoi(count_text, &clients) || clients <= 0) return false;
     asio::io_context io(1);
     Shared shared;
     for (int c = 0; c < clients; ++c) {
-      asio::co_spawn(io, RunClient(io, port, c, shared), asio::detached);
+      asio::co_spawn(io, RunClient(io, lockd.port, lockd.tls.get(), c, shared), asio::detached);
     }
     asio::steady_timer timer(io);
     wire::StatsReply before;
@@ -269,7 +326,7 @@ int Main() {
     // Warm up for 0.5 s, then measure.
     timer.expires_after(std::chrono::milliseconds(500));
     timer.async_wait([&](auto) {
-      before = Stats(port);
+      before = Stats(lockd.port, lockd.tls.get());
       start = Clock::now();
       shared.measuring = true;
       timer.expires_after(std::chrono::duration_cast<Clock::duration>(
@@ -281,22 +338,56 @@ int Main() {
     });
     io.run();
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    const wire::StatsReply after = Stats(port);
+    const wire::StatsReply after = Stats(lockd.port, lockd.tls.get());
     const double syncs = static_cast<double>(after.log_syncs_total() - before.log_syncs_total());
     const double sync_us =
         syncs > 0 ? static_cast<double>(after.log_sync_ns_total() - before.log_sync_ns_total()) /
                         syncs / 1000.0
                   : 0.0;
-    std::printf("%8d %12.0f %10.0f %12.2f %9.0f us %9.0f us %9.0f us%s\n", clients,
-                static_cast<double>(shared.cycles) / elapsed, syncs / elapsed,
+    std::printf("%-10s %8d %12.0f %10.0f %12.2f %9.0f us %9.0f us %9.0f us%s\n", transport,
+                clients, static_cast<double>(shared.cycles) / elapsed, syncs / elapsed,
                 syncs > 0 ? static_cast<double>(shared.cycles) / syncs : 0.0, sync_us,
                 Percentile(shared.acquire_us, 0.50), Percentile(shared.acquire_us, 0.99),
                 shared.errors ? "  (errors!)" : "");
     std::fflush(stdout);
-    if (shared.errors) status = 1;
+    if (shared.errors) ok = false;
   }
-  kill(pid, SIGTERM);
-  waitpid(pid, nullptr, 0);
+  return ok;
+}
+
+int Main() {
+  const std::string lockd = absl::GetFlag(FLAGS_lockd);
+  if (lockd.empty()) {
+    std::fprintf(stderr, "--lockd=PATH is required\n");
+    return 2;
+  }
+  std::string base = absl::GetFlag(FLAGS_dir);
+  if (base.empty()) base = getenv("TMPDIR") != nullptr ? getenv("TMPDIR") : "/tmp";
+  std::string work = base + "/fencelock-bench-XXXXXX";
+  if (mkdtemp(work.data()) == nullptr) return 1;
+  std::printf("durable acquire+release cycles against lockd (state in %s, fdatasync per batch)\n",
+              work.c_str());
+  std::printf("%-10s %8s %12s %10s %12s %12s %12s %12s\n", "transport", "clients", "cycles/s",
+              "syncs/s", "cycles/sync", "sync avg", "acquire p50", "acquire p99");
+  std::vector<std::pair<const char*, std::string>> transports = {{"plaintext", ""}};
+  if (const std::string tls = absl::GetFlag(FLAGS_tls_dir); !tls.empty()) {
+    transports.emplace_back("tls", tls);
+  }
+  int status = 0;
+  for (const auto& [name, tls_dir] : transports) {
+    Lockd server;
+    const std::string dir = work + "/" + name;
+    std::filesystem::create_directories(dir);
+    if (!StartLockd(lockd, dir, tls_dir, &server)) {
+      status = 1;
+    } else if (!Measure(server, name)) {
+      status = 1;
+    }
+    if (server.pid > 0) {
+      kill(server.pid, SIGTERM);
+      waitpid(server.pid, nullptr, 0);
+    }
+  }
   std::filesystem::remove_all(work);
   return status;
 }

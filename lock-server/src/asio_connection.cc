@@ -1,10 +1,15 @@
 #include "asio_connection.h"
 
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <sys/socket.h>
+
 #include <chrono>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "fencelock/wire.pb.h"
+#include "net/tls.h"
 #include "protocol/frame.h"
 
 namespace fencelock::server {
@@ -27,6 +32,61 @@ AsioConnection::AsioConnection(ServerCore* core, Socket socket, const Connection
       budget_(budget),
       on_gone_(std::move(on_gone)) {}
 
+void AsioConnection::Handshake(asio::ssl::context& context, absl::Duration timeout,
+                               HandshakeDone done) {
+  tls_ = std::make_unique<TlsStream>(socket_, context);
+  asio::co_spawn(socket_.get_executor(),
+                 HandshakeLoop(shared_from_this(), timeout, std::move(done)), asio::detached);
+}
+
+awaitable<void> AsioConnection::HandshakeLoop(std::shared_ptr<AsioConnection> self,
+                                              absl::Duration timeout, HandshakeDone done) {
+  // A peer that connects and says nothing must not hold its descriptor for longer.
+  handshaking_ = true;
+  linger_.expires_after(absl::ToChronoNanoseconds(timeout));
+  linger_.async_wait([this, self](boost::system::error_code ec) {
+    if (ec || !handshaking_) return;
+    handshake_timed_out_ = true;
+    socket_.cancel(ec);
+  });
+  boost::system::error_code ec;
+  // A TLS connection opens with a handshake record (content type 22); anything else is a
+  // plaintext client on the TLS port, which is told so in plaintext.
+  co_await socket_.async_wait(Socket::wait_read, asio::redirect_error(use_awaitable, ec));
+  unsigned char first = 0;
+  if (!ec && !closed_ && !handshake_timed_out_ &&
+      ::recv(socket_.native_handle(), &first, 1, MSG_PEEK) == 1 && first != 22) {
+    handshaking_ = false;
+    linger_.cancel();
+    tls_.reset();
+    done(*this, absl::FailedPreconditionError(
+                    "lockd serves TLS on this port: connect with a CA, a certificate and a key "
+                    "(--tls-ca, --tls-cert, --tls-key; docs/security.md)"));
+    co_return;
+  }
+  if (!ec) {
+    co_await tls_->async_handshake(asio::ssl::stream_base::server,
+                                   asio::redirect_error(use_awaitable, ec));
+  }
+  handshaking_ = false;
+  linger_.cancel();
+  if (closed_) co_return;
+  if (handshake_timed_out_) {
+    done(*this, absl::DeadlineExceededError(absl::StrCat(
+                    "no TLS handshake within ", absl::FormatDuration(timeout))));
+  } else if (ec) {
+    std::string why = absl::StrCat("TLS handshake failed: ", ec.message());
+    const long verify = SSL_get_verify_result(tls_->native_handle());
+    if (verify != X509_V_OK) {
+      absl::StrAppend(&why, " (the client's certificate: ", X509_verify_cert_error_string(verify),
+                      ")");
+    }
+    done(*this, absl::UnauthenticatedError(why));
+  } else {
+    done(*this, net::PeerIdentity(tls_->native_handle()));
+  }
+}
+
 void AsioConnection::Serve(std::string identity) {
   id_ = core_->Connect(this, std::move(identity));
   asio::co_spawn(socket_.get_executor(), ReadLoop(shared_from_this()), asio::detached);
@@ -46,13 +106,21 @@ awaitable<void> AsioConnection::ReadLoop(std::shared_ptr<AsioConnection> self) {
   std::string payload;  // keeps its capacity from frame to frame
   boost::system::error_code ec;
   while (!closed_) {
-    // Wait for readability, then read without blocking: unlike async_read_some, this makes no
-    // speculative recv that would only return EAGAIN after every request.
-    co_await socket_.async_wait(Socket::wait_read, asio::redirect_error(use_awaitable, ec));
-    if (ec || closed_) break;
-    const size_t n = socket_.read_some(asio::buffer(chunk), ec);
-    if (ec == asio::error::would_block || ec == asio::error::try_again) continue;
-    if (ec) break;
+    size_t n = 0;
+    if (tls_) {
+      // TLS may hold decrypted bytes of its own: always ask it.
+      n = co_await tls_->async_read_some(asio::buffer(chunk),
+                                         asio::redirect_error(use_awaitable, ec));
+      if (ec || closed_) break;
+    } else {
+      // Wait for readability, then read without blocking: unlike async_read_some, this makes
+      // no speculative recv that would only return EAGAIN after every request.
+      co_await socket_.async_wait(Socket::wait_read, asio::redirect_error(use_awaitable, ec));
+      if (ec || closed_) break;
+      n = socket_.read_some(asio::buffer(chunk), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) continue;
+      if (ec) break;
+    }
     if (closing_ || id_ == 0) continue;  // drain and discard until the peer or the linger closes
     decoder.Feed(std::string_view(chunk.data(), n));
     // One frame at a time: each reply counts against the budget before the next request is
@@ -120,9 +188,10 @@ void AsioConnection::MaybeResume() {
 
 void AsioConnection::Send(std::string_view frames) {
   if (closed_) return;
-  if (!writing_ && outbox_.empty()) {
+  if (!writing_ && outbox_.empty() && !tls_) {
     // Most replies fit in the socket buffer: send at once, and only hand what is left to the
-    // write coroutine.
+    // write coroutine. (Over TLS every write goes through the coroutine: a record cannot be
+    // left half-written.)
     boost::system::error_code ec;
     const size_t sent = socket_.write_some(asio::buffer(frames.data(), frames.size()), ec);
     if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
@@ -167,8 +236,13 @@ awaitable<void> AsioConnection::WriteLoop(std::shared_ptr<AsioConnection> self) 
     std::string batch;
     batch.swap(outbox_);
     in_write_ = batch.size();
-    co_await asio::async_write(socket_, asio::buffer(batch),
-                               asio::redirect_error(use_awaitable, ec));
+    if (tls_) {
+      co_await asio::async_write(*tls_, asio::buffer(batch),
+                                 asio::redirect_error(use_awaitable, ec));
+    } else {
+      co_await asio::async_write(socket_, asio::buffer(batch),
+                                 asio::redirect_error(use_awaitable, ec));
+    }
     in_write_ = 0;
     if (ec) {
       Close();

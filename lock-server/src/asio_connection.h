@@ -9,13 +9,16 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "lock-server/server_core.h"
 #include "net/asio.h"
+#include "net/asio_ssl.h"
 
 namespace fencelock::server {
 
 using Socket = asio::generic::stream_protocol::socket;
+using TlsStream = asio::ssl::stream<Socket&>;
 
 // How much of lockd one connection may hold, so that a peer that pipelines without reading,
 // or sends costly requests back to back, cannot take memory or the event loop from the others.
@@ -42,6 +45,13 @@ class AsioConnection final : public ConnectionSink,
   AsioConnection(ServerCore* core, Socket socket, const ConnectionBudget& budget,
                  std::function<void(AsioConnection*, CloseReason)> on_gone);
 
+  // Runs the server side of a TLS handshake on the connection, within `timeout`; from then on
+  // every byte goes through TLS. Then calls `done` with the peer's identity from its verified
+  // certificate (net::PeerIdentity), or with why the handshake failed; the caller goes on with
+  // Serve() or Refuse(), or closes. A peer that opens with anything but a TLS record gets
+  // kFailedPrecondition, and the connection is left plaintext, so that Refuse() reaches it.
+  using HandshakeDone = std::function<void(AsioConnection&, absl::StatusOr<std::string>)>;
+  void Handshake(asio::ssl::context& context, absl::Duration timeout, HandshakeDone done);
   // Registers with the core, as a peer authenticated as `identity` (empty: none), and starts
   // reading requests.
   void Serve(std::string identity);
@@ -60,6 +70,8 @@ class AsioConnection final : public ConnectionSink,
   // returns, when the caller's reference may be gone.
   asio::awaitable<void> ReadLoop(std::shared_ptr<AsioConnection> self);
   asio::awaitable<void> WriteLoop(std::shared_ptr<AsioConnection> self);
+  asio::awaitable<void> HandshakeLoop(std::shared_ptr<AsioConnection> self, absl::Duration timeout,
+                                      HandshakeDone done);
   // Waits until the connection is no longer over its budget; false if it was closed (as a
   // slow reader, or by anything else) meanwhile.
   asio::awaitable<bool> AwaitBudget();
@@ -70,11 +82,14 @@ class AsioConnection final : public ConnectionSink,
 
   ServerCore* const core_;
   Socket socket_;
+  std::unique_ptr<TlsStream> tls_;  // set by Handshake(): then all bytes go through it
   asio::steady_timer linger_;
   asio::steady_timer resume_;  // AwaitBudget() waits on it; cancelled to wake it
   const ConnectionBudget budget_;
   std::function<void(AsioConnection*, CloseReason)> on_gone_;
   bool paused_ = false;
+  bool handshaking_ = false;
+  bool handshake_timed_out_ = false;
   ConnectionId id_ = 0;  // 0 until Serve() registers with the core
   std::string outbox_;
   size_t in_write_ = 0;  // bytes of the write in progress (taken out of outbox_)

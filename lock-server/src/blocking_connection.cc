@@ -7,6 +7,8 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -116,6 +118,34 @@ absl::StatusOr<int> Dial(const std::string& server, MonoTime deadline) {
   return last;
 }
 
+// After an OpenSSL call on `ssl` returned `ret`: waits for what it wants (readable or writable)
+// and returns OK to retry, or the error, with OpenSSL's reason.
+absl::Status AfterTlsCall(ssl_st* ssl, int ret, int fd, MonoTime deadline,
+                          const std::string& what) {
+  switch (SSL_get_error(ssl, ret)) {
+    case SSL_ERROR_WANT_READ:
+      return WaitFor(fd, POLLIN, deadline, what);
+    case SSL_ERROR_WANT_WRITE:
+      return WaitFor(fd, POLLOUT, deadline, what);
+    case SSL_ERROR_ZERO_RETURN:
+      return absl::UnavailableError(absl::StrCat(what, ": lockd closed the connection"));
+    case SSL_ERROR_SYSCALL:
+      if (errno == EINTR) return absl::OkStatus();
+      return absl::UnavailableError(absl::StrCat(
+          what, ": ", net::TakeTlsErrors(errno != 0 ? std::strerror(errno)
+                                                    : "lockd closed the connection")));
+    default: {
+      std::string reason = net::TakeTlsErrors("TLS error");
+      const long verify = SSL_get_verify_result(ssl);
+      if (verify != X509_V_OK) {
+        absl::StrAppend(&reason, " (lockd's certificate: ",
+                        X509_verify_cert_error_string(verify), ")");
+      }
+      return absl::UnavailableError(absl::StrCat(what, ": ", reason));
+    }
+  }
+}
+
 }  // namespace
 
 BlockingConnection::BlockingConnection(int fd, const BlockingConnectionOptions& options)
@@ -124,7 +154,28 @@ BlockingConnection::BlockingConnection(int fd, const BlockingConnectionOptions& 
       decoder_(options.max_frame_bytes),
       next_id_(options.first_request_id - 1) {}
 
-BlockingConnection::~BlockingConnection() { ::close(fd_); }
+BlockingConnection::~BlockingConnection() {
+  if (ssl_ != nullptr) SSL_free(ssl_);
+  ::close(fd_);
+}
+
+absl::Status BlockingConnection::StartTls() {
+  ssl_ = SSL_new(options_.tls->native());
+  if (ssl_ == nullptr || SSL_set_fd(ssl_, fd_) != 1) {
+    return absl::InternalError(absl::StrCat("cannot start TLS: ", net::TakeTlsErrors("?")));
+  }
+  const std::string name = options_.tls_server_name.empty()
+                               ? net::ServerNameOf(options_.server)
+                               : options_.tls_server_name;
+  if (absl::Status s = net::ExpectServerName(ssl_, name); !s.ok()) return s;
+  const MonoTime deadline = Clock::Real()->Now() + options_.timeout;
+  const std::string what = absl::StrCat("TLS handshake with lockd at ", options_.server);
+  for (;;) {
+    const int ret = SSL_connect(ssl_);
+    if (ret == 1) return absl::OkStatus();
+    if (absl::Status s = AfterTlsCall(ssl_, ret, fd_, deadline, what); !s.ok()) return s;
+  }
+}
 
 absl::StatusOr<std::unique_ptr<BlockingConnection>> BlockingConnection::Connect(
     const BlockingConnectionOptions& options) {
@@ -134,6 +185,14 @@ absl::StatusOr<std::unique_ptr<BlockingConnection>> BlockingConnection::Connect(
   auto fd = Dial(options.server, Clock::Real()->Now() + options.timeout);
   if (!fd.ok()) return fd.status();
   std::unique_ptr<BlockingConnection> conn(new BlockingConnection(*fd, options));
+  if (options.tls) {
+    if (options.server.rfind("unix:", 0) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TLS was asked for ", options.server,
+                       ", a Unix socket: lockd knows its peers there by uid and serves no TLS"));
+    }
+    if (absl::Status s = conn->StartTls(); !s.ok()) return s;
+  }
   if (!options.hello) return conn;
   wire::Request hello;
   hello.mutable_hello()->set_min_version(protocol::kMinProtocolVersion);
@@ -148,9 +207,22 @@ absl::StatusOr<std::unique_ptr<BlockingConnection>> BlockingConnection::Connect(
   return conn;
 }
 
-absl::Status BlockingConnection::WriteAll(std::string_view bytes) {
+absl::Status BlockingConnection::SendBytes(std::string_view bytes) {
   const MonoTime deadline = Clock::Real()->Now() + options_.timeout;
   while (!bytes.empty()) {
+    if (ssl_ != nullptr) {
+      size_t written = 0;
+      const int ret = SSL_write_ex(ssl_, bytes.data(), bytes.size(), &written);
+      if (ret == 1) {
+        bytes.remove_prefix(written);
+        continue;
+      }
+      if (absl::Status s = AfterTlsCall(ssl_, ret, fd_, deadline, "writing a request to lockd");
+          !s.ok()) {
+        return s;
+      }
+      continue;
+    }
     const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
     if (n > 0) {
       bytes.remove_prefix(static_cast<size_t>(n));
@@ -177,7 +249,7 @@ absl::StatusOr<uint64_t> BlockingConnection::Send(wire::Request request) {
   if (absl::Status s = protocol::AppendFrame(request.SerializeAsString(), &frame); !s.ok()) {
     return s;
   }
-  if (absl::Status s = WriteAll(frame); !s.ok()) return s;
+  if (absl::Status s = SendBytes(frame); !s.ok()) return s;
   return id;
 }
 
@@ -202,6 +274,20 @@ absl::StatusOr<wire::Response> BlockingConnection::Receive(absl::Duration timeou
       case protocol::FrameDecoder::Result::kNeedMore:
         break;
     }
+    if (ssl_ != nullptr) {
+      // TLS may hold decrypted bytes already: read first, wait only when it asks to.
+      size_t got = 0;
+      const int ret = SSL_read_ex(ssl_, buf, sizeof(buf), &got);
+      if (ret == 1) {
+        decoder_.Feed(std::string_view(buf, got));
+        continue;
+      }
+      if (absl::Status s = AfterTlsCall(ssl_, ret, fd_, deadline, "waiting for lockd's reply");
+          !s.ok()) {
+        return s;
+      }
+      continue;
+    }
     if (absl::Status s = WaitFor(fd_, POLLIN, deadline, "waiting for lockd's reply"); !s.ok()) {
       return s;
     }
@@ -222,7 +308,11 @@ absl::StatusOr<wire::Response> BlockingConnection::Call(wire::Request request) {
   for (;;) {
     auto reply = Receive(std::max(deadline - Clock::Real()->Now(), absl::ZeroDuration()));
     if (!reply.ok()) return reply.status();
-    if (reply->request_id() == *id) return reply;
+    // An error with id 0 is about the connection (refused at admission, a frame lockd could
+    // not parse): it answers every request.
+    if (reply->request_id() == *id || (reply->request_id() == 0 && reply->code() != wire::OK)) {
+      return reply;
+    }
   }
 }
 

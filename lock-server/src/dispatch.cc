@@ -188,6 +188,12 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
       if (v.session_id() != 0) {
         if (absl::Status s = authorize(v.session_id()); !s.ok()) return finish(s);
         holder = v.session_id();
+      } else if (!host.permissions().MayValidate(conn.caller.identity)) {
+        // A resource's check: only for identities that check tokens, so that a stranger who
+        // remembers old tokens cannot raise lock_fenced_out_total, whose healthy value is 0.
+        return finish(service.Deny(absl::StrCat(
+            "may not check tokens without a session: ",
+            Permissions::Name(conn.caller.identity), " has no validate right")));
       }
       resp.mutable_validate();
       return finish(service.Validate(v.lock(), v.token(), now, holder));

@@ -11,6 +11,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <openssl/ssl.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -33,6 +35,8 @@ constexpr absl::Duration kLogInterval = absl::Seconds(10);
 // would only spin.
 constexpr auto kAcceptBackoffMin = std::chrono::milliseconds(50);
 constexpr auto kAcceptBackoffMax = std::chrono::seconds(1);
+// How long a peer refused at admission has to complete its TLS handshake and hear why.
+constexpr absl::Duration kRefusedHandshakeTimeout = absl::Seconds(1);
 
 bool OutOfResources(const boost::system::error_code& ec) {
   return ec == asio::error::no_descriptors || ec.value() == ENFILE ||
@@ -103,7 +107,7 @@ std::optional<uid_t> LoopbackPeerUid(const asio::ip::tcp::endpoint& local,
 }  // namespace
 
 Listener::Listener(asio::io_context& io, ServerCore* core, TimeSource* time,
-                   const ServerOptions& options)
+                   const ServerOptions& options, std::shared_ptr<net::TlsContext> tls)
     : io_(io),
       core_(core),
       options_(options),
@@ -113,9 +117,16 @@ Listener::Listener(asio::io_context& io, ServerCore* core, TimeSource* time,
               .slow_reader_timeout = options.slow_reader_timeout},
       log_(time, kLogInterval,
            [](const std::string& line) { std::fprintf(stderr, "lockd: %s\n", line.c_str()); }),
+      tls_(std::move(tls)),
       tcp_acceptor_(io),
       unix_acceptor_(io),
-      spare_fd_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
+      spare_fd_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {
+  if (tls_) {
+    // Asio's context takes a reference of its own to the one net::TlsContext loaded.
+    SSL_CTX_up_ref(tls_->native());
+    tls_context_.emplace(tls_->native());
+  }
+}
 
 Listener::~Listener() {
   log_.Flush();
@@ -164,13 +175,13 @@ absl::Status Listener::Bind() {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot parse listen address \"", options_.tcp_host, "\": ", ec.message()));
   }
-  if (!address.is_loopback()) {
+  if (!address.is_loopback() && !tls_) {
     // Anyone on the network could read and forge a plaintext stream; other machines must reach
     // lockd over TLS with client certificates.
     return absl::InvalidArgumentError(absl::StrCat(
         "listen address ", options_.tcp_host,
-        " is not loopback: lockd serves plaintext TCP on loopback (127.0.0.0/8, ::1) only, and "
-        "does not serve TLS yet; listen on loopback or on the Unix socket (--unix-socket)"));
+        " is not loopback: lockd serves plaintext TCP on loopback (127.0.0.0/8, ::1) only; to "
+        "serve other machines give TLS certificates (--tls-ca, --tls-cert, --tls-key)"));
   }
   asio::ip::tcp::endpoint endpoint(address, options_.tcp_port);
   tcp_acceptor_.open(endpoint.protocol(), ec);
@@ -311,14 +322,43 @@ asio::awaitable<void> Listener::AcceptLoop(Acceptor& acceptor) {
           }
         });
     open_[id] = connection;
+    if constexpr (!kUnix) {
+      if (tls_context_) {
+        // Over TLS even a refusal is said inside the TLS session, or the peer would only see a
+        // broken handshake; a refused peer gets less time for it.
+        connection->Handshake(
+            *tls_context_, admitted ? options_.hello_timeout : kRefusedHandshakeTimeout,
+            [this, id, refused](AsioConnection& c, absl::StatusOr<std::string> identity) {
+              if (absl::IsFailedPrecondition(identity.status())) {
+                Refuse(c, id, identity.status());  // plaintext on the TLS port: said plainly
+              } else if (!identity.ok()) {
+                core_->CountTransportEvent(TransportEvent::kRefused);
+                // Limited per reason (OpenSSL's are few), so that a flood of one kind does not
+                // hide another.
+                const std::string why(identity.status().message());
+                Log(absl::StrCat("tls ", why), absl::StrCat("refused connection ", id, ": ", why));
+                c.Close();
+              } else if (refused.ok()) {
+                c.Serve(std::move(*identity));
+              } else {
+                Refuse(c, id, refused);
+              }
+            });
+        continue;
+      }
+    }
     if (admitted) {
       connection->Serve(std::move(identity));
       continue;
     }
-    core_->CountTransportEvent(TransportEvent::kRefused);
-    Log("refused", absl::StrCat("refused connection ", id, ": ", refused.message()));
-    connection->Refuse(ErrorFrame(refused));
+    Refuse(*connection, id, refused);
   }
+}
+
+void Listener::Refuse(AsioConnection& connection, uint64_t id, const absl::Status& why) {
+  core_->CountTransportEvent(TransportEvent::kRefused);
+  Log("refused", absl::StrCat("refused connection ", id, ": ", why.message()));
+  connection.Refuse(ErrorFrame(why));
 }
 
 void Listener::RefuseBacklog(int listen_fd) {

@@ -20,13 +20,17 @@
 #include "lock-server/server.h"
 #include "lock-server/server_core.h"
 #include "net/asio.h"
+#include "net/asio_ssl.h"
+#include "net/tls.h"
 
 namespace fencelock::server {
 
 class Listener {
  public:
-  // `time` is the server's time source (for the log limiter); both outlive the listener.
-  Listener(asio::io_context& io, ServerCore* core, TimeSource* time, const ServerOptions& options);
+  // `time` is the server's time source (for the log limiter); both outlive the listener. With
+  // `tls`, every TCP connection is TLS (ServerOptions::tls).
+  Listener(asio::io_context& io, ServerCore* core, TimeSource* time, const ServerOptions& options,
+           std::shared_ptr<net::TlsContext> tls);
   ~Listener();
 
   // Binds and listens. kInvalidArgument for an address that may not be used, kUnavailable for
@@ -53,6 +57,8 @@ class Listener {
   absl::Status CheckAllowed(const std::optional<ucred>& peer) const;
   // OK if one more connection of `peer` fits max_connections and max_connections_per_peer.
   absl::Status CheckConnectionLimits(const std::string& peer) const;
+  // Counts, logs and tells the refused `connection` why.
+  void Refuse(AsioConnection& connection, uint64_t id, const absl::Status& why);
   // accept() failed for want of descriptors or memory: refuses the peers waiting in the
   // backlog with an error (through the spare descriptor) so that they do not hang.
   void RefuseBacklog(int listen_fd);
@@ -63,6 +69,8 @@ class Listener {
   const ServerOptions& options_;
   const ConnectionBudget budget_;
   LogLimiter log_;
+  std::shared_ptr<net::TlsContext> tls_;
+  std::optional<asio::ssl::context> tls_context_;  // Asio's view of tls_
   asio::ip::tcp::acceptor tcp_acceptor_;
   asio::local::stream_protocol::acceptor unix_acceptor_;
   uint16_t tcp_port_ = 0;

@@ -4,6 +4,8 @@
 //   lockctl ... sessions
 //   lockctl ... locks [--prefix=P]
 //   lockctl ... waiters [--prefix=P]
+//   [--tls-ca=PEM --tls-cert=PEM --tls-key=PEM [--tls-server-name=NAME]]: TLS to a lockd that
+//   serves it (docs/security.md).
 //   [--timeout=5s]: every step (connect, Hello, each request) gives up after this long, so a
 //   frozen lockd never hangs lockctl.
 //
@@ -25,6 +27,11 @@
 ABSL_FLAG(std::string, server, "127.0.0.1:7420", "lockd address: host:port or unix:/path");
 ABSL_FLAG(bool, json, false, "print JSON instead of tables");
 ABSL_FLAG(std::string, prefix, "", "locks/waiters: only locks whose name starts with this");
+ABSL_FLAG(std::string, tls_ca, "", "TLS: the CA certificate (PEM) lockd's certificate chains to");
+ABSL_FLAG(std::string, tls_cert, "", "TLS: lockctl's certificate (PEM)");
+ABSL_FLAG(std::string, tls_key, "", "TLS: the private key of --tls-cert (PEM)");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "TLS: the name lockd's certificate must carry; default: the host of --server");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5),
           "give up when lockd does not connect or answer a request within this long");
 
@@ -86,8 +93,24 @@ int Main(const std::string& command) {
                  absl::FormatDuration(timeout).c_str());
     return 2;
   }
-  auto connected = BlockingConnection::Connect(
-      {.server = absl::GetFlag(FLAGS_server), .timeout = timeout, .client_name = "lockctl"});
+  std::shared_ptr<net::TlsContext> tls;
+  const net::TlsFiles tls_files{.ca_file = absl::GetFlag(FLAGS_tls_ca),
+                                .cert_file = absl::GetFlag(FLAGS_tls_cert),
+                                .key_file = absl::GetFlag(FLAGS_tls_key)};
+  if (tls_files.enabled()) {
+    auto loaded = net::TlsContext::Create(tls_files, net::TlsRole::kClient, "--tls-");
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "lockctl: %s\n", std::string(loaded.status().message()).c_str());
+      return 2;
+    }
+    tls = std::move(*loaded);
+  }
+  auto connected = BlockingConnection::Connect({.server = absl::GetFlag(FLAGS_server),
+                                                .timeout = timeout,
+                                                .client_name = "lockctl",
+                                                .tls = tls,
+                                                .tls_server_name =
+                                                    absl::GetFlag(FLAGS_tls_server_name)});
   if (!connected.ok()) return Fail(connected.status());
   BlockingConnection& conn = **connected;
   const bool json = absl::GetFlag(FLAGS_json);
@@ -174,7 +197,7 @@ int Main(const std::string& command) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "inspect a running lockd\n  lockctl [--server=ADDR] [--json] status|sessions|locks|waiters "
-      "[--prefix=P]");
+      "[--prefix=P]\n  TLS: --tls-ca=PEM --tls-cert=PEM --tls-key=PEM [--tls-server-name=NAME]");
   const std::vector<std::string> args = fencelock::process::ParseFlags(argc, argv);
   if (args.size() != 2) {
     std::fprintf(stderr, "usage: lockctl [--server=ADDR] [--json] status|sessions|locks|waiters\n");

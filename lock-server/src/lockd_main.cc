@@ -3,6 +3,7 @@
 //   lockd init  --data-dir=DIR
 //   lockd serve --data-dir=DIR [--listen=127.0.0.1] [--port=7420] [--unix-socket=PATH]
 //               [--port-file=PATH] [--session-ttl=15s] [--lock-ttl=30s]
+//               [--tls-ca=PEM --tls-cert=PEM --tls-key=PEM]
 //
 // `serve` restores the state in DIR before it listens and refuses (exit 1, naming the file and
 // offset or reason) a missing, uninitialized, damaged or unsupported one. It then prints one
@@ -39,12 +40,18 @@ ABSL_FLAG(std::string, permissions, "",
           "reloaded on SIGHUP; default: none, everything allowed");
 ABSL_FLAG(bool, tcp, true, "serve TCP; --tcp=false serves the Unix socket only (--unix-socket)");
 ABSL_FLAG(std::string, listen, "127.0.0.1",
-          "TCP address to listen on: loopback only (plaintext TCP is never served to other "
-          "machines)");
+          "TCP address to listen on: loopback only, unless TLS is on (plaintext TCP is never "
+          "served to other machines)");
+ABSL_FLAG(std::string, tls_ca, "",
+          "TLS on TCP: the CA certificate (PEM) that client certificates must chain to");
+ABSL_FLAG(std::string, tls_cert, "",
+          "TLS on TCP: lockd's certificate (PEM, with any intermediates after it)");
+ABSL_FLAG(std::string, tls_key, "", "TLS on TCP: the private key of --tls-cert (PEM)");
 ABSL_FLAG(int, port, 7420, "TCP port to listen on; 0 picks a free port");
 ABSL_FLAG(std::string, unix_socket, "", "also listen on this Unix-domain socket path");
 ABSL_FLAG(bool, allow_remote, false,
-          "no longer accepted: plaintext TCP is served on loopback only");
+          "no longer accepted: plaintext TCP is served on loopback only; other machines connect "
+          "over TLS (--tls-ca, --tls-cert, --tls-key)");
 ABSL_FLAG(std::string, unix_socket_mode, "0600", "permission bits of the Unix socket, in octal");
 ABSL_FLAG(std::string, unix_socket_group, "",
           "group (name or id) of the Unix socket; default: lockd's own");
@@ -106,14 +113,17 @@ int Serve() {
   if (absl::GetFlag(FLAGS_allow_remote)) {
     std::fprintf(stderr,
                  "lockd: --allow-remote is no longer accepted: anyone on the network could read and "
-                 "forge plaintext TCP, so lockd serves it on loopback only; use loopback or the "
-                 "Unix socket until lockd serves TLS\n");
+                 "forge plaintext TCP, so lockd serves it on loopback only; to serve other "
+                 "machines, give --tls-ca, --tls-cert and --tls-key (docs/security.md)\n");
     return 1;
   }
   ServerOptions options;
   options.tcp = absl::GetFlag(FLAGS_tcp);
   options.tcp_host = absl::GetFlag(FLAGS_listen);
   options.tcp_port = static_cast<uint16_t>(port);
+  options.tls = {.ca_file = absl::GetFlag(FLAGS_tls_ca),
+                 .cert_file = absl::GetFlag(FLAGS_tls_cert),
+                 .key_file = absl::GetFlag(FLAGS_tls_key)};
   options.unix_socket_path = absl::GetFlag(FLAGS_unix_socket);
   options.default_session_ttl = absl::GetFlag(FLAGS_session_ttl);
   options.default_lock_ttl = absl::GetFlag(FLAGS_lock_ttl);
@@ -196,7 +206,10 @@ int Serve() {
       return 1;
     }
   }
-  if (options.tcp) std::printf("lockd: listening on tcp %s:%u\n", options.tcp_host.c_str(), bound);
+  if (options.tcp) {
+    std::printf("lockd: listening on %s %s:%u\n", options.tls.enabled() ? "tls" : "tcp",
+                options.tcp_host.c_str(), bound);
+  }
   if (!options.unix_socket_path.empty()) {
     std::printf("lockd: listening on unix %s\n", options.unix_socket_path.c_str());
   }
@@ -261,6 +274,7 @@ int main(int argc, char** argv) {
       "  lockd serve --data-dir=DIR [--listen=ADDR] [--port=N] [--unix-socket=PATH] [--tcp=false]\n"
       "              [--port-file=PATH] [--session-ttl=D] [--lock-ttl=D]\n"
       "              [--metrics-port=N] [--metrics-listen=ADDR] [--permissions=FILE]\n"
+      "              [--tls-ca=PEM --tls-cert=PEM --tls-key=PEM]\n"
       "              [--unix-socket-mode=0600] [--unix-socket-group=G] [--allowed-uids=U,...]\n"
       "              [--max-connections=N] [--max-connections-per-peer=N]\n"
       "              [--idle-timeout=D] [--slow-reader-timeout=D] [--max-sessions-per-connection=N]\n"

@@ -65,12 +65,16 @@ absl::StatusOr<Permissions> Permissions::Parse(std::string_view text, const std:
         }
         r.prefixes.push_back(words[i] == "*" ? "" : std::string(words[i]));
       }
-    } else if (right == "list" || right == "inspect" || right == "operator") {
+    } else if (right == "list" || right == "inspect" || right == "validate" ||
+               right == "operator") {
       if (words.size() > 2) return fail(absl::StrCat(right, " takes no arguments"));
-      (right == "list" ? r.list : right == "inspect" ? r.inspect : r.op) = true;
+      (right == "list"       ? r.list
+       : right == "inspect"  ? r.inspect
+       : right == "validate" ? r.validate
+                             : r.op) = true;
     } else {
-      return fail(
-          absl::StrCat("unknown right \"", right, "\" (acquire, list, inspect, operator)"));
+      return fail(absl::StrCat("unknown right \"", right,
+                               "\" (acquire, list, inspect, validate, operator)"));
     }
     ++p.rule_count_;
   }
@@ -82,6 +86,7 @@ absl::StatusOr<Permissions> Permissions::Parse(std::string_view text, const std:
       r.prefixes.insert(r.prefixes.end(), p.everyone_.prefixes.begin(), p.everyone_.prefixes.end());
       r.list = r.list || p.everyone_.list;
       r.inspect = r.inspect || p.everyone_.inspect;
+      r.validate = r.validate || p.everyone_.validate;
       r.op = r.op || p.everyone_.op;
     }
   }
@@ -112,6 +117,10 @@ bool Permissions::MayList(const std::string& identity) const {
 
 bool Permissions::MayInspect(const std::string& identity) const {
   return all_allowed_ || For(identity).inspect;
+}
+
+bool Permissions::MayValidate(const std::string& identity) const {
+  return all_allowed_ || For(identity).validate;
 }
 
 bool Permissions::IsOperator(const std::string& identity) const {

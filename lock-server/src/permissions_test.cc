@@ -26,10 +26,14 @@ TEST(PermissionsTest, RulesAddUpAndAnythingNotGrantedIsRefused) {
       "anonymous acquire public/\n"
       "*         acquire shared/\n"
       "uid:7     inspect\n"
+      "uid:9     validate\n"
       "\n",
       "perm");
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(p->rule_count(), 7u);
+  EXPECT_EQ(p->rule_count(), 8u);
+  EXPECT_TRUE(p->MayValidate("uid:9"));
+  EXPECT_FALSE(p->MayValidate("uid:1000"));
+  EXPECT_FALSE(p->MayValidate(""));
   EXPECT_TRUE(p->MayInspect("uid:7"));
   EXPECT_FALSE(p->MayList("uid:7"));  // inspect is its own right (lockd lets it list too)
   EXPECT_FALSE(p->MayInspect("uid:1000"));

@@ -61,8 +61,8 @@ std::string Describe(const Permissions& p) {
 
 class ServerImpl final : public Server {
  public:
-  explicit ServerImpl(const ServerOptions& options)
-      : options_(options), time_(io_, options.clock) {}
+  ServerImpl(const ServerOptions& options, std::shared_ptr<net::TlsContext> tls)
+      : options_(options), tls_(std::move(tls)), time_(io_, options.clock) {}
 
   ~ServerImpl() override {
     // The listener's connections and the exporter refer to the core; the core's log posts into
@@ -100,6 +100,7 @@ class ServerImpl final : public Server {
   void Stop();
 
   const ServerOptions options_;
+  std::shared_ptr<net::TlsContext> tls_;  // nullptr: plaintext TCP
   asio::io_context io_{1};
   AsioTimeSource time_;
   // Before the core: the log's writer reports sync times into it until the log is destroyed.
@@ -158,7 +159,7 @@ absl::Status ServerImpl::Init() {
       .stall_threshold = options_.stall_threshold,
       .permissions = std::move(permissions)};
   core_ = std::make_unique<ServerCore>(core_options, &time_, std::move(*opened));
-  listener_ = std::make_unique<Listener>(io_, core_.get(), &time_, options_);
+  listener_ = std::make_unique<Listener>(io_, core_.get(), &time_, options_, tls_);
   if (absl::Status s = listener_->Bind(); !s.ok()) return s;
   exporter_ = std::make_unique<MetricsExport>(core_.get(), &time_, metrics_.get());
   if (options_.metrics_port >= 0) {
@@ -240,14 +241,28 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   if (options.reservation_block == 0 || options.reservation_block > (uint64_t{1} << 40)) {
     return absl::InvalidArgumentError("the reservation block must be 1 to 2^40");
   }
+  std::shared_ptr<net::TlsContext> tls;
+  if (options.tls.enabled()) {
+    if (!options.tcp) {
+      return absl::InvalidArgumentError(
+          "TLS certificates (--tls-*) were given but the TCP listener is off (--tcp=false)");
+    }
+    auto loaded = net::TlsContext::Create(options.tls, net::TlsRole::kServer, "--tls-");
+    if (!loaded.ok()) return loaded.status();
+    tls = std::move(*loaded);
+  }
   // Last, once every option is known to be good: this changes the process's limit.
   std::string raised;
   if (absl::Status s = EnsureDescriptorBudget(options.max_connections, &raised); !s.ok()) return s;
   ServerOptions resolved = options;
   if (resolved.env == nullptr) resolved.env = Env::Posix();
   if (resolved.clock == nullptr) resolved.clock = Clock::Real();
-  auto server = std::make_unique<ServerImpl>(resolved);
+  auto server = std::make_unique<ServerImpl>(resolved, tls);
   if (!raised.empty()) server->Note(raised);
+  if (tls) {
+    server->Note(absl::StrCat("TLS 1.3 on tcp as ", tls->identity(),
+                              "; clients need a certificate from ", options.tls.ca_file));
+  }
   if (absl::Status s = server->Init(); !s.ok()) return s;
   return server;
 }

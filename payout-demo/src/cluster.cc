@@ -35,6 +35,17 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
   std::filesystem::create_directories(c->Path("logs"), ec);
   if (c->options_.history) std::filesystem::create_directories(c->Path("history"), ec);
   if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", c->Path("logs"), ": ", ec.message()));
+  if (const std::string& tls = c->options_.tls_dir; !tls.empty()) {
+    auto context = net::TlsContext::Create(
+        {.ca_file = tls + "/ca.crt", .cert_file = tls + "/worker.crt", .key_file = tls + "/worker.key"},
+        net::TlsRole::kClient, "worker ");
+    if (!context.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the TLS directory ", tls, " (scripts/make-certs.sh DIR lockd worker): ",
+          context.status().message()));
+    }
+    c->lockd_tls_ = std::move(*context);
+  }
   {
     auto init = c->Spawn(c->options_.lockd_binary, {"init", "--data-dir=" + c->Path("lockd")},
                          "logs/lockd.log");
@@ -67,11 +78,15 @@ absl::StatusOr<process::Child> Cluster::Spawn(const std::string& binary,
 absl::Status Cluster::StartLockd() {
   std::filesystem::remove(Path("lockd.port"));
   std::filesystem::remove(Path("lockd.metrics-port"));
-  auto lockd = Spawn(options_.lockd_binary,
-                     {"serve", "--data-dir=" + Path("lockd"), absl::StrCat("--port=", lockd_port_),
-                      "--port-file=" + Path("lockd.port"), "--metrics-port=0",
-                      "--metrics-port-file=" + Path("lockd.metrics-port")},
-                     "logs/lockd.log");
+  std::vector<std::string> args = {
+      "serve", "--data-dir=" + Path("lockd"), absl::StrCat("--port=", lockd_port_),
+      "--port-file=" + Path("lockd.port"), "--metrics-port=0",
+      "--metrics-port-file=" + Path("lockd.metrics-port")};
+  if (const std::string& tls = options_.tls_dir; !tls.empty()) {
+    args.insert(args.end(), {"--tls-ca=" + tls + "/ca.crt", "--tls-cert=" + tls + "/lockd.crt",
+                             "--tls-key=" + tls + "/lockd.key"});
+  }
+  auto lockd = Spawn(options_.lockd_binary, args, "logs/lockd.log");
   if (!lockd.ok()) return lockd.status();
   lockd_ = std::move(*lockd);
   auto port = process::AwaitPortFile(Path("lockd.port"), lockd_, absl::Seconds(20));
@@ -120,6 +135,10 @@ absl::StatusOr<process::Child*> Cluster::StartWorker(const std::string& name,
       "--lock-ttl=" + absl::FormatDuration(options_.lock_ttl),
       absl::StrCat("--margin=", options_.margin)};
   if (options_.history) args.push_back("--history=" + HistoryPath(name));
+  if (const std::string& tls = options_.tls_dir; !tls.empty()) {
+    args.insert(args.end(), {"--tls-ca=" + tls + "/ca.crt", "--tls-cert=" + tls + "/worker.crt",
+                             "--tls-key=" + tls + "/worker.key"});
+  }
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   auto child = process::Child::Spawn(options_.worker_binary, args,
                                      {.stdout_file = Path("logs/" + name + ".log"),

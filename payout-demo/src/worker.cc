@@ -27,6 +27,11 @@
 
 ABSL_FLAG(std::string, name, "", "this worker's name, as recorded on its claims; required");
 ABSL_FLAG(std::string, lockd, "127.0.0.1:7420", "lockd: host:port or unix:/path");
+ABSL_FLAG(std::string, tls_ca, "", "TLS to lockd: the CA certificate lockd's chains to (PEM)");
+ABSL_FLAG(std::string, tls_cert, "", "TLS to lockd: this worker's certificate (PEM)");
+ABSL_FLAG(std::string, tls_key, "", "TLS to lockd: the private key of --tls-cert (PEM)");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "TLS to lockd: the name its certificate must carry; default: the host of --lockd");
 ABSL_FLAG(std::string, rail, "", "the rail: host:port; required");
 ABSL_FLAG(std::string, store, "", "the payout store (SQLite file); required");
 ABSL_FLAG(absl::Duration, session_ttl, fencelock::defaults::kSessionTtl, "lock.session.ttl");
@@ -321,6 +326,10 @@ int Main(FaultPoints* faults) {
   }
   ClientOptions options;
   options.server = absl::GetFlag(FLAGS_lockd);
+  options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   options.session_ttl = absl::GetFlag(FLAGS_session_ttl);
   options.default_lock_ttl = absl::GetFlag(FLAGS_lock_ttl);
   options.safety_margin = absl::GetFlag(FLAGS_margin);

@@ -54,15 +54,24 @@ int FreeLoopbackPort() {
   return ntohs(addr.sin_port);
 }
 
-RawConnection RawConnection::Connect(const std::string& server) {
+RawConnection RawConnection::Connect(const std::string& server,
+                                     std::shared_ptr<net::TlsContext> tls) {
   // Request ids from 1001, clear of the small ids tests give their own SendRequest()s.
-  auto conn = server::BlockingConnection::Connect(server::BlockingConnectionOptions{
-      .server = server, .client_name = "raw-test", .hello = false, .first_request_id = 1001});
+  auto conn = server::BlockingConnection::Connect(
+      server::BlockingConnectionOptions{.server = server,
+                                        .client_name = "raw-test",
+                                        .hello = false,
+                                        .first_request_id = 1001,
+                                        .tls = std::move(tls)});
   if (!conn.ok()) {
     std::fprintf(stderr, "RawConnection: %s\n", conn.status().ToString().c_str());
     std::abort();
   }
   return RawConnection(std::move(*conn));
+}
+
+RawConnection RawConnection::Tls(int port, std::shared_ptr<net::TlsContext> tls) {
+  return Connect("127.0.0.1:" + std::to_string(port), std::move(tls));
 }
 
 RawConnection RawConnection::Tcp(int port) {
@@ -71,20 +80,7 @@ RawConnection RawConnection::Tcp(int port) {
 
 RawConnection RawConnection::Unix(const std::string& path) { return Connect("unix:" + path); }
 
-bool RawConnection::SendBytes(const std::string& bytes) {
-  size_t sent = 0;
-  while (sent < bytes.size()) {
-    const ssize_t n = send(conn_->fd(), bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{conn_->fd(), POLLOUT, 0};
-      if (poll(&p, 1, 5000) <= 0) return false;
-      continue;
-    }
-    if (n <= 0) return false;
-    sent += static_cast<size_t>(n);
-  }
-  return true;
-}
+bool RawConnection::SendBytes(const std::string& bytes) { return conn_->SendBytes(bytes).ok(); }
 
 bool RawConnection::SendRequest(const wire::Request& request) {
   std::string frame;
@@ -168,6 +164,32 @@ wire::Request Release(uint64_t session, const std::string& lock, uint64_t token)
   r.mutable_release()->set_session_id(session);
   r.mutable_release()->set_lock(lock);
   r.mutable_release()->set_token(token);
+  return r;
+}
+wire::Request KeepAlive(uint64_t session, const std::string& lock, uint64_t token) {
+  wire::Request r;
+  r.mutable_keep_alive()->set_session_id(session);
+  auto* ref = r.mutable_keep_alive()->add_locks();
+  ref->set_lock(lock);
+  ref->set_token(token);
+  return r;
+}
+wire::Request Close(uint64_t session) {
+  wire::Request r;
+  r.mutable_close_session()->set_session_id(session);
+  return r;
+}
+wire::Request Validate(const std::string& lock, uint64_t token, uint64_t as_holder) {
+  wire::Request r;
+  r.mutable_validate()->set_lock(lock);
+  r.mutable_validate()->set_token(token);
+  r.mutable_validate()->set_session_id(as_holder);
+  return r;
+}
+wire::Request Resume(uint64_t session, const std::string& secret) {
+  wire::Request r;
+  r.mutable_resume_session()->set_session_id(session);
+  r.mutable_resume_session()->set_secret(secret);
   return r;
 }
 wire::Request GetStats() {

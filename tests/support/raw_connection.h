@@ -32,6 +32,12 @@ wire::Request Acquire(uint64_t session, const std::string& lock,
                       absl::Duration wait = absl::ZeroDuration(),
                       absl::Duration ttl = absl::ZeroDuration());
 wire::Request Release(uint64_t session, const std::string& lock, uint64_t token);
+// Renews `session` and its hold on `lock` with `token`.
+wire::Request KeepAlive(uint64_t session, const std::string& lock, uint64_t token);
+wire::Request Close(uint64_t session);
+// A resource's check of `token`; with `as_holder`, the holder's own confirmation (FR-13).
+wire::Request Validate(const std::string& lock, uint64_t token, uint64_t as_holder = 0);
+wire::Request Resume(uint64_t session, const std::string& secret);
 wire::Request GetStats();
 wire::Request ListLocks(uint32_t limit);
 }  // namespace request
@@ -48,6 +54,8 @@ class RawConnection {
  public:
   static RawConnection Tcp(int port);
   static RawConnection Unix(const std::string& path);
+  // Over TLS (a client context), checking that lockd's certificate names 127.0.0.1.
+  static RawConnection Tls(int port, std::shared_ptr<net::TlsContext> tls);
   RawConnection(RawConnection&& other) noexcept = default;
 
   bool SendBytes(const std::string& bytes);
@@ -70,7 +78,8 @@ class RawConnection {
   std::vector<wire::Response> Pipeline(std::vector<wire::Request> requests);
 
  private:
-  static RawConnection Connect(const std::string& server);
+  static RawConnection Connect(const std::string& server,
+                               std::shared_ptr<net::TlsContext> tls = nullptr);
   explicit RawConnection(std::unique_ptr<server::BlockingConnection> conn)
       : conn_(std::move(conn)) {}
   std::unique_ptr<server::BlockingConnection> conn_;

@@ -154,7 +154,18 @@ struct ClientOptions {
   absl::Duration heartbeat_interval = absl::ZeroDuration();
   // How long one request may wait for its reply (a hop's read timeout). Default: 5 s.
   absl::Duration request_timeout = absl::Seconds(5);
-  // How long connecting (TCP or Unix connect plus Hello) may take. Default: 5 s.
+  // TLS for a TCP address (docs/security.md): the CA that lockd's certificate must chain to,
+  // and this client's certificate and key, all PEM files. All three or none; a unix: address
+  // takes none (lockd knows its peers there by uid). Create() refuses files that do not load,
+  // a key that does not belong to the certificate, and an expired certificate. Default: none,
+  // plaintext TCP (which lockd serves on loopback only).
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // The name lockd's certificate must carry. Default: empty, the host of `server`.
+  std::string tls_server_name;
+  // How long connecting (TCP or Unix connect, any TLS handshake, and Hello) may take.
+  // Default: 5 s.
   absl::Duration connect_timeout = absl::Seconds(5);
   // Source of t_send and "now" for every lease decision. Default: nullptr, the real
   // boot-time clock (CLOCK_BOOTTIME). Tests pass a SimulatedClock; it must outlive the client.

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "fencelock/wire.pb.h"
+#include "net/tls.h"
 #include "protocol/frame.h"
 
 namespace fencelock::server {
@@ -34,6 +35,10 @@ struct BlockingConnectionOptions {
   size_t max_frame_bytes = size_t{64} << 20;
   // The request id of the first request; later ones count up from it. Default: 1.
   uint64_t first_request_id = 1;
+  // TLS for a TCP address: a client context (net::TlsContext, TlsRole::kClient), and the name
+  // lockd's certificate must carry (empty: the host of `server`). Default: none, plaintext.
+  std::shared_ptr<net::TlsContext> tls;
+  std::string tls_server_name;
 };
 
 class BlockingConnection {
@@ -41,7 +46,9 @@ class BlockingConnection {
   // Connects and (unless options.hello is false) negotiates the protocol version. Errors:
   // kInvalidArgument for an address that cannot be parsed (or a Unix path too long for a
   // socket), kUnavailable when nothing answers or the connection fails, kDeadlineExceeded when a
-  // step took longer than the timeout, kFailedPrecondition when lockd refuses the Hello.
+  // step took longer than the timeout, kFailedPrecondition when lockd refuses the Hello. Over
+  // TLS, a failed handshake or a certificate lockd refuses is kUnavailable, with OpenSSL's
+  // reason.
   static absl::StatusOr<std::unique_ptr<BlockingConnection>> Connect(
       const BlockingConnectionOptions& options);
   ~BlockingConnection();
@@ -49,7 +56,7 @@ class BlockingConnection {
   BlockingConnection& operator=(const BlockingConnection&) = delete;
 
   // Sends `request` with the next request id and returns the reply carrying that id (pushes
-  // for other ids are skipped). kDeadlineExceeded if it does not arrive within the timeout,
+  // for other ids are skipped), or an error about the whole connection (request id 0). kDeadlineExceeded if it does not arrive within the timeout,
   // kUnavailable if the connection breaks or the reply does not parse.
   absl::StatusOr<wire::Response> Call(wire::Request request);
   // Sends `request` with the next request id, which it returns, without waiting for a reply.
@@ -57,14 +64,19 @@ class BlockingConnection {
   // The next reply to arrive, whatever its id; waits at most `timeout`.
   absl::StatusOr<wire::Response> Receive(absl::Duration timeout);
 
-  // The socket, for tests that also write raw bytes on it.
+  // Writes `bytes` as they are (through TLS when on), for tests that send malformed frames;
+  // waits at most the timeout for room.
+  absl::Status SendBytes(std::string_view bytes);
+
+  // The socket, for tests that watch it (plaintext only).
   int fd() const { return fd_; }
 
  private:
   BlockingConnection(int fd, const BlockingConnectionOptions& options);
-  absl::Status WriteAll(std::string_view bytes);
+  absl::Status StartTls();
 
   int fd_;
+  ssl_st* ssl_ = nullptr;  // the TLS session over fd_, when options_.tls is set
   BlockingConnectionOptions options_;
   protocol::FrameDecoder decoder_;
   uint64_t next_id_ = 0;

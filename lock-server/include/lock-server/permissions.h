@@ -6,6 +6,9 @@
 //                                                  holders' session ids and tokens
 //   <identity>  inspect                            may also see those ids and tokens, and list
 //                                                  sessions
+//   <identity>  validate                           may check any token without a session (a
+//                                                  resource asking lockd, fence 2); its
+//                                                  stale tokens count as fenced out
 //   <identity>  operator                           operator rights (recovery, drain)
 //
 // An identity is how lockd knows the peer: `uid:<n>` on the Unix socket, `anonymous` for
@@ -40,6 +43,7 @@ class Permissions {
   bool MayAcquire(const std::string& identity, std::string_view lock) const;
   bool MayList(const std::string& identity) const;
   bool MayInspect(const std::string& identity) const;
+  bool MayValidate(const std::string& identity) const;
   bool IsOperator(const std::string& identity) const;
   // For refusals: "uid:1000 may acquire locks starting with payout/, refunds/" or "... none".
   std::string DescribeAcquire(const std::string& identity) const;
@@ -52,6 +56,7 @@ class Permissions {
     std::vector<std::string> prefixes;  // "" is every lock
     bool list = false;
     bool inspect = false;
+    bool validate = false;
     bool op = false;
   };
   // The rights of `identity` and of `*`, together (merged once, when the file is parsed, so

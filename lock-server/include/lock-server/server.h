@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "clock/clock.h"
 #include "lock-server/env.h"
+#include "net/tls.h"
 #include "protocol/defaults.h"
 
 namespace fencelock::server {
@@ -37,9 +38,17 @@ struct ServerOptions {
   // Whether to listen on TCP at all; false leaves only the Unix socket (which must then be
   // given). Default: true.
   bool tcp = true;
-  // Address the TCP listener binds: loopback only (127.0.0.0/8, ::1). Plaintext TCP is never
-  // served to other machines; Create() refuses any other address. Default: 127.0.0.1.
+  // Address the TCP listener binds. Without `tls`, loopback only (127.0.0.0/8, ::1): plaintext
+  // TCP is never served to other machines, and Create() refuses any other address. With `tls`,
+  // any address. Default: 127.0.0.1.
   std::string tcp_host = "127.0.0.1";
+  // TLS on the TCP listener: when given, every TCP connection must complete a TLS 1.3
+  // handshake with a client certificate from `tls.ca_file` (within hello_timeout) before
+  // anything else, and is known by its certificate's name (net::PeerIdentity: "cn:<name>").
+  // Create() refuses files that do not load (naming the file and the reason) and a certificate
+  // that has expired. The Unix socket stays plaintext (its peers are known by uid). Default:
+  // none, plaintext TCP on loopback.
+  net::TlsFiles tls;
   // TCP port; 0 picks a free one, reported by Server::tcp_port(). Default: 7420.
   uint16_t tcp_port = 7420;
   // Path of a Unix-domain socket to listen on as well. Default: empty (none).

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "net/tls.h"
 #include "payout-demo/store.h"
 #include "protocol/defaults.h"
 #include "process/process.h"
@@ -37,6 +38,10 @@ struct ClusterOptions {
   // "NAME=value" entries added to every worker's environment (the harness runs workers with
   // libfaketime this way). Default: none.
   std::vector<std::string> worker_environment;
+  // A directory made by scripts/make-certs.sh DIR lockd worker: lockd serves TLS with
+  // lockd.{crt,key}, and every worker connects with worker.{crt,key}. Default: empty,
+  // plaintext loopback.
+  std::string tls_dir;
 };
 
 // The rail's ledger against the store, after the run.
@@ -78,6 +83,9 @@ class Cluster {
   }
   const ClusterOptions& options() const { return options_; }
   const std::string& lockd_address() const { return lockd_address_; }
+  // For the harness's own connections to lockd: a TLS client context with the workers'
+  // certificate when the cluster runs TLS (ClusterOptions::tls_dir), else nullptr.
+  std::shared_ptr<net::TlsContext> lockd_tls() const { return lockd_tls_; }
   int lockd_port() const { return lockd_port_; }
   const std::string& rail_address() const { return rail_address_; }
   process::Child& lockd() { return lockd_; }
@@ -114,6 +122,7 @@ class Cluster {
   process::Child lockd_, rail_;
   std::map<std::string, process::Child> workers_;
   std::string lockd_address_, rail_address_;
+  std::shared_ptr<net::TlsContext> lockd_tls_;
   int lockd_port_ = 0;
   int lockd_metrics_port_ = 0;
   std::unique_ptr<PayoutStore> store_;

@@ -1,0 +1,179 @@
+#include "net/tls.h"
+
+#include <arpa/inet.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+
+namespace fencelock::net {
+namespace {
+
+// Bytes a permissions file could not spell (spaces, controls, non-ASCII) as %XX, and '%'
+// itself, so that an identity is always one printable word.
+std::string Printable(const unsigned char* data, int length) {
+  std::string out;
+  for (int i = 0; i < length; ++i) {
+    const unsigned char c = data[i];
+    if (c > ' ' && c < 0x7f && c != '%') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      char hex[4];
+      std::snprintf(hex, sizeof(hex), "%%%02X", c);
+      out += hex;
+    }
+  }
+  return out;
+}
+
+std::string CertificateIdentity(X509* cert) {
+  if (cert == nullptr) return "";
+  X509_NAME* subject = X509_get_subject_name(cert);
+  const int index = X509_NAME_get_index_by_NID(subject, NID_commonName, -1);
+  if (index >= 0) {
+    unsigned char* utf8 = nullptr;
+    const int n =
+        ASN1_STRING_to_UTF8(&utf8, X509_NAME_ENTRY_get_data(X509_NAME_get_entry(subject, index)));
+    if (n > 0) {
+      std::string identity = absl::StrCat("cn:", Printable(utf8, n));
+      OPENSSL_free(utf8);
+      return identity;
+    }
+    OPENSSL_free(utf8);
+  }
+  std::string identity;
+  auto* names = static_cast<GENERAL_NAMES*>(
+      X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  for (int i = 0; names != nullptr && i < sk_GENERAL_NAME_num(names); ++i) {
+    const GENERAL_NAME* name = sk_GENERAL_NAME_value(names, i);
+    if (name->type == GEN_DNS) {
+      identity = absl::StrCat("dns:", Printable(ASN1_STRING_get0_data(name->d.dNSName),
+                                                ASN1_STRING_length(name->d.dNSName)));
+      break;
+    }
+  }
+  GENERAL_NAMES_free(names);
+  return identity;
+}
+
+}  // namespace
+
+std::string TakeTlsErrors(const std::string& fallback) {
+  std::string text;
+  while (const unsigned long e = ERR_get_error()) {
+    char buffer[256];
+    ERR_error_string_n(e, buffer, sizeof(buffer));
+    // "error:0A000086:SSL routines::certificate verify failed": keep what a reader needs.
+    const char* reason = ERR_reason_error_string(e);
+    if (!text.empty()) text += "; ";
+    text += reason != nullptr ? reason : buffer;
+  }
+  return text.empty() ? fallback : text;
+}
+
+absl::StatusOr<std::shared_ptr<TlsContext>> TlsContext::Create(const TlsFiles& files,
+                                                               TlsRole role,
+                                                               const std::string& flag_prefix) {
+  for (auto [flag, file] : {std::pair{"ca", &files.ca_file}, std::pair{"cert", &files.cert_file},
+                            std::pair{"key", &files.key_file}}) {
+    if (file->empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TLS needs all of ", flag_prefix, "ca, ", flag_prefix, "cert and ", flag_prefix,
+          "key; ", flag_prefix, flag, " is missing"));
+    }
+  }
+  ERR_clear_error();
+  SSL_CTX* ctx = SSL_CTX_new(TLS_method());
+  if (ctx == nullptr) {
+    return absl::InternalError(absl::StrCat("cannot make a TLS context: ", TakeTlsErrors("?")));
+  }
+  auto fail = [&](const std::string& what) {
+    SSL_CTX_free(ctx);
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", TakeTlsErrors("unknown error")));
+  };
+  // TLS 1.3 only: no downgrade to older versions and their weaker suites.
+  if (SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION) != 1) {
+    return fail("cannot require TLS 1.3");
+  }
+  if (SSL_CTX_load_verify_file(ctx, files.ca_file.c_str()) != 1) {
+    return fail(absl::StrCat("cannot load the CA certificate ", files.ca_file, " (", flag_prefix,
+                             "ca)"));
+  }
+  if (SSL_CTX_use_certificate_chain_file(ctx, files.cert_file.c_str()) != 1) {
+    return fail(absl::StrCat("cannot load the certificate ", files.cert_file, " (", flag_prefix,
+                             "cert)"));
+  }
+  if (SSL_CTX_use_PrivateKey_file(ctx, files.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+    return fail(absl::StrCat("cannot load the private key ", files.key_file, " (", flag_prefix,
+                             "key) for the certificate ", files.cert_file));
+  }
+  if (SSL_CTX_check_private_key(ctx) != 1) {
+    return fail(absl::StrCat("the private key ", files.key_file, " does not belong to the "
+                             "certificate ", files.cert_file));
+  }
+  X509* own = SSL_CTX_get0_certificate(ctx);
+  // Peers would refuse it anyway; say so at startup, with the dates, rather than at every
+  // handshake.
+  if (X509_cmp_current_time(X509_get0_notAfter(own)) < 0) {
+    return fail(absl::StrCat("the certificate ", files.cert_file, " has expired"));
+  }
+  if (X509_cmp_current_time(X509_get0_notBefore(own)) > 0) {
+    return fail(absl::StrCat("the certificate ", files.cert_file, " is not valid yet"));
+  }
+  if (role == TlsRole::kServer) {
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+    // Tells clients which CA to pick a certificate for.
+    if (STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(files.ca_file.c_str())) {
+      SSL_CTX_set_client_CA_list(ctx, names);
+    }
+    // Connections are long-lived and never resumed: no session tickets to send.
+    SSL_CTX_set_num_tickets(ctx, 0);
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+  } else {
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+  }
+  ERR_clear_error();
+  return std::shared_ptr<TlsContext>(new TlsContext(ctx, role, CertificateIdentity(own)));
+}
+
+TlsContext::~TlsContext() { SSL_CTX_free(ctx_); }
+
+absl::Status ExpectServerName(ssl_st* ssl, const std::string& server_name) {
+  if (server_name.empty()) return absl::InvalidArgumentError("no server name to check");
+  unsigned char address[16];
+  const bool is_ip = ::inet_pton(AF_INET, server_name.c_str(), address) == 1 ||
+                     ::inet_pton(AF_INET6, server_name.c_str(), address) == 1;
+  if (is_ip) {
+    if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), server_name.c_str()) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("bad server address ", server_name));
+    }
+    return absl::OkStatus();
+  }
+  if (SSL_set1_host(ssl, server_name.c_str()) != 1 ||
+      SSL_set_tlsext_host_name(ssl, server_name.c_str()) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad server name ", server_name, ": ", TakeTlsErrors("?")));
+  }
+  return absl::OkStatus();
+}
+
+std::string ServerNameOf(const std::string& address) {
+  if (address.rfind("unix:", 0) == 0) return "";
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+std::string PeerIdentity(ssl_st* ssl) {
+  if (SSL_get_verify_result(ssl) != X509_V_OK) return "";
+  return CertificateIdentity(SSL_get0_peer_certificate(ssl));
+}
+
+}  // namespace fencelock::net
