@@ -294,6 +294,22 @@ TEST_F(TlsTest, OneIdentityCannotDriveAnothersSessionEvenWithItsIdTokenAndSecret
             wire::OK);
 }
 
+TEST_F(TlsTest, ARefusalAtAdmissionIsSaidInsideTls) {
+  LockdProcess limited({.extra_args = [&] {
+    auto args = ServeArgs(Certs().a(), "lockd");
+    args.push_back("--max-connections-per-peer=1");
+    return args;
+  }()});
+  RawConnection first = RawConnection::Tls(limited.port(), ClientContext(Certs().Client("worker-1")));
+  ASSERT_EQ(first.Hello().code(), wire::OK);
+  auto second = server::BlockingConnection::Connect(
+      {.server = absl::StrCat("127.0.0.1:", limited.port()),
+       .tls = ClientContext(Certs().Client("worker-2"))});
+  EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr("lockd --max-connections-per-peer=1"));
+}
+
 TEST_F(TlsTest, WithTlsLockdMayListenBeyondLoopback) {
   testing::TempDir state;
   LockdProcess wide({.extra_args = [&] {

@@ -1,6 +1,7 @@
 #include "net/tls.h"
 
 #include <arpa/inet.h>
+#include <sys/stat.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -12,6 +13,9 @@
 
 namespace fencelock::net {
 namespace {
+
+// Certificates, chains and keys are a few kilobytes.
+constexpr off_t kMaxPemBytes = off_t{1} << 20;
 
 // Bytes a permissions file could not spell (spaces, controls, non-ASCII) as %XX, and '%'
 // itself, so that an identity is always one printable word.
@@ -84,6 +88,17 @@ absl::StatusOr<std::shared_ptr<TlsContext>> TlsContext::Create(const TlsFiles& f
       return absl::InvalidArgumentError(absl::StrCat(
           "TLS needs all of ", flag_prefix, "ca, ", flag_prefix, "cert and ", flag_prefix,
           "key; ", flag_prefix, flag, " is missing"));
+    }
+  }
+  for (auto [flag, file] : {std::pair{"ca", &files.ca_file}, std::pair{"cert", &files.cert_file},
+                            std::pair{"key", &files.key_file}}) {
+    // A FIFO would block the start until someone writes to it; a huge file is a mistake.
+    struct stat st;
+    if (::stat(file->c_str(), &st) == 0 &&
+        (!S_ISREG(st.st_mode) || st.st_size > kMaxPemBytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          *file, " (", flag_prefix, flag, ") is not a regular PEM file of at most ",
+          kMaxPemBytes, " bytes"));
     }
   }
   ERR_clear_error();

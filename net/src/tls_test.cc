@@ -26,6 +26,10 @@ TEST(TlsTest, AContextNeedsAllThreeFilesAndNamesTheOneThatFails) {
   EXPECT_TRUE(absl::IsInvalidArgument(missing.status()));
   EXPECT_THAT(missing.status().message(),
               HasSubstr("cannot load the CA certificate /nonexistent/ca.crt (--tls-ca)"));
+  auto fifo = TlsContext::Create({.ca_file = "/dev/zero", .cert_file = "c", .key_file = "k"},
+                                 TlsRole::kServer, "--tls-");
+  EXPECT_THAT(fifo.status().message(),
+              HasSubstr("/dev/zero (--tls-ca) is not a regular PEM file"));
   EXPECT_FALSE(TlsFiles{}.enabled());
   EXPECT_TRUE(TlsFiles{.key_file = "k"}.enabled());
 }
