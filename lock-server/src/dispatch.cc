@@ -180,7 +180,8 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
       const auto& r = req.release();
       if (absl::Status s = authorize(r.session_id()); !s.ok()) return finish(s);
       resp.mutable_release();
-      return finish(service.Release(r.session_id(), r.lock(), r.token(), now, r.relinquish()));
+      return finish(service.Release(r.session_id(), r.lock(), r.token(), now, r.relinquish(),
+                                    service.SentByItsDriver(r.session_id(), conn.caller)));
     }
     case wire::Request::kValidate: {
       const auto& v = req.validate();
@@ -196,7 +197,9 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
             Permissions::Name(conn.caller.identity), " has no validate right")));
       }
       resp.mutable_validate();
-      return finish(service.Validate(v.lock(), v.token(), now, holder));
+      return finish(service.Validate(
+          v.lock(), v.token(), now, holder,
+          !holder.has_value() || service.SentByItsDriver(*holder, conn.caller)));
     }
     case wire::Request::kGetStats: {
       host.FillStats(resp.mutable_stats());

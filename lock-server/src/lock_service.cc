@@ -67,6 +67,15 @@ absl::Status LockService::Authorize(SessionId session, const Caller& caller) {
   return absl::OkStatus();
 }
 
+bool LockService::SentByItsDriver(SessionId session, const Caller& caller) const {
+  if (state_.FindSession(session) != nullptr) return true;  // Authorize() judged it
+  const auto ended = ended_sessions_.find(session);
+  if (ended == ended_sessions_.end()) return false;
+  return (ended->second.connection != 0 && ended->second.connection == caller.connection) ||
+         (ended->second.identity_hash != 0 && !caller.identity.empty() &&
+          ended->second.identity_hash == std::hash<std::string>{}(caller.identity));
+}
+
 absl::StatusOr<absl::Duration> LockService::Resume(SessionId session, std::string_view secret,
                                                    const Caller& caller) {
   const SessionState* s = state_.FindSession(session);
@@ -85,7 +94,7 @@ absl::StatusOr<absl::Duration> LockService::Resume(SessionId session, std::strin
 }
 
 absl::Status LockService::CheckHolder(std::optional<SessionId> session, const std::string& lock,
-                                      FenceToken token, bool count) {
+                                      FenceToken token, bool count, bool from_driver) {
   if (token == 0 || token > state_.last_token()) {
     return absl::InvalidArgumentError(
         absl::StrCat("token ", token, " for lock \"", lock, "\" was never issued"));
@@ -98,9 +107,11 @@ absl::Status LockService::CheckHolder(std::optional<SessionId> session, const st
   // Whose token is it? Only a lease's own session acting after losing it is fenced out (the
   // must-be-zero event); a token the sender never held says nothing about any holder.
   const auto ended = ended_.find(token);
+  // With a session, sent by whoever drove it (SentByItsDriver): anyone else replaying an ended
+  // session's token says nothing about its holder.
   const bool own = ended != ended_.end() &&
                    ended->second.lock_hash == std::hash<std::string>{}(lock) &&
-                   (!session.has_value() || ended->second.session == *session);
+                   (!session.has_value() || (ended->second.session == *session && from_driver));
   const std::string from =
       session.has_value() ? absl::StrCat(" from session ", *session) : std::string();
   if (!own) {
@@ -230,19 +241,19 @@ absl::StatusOr<AcquireResult> LockService::Acquire(SessionId session, const std:
 }
 
 absl::Status LockService::Release(SessionId session, const std::string& lock, FenceToken token,
-                                  MonoTime now, bool relinquish) {
+                                  MonoTime now, bool relinquish, bool from_driver) {
   Advance(now);
-  absl::Status s = CheckHolder(session, lock, token, /*count=*/!relinquish);
+  absl::Status s = CheckHolder(session, lock, token, /*count=*/!relinquish, from_driver);
   if (!s.ok()) return s;
   ReleaseAndHandOff(lock, token, ReleaseReason::kReleased, now);
   return absl::OkStatus();
 }
 
 absl::Status LockService::Validate(const std::string& lock, FenceToken token, MonoTime now,
-                                   std::optional<SessionId> holder) {
+                                   std::optional<SessionId> holder, bool from_driver) {
   Advance(now);
   // A resource has the token, not a session; a holder confirming its lock names its session.
-  return CheckHolder(holder, lock, token);
+  return CheckHolder(holder, lock, token, /*count=*/true, from_driver);
 }
 
 void LockService::ReleaseAndHandOff(const std::string& lock, FenceToken token,
@@ -282,7 +293,18 @@ void LockService::EndSession(SessionId session, EndReason reason, MonoTime now) 
   for (const std::string& lock : held) {
     ReleaseAndHandOff(lock, state_.FindHolder(lock)->token, ReleaseReason::kSessionEnded, now);
   }
-  Commit(record::SessionEnded{session, reason}, now);
+  const auto bound = bound_.find(session);
+  const EndedSession who{bound == bound_.end() ? ConnectionId{0} : bound->second,
+                         s->owner.empty() ? size_t{0} : std::hash<std::string>{}(s->owner)};
+  Commit(record::SessionEnded{session, reason}, now);  // `s` is gone from here on
+  if (options_.remembered_lease_ends > 0) {
+    ended_sessions_[session] = who;
+    ended_sessions_order_.push_back(session);
+    while (ended_sessions_order_.size() > options_.remembered_lease_ends) {
+      ended_sessions_.erase(ended_sessions_order_.front());
+      ended_sessions_order_.pop_front();
+    }
+  }
   bound_.erase(session);
 }
 

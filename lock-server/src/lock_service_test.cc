@@ -348,6 +348,44 @@ TEST(SessionOwnershipTest, OnlyTheBoundConnectionDrivesASessionAndResumeTakesThe
   EXPECT_TRUE(service.Authorize(s, one).ok());
 }
 
+TEST(SessionOwnershipTest, AStrangerReplayingAnEndedSessionsTokenCannotRaiseFencedOut) {
+  LockService service(ServiceOptions{});
+  const Caller worker{1, ""}, stranger{2, ""}, identified{3, "cn:worker-1"};
+  const SessionId s = service.OpenSession(absl::Seconds(15), At(0), worker, "sixteen-byte-key")->first;
+  const FenceToken t = service.Acquire(s, "payout/1", absl::Seconds(30), absl::ZeroDuration(), 1,
+                                       At(0))->token;
+  ASSERT_TRUE(service.CloseSession(s, At(1)).ok());
+  // The stranger lists the old holder (no permissions file) and replays it: refused, and
+  // counted as a foreign token, not as fenced out.
+  EXPECT_FALSE(service.SentByItsDriver(s, stranger));
+  EXPECT_EQ(service.Release(s, "payout/1", t, At(2), false, service.SentByItsDriver(s, stranger))
+                .code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(service.Validate("payout/1", t, At(2), s, service.SentByItsDriver(s, stranger))
+                .code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(service.stats().fenced_out_total, 0u);
+  EXPECT_EQ(service.stats().foreign_tokens_total, 2u);
+  // The worker's own late release is what fence 1 is for: fenced out, counted.
+  EXPECT_TRUE(service.SentByItsDriver(s, worker));
+  EXPECT_EQ(service.Release(s, "payout/1", t, At(2), false, service.SentByItsDriver(s, worker))
+                .code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(service.stats().fenced_out_total, 1u);
+  // An identity's ended session: any connection of that identity, nobody else.
+  const SessionId i = service.OpenSession(absl::Seconds(15), At(0), identified, "another-key-0000")->first;
+  ASSERT_TRUE(service.CloseSession(i, At(1)).ok());
+  EXPECT_TRUE(service.SentByItsDriver(i, Caller{4, "cn:worker-1"}));
+  EXPECT_FALSE(service.SentByItsDriver(i, Caller{5, "cn:worker-2"}));
+  // Once the end is forgotten, nobody's replay counts as fenced out.
+  LockService forgetful(ServiceOptions{.remembered_lease_ends = 1});
+  const SessionId f = forgetful.OpenSession(absl::Seconds(15), At(0), worker, "sixteen-byte-key")->first;
+  const SessionId g = forgetful.OpenSession(absl::Seconds(15), At(0), worker, "sixteen-byte-kez")->first;
+  ASSERT_TRUE(forgetful.CloseSession(f, At(1)).ok());
+  ASSERT_TRUE(forgetful.CloseSession(g, At(1)).ok());  // f's end is forgotten now
+  EXPECT_FALSE(forgetful.SentByItsDriver(f, worker));
+}
+
 TEST(SessionOwnershipTest, AnIdentitysSessionIsNeverAnotherIdentitysEvenWithTheSecret) {
   LockService service(ServiceOptions{});
   auto opened = service.OpenSession(absl::Seconds(15), At(0), Caller{1, "uid:1000"}, "secret-of-1000!!");

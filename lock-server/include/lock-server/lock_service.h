@@ -133,9 +133,17 @@ class LockService {
   // Whether `caller` may drive `session` (keep it alive, acquire, release, validate as its
   // holder, close it): only from the connection the session is bound to (the one that opened
   // it, or the last to resume it) and only with the identity that opened it. OK too for a
-  // session that does not exist (the request then answers SESSION_NOT_FOUND). Otherwise
-  // kPermissionDenied, counted; the session is left as it was.
+  // session that does not exist (the request then answers SESSION_NOT_FOUND, or FENCED_OUT;
+  // see SentByItsDriver). Otherwise kPermissionDenied, counted; the session is left as it was.
   absl::Status Authorize(SessionId session, const Caller& caller);
+
+  // Whether a request naming `session` comes from whoever drove it: true for a live session
+  // (Authorize() judges those); for one that ended recently (ServiceOptions::
+  // remembered_lease_ends of them), whether `caller` is the connection it was bound to or
+  // has the identity that opened it. Only then does a stale token of that session count as
+  // fenced out (the must-be-zero event); from anyone else it counts as foreign, so that a
+  // stranger replaying an ended session's id and tokens cannot raise the alert.
+  bool SentByItsDriver(SessionId session, const Caller& caller) const;
 
   // Binds `session` to `caller`'s connection (after a reconnect, or after lockd restarted) if
   // `secret` is the session's and `caller`'s identity opened it; the connection it was bound to
@@ -166,14 +174,16 @@ class LockService {
 
   // Releases `lock` if `token` is its current holder's and `session` is that holder. A
   // `relinquish` release (the client already gave the lock up) is not counted as fenced out
-  // when its token is stale.
+  // when its token is stale; neither is one not `from_driver` (SentByItsDriver) of an ended
+  // session, which counts as foreign.
   absl::Status Release(SessionId session, const std::string& lock, FenceToken token,
-                       MonoTime now, bool relinquish = false);
+                       MonoTime now, bool relinquish = false, bool from_driver = true);
 
   // Fence 1 for resources that cannot store tokens: OK iff `token` holds `lock` now (and, when
   // `holder` is given, that session holds it: a holder confirming its own lock).
+  // `from_driver` as for Release().
   absl::Status Validate(const std::string& lock, FenceToken token, MonoTime now,
-                        std::optional<SessionId> holder = std::nullopt);
+                        std::optional<SessionId> holder = std::nullopt, bool from_driver = true);
 
   // Forgets a queued waiter whose requester went away. No outcome is produced for it.
   void CancelWaiter(WaiterId waiter);
@@ -234,10 +244,11 @@ class LockService {
                                             absl::Duration default_ttl) const;
   // Fence 1: OK iff `token` is the current holder's (and, when given, `session` is that
   // holder's session); otherwise kAborted (FENCED_OUT). Unless `count` is false, the refusal is
-  // counted as fenced out when the token was this lock's and `session` held it (see
-  // ServiceOptions::remembered_lease_ends), and as a foreign token otherwise.
+  // counted as fenced out when the token was this lock's and `session` held it and the request
+  // came `from_driver` of that session (see ServiceOptions::remembered_lease_ends), and as a
+  // foreign token otherwise.
   absl::Status CheckHolder(std::optional<SessionId> session, const std::string& lock,
-                           FenceToken token, bool count = true);
+                           FenceToken token, bool count = true, bool from_driver = true);
   // A lease ended: remember whose it was (bounded).
   void RememberEnded(const std::string& lock, FenceToken token, SessionId session);
   void ReleaseAndHandOff(const std::string& lock, FenceToken token, ReleaseReason reason,
@@ -268,6 +279,15 @@ class LockService {
   };
   absl::flat_hash_map<FenceToken, EndedLease> ended_;
   std::deque<FenceToken> ended_order_;
+  // Who drove the sessions that ended last, oldest first in ended_sessions_order_ (as many as
+  // lease ends are remembered): the connection it was bound to (0: none) and a hash of its
+  // identity (0: anonymous).
+  struct EndedSession {
+    ConnectionId connection;
+    size_t identity_hash;
+  };
+  absl::flat_hash_map<SessionId, EndedSession> ended_sessions_;
+  std::deque<SessionId> ended_sessions_order_;
 };
 
 }  // namespace fencelock::server
