@@ -10,6 +10,7 @@ FENCELOCK_PACKAGES=(
   libabsl-dev libboost-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev
   prometheus faketime openssl libssl-dev
+  etcd-server etcd-client libgrpc++-dev protobuf-compiler-grpc
   clang libclang-rt-14-dev
 )
 

@@ -1,7 +1,7 @@
 // Durable acquire+release throughput and acquire latency of a real lockd process.
 //
 //   lockd_durable_bench --lockd=build/lock-server/lockd [--clients=1,8,64] [--seconds=3]
-//                       [--tls-dir=DIR]
+//                       [--tls-dir=DIR] [--etcd=/usr/bin/etcd]
 //
 // Starts lockd on a fresh state directory (under $TMPDIR) and, for each client count, opens
 // that many TCP connections with one session each. Every client loops: Acquire its own lock
@@ -12,8 +12,12 @@
 //
 // With --tls-dir (a directory made by scripts/make-certs.sh DIR lockd bench), it measures
 // twice in one run, on two fresh lockds: plaintext loopback TCP first, then TLS 1.3 with
-// client certificates, so that the cost of TLS shows beside the same workload.
+// client certificates, so that the cost of TLS shows beside the same workload. With --etcd,
+// it measures a third lockd whose state is in a one-member etcd it starts (a commit is then an
+// etcd transaction, which etcd makes durable with its own fdatasync).
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -41,6 +45,9 @@ ABSL_FLAG(std::string, lockd, "", "path to the lockd binary");
 ABSL_FLAG(std::string, clients, "1,8,64", "client counts to measure");
 ABSL_FLAG(double, seconds, 3.0, "measuring time per client count");
 ABSL_FLAG(std::string, dir, "", "state directory parent (default $TMPDIR or /tmp)");
+ABSL_FLAG(std::string, etcd, "",
+          "also measure with lockd's state in etcd: the path of the etcd binary (Debian's "
+          "etcd-server: /usr/bin/etcd); the bench starts a one-member etcd of its own");
 ABSL_FLAG(std::string, tls_dir, "",
           "also measure over TLS, with the certificates made by scripts/make-certs.sh DIR lockd "
           "bench in this directory");
@@ -254,6 +261,62 @@ double Percentile(std::vector<double>& v, double p) {
   return v[k];
 }
 
+// Starts `args` (args[0] the binary) with its output going to `log`; killed with the bench.
+pid_t SpawnQuiet(std::vector<std::string> args, const std::string& log) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    // The servers' own lines go to their logs, not between the table's rows.
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+    }
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// A loopback TCP port that was free a moment ago.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// Starts a one-member etcd in `work` and initializes lockd's prefix in it (retrying until etcd
+// answers); its client endpoint, or "" if it does not come up.
+std::string StartEtcd(const std::string& etcd, const std::string& lockd, const std::string& work,
+                      pid_t* pid) {
+  const std::string client = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string peer = "http://127.0.0.1:" + std::to_string(FreePort());
+  *pid = SpawnQuiet({etcd, "--name=bench", "--data-dir=" + work + "/etcd",
+                     "--listen-client-urls=http://" + client,
+                     "--advertise-client-urls=http://" + client, "--listen-peer-urls=" + peer,
+                     "--initial-advertise-peer-urls=" + peer, "--initial-cluster=bench=" + peer},
+                    work + "/etcd.log");
+  for (int i = 0; i < 100; ++i) {
+    const std::string init = lockd + " init --etcd=" + client +
+                             " --etcd-prefix=/fencelock/bench > /dev/null 2>&1";
+    if (std::system(init.c_str()) == 0) return client;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return "";
+}
+
 // A lockd serving a fresh state directory under `work`, and the client side of its transport.
 struct Lockd {
   pid_t pid = -1;
@@ -261,14 +324,21 @@ struct Lockd {
   std::unique_ptr<asio::ssl::context> tls;  // null: plaintext
 };
 
-// Starts lockd (over TLS with the certificates in `tls_dir` unless it is empty); false if it
-// does not come up.
+// Starts lockd (over TLS with the certificates in `tls_dir` unless it is empty; on the etcd at
+// `etcd` unless it is empty, else on a state directory); false if it does not come up.
 bool StartLockd(const std::string& lockd, const std::string& work, const std::string& tls_dir,
-                Lockd* out) {
+                const std::string& etcd, Lockd* out) {
   const std::string data = work + "/state", port_file = work + "/port";
-  if (std::system((lockd + " init --data-dir=" + data + " > /dev/null").c_str()) != 0) return false;
-  std::vector<std::string> args = {lockd, "serve", "--data-dir=" + data, "--port=0",
-                                   "--port-file=" + port_file, "--metrics-port=-1"};
+  std::vector<std::string> args = {lockd, "serve", "--port=0", "--port-file=" + port_file,
+                                   "--metrics-port=-1"};
+  if (etcd.empty()) {
+    if (std::system((lockd + " init --data-dir=" + data + " > /dev/null").c_str()) != 0) {
+      return false;
+    }
+    args.push_back("--data-dir=" + data);
+  } else {
+    args.insert(args.end(), {"--etcd=" + etcd, "--etcd-prefix=/fencelock/bench"});
+  }
   if (!tls_dir.empty()) {
     args.insert(args.end(), {"--tls-ca=" + tls_dir + "/ca.crt",
                              "--tls-cert=" + tls_dir + "/lockd.crt",
@@ -285,22 +355,7 @@ bool StartLockd(const std::string& lockd, const std::string& work, const std::st
     SSL_CTX_up_ref((*context)->native());
     out->tls = std::make_unique<asio::ssl::context>((*context)->native());
   }
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const std::string log = work + "/lockd.log";
-  out->pid = fork();
-  if (out->pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    // lockd's own lines go to its log, not between the table's rows.
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd >= 0) {
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-    }
-    execv(lockd.c_str(), argv.data());
-    _exit(127);
-  }
+  out->pid = SpawnQuiet(args, work + "/lockd.log");
   for (int i = 0; i < 2000 && out->port == 0; ++i) {
     std::ifstream in(port_file);
     in >> out->port;
@@ -369,23 +424,42 @@ int Main() {
               work.c_str());
   std::printf("%-10s %8s %12s %10s %12s %12s %12s %12s\n", "transport", "clients", "cycles/s",
               "syncs/s", "cycles/sync", "sync avg", "acquire p50", "acquire p99");
-  std::vector<std::pair<const char*, std::string>> transports = {{"plaintext", ""}};
+  struct Setup {
+    const char* name;
+    std::string tls_dir;
+    bool etcd;
+  };
+  std::vector<Setup> setups = {{"plaintext", "", false}};
   if (const std::string tls = absl::GetFlag(FLAGS_tls_dir); !tls.empty()) {
-    transports.emplace_back("tls", tls);
+    setups.push_back({"tls", tls, false});
   }
+  if (!absl::GetFlag(FLAGS_etcd).empty()) setups.push_back({"etcd", "", true});
   int status = 0;
-  for (const auto& [name, tls_dir] : transports) {
+  for (const auto& setup : setups) {
     Lockd server;
-    const std::string dir = work + "/" + name;
+    const std::string dir = work + "/" + setup.name;
     std::filesystem::create_directories(dir);
-    if (!StartLockd(lockd, dir, tls_dir, &server)) {
+    pid_t etcd_pid = -1;
+    std::string endpoint;
+    if (setup.etcd) {
+      endpoint = StartEtcd(absl::GetFlag(FLAGS_etcd), lockd, dir, &etcd_pid);
+      if (endpoint.empty()) {
+        std::fprintf(stderr, "etcd did not come up; see %s/etcd.log\n", dir.c_str());
+        status = 1;
+      }
+    }
+    if (setup.etcd && endpoint.empty()) {
+      // nothing to measure
+    } else if (!StartLockd(lockd, dir, setup.tls_dir, endpoint, &server)) {
       status = 1;
-    } else if (!Measure(server, name)) {
+    } else if (!Measure(server, setup.name)) {
       status = 1;
     }
-    if (server.pid > 0) {
-      kill(server.pid, SIGTERM);
-      waitpid(server.pid, nullptr, 0);
+    for (pid_t pid : {server.pid, etcd_pid}) {
+      if (pid > 0) {
+        kill(pid, SIGTERM);
+        waitpid(pid, nullptr, 0);
+      }
     }
   }
   std::filesystem::remove_all(work);

@@ -1,6 +1,6 @@
 // lockd: the fencelock lock server.
 //
-//   lockd init  --data-dir=DIR
+//   lockd init  --data-dir=DIR | --etcd=HOST:PORT,... --etcd-prefix=/fencelock/NAME
 //   lockd serve --data-dir=DIR [--listen=127.0.0.1] [--port=7420] [--unix-socket=PATH]
 //               [--port-file=PATH] [--session-ttl=15s] [--lock-ttl=30s]
 //               [--tls-ca=PEM --tls-cert=PEM --tls-key=PEM]
@@ -26,6 +26,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "lock-server/env.h"
+#include "lock-server/etcd_commit_log.h"
 #include "lock-server/server.h"
 #include "process/flags.h"
 #include "process/process.h"
@@ -33,6 +34,15 @@
 #include "lock-server/storage.h"
 
 ABSL_FLAG(std::string, data_dir, "", "state directory (created by lockd init)");
+ABSL_FLAG(std::string, etcd, "",
+          "instead of --data-dir: keep the state in this etcd cluster (client endpoints "
+          "host:port,host:port,...), under --etcd-prefix");
+ABSL_FLAG(std::string, etcd_prefix, "", "with --etcd: the key prefix of this lockd's state");
+ABSL_FLAG(absl::Duration, etcd_owner_ttl, absl::Seconds(10),
+          "with --etcd: TTL of lockd's lease on the prefix; a successor waits at most this long");
+ABSL_FLAG(uint64_t, etcd_snapshot_bytes, uint64_t{1} << 20,
+          "with --etcd: take a snapshot (and delete the log it covers) once the log since the "
+          "last one is this large");
 ABSL_FLAG(uint64_t, wal_segment_bytes, uint64_t{64} << 20,
           "size of each preallocated WAL segment; a snapshot follows each new segment");
 ABSL_FLAG(std::string, permissions, "",
@@ -128,6 +138,17 @@ int Serve() {
   options.default_session_ttl = absl::GetFlag(FLAGS_session_ttl);
   options.default_lock_ttl = absl::GetFlag(FLAGS_lock_ttl);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  if (const std::string etcd = absl::GetFlag(FLAGS_etcd); !etcd.empty()) {
+    auto endpoints = fencelock::server::ParseEtcdEndpoints(etcd);
+    if (!endpoints.ok()) {
+      std::fprintf(stderr, "lockd: %s\n", std::string(endpoints.status().message()).c_str());
+      return 1;
+    }
+    options.etcd_endpoints = *endpoints;
+  }
+  options.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
+  options.etcd_owner_ttl = absl::GetFlag(FLAGS_etcd_owner_ttl);
+  options.etcd_snapshot_bytes = absl::GetFlag(FLAGS_etcd_snapshot_bytes);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_listen);
   options.permissions_file = absl::GetFlag(FLAGS_permissions);
@@ -174,8 +195,9 @@ int Serve() {
     std::fprintf(stderr, "lockd: --allowed-uids applies to the Unix socket; give --unix-socket too\n");
     return 1;
   }
-  if (options.data_dir.empty()) {
-    std::fprintf(stderr, "lockd: serve needs --data-dir (create one with lockd init)\n");
+  if (options.data_dir.empty() && options.etcd_endpoints.empty()) {
+    std::fprintf(stderr, "lockd: serve needs --data-dir, or --etcd and --etcd-prefix (create "
+                         "either with lockd init)\n");
     return 1;
   }
 
@@ -251,9 +273,24 @@ int Serve() {
 
 int Init() {
   const std::string dir = absl::GetFlag(FLAGS_data_dir);
-  if (dir.empty()) {
-    std::fprintf(stderr, "lockd: init needs --data-dir\n");
+  const std::string etcd = absl::GetFlag(FLAGS_etcd);
+  if (dir.empty() == etcd.empty()) {
+    std::fprintf(stderr, "lockd: init needs --data-dir, or --etcd and --etcd-prefix\n");
     return 1;
+  }
+  if (!etcd.empty()) {
+    auto endpoints = fencelock::server::ParseEtcdEndpoints(etcd);
+    absl::Status s = endpoints.status();
+    const std::string prefix = absl::GetFlag(FLAGS_etcd_prefix);
+    if (s.ok()) {
+      s = fencelock::server::InitEtcdPrefix({.endpoints = *endpoints, .prefix = prefix});
+    }
+    if (!s.ok()) {
+      std::fprintf(stderr, "lockd: init: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    std::printf("lockd: initialized etcd prefix %s on %s\n", prefix.c_str(), etcd.c_str());
+    return 0;
   }
   absl::Status s = fencelock::server::InitDataDir(fencelock::server::Env::Posix(), dir,
                                                   absl::GetFlag(FLAGS_wal_segment_bytes));
@@ -270,8 +307,8 @@ int Init() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "the fencelock lock server\n"
-      "  lockd init  --data-dir=DIR\n"
-      "  lockd serve --data-dir=DIR [--listen=ADDR] [--port=N] [--unix-socket=PATH] [--tcp=false]\n"
+      "  lockd init  --data-dir=DIR | --etcd=HOST:PORT,... --etcd-prefix=/fencelock/NAME\n"
+      "  lockd serve --data-dir=DIR | --etcd=... --etcd-prefix=P [--listen=ADDR] [--port=N] [--unix-socket=PATH] [--tcp=false]\n"
       "              [--port-file=PATH] [--session-ttl=D] [--lock-ttl=D]\n"
       "              [--metrics-port=N] [--metrics-listen=ADDR] [--permissions=FILE]\n"
       "              [--tls-ca=PEM --tls-cert=PEM --tls-key=PEM]\n"

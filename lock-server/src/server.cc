@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "lock-server/etcd_commit_log.h"
 #include "lock-server/local_commit_log.h"
 #include "lock-server/server_core.h"
 #include "lock-server/storage.h"
@@ -120,17 +121,33 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
       metrics::LatencyBuckets());
   char host[256] = "?";
   ::gethostname(host, sizeof(host) - 1);
+  const std::string owner = absl::StrCat("lockd pid ", ::getpid(), " on host ", host, " (tcp ",
+                                         options_.tcp_host, ":", options_.tcp_port, ")");
+  auto post = [this](std::function<void()> f) { asio::post(io_, std::move(f)); };
+  if (!options_.etcd_endpoints.empty()) {
+    metrics::Histogram& commit_latency = metrics_->GetHistogram(
+        "lockd_etcd_commit_seconds", "Duration of one etcd transaction of the commit log",
+        metrics::LatencyBuckets());
+    EtcdCommitLogOptions etcd{.endpoints = options_.etcd_endpoints,
+                              .prefix = options_.etcd_prefix,
+                              .reservation_block = options_.reservation_block,
+                              .owner_ttl = options_.etcd_owner_ttl,
+                              .owner_wait = options_.etcd_owner_ttl + absl::Seconds(2),
+                              .snapshot_min_bytes = options_.etcd_snapshot_bytes,
+                              .owner = owner};
+    etcd.on_commit = [&commit_latency](int64_t ns) { commit_latency.Observe(ns / 1e9); };
+    etcd.now = [this] { return time_.Now(); };
+    return OpenEtcdCommitLog(etcd, time_.Now(), post);
+  }
   LocalCommitLogOptions log_options{
       .env = options_.env,
       .dir = options_.data_dir,
       .segment_bytes = options_.wal_segment_bytes,
       .reservation_block = options_.reservation_block,
-      .owner = absl::StrCat("lockd pid ", ::getpid(), " on host ", host, " (tcp ",
-                            options_.tcp_host, ":", options_.tcp_port, ")")};
+      .owner = owner};
   log_options.on_sync = [&sync_latency](int64_t ns) { sync_latency.Observe(ns / 1e9); };
   log_options.now = [this] { return time_.Now(); };
-  return OpenLocalCommitLog(log_options, time_.Now(),
-                            [this](std::function<void()> f) { asio::post(io_, std::move(f)); });
+  return OpenLocalCommitLog(log_options, time_.Now(), post);
 }
 
 absl::Status ServerImpl::Init() {
@@ -234,8 +251,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
     return absl::InvalidArgumentError(
         absl::StrFormat("unix socket mode %o is not a permission mode (0 to 0777)", options.unix_socket_mode));
   }
-  if (options.data_dir.empty()) {
-    return absl::InvalidArgumentError("a state directory is required (--data-dir)");
+  if (options.data_dir.empty() == options.etcd_endpoints.empty()) {
+    return absl::InvalidArgumentError(
+        "give either a state directory (--data-dir) or an etcd cluster (--etcd and "
+        "--etcd-prefix), not both and not neither");
+  }
+  if (!options.etcd_endpoints.empty() && options.etcd_prefix.empty()) {
+    return absl::InvalidArgumentError("--etcd needs --etcd-prefix");
+  }
+  if (options.etcd_owner_ttl < absl::Seconds(2) || options.etcd_owner_ttl > absl::Hours(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--etcd-owner-ttl must be 2s to 1h, got ", absl::FormatDuration(options.etcd_owner_ttl)));
   }
   if (absl::Status s = CheckSegmentBytes(options.wal_segment_bytes); !s.ok()) return s;
   if (options.reservation_block == 0 || options.reservation_block > (uint64_t{1} << 40)) {

@@ -173,19 +173,6 @@ absl::StatusOr<uint64_t> DecodeCommittedMark(const std::string& path, std::strin
   return GetU64(data, 8);
 }
 
-absl::StatusOr<Sequences> DecodeSequences(const std::string& path, std::string_view data) {
-  if (data.size() != kSequencesBytes) {
-    return Damaged(path, absl::StrCat("is ", data.size(), " bytes, expected ", kSequencesBytes));
-  }
-  if (std::memcmp(data.data(), kSequencesMagic, 4) != 0) return Damaged(path, "bad magic");
-  if (GetU32(data, 24) != Crc32c(data.substr(0, 24))) return Damaged(path, "checksum mismatch");
-  if (GetU32(data, 4) != kFileVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": unsupported version ", GetU32(data, 4)));
-  }
-  return Sequences{GetU64(data, 8), GetU64(data, 16)};
-}
-
 // Loads a snapshot file into a fresh state machine.
 absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_view data,
                                           uint64_t expected_lsn, MonoTime now) {
@@ -247,6 +234,55 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
 }
 
 }  // namespace
+
+absl::StatusOr<Sequences> DecodeSequences(const std::string& path, std::string_view data) {
+  if (data.size() != kSequencesBytes) {
+    return Damaged(path, absl::StrCat("is ", data.size(), " bytes, expected ", kSequencesBytes));
+  }
+  if (std::memcmp(data.data(), kSequencesMagic, 4) != 0) return Damaged(path, "bad magic");
+  if (GetU32(data, 24) != Crc32c(data.substr(0, 24))) return Damaged(path, "checksum mismatch");
+  if (GetU32(data, 4) != kFileVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": unsupported version ", GetU32(data, 4)));
+  }
+  return Sequences{GetU64(data, 8), GetU64(data, 16)};
+}
+
+absl::StatusOr<StateMachine> DecodeSnapshot(const std::string& where, std::string_view data,
+                                            uint64_t lsn, MonoTime now) {
+  return LoadSnapshot(where, data, lsn, now);
+}
+
+absl::Status ReplayRecordFrames(const std::string& where, std::string_view data,
+                                uint64_t snapshot_lsn, uint64_t* last_lsn, StateMachine* state,
+                                MonoTime now, uint64_t* replayed) {
+  uint64_t at = 0;
+  while (at < data.size()) {
+    const auto frame = FrameAt(data, at);
+    if (!frame) return DamagedAt(where, at, "damaged record");
+    state::LogRecord p;
+    if (!p.ParseFromArray(frame->payload.data(), static_cast<int>(frame->payload.size())) ||
+        p.kind_case() == state::LogRecord::kSealed) {
+      return DamagedAt(where, at, "record checksum matches but it does not decode");
+    }
+    if (p.lsn() > snapshot_lsn) {
+      if (p.lsn() != *last_lsn + 1) {
+        return DamagedAt(where, at, absl::StrCat("record lsn ", p.lsn(), " follows ", *last_lsn));
+      }
+      auto r = FromProto(p);
+      if (!r.ok()) return DamagedAt(where, at, std::string(r.status().message()));
+      if (absl::Status s = state->Check(*r); !s.ok()) {
+        return DamagedAt(where, at,
+                         absl::StrCat("record lsn ", p.lsn(), " does not apply: ", s.message()));
+      }
+      state->Apply(*r, now);
+      *last_lsn = p.lsn();
+      ++*replayed;
+    }
+    at = frame->next;
+  }
+  return absl::OkStatus();
+}
 
 std::string SnapshotName(uint64_t lsn) {
   char buf[64];

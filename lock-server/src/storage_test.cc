@@ -59,6 +59,43 @@ class StorageTest : public ::testing::Test {
   MemEnv env_;
 };
 
+// The codecs the etcd commit log keeps in keys: a batch of frames replays whole, skipping what
+// the snapshot holds; a gap, a damaged byte or a seal in it is refused, naming the key.
+TEST(RecordFramesTest, ABatchReplaysWholeAndRefusesGapsAndDamage) {
+  const std::string batch = EncodeRecordFrame(1, Open(1)) + EncodeRecordFrame(2, Grant("x", 1, 1)) +
+                            EncodeRecordFrame(3, Grant("y", 1, 2));
+  StateMachine state;
+  uint64_t last = 0, replayed = 0;
+  ASSERT_TRUE(ReplayRecordFrames("k", batch, 0, &last, &state, kNow, &replayed).ok());
+  EXPECT_EQ(last, 3u);
+  EXPECT_EQ(replayed, 3u);
+  EXPECT_EQ(state.holders().size(), 2u);
+  // Records the snapshot (lsn 2) already holds are skipped.
+  StateMachine two;
+  two.Apply(Open(1), kNow);
+  two.Apply(Grant("x", 1, 1), kNow);
+  StateMachine after = *DecodeSnapshot("s", EncodeSnapshot(two, 2), 2, kNow);
+  uint64_t from_two = 2, once = 0;
+  ASSERT_TRUE(ReplayRecordFrames("k", batch, 2, &from_two, &after, kNow, &once).ok());
+  EXPECT_EQ(once, 1u);
+  EXPECT_EQ(from_two, 3u);
+  EXPECT_EQ(after.holders().size(), 2u);
+  StateMachine gap;
+  uint64_t zero = 0, n = 0;
+  const absl::Status missing =
+      ReplayRecordFrames("/p/log/3", EncodeRecordFrame(2, Open(1)), 0, &zero, &gap, kNow, &n);
+  EXPECT_TRUE(absl::IsDataLoss(missing));
+  EXPECT_THAT(missing.message(), HasSubstr("/p/log/3"));
+  std::string damaged = batch;
+  damaged[damaged.size() - 1] ^= 1;
+  StateMachine d;
+  zero = 0;
+  EXPECT_TRUE(absl::IsDataLoss(ReplayRecordFrames("k", damaged, 0, &zero, &d, kNow, &n)));
+  zero = 0;
+  EXPECT_TRUE(absl::IsDataLoss(ReplayRecordFrames("k", EncodeSealFrame(2), 0, &zero, &d, kNow, &n)));
+  EXPECT_TRUE(absl::IsDataLoss(DecodeSequences("seq", "short").status()));
+}
+
 TEST_F(StorageTest, FreshDirectoryRecoversEmpty) {
   auto r = Recover(&env_, kDir, kNow);
   ASSERT_TRUE(r.ok()) << r.status();

@@ -80,7 +80,14 @@ std::pair<int, std::string> RunLockdToExit(const std::vector<std::string>& args)
 
 LockdProcess::LockdProcess(Options options) : options_(std::move(options)) {
   data_dir_ = options_.data_dir;
-  if (data_dir_.empty()) {
+  if (!options_.etcd.empty()) {
+    if (options_.etcd_init &&
+        RunToExit({"init", "--etcd=" + options_.etcd, "--etcd-prefix=" + options_.etcd_prefix},
+                  "") != 0) {
+      std::fprintf(stderr, "lockd init --etcd-prefix=%s failed\n", options_.etcd_prefix.c_str());
+      std::abort();
+    }
+  } else if (data_dir_.empty()) {
     data_dir_ = dir_.path() + "/state";
     if (InitDataDir(data_dir_, options_.segment_bytes) != 0) {
       std::fprintf(stderr, "lockd init %s failed\n", data_dir_.c_str());
@@ -95,12 +102,14 @@ void LockdProcess::Start(int port) {
   const std::string port_file = dir_.path() + "/port";
   std::filesystem::remove(port_file);
   std::vector<std::string> args = {"serve",
-                                   "--data-dir=" + data_dir_,
+                                   options_.etcd.empty() ? "--data-dir=" + data_dir_
+                                                         : "--etcd=" + options_.etcd,
                                    "--port=" + std::to_string(port),
                                    "--port-file=" + port_file,
                                    "--wal-segment-bytes=" + std::to_string(options_.segment_bytes),
                                    "--metrics-port=0",
                                    "--metrics-port-file=" + dir_.path() + "/metrics-port"};
+  if (!options_.etcd.empty()) args.push_back("--etcd-prefix=" + options_.etcd_prefix);
   if (!unix_path_.empty()) args.push_back("--unix-socket=" + unix_path_);
   for (const auto& a : options_.extra_args) args.push_back(a);
   auto child = process::Child::Spawn(

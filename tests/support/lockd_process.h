@@ -53,6 +53,11 @@ class LockdProcess {
     std::string stderr_file;
     // Where lockd's standard output goes (its startup and SIGHUP lines); empty: the test's own.
     std::string stdout_file;
+    // The state in etcd instead of a directory: its endpoints and the prefix; `lockd init
+    // --etcd` runs first unless etcd_init is false (the prefix is already initialized).
+    std::string etcd;
+    std::string etcd_prefix;
+    bool etcd_init = true;
   };
   // Starts lockd and waits until it listens; aborts the test binary if it cannot start.
   explicit LockdProcess(Options options);

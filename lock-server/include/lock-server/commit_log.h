@@ -8,7 +8,8 @@
 // a session id durable before any batch queued after it, so a restart never reissues one.
 //
 // Implementations: the local WAL + snapshot store (OpenLocalCommitLog in
-// lock-server/local_commit_log.h, the embedded default).
+// lock-server/local_commit_log.h, the embedded default) and etcd (OpenEtcdCommitLog in
+// lock-server/etcd_commit_log.h).
 //
 // A failed commit puts the log in a fault state for good: fault() says why, later batches are
 // never committed, and the server stops taking mutations until it restarts and recovers.
@@ -19,6 +20,7 @@
 #define FENCELOCK_LOCK_SERVER_COMMIT_LOG_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,6 +83,9 @@ class CommitLog {
   virtual const absl::Status* fault() const = 0;
   virtual CommitLogStats stats() const = 0;
 };
+
+// Runs `task` on the owner's thread (lockd's event loop), after what is already due.
+using PostToOwner = std::function<void(std::function<void()>)>;
 
 // A log opened on recovered state: what the core starts from.
 struct OpenedCommitLog {

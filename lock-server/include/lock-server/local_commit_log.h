@@ -59,9 +59,6 @@ struct LocalCommitLogOptions {
   std::function<void(std::function<void()>)> schedule_writer;
 };
 
-// Runs `task` on the owner's thread (lockd's event loop), after what is already due.
-using PostToOwner = std::function<void(std::function<void()>)>;
-
 // Locks `options.dir`, recovers it as of server time `now` (every restored lease gets its full
 // TTL from `now`) and opens it for appending. Errors: kFailedPrecondition naming the holder when
 // another server has the directory; recovery's (kNotFound, kDataLoss, kFailedPrecondition,

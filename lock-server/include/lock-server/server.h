@@ -25,9 +25,19 @@
 namespace fencelock::server {
 
 struct ServerOptions {
-  // State directory created by `lockd init`. Required: Create() restores from it before it
-  // listens, and refuses a missing, uninitialized, damaged or unsupported one.
+  // State directory created by `lockd init`. Create() restores from it before it listens, and
+  // refuses a missing, uninitialized, damaged or unsupported one. Exactly one of data_dir and
+  // etcd_endpoints is required.
   std::string data_dir;
+  // Or: the state in an etcd cluster (lock-server/etcd_commit_log.h), at these client endpoints
+  // (host:port) under etcd_prefix, created by `lockd init --etcd`.
+  std::vector<std::string> etcd_endpoints;
+  std::string etcd_prefix;
+  // The TTL of lockd's lease on the prefix's ownership key; a lockd that dies leaves the prefix
+  // to a successor after at most this long. Default: 10 s.
+  absl::Duration etcd_owner_ttl = absl::Seconds(10);
+  // With etcd: a snapshot once the log since the last one is this large. Default: 1 MiB.
+  uint64_t etcd_snapshot_bytes = uint64_t{1} << 20;
   // File system access. Default: nullptr, the real file system (Env::Posix()).
   Env* env = nullptr;
   // Size of each preallocated WAL segment; a snapshot follows each move to a new one.

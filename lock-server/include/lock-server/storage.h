@@ -69,6 +69,21 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn);
 std::string EncodeRawRecordFrame(std::string_view payload);
 std::string EncodeRawSnapshot(std::string_view payload);
 
+// The codecs other backends share (the etcd commit log keeps the same bytes in keys). Errors
+// are kDataLoss naming `where` (and the offset), or kFailedPrecondition for an unsupported
+// version.
+absl::StatusOr<Sequences> DecodeSequences(const std::string& where, std::string_view data);
+// The state a snapshot (EncodeSnapshot) holds, restored as of server time `now`; it must be
+// the snapshot after record `lsn`.
+absl::StatusOr<StateMachine> DecodeSnapshot(const std::string& where, std::string_view data,
+                                            uint64_t lsn, MonoTime now);
+// Applies the record frames that make up all of `data` (no padding, no torn tail) to `state`:
+// records at or below `snapshot_lsn` are skipped, and each later one must follow `*last_lsn`
+// without a gap. Advances `*last_lsn` and `*replayed`.
+absl::Status ReplayRecordFrames(const std::string& where, std::string_view data,
+                                uint64_t snapshot_lsn, uint64_t* last_lsn, StateMachine* state,
+                                MonoTime now, uint64_t* replayed);
+
 // Creates `dir` (which must not exist, or be empty) as a fresh state directory: FORMAT,
 // SEQUENCES, snapshot-0 and an empty first segment, all durable. kInvalidArgument for a segment
 // size outside [kMinSegmentBytes, kMaxSegmentBytes].

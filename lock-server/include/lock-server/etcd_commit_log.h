@@ -1,0 +1,89 @@
+// lockd's state in an etcd cluster instead of a state directory (`--etcd`, `--etcd-prefix`):
+// the second CommitLog backend. The rules and the protocol are the same; etcd's Raft log makes
+// each commit durable on a quorum of its members.
+//
+// Under the prefix P:
+//   P/format                    "fencelock-lockd-etcd\nformat 1\n"; anything else is refused
+//   P/sequences                 token and session-id marks reserved ahead of use (as SEQUENCES)
+//   P/owner                     the serving lockd, on an etcd lease: one lockd per prefix
+//   P/snapshot-head             "<lsn> <chunks>": the snapshot in force
+//   P/snapshot/<lsn>/<chunk>    that snapshot's bytes (the local snapshot file's), in chunks
+//   P/log/<last lsn>            a committed batch: record frames as in a WAL segment
+//
+// Every transaction lockd commits compares P/owner's creation revision with its own, so once
+// its lease has lapsed (or another lockd owns the prefix) nothing it sends is committed. It
+// also stops by itself before that can happen: it renews the lease every third of its TTL and
+// holds the ownership only until the send time of the last renewal etcd answered + TTL x (1 -
+// margin), on the boot-time clock (ADR-006's client rule). Past that deadline the log enters
+// its fault state: lockd answers nothing that depends on its state until restarted.
+//
+// Batches are grouped as in the local log (the records that pile up while a transaction is in
+// flight go in the next), split into keys of at most max_value_bytes. After a snapshot the log
+// keys it covers and older snapshots are deleted and etcd's history is compacted, so the prefix
+// and etcd's database stay small.
+#ifndef FENCELOCK_LOCK_SERVER_ETCD_COMMIT_LOG_H_
+#define FENCELOCK_LOCK_SERVER_ETCD_COMMIT_LOG_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "clock/clock.h"
+#include "lock-server/commit_log.h"
+
+namespace fencelock::server {
+
+struct EtcdCommitLogOptions {
+  // etcd's client endpoints, host:port (plaintext). Required.
+  std::vector<std::string> endpoints;
+  // Where this lockd's keys live, e.g. "/fencelock/payouts". Required: starts with '/', does
+  // not end with one.
+  std::string prefix;
+  // Tokens and session ids reserved per write of P/sequences. Default: 10000.
+  uint64_t reservation_block = 10000;
+  // The longest one etcd request may take before the next endpoint is tried. Default: 5 s.
+  absl::Duration request_timeout = absl::Seconds(5);
+  // The TTL of the lease on P/owner (whole seconds), and the margin of it lockd never relies
+  // on. Default: 10 s and 0.30.
+  absl::Duration owner_ttl = absl::Seconds(10);
+  double owner_margin = 0.30;
+  // At start, how long to wait for P/owner to go away (a lockd that died leaves it until its
+  // lease runs out) before refusing. Default: owner_ttl + 2 s.
+  absl::Duration owner_wait = absl::Seconds(12);
+  // A snapshot is taken once the log since the last one is at least this large (and as large
+  // as that snapshot). Default: 1 MiB.
+  uint64_t snapshot_min_bytes = uint64_t{1} << 20;
+  // The largest value of one key; etcd refuses requests over 1.5 MiB by default. Default: 1 MiB.
+  uint64_t max_value_bytes = uint64_t{1} << 20;
+  // Who serves the prefix, written into P/owner so that a second lockd can name it.
+  std::string owner = "lockd";
+  // The clock for the ownership deadline. Default: empty, the real boot-time clock.
+  std::function<MonoTime()> now;
+  // Called with the duration of every committed transaction, on the writer thread.
+  std::function<void(int64_t ns)> on_commit;
+  // Where the log reports its fault state and ownership (once each). Default: standard error.
+  std::function<void(const std::string&)> log;
+};
+
+// "a:2379,b:2379" (lockd's --etcd) to its endpoints; kInvalidArgument for an empty entry or
+// one without a port.
+absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(const std::string& list);
+
+// `lockd init --etcd`: writes an empty state under options.prefix. kFailedPrecondition if the
+// prefix already holds one (or anything else), kUnavailable if etcd cannot be reached.
+absl::Status InitEtcdPrefix(const EtcdCommitLogOptions& options);
+
+// Takes ownership of options.prefix (waiting up to owner_wait for a previous owner's lease),
+// restores the state as of server time `now` (every restored lease gets its full TTL), reserves
+// a block of tokens and session ids above everything restored, and returns the log. Errors:
+// kNotFound (not initialized), kFailedPrecondition (another lockd owns the prefix, naming it;
+// an unsupported format), kDataLoss (damaged state, naming the key), kUnavailable (etcd).
+absl::StatusOr<OpenedCommitLog> OpenEtcdCommitLog(const EtcdCommitLogOptions& options,
+                                                  MonoTime now, PostToOwner post);
+
+}  // namespace fencelock::server
+
+#endif  // FENCELOCK_LOCK_SERVER_ETCD_COMMIT_LOG_H_

@@ -1,0 +1,35 @@
+// Starts a real one-member etcd (Debian's etcd-server) for a test on free loopback ports, in a
+// fresh data directory, and stops it when the object goes away.
+#ifndef FENCELOCK_TESTS_SUPPORT_ETCD_PROCESS_H_
+#define FENCELOCK_TESTS_SUPPORT_ETCD_PROCESS_H_
+
+#include <string>
+#include <vector>
+
+#include "lockd_process.h"
+#include "process/process.h"
+
+namespace fencelock::testing {
+
+class EtcdProcess {
+ public:
+  // Starts etcd and waits until it answers (aborts the test binary if it cannot within 30 s).
+  EtcdProcess();
+  ~EtcdProcess();
+
+  // The client endpoint, host:port.
+  const std::string& endpoint() const { return endpoint_; }
+  // Every key under `prefix`, in order (through etcdctl).
+  std::vector<std::string> Keys(const std::string& prefix) const;
+  // etcd's database size in bytes, as its status reports it.
+  int64_t DbSize() const;
+
+ private:
+  TempDir dir_;
+  std::string endpoint_;
+  process::Child child_;
+};
+
+}  // namespace fencelock::testing
+
+#endif  // FENCELOCK_TESTS_SUPPORT_ETCD_PROCESS_H_
