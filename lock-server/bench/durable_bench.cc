@@ -422,7 +422,7 @@ int Main() {
   if (mkdtemp(work.data()) == nullptr) return 1;
   std::printf("durable acquire+release cycles against lockd (state in %s, fdatasync per batch)\n",
               work.c_str());
-  std::printf("%-10s %8s %12s %10s %12s %12s %12s %12s\n", "transport", "clients", "cycles/s",
+  std::printf("%-10s %8s %12s %10s %12s %12s %12s %12s\n", "setup", "clients", "cycles/s",
               "syncs/s", "cycles/sync", "sync avg", "acquire p50", "acquire p99");
   struct Setup {
     const char* name;
