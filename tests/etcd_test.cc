@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "clock/clock.h"
 #include "etcd_process.h"
+#include "lock-client/client.h"
 #include "lockd_process.h"
 #include "raw_connection.h"
 
@@ -106,6 +108,65 @@ TEST_F(EtcdTest, AFrozenLockdThatLostThePrefixAnswersNothingWhenItWakes) {
   ASSERT_EQ(to_b.Call(request::Resume(session.session_id(), session.secret())).code(), wire::OK);
   EXPECT_GT(to_b.Call(request::Acquire(session.session_id(), "payout/2")).acquire().token(),
             token);
+}
+
+TEST_F(EtcdTest, AStandbyTakesOverAndTheClientKeepsItsLockAcrossTheFailover) {
+  const int first_port = testing::FreeLoopbackPort();
+  const int standby_port = testing::FreeLoopbackPort();
+  LockdProcess::Options options = Options("/fencelock/f");
+  options.port = first_port;
+  LockdProcess first(options);
+  // The standby waits, not listening, until the prefix is free.
+  const std::string port_file = tmp_.path() + "/standby.port";
+  auto standby = process::Child::Spawn(
+      LOCKD_BINARY,
+      {"serve", "--etcd=" + etcd_.endpoint(), "--etcd-prefix=/fencelock/f", "--etcd-standby",
+       "--etcd-owner-ttl=2s", absl::StrCat("--port=", standby_port), "--port-file=" + port_file,
+       "--metrics-port=-1"},
+      {.stdout_file = tmp_.path() + "/standby.out", .stderr_file = tmp_.path() + "/standby.err"});
+  ASSERT_TRUE(standby.ok()) << standby.status();
+  auto client = Client::Create({.server = absl::StrCat("127.0.0.1:", first_port, ",127.0.0.1:",
+                                                       standby_port),
+                                .session_ttl = absl::Seconds(10),
+                                .default_lock_ttl = absl::Seconds(10)});
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto held = (*client)->acquire("payout/1", absl::Seconds(1), absl::ZeroDuration());
+  ASSERT_TRUE(held.ok()) << held.status();
+  const uint64_t token = held->token();
+
+  first.Kill();
+  const MonoTime killed = Clock::Real()->Now();
+  auto bound = process::AwaitPortFile(port_file, *standby, absl::Seconds(20));
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  const absl::Duration failover = Clock::Real()->Now() - killed;
+  EXPECT_THAT(testing::ReadTextFile(tmp_.path() + "/standby.err"), HasSubstr("standing by"));
+  // The client reconnects to the new lockd and resumes its session there; the lock it held is
+  // still its own, confirmed by the new lockd (until it has reconnected, a confirmation cannot
+  // be made: unconfirmed, which is not a loss), and its lease was never extended by the
+  // failover.
+  bool confirmed = false;
+  for (int i = 0; i < 100 && !confirmed; ++i) {
+    try {
+      (*client)->checkStillHeld(*held, Confirm::kWithServer);
+      confirmed = true;
+    } catch (const LockLostException& e) {
+      if (e.reason() != LossReason::kUnconfirmed) {
+        ADD_FAILURE() << "lost the lock across the failover: " << e.what();
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+  std::printf("failover: the standby served %s after the first lockd was killed (owner TTL 2s)\n",
+              absl::FormatDuration(failover).c_str());
+  EXPECT_TRUE(confirmed);
+  RawConnection to_standby = RawConnection::Tcp(standby_port);
+  to_standby.Hello();
+  EXPECT_EQ(to_standby.Call(request::Validate("payout/1", token)).code(), wire::OK);
+  auto next = (*client)->acquire("payout/2", absl::Seconds(1), absl::ZeroDuration());
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_GT(next->token(), token);
+  standby->Stop();
 }
 
 TEST_F(EtcdTest, SnapshotsKeepThePrefixSmall) {

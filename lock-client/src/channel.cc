@@ -11,6 +11,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "clock/monotonic_event.h"
 #include "net/asio.h"
@@ -119,6 +121,9 @@ class AsioChannel final : public Channel {
 
   absl::Status Connect(const std::string& address, const std::string& client_name,
                        absl::Duration timeout) override;
+  // One endpoint of the list.
+  absl::Status ConnectOne(const std::string& address, const std::string& client_name,
+                          absl::Duration timeout);
   bool connected() const override {
     absl::MutexLock lock(&mu_);
     return connected_;
@@ -148,6 +153,7 @@ class AsioChannel final : public Channel {
   asio::io_context io_{1};
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::function<void(const wire::Response&)> unmatched_;
+  size_t preferred_ = 0;  // of the address list: the replica that answered last
 
   mutable absl::Mutex mu_;
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
@@ -165,8 +171,35 @@ class AsioChannel final : public Channel {
   std::thread thread_;  // last: starts after everything above is constructed
 };
 
-absl::Status AsioChannel::Connect(const std::string& address, const std::string& client_name,
+absl::Status AsioChannel::Connect(const std::string& addresses, const std::string& client_name,
                                   absl::Duration timeout) {
+  const std::vector<std::string> list = absl::StrSplit(addresses, ',');
+  if (list.size() == 1) return ConnectOne(list[0], client_name, timeout);
+  // Replicas: the one that answered last first, then the others in order. A replica that
+  // does not serve (a standby, or one that is down) refuses at once; a frozen one gets its
+  // share of the time.
+  const MonoTime give_up = clock_->Now() + timeout;
+  std::vector<std::string> failures;
+  const size_t first = preferred_ < list.size() ? preferred_ : 0;
+  for (size_t n = 0; n < list.size(); ++n) {
+    const size_t i = (first + n) % list.size();
+    const absl::Duration share =
+        std::max((give_up - clock_->Now()) / static_cast<int64_t>(list.size() - n),
+                 absl::Milliseconds(1));
+    absl::Status s = ConnectOne(list[i], client_name, share);
+    if (s.ok()) {
+      preferred_ = i;
+      return s;
+    }
+    if (absl::IsInvalidArgument(s) || absl::IsFailedPrecondition(s)) return s;
+    failures.push_back(std::string(s.message()));
+  }
+  return absl::UnavailableError(absl::StrCat("no lockd replica answered: ",
+                                             absl::StrJoin(failures, "; ")));
+}
+
+absl::Status AsioChannel::ConnectOne(const std::string& address, const std::string& client_name,
+                                     absl::Duration timeout) {
   Close();
   const MonoTime give_up = clock_->Now() + timeout;
   auto endpoint = ResolveAddress(io_, address);

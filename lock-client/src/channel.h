@@ -38,7 +38,9 @@ class Channel {
                                          std::string tls_server_name = "");
   virtual ~Channel() = default;
 
-  // (Re)connects to `address` ("host:port" or "unix:/path") and exchanges Hello. Closes any
+  // (Re)connects to `address` ("host:port" or "unix:/path", or a comma-separated list of lockd
+  // replicas, tried from the one that answered last, each with its share of `timeout`) and
+  // exchanges Hello. Closes any
   // previous connection first; its pending calls fail with kUnavailable. Blocks up to
   // `timeout`. Errors: kInvalidArgument (bad address), kUnavailable (cannot connect or no
   // Hello reply, or the TLS handshake failed: the message says why), kFailedPrecondition (no

@@ -267,7 +267,9 @@ absl::StatusOr<StateMachine> EtcdCommitLog::Start(MonoTime now,
   auto lease = etcd.LeaseGrant(options_.owner_ttl);
   if (!lease.ok()) return lease.status();
   lease_ = *lease;
-  const MonoTime give_up = now_() + options_.owner_wait;
+  const bool forever = options_.owner_wait == absl::InfiniteDuration();
+  const MonoTime give_up = forever ? MonoTime::FromNanos(INT64_MAX) : now_() + options_.owner_wait;
+  bool said_standby = false;
   for (;;) {
     TxnRequest txn;
     *txn.add_compare() = NotPresent(keys_.owner());
@@ -281,16 +283,23 @@ absl::StatusOr<StateMachine> EtcdCommitLog::Start(MonoTime now,
       owned_until_ns_ = (lease_sent + options_.owner_ttl * (1 - options_.owner_margin)).nanos();
       break;
     }
+    const auto& kvs = r->responses(0).response_range().kvs();
+    const std::string owner = kvs.empty() ? std::string("another lockd") : kvs[0].value();
+    if (forever && !said_standby) {
+      said_standby = true;
+      Log(absl::StrCat("standing by: etcd prefix ", options_.prefix, " is served by ", owner,
+                       "; taking over when its lease ends"));
+    }
     if (now_() >= give_up) {
-      const auto& kvs = r->responses(0).response_range().kvs();
       (void)etcd.LeaseRevoke(lease_);
       return absl::FailedPreconditionError(absl::StrCat(
-          "etcd prefix ", options_.prefix, " is served by ",
-          kvs.empty() ? std::string("another lockd") : kvs[0].value(), " (", keys_.owner(),
-          "); one lockd per prefix"));
+          "etcd prefix ", options_.prefix, " is served by ", owner, " (", keys_.owner(),
+          "); one lockd per prefix (--etcd-standby waits to take over)"));
     }
     absl::SleepFor(absl::Milliseconds(250));
-    // Our own lease must outlive the wait: renew it, or take a new one if it ran out.
+    // Our own lease must outlive the wait: renew it every third of its TTL, or take a new one
+    // if it ran out.
+    if (now_() - lease_sent < options_.owner_ttl / 3) continue;
     lease_sent = now_();
     auto renewed = etcd.LeaseKeepAlive(lease_);
     if (absl::IsNotFound(renewed.status())) {

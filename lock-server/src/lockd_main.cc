@@ -14,6 +14,7 @@
 #include <pwd.h>
 #include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -40,6 +41,9 @@ ABSL_FLAG(std::string, etcd, "",
 ABSL_FLAG(std::string, etcd_prefix, "", "with --etcd: the key prefix of this lockd's state");
 ABSL_FLAG(absl::Duration, etcd_owner_ttl, absl::Seconds(10),
           "with --etcd: TTL of lockd's lease on the prefix; a successor waits at most this long");
+ABSL_FLAG(bool, etcd_standby, false,
+          "with --etcd: while another lockd serves the prefix, stand by (not listening) and "
+          "take over when its lease ends, instead of refusing");
 ABSL_FLAG(uint64_t, etcd_snapshot_bytes, uint64_t{1} << 20,
           "with --etcd: take a snapshot (and delete the log it covers) once the log since the "
           "last one is this large");
@@ -149,6 +153,7 @@ int Serve() {
   options.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
   options.etcd_owner_ttl = absl::GetFlag(FLAGS_etcd_owner_ttl);
   options.etcd_snapshot_bytes = absl::GetFlag(FLAGS_etcd_snapshot_bytes);
+  options.etcd_standby = absl::GetFlag(FLAGS_etcd_standby);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_listen);
   options.permissions_file = absl::GetFlag(FLAGS_permissions);
@@ -210,7 +215,23 @@ int Serve() {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // Create() restores the state before it listens, and a standby waits there until it takes
+  // over: a stop signal meanwhile ends lockd at once (it serves nothing yet).
+  std::atomic<bool> starting{true};
+  std::thread startup_signals([&] {
+    const timespec tick{0, 100'000'000};
+    while (starting) {
+      const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
+      if (sig == SIGINT || sig == SIGTERM) {
+        std::printf("lockd: signal %d before serving, exiting\n", sig);
+        std::fflush(stdout);
+        std::_Exit(0);
+      }
+    }
+  });
   auto server = Server::Create(options);
+  starting = false;
+  startup_signals.join();
   if (!server.ok()) {
     std::fprintf(stderr, "lockd: %s\n", server.status().ToString().c_str());
     return 1;

@@ -132,7 +132,9 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
                               .prefix = options_.etcd_prefix,
                               .reservation_block = options_.reservation_block,
                               .owner_ttl = options_.etcd_owner_ttl,
-                              .owner_wait = options_.etcd_owner_ttl + absl::Seconds(2),
+                              .owner_wait = options_.etcd_standby
+                                                ? absl::InfiniteDuration()
+                                                : options_.etcd_owner_ttl + absl::Seconds(2),
                               .snapshot_min_bytes = options_.etcd_snapshot_bytes,
                               .owner = owner};
     etcd.on_commit = [&commit_latency](int64_t ns) { commit_latency.Observe(ns / 1e9); };

@@ -95,7 +95,7 @@ LockdProcess::LockdProcess(Options options) : options_(std::move(options)) {
     }
   }
   if (options_.unix_socket) unix_path_ = dir_.path() + "/lockd.sock";
-  Start(0);
+  Start(options_.port);
 }
 
 void LockdProcess::Start(int port) {

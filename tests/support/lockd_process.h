@@ -58,6 +58,8 @@ class LockdProcess {
     std::string etcd;
     std::string etcd_prefix;
     bool etcd_init = true;
+    // The TCP port; 0 picks a free one.
+    int port = 0;
   };
   // Starts lockd and waits until it listens; aborts the test binary if it cannot start.
   explicit LockdProcess(Options options);

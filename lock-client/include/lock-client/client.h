@@ -137,8 +137,10 @@ class LockHandle {
 };
 
 struct ClientOptions {
-  // lockd's address: "host:port" for TCP or "unix:/path" for a Unix socket.
-  // Default: "127.0.0.1:7420".
+  // lockd's address: "host:port" for TCP or "unix:/path" for a Unix socket; or, for lockd
+  // replicas on one etcd prefix (docs/high-availability.md), "a:7420,b:7420,c:7420": the
+  // client connects to the one that serves and, when it is lost, to the next, where it resumes
+  // its session. Default: "127.0.0.1:7420".
   std::string server = "127.0.0.1:7420";
   // lock.session.ttl: the session's TTL on the server. Default: 15 s.
   absl::Duration session_ttl = defaults::kSessionTtl;

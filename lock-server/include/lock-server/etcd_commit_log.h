@@ -51,7 +51,8 @@ struct EtcdCommitLogOptions {
   absl::Duration owner_ttl = absl::Seconds(10);
   double owner_margin = 0.30;
   // At start, how long to wait for P/owner to go away (a lockd that died leaves it until its
-  // lease runs out) before refusing. Default: owner_ttl + 2 s.
+  // lease runs out) before refusing; absl::InfiniteDuration() stands by until it does (a
+  // standby replica). Default: owner_ttl + 2 s.
   absl::Duration owner_wait = absl::Seconds(12);
   // A snapshot is taken once the log since the last one is at least this large (and as large
   // as that snapshot). Default: 1 MiB.

@@ -36,6 +36,10 @@ struct ServerOptions {
   // The TTL of lockd's lease on the prefix's ownership key; a lockd that dies leaves the prefix
   // to a successor after at most this long. Default: 10 s.
   absl::Duration etcd_owner_ttl = absl::Seconds(10);
+  // With etcd: while another lockd serves the prefix, wait (without listening) until its lease
+  // ends and take over, instead of refusing after the TTL. Create() blocks until then.
+  // Default: false.
+  bool etcd_standby = false;
   // With etcd: a snapshot once the log since the last one is this large. Default: 1 MiB.
   uint64_t etcd_snapshot_bytes = uint64_t{1} << 20;
   // File system access. Default: nullptr, the real file system (Env::Posix()).
