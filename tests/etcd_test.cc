@@ -55,6 +55,11 @@ TEST_F(EtcdTest, StateSurvivesAKilledLockdAndTokensKeepIncreasing) {
     last = c.Call(request::Acquire(session.session_id(), "payout/2")).acquire().token();
     ASSERT_EQ(c.Call(request::Release(session.session_id(), "payout/2", last)).code(), wire::OK);
   }
+  // lockctl status shows where the state is and how long this lockd still owns it.
+  const wire::StatsReply stats = c.Call(request::GetStats()).stats();
+  EXPECT_EQ(stats.storage(), "etcd prefix /fencelock/a on " + etcd_.endpoint());
+  EXPECT_GT(stats.ownership_left_ms(), 0u);
+  EXPECT_LE(stats.ownership_left_ms(), 1400u);  // 2 s x (1 - 0.30)
   lockd.Kill();
   lockd.Restart();  // waits for the dead lockd's lease on the prefix to run out
   RawConnection again = RawConnection::Tcp(lockd.port());

@@ -172,6 +172,13 @@ class EtcdCommitLog final : public CommitLog {
     return &lapsed_;
   }
   CommitLogStats stats() const override;
+  std::string Describe() const override {
+    return absl::StrCat("etcd prefix ", options_.prefix, " on ",
+                        absl::StrJoin(options_.endpoints, ","));
+  }
+  absl::Duration OwnershipLeft() const override {
+    return std::max(MonoTime::FromNanos(owned_until_ns_.load()) - now_(), absl::ZeroDuration());
+  }
 
  private:
   struct Job {

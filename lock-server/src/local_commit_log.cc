@@ -52,6 +52,7 @@ class LocalCommitLog final : public CommitLog {
   uint64_t committed_batch() const override { return durable_batch_; }
   uint64_t last_lsn() const override { return next_lsn_ - 1; }
   const absl::Status* fault() const override { return fault_.ok() ? nullptr : &fault_; }
+  std::string Describe() const override { return "state directory " + options_.dir; }
   CommitLogStats stats() const override;
 
  private:

@@ -140,10 +140,21 @@ int Main(const std::string& command) {
     std::printf("  session expiries  %lu\n", static_cast<unsigned long>(s.session_expiries_total()));
     std::printf("  lock expiries     %lu\n", static_cast<unsigned long>(s.lock_expiries_total()));
     std::printf("  last token        %lu\n", static_cast<unsigned long>(s.last_token()));
-    std::printf("  WAL               lsn %lu, segment %lu, %lu syncs, %lu snapshots\n",
-                static_cast<unsigned long>(s.last_lsn()), static_cast<unsigned long>(s.wal_segment()),
-                static_cast<unsigned long>(s.log_syncs_total()),
-                static_cast<unsigned long>(s.snapshots_total()));
+    std::printf("  storage           %s\n", s.storage().c_str());
+    if (s.storage().rfind("etcd", 0) == 0) {
+      std::printf("  ownership         %s left (renewed every third of its TTL)\n",
+                  absl::FormatDuration(absl::Milliseconds(s.ownership_left_ms())).c_str());
+      std::printf("  commits           lsn %lu, %lu transactions, %lu snapshots\n",
+                  static_cast<unsigned long>(s.last_lsn()),
+                  static_cast<unsigned long>(s.log_syncs_total()),
+                  static_cast<unsigned long>(s.snapshots_total()));
+    } else {
+      std::printf("  WAL               lsn %lu, segment %lu, %lu syncs, %lu snapshots\n",
+                  static_cast<unsigned long>(s.last_lsn()),
+                  static_cast<unsigned long>(s.wal_segment()),
+                  static_cast<unsigned long>(s.log_syncs_total()),
+                  static_cast<unsigned long>(s.snapshots_total()));
+    }
     return 0;
   }
   if (command == "sessions" || command == "locks" || command == "waiters") {

@@ -53,6 +53,11 @@ void MetricsExport::ExportNow() {
   const CommitLog& log = core_->log();
   add("lockd_log_syncs_total", "WAL batches written and fdatasynced", log.stats().commits,
       exported_commits_);
+  if (const absl::Duration left = log.OwnershipLeft(); left != absl::InfiniteDuration()) {
+    m.GetGauge("lockd_ownership_left_seconds",
+               "With etcd: how much longer this lockd owns its prefix; 0 once it has lapsed")
+        .Set(absl::ToDoubleSeconds(left));
+  }
   m.GetGauge("lockd_disk_fault",
              "1 after a failed write or sync: lockd refuses mutations until restarted")
       .Set(log.fault() != nullptr ? 1.0 : 0.0);

@@ -430,6 +430,10 @@ void ServerCore::Impl::FillStats(wire::StatsReply* stats) const {
     stats->set_last_token(service_.state().last_token());
     stats->set_last_lsn(log_->last_lsn());
   }
+  stats->set_storage(log_->Describe());
+  if (const absl::Duration left = log_->OwnershipLeft(); left != absl::InfiniteDuration()) {
+    stats->set_ownership_left_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(left)));
+  }
   stats->set_grants_total(s.grants_total);
   stats->set_fenced_out_total(s.fenced_out_total);
   stats->set_foreign_tokens_total(s.foreign_tokens_total);

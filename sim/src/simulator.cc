@@ -236,6 +236,7 @@ class RecordingLog final : public CommitLog, public CommitLogListener {
   uint64_t committed_batch() const override { return inner_->committed_batch(); }
   uint64_t last_lsn() const override { return inner_->last_lsn(); }
   const absl::Status* fault() const override { return inner_->fault(); }
+  std::string Describe() const override { return inner_->Describe(); }
   CommitLogStats stats() const override { return inner_->stats(); }
 
   void OnCommitted(uint64_t batch) override;

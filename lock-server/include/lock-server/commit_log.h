@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "lock-server/state_machine.h"
 
 namespace fencelock::server {
@@ -81,6 +82,11 @@ class CommitLog {
   virtual uint64_t last_lsn() const = 0;
   // Null while healthy; otherwise the failure that stopped the log.
   virtual const absl::Status* fault() const = 0;
+  // Where the records go, for operators: "state directory /var/lib/lockd".
+  virtual std::string Describe() const = 0;
+  // For a log whose right to commit is leased (etcd): how long it still holds it. Infinite for
+  // a log that needs none (a local directory, held by a file lock for the process's life).
+  virtual absl::Duration OwnershipLeft() const { return absl::InfiniteDuration(); }
   virtual CommitLogStats stats() const = 0;
 };
 
