@@ -165,6 +165,7 @@ class EtcdCommitLog final : public CommitLog {
     lapsed_ = absl::UnavailableError(absl::StrCat(
         "the ownership of etcd prefix ", options_.prefix,
         " may have lapsed (no lease renewal answered in time)"));
+    stopped_ = true;
     // Tells the listener later, from the event loop, not from inside this query.
     post_([self = const_cast<EtcdCommitLog*>(this), alive = alive_] {
       if (*alive) self->Fail(self->lapsed_);
@@ -239,6 +240,7 @@ class EtcdCommitLog final : public CommitLog {
   uint64_t snapshot_lsn_ = 0;      // the snapshot in force
   absl::Status writer_fault_;
 
+  mutable std::atomic<bool> stopped_{false};  // with fault_ or lapsed_: nothing more commits
   std::atomic<uint64_t> commits_{0}, records_{0}, bytes_{0}, snapshots_{0}, reservations_{0};
   std::atomic<int64_t> last_commit_ns_{0}, total_commit_ns_{0};
 
@@ -465,6 +467,12 @@ void EtcdCommitLog::WriterLoop() {
 }
 
 absl::StatusOr<int64_t> EtcdCommitLog::Commit(std::vector<RequestOp> ops) {
+  if (stopped_) {
+    // Once the log has failed (its replies were answered UNAVAILABLE), nothing queued behind
+    // the failure is committed: a record nobody was told about must not appear in the state a
+    // successor restores.
+    return absl::UnavailableError("the commit log stopped after a fault");
+  }
   if (now_() >= MonoTime::FromNanos(owned_until_ns_.load())) {
     return absl::UnavailableError(absl::StrCat(
         "the ownership of etcd prefix ", options_.prefix,
@@ -616,6 +624,7 @@ void EtcdCommitLog::OnJobDone(const absl::Status& s) {
 void EtcdCommitLog::Fail(const absl::Status& s) {
   if (!fault_.ok()) return;
   fault_ = s;
+  stopped_ = true;
   Log(absl::StrCat("commit fault, no longer accepting mutations: ", s.ToString()));
   if (listener_ != nullptr) listener_->OnCommitFault(fault_);
 }
