@@ -29,11 +29,6 @@ using etcdserverpb::TxnRequest;
 
 constexpr char kEtcdFormat[] = "fencelock-lockd-etcd\nformat 1\n";
 
-bool IsLogged(const Record& r) {
-  return !std::holds_alternative<record::SessionRenewed>(r) &&
-         !std::holds_alternative<record::LockRenewed>(r);
-}
-
 std::string Lsn(uint64_t lsn) { return absl::StrFormat("%020u", lsn); }
 
 // The key just past every key that starts with `prefix`.

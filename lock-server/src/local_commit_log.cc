@@ -20,11 +20,6 @@ namespace {
 
 std::string Path(const std::string& dir, const std::string& name) { return dir + "/" + name; }
 
-bool IsLogged(const Record& r) {
-  return !std::holds_alternative<record::SessionRenewed>(r) &&
-         !std::holds_alternative<record::LockRenewed>(r);
-}
-
 const uint64_t kSealBytes = EncodeSealFrame(UINT64_MAX).size();
 
 // The CommitLog over a state directory. The writer (a thread of its own, or steps run through

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -30,6 +31,13 @@
 #include "lock-server/state_machine.h"
 
 namespace fencelock::server {
+
+// Whether a record goes into the log: renewals only move expiry times, which a restore resets
+// anyway (every restored lease gets its full TTL), so they are never logged.
+inline bool IsLogged(const Record& r) {
+  return !std::holds_alternative<record::SessionRenewed>(r) &&
+         !std::holds_alternative<record::LockRenewed>(r);
+}
 
 // What the core learns from its log, on the owner's thread.
 class CommitLogListener {
