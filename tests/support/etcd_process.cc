@@ -62,6 +62,12 @@ std::vector<std::string> EtcdProcess::Keys(const std::string& prefix) const {
   return keys;
 }
 
+std::string EtcdProcess::Get(const std::string& key) const {
+  auto [ok, out] = Etcdctl(endpoint_, "get --print-value-only " + key, dir_.path());
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
 int64_t EtcdProcess::DbSize() const {
   auto [ok, out] = Etcdctl(endpoint_, "endpoint status --write-out=fields", dir_.path());
   // "DBSize" : 24576

@@ -21,6 +21,8 @@ class EtcdProcess {
   const std::string& endpoint() const { return endpoint_; }
   // Every key under `prefix`, in order (through etcdctl).
   std::vector<std::string> Keys(const std::string& prefix) const;
+  // The value of `key` ("" if absent), through etcdctl.
+  std::string Get(const std::string& key) const;
   // etcd's database size in bytes, as its status reports it.
   int64_t DbSize() const;
 
