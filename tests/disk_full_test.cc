@@ -41,7 +41,7 @@ class RunningServer {
     auto server = Server::Create(options);
     EXPECT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
-    thread_ = std::thread([this] { server_->Run(); });
+    thread_ = std::thread([this] { (void)server_->Run(); });
   }
   ~RunningServer() {
     server_->Shutdown();
@@ -155,7 +155,8 @@ TEST(DiskFullTest, AfterAFaultNothingUndurableIsShownAndLockdIdles) {
   const wire::Response listed = Admin(lockd.port(), list);
   EXPECT_EQ(listed.code(), wire::UNAVAILABLE);
   EXPECT_EQ(listed.list().locks_size(), 0);
-  EXPECT_THAT(listed.message(), HasSubstr("disk fault"));
+  EXPECT_THAT(listed.message(), HasSubstr("commit fault"));
+  EXPECT_THAT(listed.message(), HasSubstr("restart it once the disk is fixed"));
   wire::Request stats;
   stats.mutable_get_stats();
   const wire::Response s = Admin(lockd.port(), stats);

@@ -60,10 +60,23 @@ TEST_F(EtcdTest, StateSurvivesAKilledLockdAndTokensKeepIncreasing) {
   EXPECT_EQ(stats.storage(), "etcd prefix /fencelock/a on " + etcd_.endpoint());
   EXPECT_GT(stats.ownership_left_ms(), 0u);
   EXPECT_LE(stats.ownership_left_ms(), 1400u);  // 2 s x (1 - 0.30)
+  EXPECT_EQ(stats.term(), 1u);  // the first lockd to serve the prefix
+  // The member's health, polled once a second: reachable, and the leader of its cluster of one.
+  wire::StatsReply health = stats;
+  for (int i = 0; i < 50 && health.store_members_size() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    health = c.Call(request::GetStats()).stats();
+  }
+  ASSERT_EQ(health.store_members_size(), 1);
+  EXPECT_EQ(health.store_members(0).endpoint(), etcd_.endpoint());
+  EXPECT_TRUE(health.store_members(0).reachable()) << health.store_members(0).error();
+  EXPECT_TRUE(health.store_members(0).leader());
+  EXPECT_GT(health.store_members(0).raft_index(), 0u);
   lockd.Kill();
   lockd.Restart();  // waits for the dead lockd's lease on the prefix to run out
   RawConnection again = RawConnection::Tcp(lockd.port());
   again.Hello();
+  EXPECT_EQ(again.Call(request::GetStats()).stats().term(), 2u);  // one leadership change
   ASSERT_EQ(again.Call(request::Resume(session.session_id(), session.secret())).code(), wire::OK);
   EXPECT_EQ(again.Call(request::Validate("payout/1", held, session.session_id())).code(),
             wire::OK);
@@ -102,11 +115,19 @@ TEST_F(EtcdTest, AFrozenLockdThatLostThePrefixAnswersNothingWhenItWakes) {
   // b takes the prefix once a's lease (2 s) has run out, and restores a's lock.
   LockdProcess b(Options("/fencelock/c", /*init=*/false));
   ASSERT_EQ(kill(a.pid(), SIGCONT), 0);
-  // a woke past its ownership deadline: nothing it would answer from its state is answered.
-  const wire::Response stale = to_a.Call(request::Validate("payout/1", token));
-  EXPECT_EQ(stale.code(), wire::UNAVAILABLE) << stale.ShortDebugString();
-  EXPECT_EQ(to_a.Call(request::Acquire(session.session_id(), "payout/9")).code(),
-            wire::UNAVAILABLE);
+  // a woke past its ownership deadline: nothing it would answer from its state is answered
+  // (UNAVAILABLE, or the connection closed if a noticed it first), and it ends its service so
+  // that clients move on: it gives up its lease, closes its connections and exits with 3.
+  ASSERT_TRUE(to_a.SendRequest(request::Validate("payout/1", token)));
+  if (std::optional<wire::Response> stale = to_a.ReadResponse()) {
+    EXPECT_EQ(stale->code(), wire::UNAVAILABLE) << stale->ShortDebugString();
+  }
+  EXPECT_TRUE(to_a.ClosedByPeer());
+  const std::optional<int> ended = a.WaitForExit(absl::Seconds(10));
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_TRUE(WIFEXITED(*ended) && WEXITSTATUS(*ended) == 3) << *ended;
+  EXPECT_THAT(testing::ReadTextFile(tmp_.path() + "/1.stderr"),
+              HasSubstr("exiting so that another replica takes over"));
   RawConnection to_b = RawConnection::Tcp(b.port());
   to_b.Hello();
   EXPECT_EQ(to_b.Call(request::Validate("payout/1", token)).code(), wire::OK);

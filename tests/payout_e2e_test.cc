@@ -105,6 +105,19 @@ TEST_F(PayoutDemoTest, FrozenRightAfterItsClaim) {
   RunAndReconcile(100, {"--freeze-at=claimed", "--fault-after=300ms"});
 }
 
+// scripts/cluster.sh: the state in a 3-member etcd cluster with three lockd replicas, and the
+// serving lockd killed in the middle as well; a standby takes over and every payout is still
+// paid exactly once.
+TEST_F(PayoutDemoTest, ReplicatedWithTheServingLockdKilled) {
+#ifdef FENCELOCK_UNDER_TSAN
+  GTEST_SKIP() << "lockd on etcd runs Debian's gRPC, which ThreadSanitizer cannot see into";
+#endif
+  RunAndReconcile(200, {"--ha"});
+  const std::string output = ReadTextFile(Path("demo.out"));
+  EXPECT_THAT(output, HasSubstr("lockd-a (the serving lockd) killed (SIGKILL)"));
+  EXPECT_THAT(output, ContainsRegex("lockd-[bc] took over the etcd prefix [0-9.]+s after the kill"));
+}
+
 // The workers finish before the faults' moment: every payout is still paid, and the story says
 // that the freeze and the kill did not happen instead of leaving them out.
 TEST_F(PayoutDemoTest, FaultsThatFoundNoPayoutLeftAreReportedAsNotHappening) {
@@ -124,6 +137,9 @@ TEST_F(PayoutDemoTest, FlagsThatCannotMakeARunAreRefusedBeforeAnythingStarts) {
   DemoRun short_ttl = RunDemo({"--session-ttl=3s"}, Path("ttl.out"));
   EXPECT_EQ(process::DescribeStatus(short_ttl.status), "exited 2");
   EXPECT_THAT(short_ttl.output, HasSubstr("no payout could ever be paid: the usable lease"));
+  DemoRun owner = RunDemo({"--ha", "--owner-ttl=1s"}, Path("owner.out"));
+  EXPECT_EQ(process::DescribeStatus(owner.status), "exited 2");
+  EXPECT_THAT(owner.output, HasSubstr("--owner-ttl must be 2s to 1h"));
   DemoRun at = RunDemo({"--freeze-at=never"}, Path("at.out"));
   EXPECT_EQ(process::DescribeStatus(at.status), "exited 2");
   std::filesystem::create_directories(Path("exists"));

@@ -1,6 +1,7 @@
 #include "harness/checker.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -55,6 +56,143 @@ bool IsHolderStep(const std::string& event) {
 
 bool IsStoreAdmit(const std::string& event) {
   return event == "claimed" || event == "marked-submitted" || event == "paid";
+}
+
+// A lockd replica's act (server_core.h's Act): at `at`, under an ownership held until `until`.
+struct LockdAct {
+  int64_t at = 0, until = 0;
+  uint64_t token = 0;
+  const history::Record* record = nullptr;
+};
+
+bool IsLockdAct(const std::string& event) {
+  return event == "lockd-grant" || event == "lockd-renew" || event == "lockd-validate";
+}
+
+std::string Describe(const LockdAct& a) {
+  return absl::StrCat(a.record->process, " ", a.record->event.substr(6), " ", a.record->key,
+                      a.token != 0 ? absl::StrCat(" token ", a.token) : "", " at ", a.at);
+}
+
+// Check 5: one serving lockd at a time.
+void CheckReplicas(const std::vector<history::Record>& records, CheckResult* result) {
+  // A replica that ended its service (lockd-deposed) claims nothing from then on: it gave its
+  // lease on the prefix back, and a successor may serve at once.
+  std::map<std::string, int64_t> deposed_at;
+  for (const auto& r : records) {
+    if (r.event != "lockd-deposed") continue;
+    auto [it, fresh] = deposed_at.emplace(r.process, r.begin_ns);
+    if (!fresh) it->second = std::min(it->second, r.begin_ns);
+  }
+  std::map<std::string, std::vector<LockdAct>> by_replica;
+  for (const auto& r : records) {
+    if (!IsLockdAct(r.event)) continue;
+    LockdAct act{.at = r.begin_ns, .until = INT64_MAX, .token = r.token, .record = &r};
+    if (r.detail != "inf") {
+      char* end = nullptr;
+      act.until = std::strtoll(r.detail.c_str(), &end, 10);
+      if (r.detail.empty() || *end != '\0') {
+        result->violations.push_back(absl::StrCat(r.process, " recorded an act without its "
+                                                  "ownership deadline: \"", r.detail, "\""));
+        continue;
+      }
+    }
+    if (act.at >= act.until) {
+      result->violations.push_back(absl::StrCat(Describe(act), ", at or past its ownership deadline ",
+                                                act.until));
+    }
+    if (auto d = deposed_at.find(r.process); d != deposed_at.end()) {
+      if (act.at >= d->second) {
+        result->violations.push_back(absl::StrCat(Describe(act), ", after it ended its service at ",
+                                                  d->second));
+      }
+      act.until = std::min(act.until, d->second);
+    }
+    by_replica[r.process].push_back(act);
+    ++result->lockd_acts;
+  }
+  // The deadline each act held, from the replica's own renewals rather than from the act: a
+  // renewal's record (lockd-owned) is appended before its deadline takes effect, so an act may
+  // rely only on deadlines recorded before the act's own record. This holds lockd to its
+  // renewals even if its check of the deadline were broken.
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> owned;  // (end_ns, until)
+  for (const auto& r : records) {
+    if (r.event != "lockd-owned") continue;
+    int64_t until = 0;
+    char* end = nullptr;
+    until = std::strtoll(r.detail.c_str(), &end, 10);
+    if (r.detail.empty() || *end != '\0') {
+      result->violations.push_back(absl::StrCat(r.process, " recorded an ownership without its "
+                                                "deadline: \"", r.detail, "\""));
+      continue;
+    }
+    owned[r.process].emplace_back(r.end_ns, until);
+  }
+  for (auto& [replica, renewals] : owned) {
+    std::sort(renewals.begin(), renewals.end());
+    auto acts = by_replica.find(replica);
+    if (acts == by_replica.end()) continue;
+    size_t reported = 0;
+    for (const LockdAct& a : acts->second) {
+      int64_t held = INT64_MIN;
+      for (const auto& [recorded, until] : renewals) {
+        if (recorded > a.record->end_ns) break;
+        held = std::max(held, until);
+      }
+      if (a.at >= held && reported++ < 3) {
+        result->violations.push_back(absl::StrCat(
+            Describe(a), ", past the ownership deadline its renewals gave it (",
+            held == INT64_MIN ? std::string("none recorded") : absl::StrCat(held), ")"));
+      }
+    }
+  }
+
+  // Each replica's claimed spans, merged: [at, until) of its acts.
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> claimed;
+  for (auto& [replica, acts] : by_replica) {
+    std::sort(acts.begin(), acts.end(), [](const LockdAct& a, const LockdAct& b) { return a.at < b.at; });
+    auto& spans = claimed[replica];
+    for (const LockdAct& a : acts) {
+      if (!spans.empty() && a.at <= spans.back().second) {
+        spans.back().second = std::max(spans.back().second, a.until);
+      } else {
+        spans.emplace_back(a.at, a.until);
+      }
+    }
+  }
+  for (const auto& [replica, acts] : by_replica) {
+    for (const auto& [other, spans] : claimed) {
+      if (other == replica) continue;
+      size_t reported = 0;
+      for (const LockdAct& a : acts) {
+        // The last span of `other` that began at or before this act.
+        auto it = std::upper_bound(spans.begin(), spans.end(), a.at,
+                                   [](int64_t t, const auto& span) { return t < span.first; });
+        if (it == spans.begin() || a.at >= std::prev(it)->second) continue;
+        if (reported++ < 3) {
+          result->violations.push_back(absl::StrCat(
+              Describe(a), " while ", other, " still claimed the state (it acted at ",
+              std::prev(it)->first, " under an ownership until ", std::prev(it)->second, ")"));
+        }
+      }
+    }
+  }
+  // One token sequence across replicas.
+  std::vector<const LockdAct*> grants;
+  for (const auto& [replica, acts] : by_replica) {
+    for (const LockdAct& a : acts) {
+      if (a.record->event == "lockd-grant") grants.push_back(&a);
+    }
+  }
+  std::sort(grants.begin(), grants.end(), [](const LockdAct* a, const LockdAct* b) {
+    return a->at != b->at ? a->at < b->at : a->token < b->token;
+  });
+  for (size_t i = 1; i < grants.size(); ++i) {
+    if (grants[i]->token <= grants[i - 1]->token) {
+      result->violations.push_back(absl::StrCat("token sequence: ", Describe(*grants[i]),
+                                                " after ", Describe(*grants[i - 1])));
+    }
+  }
 }
 
 }  // namespace
@@ -133,6 +271,8 @@ CheckResult Check(const std::vector<history::Record>& records) {
       }
     }
   }
+
+  CheckReplicas(records, &result);
 
   // Client-believed overlaps: per holder (process, token), from the grant received to its last
   // step as holder.

@@ -9,8 +9,10 @@
 namespace fencelock::harness {
 namespace {
 
+using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::SizeIs;
 
 history::Record R(int64_t begin, int64_t end, std::string process, std::string event,
@@ -102,6 +104,77 @@ TEST(CheckerTest, PaidTwiceIsAViolation) {
   CheckResult r = Check(h);
   EXPECT_THAT(r.violations, ::testing::Contains(HasSubstr("payout/1 paid twice")));
   EXPECT_EQ(r.payments, 2);
+}
+
+// Two lockd replicas: a serves under an ownership until 1000 (renewed to 1500), is gone, and b
+// takes over at 2000.
+std::vector<history::Record> Failover() {
+  return {R(100, 101, "lockd-a", "lockd-grant", "payout/1", 5, "1000"),
+          R(600, 601, "lockd-a", "lockd-renew", "-", 0, "1500"),
+          R(1400, 1401, "lockd-a", "lockd-validate", "-", 0, "1500"),
+          R(2000, 2001, "lockd-b", "lockd-grant", "payout/2", 10006, "3400"),
+          R(2100, 2101, "lockd-b", "lockd-renew", "-", 0, "3400")};
+}
+
+TEST(CheckerTest, AFailoverBetweenReplicasPasses) {
+  CheckResult r = Check(Failover());
+  EXPECT_THAT(r.violations, IsEmpty());
+  EXPECT_EQ(r.lockd_acts, 5);
+}
+
+TEST(CheckerTest, AReplicaActingPastItsDeadlineIsAViolation) {
+  auto h = Failover();
+  h.push_back(R(1600, 1601, "lockd-a", "lockd-renew", "-", 0, "1500"));
+  CheckResult r = Check(h);
+  ASSERT_THAT(r.violations, SizeIs(1));
+  EXPECT_THAT(r.violations[0], HasSubstr("lockd-a renew - at 1600, at or past its ownership deadline 1500"));
+}
+
+TEST(CheckerTest, TwoReplicasActingAtOnceIsAViolation) {
+  auto h = Failover();
+  // b acts while a's last act still claimed the state until 1500.
+  h.push_back(R(1450, 1451, "lockd-b", "lockd-validate", "-", 0, "2800"));
+  CheckResult r = Check(h);
+  ASSERT_THAT(r.violations, SizeIs(1));
+  EXPECT_THAT(r.violations[0],
+              HasSubstr("lockd-b validate - at 1450 while lockd-a still claimed the state"));
+}
+
+TEST(CheckerTest, AReplicaThatEndedItsServiceClaimsNothingAfterward) {
+  auto h = Failover();
+  // a gave up at 1450 (a commit fault) although its deadline was 1500; b serves from 1460.
+  h.push_back(R(1450, 1450, "lockd-a", "lockd-deposed", "-", 0, "etcd did not answer"));
+  h.push_back(R(1460, 1461, "lockd-b", "lockd-renew", "-", 0, "2900"));
+  EXPECT_THAT(Check(h).violations, IsEmpty());
+  h.push_back(R(1470, 1471, "lockd-a", "lockd-renew", "-", 0, "1500"));
+  CheckResult r = Check(h);
+  ASSERT_THAT(r.violations, Not(IsEmpty()));
+  EXPECT_THAT(r.violations[0], HasSubstr("lockd-a renew - at 1470, after it ended its service at 1450"));
+}
+
+TEST(CheckerTest, AnActPastTheDeadlineOfItsRenewalsIsAViolationWhateverItSays) {
+  auto h = Failover();
+  // a's renewals: sent at 90 and 590, each recorded before the acts that rely on it.
+  h.push_back(R(90, 95, "lockd-a", "lockd-owned", "-", 0, "1000"));
+  h.push_back(R(590, 595, "lockd-a", "lockd-owned", "-", 0, "1500"));
+  h.push_back(R(1990, 1995, "lockd-b", "lockd-owned", "-", 0, "3400"));
+  EXPECT_THAT(Check(h).violations, IsEmpty());
+  // An act that claims a deadline no renewal gave: a broken check of the deadline.
+  h.push_back(R(1800, 1801, "lockd-a", "lockd-renew", "-", 0, "9999"));
+  CheckResult r = Check(h);
+  ASSERT_THAT(r.violations, Not(IsEmpty()));
+  EXPECT_THAT(r.violations[0], HasSubstr("lockd-a renew - at 1800, past the ownership deadline "
+                                         "its renewals gave it (1500)"));
+}
+
+TEST(CheckerTest, ATokenBelowAnEarlierReplicasIsAViolation) {
+  auto h = Failover();
+  h.push_back(R(2200, 2201, "lockd-b", "lockd-grant", "payout/3", 4, "3400"));
+  CheckResult r = Check(h);
+  ASSERT_THAT(r.violations, SizeIs(1));
+  EXPECT_THAT(r.violations[0], HasSubstr("token sequence: lockd-b grant payout/3 token 4"));
+  h.back().detail = "soon";
+  EXPECT_THAT(Check(h).violations, Contains(HasSubstr("without its ownership deadline")));
 }
 
 TEST(CheckerTest, ReadsADirectoryAndNamesABadLine) {

@@ -3,8 +3,9 @@
 //
 //   fencelock-harness list
 //   fencelock-harness run <scenario>... [--seed=N] [--quick] [--report-md=F] [--report-json=F]
-//   fencelock-harness run all ...
-//   fencelock-harness soak [--count=N] [--duration=D] [--seed=N] [--quick] [--report-md=F] ...
+//   fencelock-harness run all ...        every scenario on one lockd
+//   fencelock-harness run ha ...         every replicated one (etcd cluster, three lockds)
+//   fencelock-harness soak [--count=N] [--duration=D] [--seed=N] [--quick] [--ha] [--report-md=F] ...
 //   fencelock-harness check <history-dir>
 //
 // Every run prints its scenario and seed; `run <scenario> --seed=<seed>` repeats it. A run's
@@ -16,8 +17,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
@@ -44,6 +47,9 @@ ABSL_FLAG(std::string, report_md, "", "write the report as a markdown table to t
 ABSL_FLAG(std::string, report_json, "", "write the report as JSON to this file");
 ABSL_FLAG(std::string, lockd_binary, LOCKD_BINARY, "the lockd executable");
 ABSL_FLAG(std::string, rail_binary, RAIL_BINARY, "the payout-rail executable");
+ABSL_FLAG(std::string, etcd_binary, "/usr/bin/etcd",
+          "the etcd executable of the replicated scenarios (Debian's etcd-server)");
+ABSL_FLAG(bool, ha, false, "soak: draw from the replicated scenarios instead of the others");
 ABSL_FLAG(std::string, worker_binary, WORKER_BINARY,
           "the worker executable: payout-worker-faults (payout-worker with fault points)");
 
@@ -51,6 +57,43 @@ namespace fencelock::harness {
 namespace {
 
 volatile sig_atomic_t g_interrupted = 0;
+
+// Replicated runs: per scenario, min / median / max of the takeover (figure "takeover: <name>
+// serving <seconds> s ...": the standby began to serve) and of the failover (figure "failover:
+// <seconds> s ...": the first grant by another replica), both from the fault.
+std::string FailoverSummary(const std::vector<Outcome>& runs) {
+  std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> by_scenario;
+  for (const Outcome& o : runs) {
+    for (const auto& [name, value] : o.figures) {
+      if (name == "takeover") {
+        const size_t at = value.find(" serving ");
+        if (at != std::string::npos) {
+          by_scenario[o.scenario].first.push_back(std::strtod(value.c_str() + at + 9, nullptr));
+        }
+      } else if (name == "failover") {
+        by_scenario[o.scenario].second.push_back(std::strtod(value.c_str(), nullptr));
+      }
+    }
+  }
+  if (by_scenario.empty()) return "";
+  auto spread = [](std::vector<double> v) {
+    if (v.empty()) return std::string("- | - | -");
+    std::sort(v.begin(), v.end());
+    return absl::StrFormat("%.2f s | %.2f s | %.2f s", v.front(), v[v.size() / 2], v.back());
+  };
+  std::string md =
+      "From the fault to a standby serving (takeover) and to the first grant by another lockd "
+      "replica (failover); the lease on the prefix is 2 s, the target at most the TTL + 1 s:\n\n"
+      "| scenario | runs | takeover min | median | max | failover min | median | max | failover over 3 s |\n"
+      "|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& [scenario, figures] : by_scenario) {
+    const auto& failovers = figures.second;
+    const auto over = std::count_if(failovers.begin(), failovers.end(), [](double s) { return s > 3.0; });
+    absl::StrAppend(&md, "| ", scenario, " | ", failovers.size(), " | ", spread(figures.first), " | ",
+                    spread(failovers), " | ", over, " |\n");
+  }
+  return md + "\n";
+}
 
 std::string Markdown(const std::vector<Outcome>& runs, const std::string& title) {
   int failed = 0;
@@ -64,6 +107,7 @@ std::string Markdown(const std::vector<Outcome>& runs, const std::string& title)
   }
   absl::StrAppend(&md, violations, "; client-believed overlaps: ", overlaps,
                   " (expected only in uc03-unchecked)\n\n");
+  absl::StrAppend(&md, FailoverSummary(runs));
   absl::StrAppend(&md, "| # | scenario | seed | result | wall | figures |\n|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < runs.size(); ++i) {
     const Outcome& o = runs[i];
@@ -136,7 +180,7 @@ class Runner {
     env.quick = absl::GetFlag(FLAGS_quick);
     env.tls_dir = absl::GetFlag(FLAGS_tls_dir);
     env.binaries = {absl::GetFlag(FLAGS_lockd_binary), absl::GetFlag(FLAGS_rail_binary),
-                    absl::GetFlag(FLAGS_worker_binary)};
+                    absl::GetFlag(FLAGS_worker_binary), absl::GetFlag(FLAGS_etcd_binary)};
     env.dir = absl::StrCat(root_, "/", runs_.size() + 1, "-", scenario.name, "-", seed);
     std::filesystem::remove_all(env.dir);
     std::filesystem::create_directories(env.dir);
@@ -184,7 +228,7 @@ uint64_t FirstSeed() {
 
 int Usage() {
   std::fprintf(stderr,
-               "usage: fencelock-harness list | run <scenario>...|all | soak | check <history-dir>\n"
+               "usage: fencelock-harness list | run <scenario>...|all|ha | soak [--ha] | check <history-dir>\n"
                "  (fencelock-harness --help for the flags)\n");
   return 2;
 }
@@ -193,7 +237,7 @@ int Main(const std::vector<std::string>& args) {
   if (args.empty()) return Usage();
   const std::string& command = args[0];
   if (command == "list") {
-    for (const Scenario& s : Scenarios()) std::printf("%-15s %s\n", s.name.c_str(), s.proves.c_str());
+    for (const Scenario& s : Scenarios()) std::printf("%-19s %s\n", s.name.c_str(), s.proves.c_str());
     return 0;
   }
   if (command == "check") {
@@ -215,8 +259,10 @@ int Main(const std::vector<std::string>& args) {
   if (command == "run") {
     std::vector<const Scenario*> chosen;
     for (size_t i = 1; i < args.size(); ++i) {
-      if (args[i] == "all") {
-        for (const Scenario& s : Scenarios()) chosen.push_back(&s);
+      if (args[i] == "all" || args[i] == "ha") {
+        for (const Scenario& s : Scenarios()) {
+          if (s.replicated == (args[i] == "ha")) chosen.push_back(&s);
+        }
       } else if (const Scenario* s = FindScenario(args[i])) {
         chosen.push_back(s);
       } else {
@@ -249,8 +295,11 @@ int Main(const std::vector<std::string>& args) {
     for (int i = 0; (count == 0 || i < count) && (duration <= absl::ZeroDuration() || absl::Now() < until);
          ++i, ++seed) {
       if (g_interrupted) break;
-      const auto& all = Scenarios();
-      runner.Run(all[seed % all.size()], seed);
+      std::vector<const Scenario*> mix;
+      for (const Scenario& s : Scenarios()) {
+        if (s.replicated == absl::GetFlag(FLAGS_ha)) mix.push_back(&s);
+      }
+      runner.Run(*mix[seed % mix.size()], seed);
     }
     return runner.Finish("fencelock harness soak");
   }
@@ -263,7 +312,7 @@ int Main(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "pause-and-fault scenarios against real processes, with a history checker\n"
-      "  fencelock-harness list | run <scenario>...|all | soak --count=N | check <history-dir>");
+      "  fencelock-harness list | run <scenario>...|all|ha | soak --count=N [--ha] | check <history-dir>");
   std::vector<std::string> positional = fencelock::process::ParseFlags(argc, argv);
   positional.erase(positional.begin());  // the program name
   struct sigaction on_signal = {};

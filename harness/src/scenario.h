@@ -19,6 +19,7 @@ namespace fencelock::harness {
 
 struct Binaries {
   std::string lockd, rail, worker;
+  std::string etcd = "/usr/bin/etcd";  // the replicated scenarios' etcd members
 };
 
 // What one run is given.
@@ -59,6 +60,9 @@ struct Scenario {
   std::string name;
   std::string proves;  // one line, for `list` and the report
   std::function<absl::Status(Env&, Outcome&)> run;
+  // lockd's state in a local etcd cluster with three lockd replicas (issue 16): `run ha` and
+  // `soak --ha` choose these, `run all` and `soak` the others.
+  bool replicated = false;
 };
 
 const std::vector<Scenario>& Scenarios();

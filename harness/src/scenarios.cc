@@ -1,4 +1,5 @@
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -10,6 +11,8 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "harness/fault_proxy.h"
@@ -44,8 +47,8 @@ absl::Duration Since(int64_t ns) { return absl::Nanoseconds(history::NowNanos() 
 // get `worker_environment` ("NAME=value") on top of the harness's environment.
 absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(
     Env& env, int64_t payouts, std::vector<std::string> worker_environment = {},
-    absl::Duration ttl = kTtl) {
-  auto cluster = Cluster::Start({.dir = env.dir,
+    absl::Duration ttl = kTtl, const std::function<void(ClusterOptions&)>& adjust = nullptr) {
+  ClusterOptions options{.dir = env.dir,
                          .lockd_binary = env.binaries.lockd,
                          .rail_binary = env.binaries.rail,
                          .worker_binary = env.binaries.worker,
@@ -58,7 +61,9 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(
                          .margin = kMargin,
                          .history = true,
                          .worker_environment = std::move(worker_environment),
-                         .tls_dir = env.tls_dir});
+                         .tls_dir = env.tls_dir};
+  if (adjust) adjust(options);
+  auto cluster = Cluster::Start(std::move(options));
   if (!cluster.ok()) return cluster.status();
   if (payouts == 0) return cluster;
   if (absl::Status s = (*cluster)->Load(payouts, 1000); !s.ok()) return s;
@@ -206,6 +211,9 @@ absl::Status Finish(Cluster& cluster, Outcome& out, const Expectations& expect) 
   out.Figure("abandoned", absl::StrCat(abandoned));
   out.Figure("history", absl::StrCat(check->records, " records, ", check->grants, " grants, ",
                                      check->fence_decisions, " fence decisions, ",
+                                     check->lockd_acts > 0
+                                         ? absl::StrCat(check->lockd_acts, " lockd acts, ")
+                                         : std::string(),
                                      check->violations.size(), " violations, ",
                                      check->client_overlaps.size(), " client overlaps"));
   out.Expect(r->paid_twice == 0, absl::StrCat(r->paid_twice, " payouts paid twice"));
@@ -754,6 +762,199 @@ absl::Status Stranger(Env& env, Outcome& out) {
   return Finish(c, out, {});
 }
 
+// Replicated runs (issue 16): lockd's state in a 3-member etcd cluster, three lockd replicas on
+// it (lockd-a serving, lockd-b and lockd-c standing by), the workers given all three.
+constexpr absl::Duration kOwnerTtl = absl::Seconds(2);  // each replica's lease on the prefix
+constexpr absl::Duration kOwnerTtlThroughElection = absl::Seconds(5);
+
+enum class HaFault { kLockdKill, kLockdFreeze, kEtcdLeaderKill, kEtcdCut };
+
+// The first grant decided by a replica other than `old` (any, if old < 0) at or after `from_ns`.
+std::optional<history::Record> FirstGrantAfter(History& h, const std::string& old, int64_t from_ns) {
+  std::optional<history::Record> first;
+  h.Find([&](const history::Record& r) {
+    if (r.event == "lockd-grant" && r.process != old && r.begin_ns >= from_ns &&
+        (!first || r.begin_ns < first->begin_ns)) {
+      first = r;
+    }
+    return false;
+  });
+  return first;
+}
+
+// The last act of `replica` and the ownership deadline it held for it.
+std::optional<history::Record> LastAct(History& h, const std::string& replica) {
+  std::optional<history::Record> last;
+  h.Find([&](const history::Record& r) {
+    if (r.process == replica && absl::StartsWith(r.event, "lockd-") && r.event != "lockd-owned" &&
+        r.event != "lockd-deposed" && r.event != "lockd-fenced-out" &&
+        (!last || r.begin_ns > last->begin_ns)) {
+      last = r;
+    }
+    return false;
+  });
+  return last;
+}
+
+absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
+  const int64_t n = BusyPayouts(env);
+  // For kEtcdCut: lockd-a reaches each etcd member through a proxy of its own. Declared before
+  // the cluster, which refers to them.
+  std::vector<std::unique_ptr<FaultProxy>> proxies;
+  auto cluster = StartCluster(env, n, {}, kTtl, [&](ClusterOptions& o) {
+    o.etcd_members = 3;
+    o.etcd_binary = env.binaries.etcd;
+    o.lockd_replicas = 3;
+    // Killing the etcd leader costs an election (about a second): a lease on the prefix well
+    // above that lets lockd-a keep serving through it, as production settings (10 s) would.
+    o.etcd_owner_ttl = fault == HaFault::kEtcdLeaderKill ? kOwnerTtlThroughElection : kOwnerTtl;
+    if (fault != HaFault::kEtcdCut) return;
+    o.etcd_route = [&proxies](int replica, payout::EtcdCluster& etcd) -> absl::StatusOr<std::string> {
+      if (replica != 0) return etcd.endpoints();
+      if (proxies.empty()) {
+        for (int i = 0; i < etcd.size(); ++i) {
+          proxies.push_back(std::make_unique<FaultProxy>(etcd.client_port(i)));
+        }
+      }
+      std::string endpoints;
+      for (const auto& p : proxies) {
+        absl::StrAppend(&endpoints, endpoints.empty() ? "" : ",", "127.0.0.1:", p->port());
+      }
+      return endpoints;
+    };
+  });
+  if (!cluster.ok()) return cluster.status();
+  Cluster& c = **cluster;
+  if (absl::Status s = StartWorkers(c); !s.ok()) return s;
+  if (absl::Status s = AwaitSessions(c); !s.ok()) return s;
+  History h(c.Path("history"));
+  if (absl::Status s = AwaitPaid(h, env.Uniform(n / 8, n / 2)); !s.ok()) return s;
+  const int64_t paid_before = h.Count("paid");
+  const int old = c.ServingReplica();
+  if (old < 0) return absl::InternalError("no lockd replica serves");
+  const std::string old_name = c.replica_name(old);
+  const int64_t fault_at = history::NowNanos();
+  std::string what;
+  bool deposed = false;  // the old replica must notice on its own and exit 3
+  switch (fault) {
+    case HaFault::kLockdKill:
+      c.replica(old).Signal(SIGKILL);
+      c.replica(old).Wait();
+      what = absl::StrCat(old_name, " (serving) killed with SIGKILL");
+      break;
+    case HaFault::kLockdFreeze: {
+      const absl::Duration freeze = kOwnerTtl + absl::Milliseconds(env.Uniform(500, 1500));
+      c.replica(old).Signal(SIGSTOP);
+      absl::SleepFor(freeze);
+      c.replica(old).Signal(SIGCONT);
+      what = absl::StrCat(old_name, " (serving) frozen with SIGSTOP for ", Secs(freeze),
+                          ", past its ", Secs(kOwnerTtl), " lease on the prefix");
+      deposed = true;
+      break;
+    }
+    case HaFault::kEtcdLeaderKill: {
+      auto leader = c.etcd()->Leader(absl::Seconds(5));
+      if (!leader.ok()) return leader.status();
+      c.etcd()->member(*leader).Signal(SIGKILL);
+      c.etcd()->member(*leader).Wait();
+      what = absl::StrCat("etcd leader etcd-", *leader, " killed with SIGKILL");
+      break;
+    }
+    case HaFault::kEtcdCut:
+      for (const auto& p : proxies) {
+        p->Set(Dir::kToServer, Mode::kHold);
+        p->Set(Dir::kToClient, Mode::kHold);
+      }
+      what = absl::StrCat(old_name, " (serving) cut off from every etcd member");
+      deposed = true;
+      break;
+  }
+  out.Figure("fault", absl::StrCat(what, " after ", paid_before, " payouts"));
+  // Payouts go on: the workers finish whichever replica serves.
+  if (fault == HaFault::kEtcdLeaderKill) {
+    if (absl::Status s = AwaitPaid(h, paid_before + 5); !s.ok()) return s;
+    // etcd elects a new leader among the other two; whether lockd-a kept the prefix depends on
+    // how long that took against its own lease.
+    std::vector<int64_t> grants;
+    h.Find([&](const history::Record& r) {
+      if (r.event == "lockd-grant" && r.begin_ns >= fault_at) grants.push_back(r.begin_ns);
+      return false;
+    });
+    std::sort(grants.begin(), grants.end());
+    int64_t gap = grants.empty() ? 0 : grants[0] - fault_at;
+    for (size_t i = 1; i < grants.size(); ++i) gap = std::max(gap, grants[i] - grants[i - 1]);
+    const int serving = c.ServingReplica();
+    out.Figure("after the election", absl::StrCat(
+        serving < 0 ? std::string("no replica serves") : c.replica_name(serving) + " serves",
+        serving == old ? " (kept the prefix)" : " (took over)", "; longest pause in grants ",
+        Secs(absl::Nanoseconds(gap))));
+  } else {
+    auto next = c.AwaitServingReplica(old, absl::Seconds(30));
+    if (!next.ok()) return next.status();
+    // When it began to serve, by its own record (the harness may notice later).
+    const auto serving = h.Find([&](const history::Record& r) {
+      return r.process == c.replica_name(*next) && r.event == "lockd-serving" && r.begin_ns > fault_at;
+    });
+    if (serving.has_value()) {
+      out.Figure("takeover", absl::StrCat(c.replica_name(*next), " serving ",
+                                          Secs(absl::Nanoseconds(serving->begin_ns - fault_at)),
+                                          " after the fault"));
+    }
+    if (absl::Status s = WaitUntil([&] { return FirstGrantAfter(h, old_name, fault_at).has_value(); },
+                                   absl::Seconds(30), "the first grant by another replica");
+        !s.ok()) {
+      return s;
+    }
+    const history::Record first = *FirstGrantAfter(h, old_name, fault_at);
+    const absl::Duration failover = absl::Nanoseconds(first.begin_ns - fault_at);
+    out.Figure("failover", absl::StrCat(Secs(failover), " from the fault to the first grant by ",
+                                        first.process, " (token ", first.token, "; lease on the "
+                                        "prefix ", Secs(kOwnerTtl), ", target TTL + 1 s)"));
+  }
+  if (deposed) {
+    // The old replica saw its ownership deadline pass, refused what it held, gave up its lease
+    // and exited 3; its last act came before the deadline it held for it (the checker checks
+    // every act against it, and against the other replicas).
+    const std::optional<int> status = c.replica(old).Wait(absl::Seconds(15));
+    out.Expect(status.has_value() && WIFEXITED(*status) && WEXITSTATUS(*status) == 3,
+               absl::StrCat(old_name, " did not end its service (exit 3) after losing the prefix: ",
+                            status ? process::DescribeStatus(*status) : "still running"));
+    const std::string log = absl::StrCat(c.Path("logs/"), old_name, ".log");
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    out.Expect(text.find("exiting so that another replica takes over") != std::string::npos,
+               "the deposed replica's log does not say why it stopped: " + log);
+    const auto deposed_record = h.Find([&](const history::Record& r) {
+      return r.process == old_name && r.event == "lockd-deposed";
+    });
+    out.Expect(deposed_record.has_value(), "no lockd-deposed record in " + old_name + "'s history");
+    if (auto last = LastAct(h, old_name)) {
+      int64_t until = 0;
+      const std::string margin =
+          absl::SimpleAtoi(last->detail, &until)
+              ? absl::StrCat(Secs(absl::Nanoseconds(until - last->begin_ns)), " before")
+              : absl::StrCat("under \"", last->detail, "\" as");
+      out.Figure("deposed replica", absl::StrCat(old_name, " acted last ", margin,
+                                                 " its ownership deadline; ",
+                                                 status ? process::DescribeStatus(*status) : "running"));
+    }
+  }
+  if (fault == HaFault::kEtcdCut) {
+    for (const auto& p : proxies) {  // the partition heals
+      p->Release(Dir::kToServer);
+      p->Release(Dir::kToClient);
+    }
+  }
+  // As a supervisor would: the replica that failed comes back, as a standby.
+  if (fault != HaFault::kEtcdLeaderKill) {
+    c.replica(old).Wait(absl::Seconds(15));
+    if (absl::Status s = c.StartLockd(old); !s.ok()) return s;
+  }
+  if (absl::Status s = WaitWorkers(c, out, absl::Seconds(120)); !s.ok()) return s;
+  out.Figure("lost leases (client side)", absl::StrCat(h.Count("lost")));
+  return Finish(c, out, {});
+}
+
 }  // namespace
 
 const std::vector<Scenario>& Scenarios() {
@@ -778,6 +979,16 @@ const std::vector<Scenario>& Scenarios() {
       {"stranger",
        "a peer replays every holder's session id and token, and guesses secrets: all refused",
        Stranger},
+      {"ha-lockd-kill", "replicated: the serving lockd is killed; a standby takes over, paid once",
+       [](Env& e, Outcome& o) { return Replicated(e, o, HaFault::kLockdKill); }, true},
+      {"ha-lockd-freeze",
+       "replicated: the serving lockd frozen past its lease wakes, acts no more, exits",
+       [](Env& e, Outcome& o) { return Replicated(e, o, HaFault::kLockdFreeze); }, true},
+      {"ha-etcd-leader-kill", "replicated: the etcd leader is killed; payouts go on",
+       [](Env& e, Outcome& o) { return Replicated(e, o, HaFault::kEtcdLeaderKill); }, true},
+      {"ha-etcd-cut",
+       "replicated: the serving lockd is cut off from etcd; it stops, a standby takes over",
+       [](Env& e, Outcome& o) { return Replicated(e, o, HaFault::kEtcdCut); }, true},
   };
   return *scenarios;
 }

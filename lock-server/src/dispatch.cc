@@ -56,8 +56,8 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
                          req.body_case() == wire::Request::kListLocks;
   if (const absl::Status* fault = host.fault(); !read_only && fault != nullptr) {
     resp.set_code(wire::UNAVAILABLE);
-    resp.set_message(absl::StrCat("lockd stopped taking requests after a disk fault (",
-                                  fault->message(), "); restart it once the disk is fixed"));
+    resp.set_message(absl::StrCat("lockd stopped taking requests after a commit fault (",
+                                  fault->message(), "); ", host.FaultRemedy()));
     return out;
   }
   auto finish = [&](const absl::Status& s) {
@@ -209,9 +209,9 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
       if (const absl::Status* fault = host.fault(); fault != nullptr) {
         // Memory may hold changes the disk does not: show none of them.
         return finish(absl::UnavailableError(absl::StrCat(
-            "lockd stopped after a disk fault (", fault->message(),
-            "); its memory may hold changes that never became durable, so it lists nothing; "
-            "restart it once the disk is fixed")));
+            "lockd stopped after a commit fault (", fault->message(),
+            "); its memory may hold changes that never became durable, so it lists nothing; ",
+            host.FaultRemedy())));
       }
       const Permissions& permissions = host.permissions();
       const std::string& who = conn.caller.identity;

@@ -42,6 +42,7 @@ struct Keys {
   std::string format() const { return prefix + "/format"; }
   std::string sequences() const { return prefix + "/sequences"; }
   std::string owner() const { return prefix + "/owner"; }
+  std::string term() const { return prefix + "/term"; }
   std::string head() const { return prefix + "/snapshot-head"; }
   std::string log_dir() const { return prefix + "/log/"; }
   std::string log(uint64_t last_lsn) const { return log_dir() + Lsn(last_lsn); }
@@ -173,7 +174,18 @@ class EtcdCommitLog final : public CommitLog {
                         absl::StrJoin(options_.endpoints, ","));
   }
   absl::Duration OwnershipLeft() const override {
-    return std::max(MonoTime::FromNanos(owned_until_ns_.load()) - now_(), absl::ZeroDuration());
+    return std::max(OwnedUntil() - now_(), absl::ZeroDuration());
+  }
+  MonoTime OwnedUntil() const override {
+    return stopped_ ? MonoTime::Min() : MonoTime::FromNanos(owned_until_ns_.load());
+  }
+  bool FaultEndsServing() const override { return true; }
+  std::string FaultRemedy() const override {
+    return "this lockd no longer serves the prefix and exits; a standby replica takes over";
+  }
+  std::vector<StoreMember> Members() const override {
+    std::lock_guard<std::mutex> lock(members_mu_);
+    return members_;
   }
 
  private:
@@ -183,7 +195,9 @@ class EtcdCommitLog final : public CommitLog {
   };
   void Enqueue(Job job);
   void WriterLoop();
-  void KeeperLoop();
+  void KeeperLoop(MonoTime first);
+  // Asks every member for its status, once a second, for lockctl status and the metrics.
+  void ProbeLoop();
   void SendPending();
   void OnJobDone(const absl::Status& s);
   void Fail(const absl::Status& s);
@@ -237,6 +251,7 @@ class EtcdCommitLog final : public CommitLog {
 
   mutable std::atomic<bool> stopped_{false};  // with fault_ or lapsed_: nothing more commits
   std::atomic<uint64_t> commits_{0}, records_{0}, bytes_{0}, snapshots_{0}, reservations_{0};
+  std::atomic<uint64_t> commit_retries_{0};  // transactions sent again after etcd failed them
   std::atomic<int64_t> last_commit_ns_{0}, total_commit_ns_{0};
 
   std::mutex mu_;
@@ -246,6 +261,10 @@ class EtcdCommitLog final : public CommitLog {
   std::thread writer_;
   MonotonicEvent stop_keeper_;
   std::thread keeper_;
+  std::thread prober_;
+  mutable std::mutex members_mu_;
+  std::vector<StoreMember> members_;  // guarded by members_mu_
+  uint64_t term_ = 0;
 };
 
 absl::StatusOr<StateMachine> EtcdCommitLog::Start(MonoTime now,
@@ -267,24 +286,64 @@ absl::StatusOr<StateMachine> EtcdCommitLog::Start(MonoTime now,
 
   // Ownership: create P/owner on a lease of ours, waiting out a dead owner's lease.
   // The ownership lasts from the send time of the lease's last grant or renewal.
-  MonoTime lease_sent = now_();
-  auto lease = etcd.LeaseGrant(options_.owner_ttl);
-  if (!lease.ok()) return lease.status();
-  lease_ = *lease;
+  MonoTime lease_sent = MonoTime::Min();
   const bool forever = options_.owner_wait == absl::InfiniteDuration();
   const MonoTime give_up = forever ? MonoTime::FromNanos(INT64_MAX) : now_() + options_.owner_wait;
   bool said_standby = false;
+  std::string said_unreachable;  // the last etcd failure a standby logged
+  // A standby outlives etcd's bad moments (a leader election, a member down): it logs the
+  // failure once and tries again. A lockd that was asked to serve at once reports it.
+  auto try_again = [&](const absl::Status& s) {
+    if (!forever || !(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s))) return false;
+    if (said_unreachable != s.message()) {
+      said_unreachable = std::string(s.message());
+      Log(absl::StrCat("standing by: ", s.message(), "; trying again"));
+    }
+    absl::SleepFor(absl::Milliseconds(250));
+    return true;
+  };
   for (;;) {
+    // Our own lease, made before the create and kept alive while we wait: renewed every third
+    // of its TTL, or taken anew if it ran out. The ownership counts from the send time of the
+    // lease's last grant or renewal.
+    if (lease_ == 0 || now_() - lease_sent >= options_.owner_ttl / 3) {
+      const MonoTime sent = now_();
+      absl::Status s;
+      if (lease_ != 0) {
+        auto renewed = etcd.LeaseKeepAlive(lease_);
+        if (absl::IsNotFound(renewed.status())) lease_ = 0;
+        s = absl::IsNotFound(renewed.status()) ? absl::OkStatus() : renewed.status();
+      }
+      if (s.ok() && lease_ == 0) {
+        auto granted = etcd.LeaseGrant(options_.owner_ttl);
+        s = granted.status();
+        if (granted.ok()) lease_ = *granted;
+      }
+      if (!s.ok()) {
+        if (try_again(s)) continue;
+        return s;
+      }
+      lease_sent = sent;
+    }
     TxnRequest txn;
     *txn.add_compare() = NotPresent(keys_.owner());
     *txn.add_success() = Put(keys_.owner(), options_.owner, lease_);
     RangeRequest* other = txn.add_failure()->mutable_request_range();
     other->set_key(keys_.owner());
     auto r = etcd.Txn(txn);
-    if (!r.ok()) return r.status();
+    if (absl::IsNotFound(r.status())) {  // our lease ran out while etcd was away
+      lease_ = 0;
+      continue;
+    }
+    if (!r.ok()) {
+      if (try_again(r.status())) continue;
+      return r.status();
+    }
     if (r->succeeded()) {
       owner_revision_ = r->header().revision();
-      owned_until_ns_ = (lease_sent + options_.owner_ttl * (1 - options_.owner_margin)).nanos();
+      const MonoTime until = lease_sent + options_.owner_ttl * (1 - options_.owner_margin);
+      if (options_.on_owned) options_.on_owned(lease_sent, until);
+      owned_until_ns_ = until.nanos();
       break;
     }
     const auto& kvs = r->responses(0).response_range().kvs();
@@ -301,20 +360,10 @@ absl::StatusOr<StateMachine> EtcdCommitLog::Start(MonoTime now,
           "); one lockd per prefix (--etcd-standby waits to take over)"));
     }
     absl::SleepFor(absl::Milliseconds(250));
-    // Our own lease must outlive the wait: renew it every third of its TTL, or take a new one
-    // if it ran out.
-    if (now_() - lease_sent < options_.owner_ttl / 3) continue;
-    lease_sent = now_();
-    auto renewed = etcd.LeaseKeepAlive(lease_);
-    if (absl::IsNotFound(renewed.status())) {
-      lease_sent = now_();
-      auto again = etcd.LeaseGrant(options_.owner_ttl);
-      if (!again.ok()) return again.status();
-      lease_ = *again;
-    } else if (!renewed.ok()) {
-      return renewed.status();
-    }
   }
+  // Renewals from now on, also while the state is read: a large state must not cost the
+  // ownership before lockd serves.
+  keeper_ = std::thread([this, first = lease_sent + options_.owner_ttl / 3] { KeeperLoop(first); });
 
   // The state: snapshot, then the log after it.
   auto sequences_text = Get(etcd, keys_.sequences(), &found);
@@ -360,22 +409,33 @@ absl::StatusOr<StateMachine> EtcdCommitLog::Start(MonoTime now,
   state->RaiseFloors(token_floor, session_floor);
   next_lsn_ = last + 1;
 
+  // The term: one more than the lockd before ours.
+  auto term_text = Get(etcd, keys_.term(), &found);
+  if (!term_text.ok()) return term_text.status();
+  uint64_t term = 0;
+  if (found && !absl::SimpleAtoi(*term_text, &term)) {
+    return absl::DataLossError(absl::StrCat(keys_.term(), " is damaged: \"",
+                                            absl::CHexEscape(term_text->substr(0, 32)), "\""));
+  }
+  term_ = term + 1;
+
   // Reserve above everything restored before anything is issued.
   reserved_ = Sequences{token_floor + options_.reservation_block,
                         session_floor + options_.reservation_block};
-  auto reserved = Commit({Put(keys_.sequences(), EncodeSequences(reserved_))});
+  auto reserved = Commit({Put(keys_.sequences(), EncodeSequences(reserved_)),
+                          Put(keys_.term(), absl::StrCat(term_))});
   if (!reserved.ok()) return reserved.status();
 
   summary->push_back(absl::StrCat("serving etcd prefix ", options_.prefix, " on ",
-                                  absl::StrJoin(options_.endpoints, ","), " (owner lease ",
-                                  absl::FormatDuration(options_.owner_ttl), ")"));
+                                  absl::StrJoin(options_.endpoints, ","), " as term ", term_,
+                                  " (owner lease ", absl::FormatDuration(options_.owner_ttl), ")"));
   summary->push_back(absl::StrCat("restored ", state->session_count(), " sessions and ",
                                   state->holders().size(), " held locks from etcd (snapshot lsn ",
                                   lsn, ", ", replayed, " records replayed, last lsn ", last, ")"));
   summary->push_back(absl::StrCat("next token above ", token_floor,
                                   ", next session id above ", session_floor));
   writer_ = std::thread([this] { WriterLoop(); });
-  keeper_ = std::thread([this] { KeeperLoop(); });
+  prober_ = std::thread([this] { ProbeLoop(); });
   return std::move(*state);
 }
 
@@ -389,6 +449,7 @@ EtcdCommitLog::~EtcdCommitLog() {
   if (writer_.joinable()) writer_.join();
   stop_keeper_.Notify();
   if (keeper_.joinable()) keeper_.join();
+  if (prober_.joinable()) prober_.join();
   // A clean stop hands the prefix over at once instead of after the lease's TTL.
   if (lease_ != 0) (void)etcd_->LeaseRevoke(lease_);
 }
@@ -402,23 +463,29 @@ CommitLogStats EtcdCommitLog::stats() const {
   s.reservations = reservations_.load();
   s.last_commit_ns = last_commit_ns_.load();
   s.total_commit_ns = total_commit_ns_.load();
+  s.commit_retries = commit_retries_.load();
+  s.term = term_;
   return s;
 }
 
-void EtcdCommitLog::KeeperLoop() {
-  // Renews the lease on P/owner every third of its TTL; each answer moves the ownership
-  // deadline to its send time + TTL x (1 - margin). A deadline that passes ends the ownership
-  // for good (the writer checks it before every transaction).
+void EtcdCommitLog::KeeperLoop(MonoTime first) {
+  // Renews the lease on P/owner every third of its TTL (the first time at `first`); each answer
+  // moves the ownership deadline to its send time + TTL x (1 - margin). A deadline that passes
+  // ends the ownership for good (the writer checks it before every transaction).
   const absl::Duration period = options_.owner_ttl / 3;
-  absl::Duration wait = period;
+  absl::Duration wait = std::max(first - now_(), absl::ZeroDuration());
   while (!stop_keeper_.WaitFor(wait)) {
     const MonoTime sent = now_();
     auto ttl = etcd_->LeaseKeepAlive(lease_);
     // After a failure, try again soon: the deadline does not wait.
     wait = ttl.ok() ? period : std::min(period, absl::Milliseconds(250));
     if (ttl.ok()) {
-      const int64_t until = (sent + *ttl * (1 - options_.owner_margin)).nanos();
-      owned_until_ns_ = std::max(owned_until_ns_.load(), until);
+      const MonoTime until = sent + *ttl * (1 - options_.owner_margin);
+      if (until.nanos() > owned_until_ns_.load()) {
+        // Told before it takes effect: a record of an act under this deadline comes after it.
+        if (options_.on_owned) options_.on_owned(sent, until);
+        owned_until_ns_ = until.nanos();
+      }
       continue;
     }
     const absl::Status why = ttl.status();
@@ -433,6 +500,28 @@ void EtcdCommitLog::KeeperLoop() {
       return;
     }
   }
+}
+
+void EtcdCommitLog::ProbeLoop() {
+  do {
+    std::vector<StoreMember> members;
+    for (size_t i = 0; i < etcd_->endpoints().size(); ++i) {
+      StoreMember m{.endpoint = etcd_->endpoints()[i]};
+      auto status = etcd_->MemberStatus(i);
+      if (status.ok()) {
+        m.reachable = true;
+        m.raft_index = status->raftindex();
+        m.db_bytes = status->dbsize();
+        m.leader = status->leader() != 0 && status->leader() == status->header().member_id();
+        for (const std::string& e : status->errors()) absl::StrAppend(&m.error, m.error.empty() ? "" : "; ", e);
+      } else {
+        m.error = std::string(status.status().message());
+      }
+      members.push_back(std::move(m));
+    }
+    std::lock_guard<std::mutex> lock(members_mu_);
+    members_ = std::move(members);
+  } while (!stop_keeper_.WaitFor(absl::Seconds(1)));
 }
 
 void EtcdCommitLog::Enqueue(Job job) {
@@ -462,17 +551,6 @@ void EtcdCommitLog::WriterLoop() {
 }
 
 absl::StatusOr<int64_t> EtcdCommitLog::Commit(std::vector<RequestOp> ops) {
-  if (stopped_) {
-    // Once the log has failed (its replies were answered UNAVAILABLE), nothing queued behind
-    // the failure is committed: a record nobody was told about must not appear in the state a
-    // successor restores.
-    return absl::UnavailableError("the commit log stopped after a fault");
-  }
-  if (now_() >= MonoTime::FromNanos(owned_until_ns_.load())) {
-    return absl::UnavailableError(absl::StrCat(
-        "the ownership of etcd prefix ", options_.prefix,
-        " may have lapsed (no lease renewal answered in time); nothing more is committed"));
-  }
   TxnRequest txn;
   Compare* mine = txn.add_compare();
   mine->set_key(keys_.owner());
@@ -481,19 +559,47 @@ absl::StatusOr<int64_t> EtcdCommitLog::Commit(std::vector<RequestOp> ops) {
   mine->set_create_revision(owner_revision_);
   for (auto& op : ops) *txn.add_success() = std::move(op);
   const MonoTime start = now_();
-  auto r = etcd_->Txn(txn);
-  if (!r.ok()) return r.status();
-  if (!r->succeeded()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "etcd prefix ", options_.prefix, " is no longer this lockd's (", keys_.owner(),
-        " changed); nothing more is committed"));
+  absl::Status last;
+  // etcd without a leader for a moment (an election, a member gone) answers "unavailable" or
+  // not at all: the same transaction is sent again, until the ownership deadline. That is safe
+  // because every transaction is guarded by P/owner and writes the same values to the same
+  // keys (or deletes), so one that committed although its answer was lost changes nothing the
+  // second time.
+  for (absl::Duration pause = absl::Milliseconds(25);; pause = std::min(2 * pause, absl::Milliseconds(250))) {
+    if (stopped_) {
+      // Once the log has failed (its replies were answered UNAVAILABLE), nothing queued behind
+      // the failure is committed: a record nobody was told about must not appear in the state
+      // a successor restores.
+      return absl::UnavailableError("the commit log stopped after a fault");
+    }
+    if (now_() >= MonoTime::FromNanos(owned_until_ns_.load())) {
+      return absl::UnavailableError(absl::StrCat(
+          "the ownership of etcd prefix ", options_.prefix,
+          " may have lapsed (no lease renewal answered in time); nothing more is committed",
+          last.ok() ? "" : absl::StrCat("; etcd: ", last.message())));
+    }
+    auto r = etcd_->Txn(txn);
+    if (!r.ok()) {
+      if (!absl::IsUnavailable(r.status()) && !absl::IsDeadlineExceeded(r.status())) {
+        return r.status();
+      }
+      last = r.status();
+      ++commit_retries_;
+      absl::SleepFor(pause);
+      continue;
+    }
+    if (!r->succeeded()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "etcd prefix ", options_.prefix, " is no longer this lockd's (", keys_.owner(),
+          " changed); nothing more is committed"));
+    }
+    const int64_t ns = absl::ToInt64Nanoseconds(now_() - start);
+    ++commits_;
+    last_commit_ns_ = ns;
+    total_commit_ns_ += ns;
+    if (options_.on_commit) options_.on_commit(ns);
+    return r->header().revision();
   }
-  const int64_t ns = absl::ToInt64Nanoseconds(now_() - start);
-  ++commits_;
-  last_commit_ns_ = ns;
-  total_commit_ns_ += ns;
-  if (options_.on_commit) options_.on_commit(ns);
-  return r->header().revision();
 }
 
 void EtcdCommitLog::ReserveFor(FenceToken token, SessionId session) {

@@ -424,12 +424,16 @@ absl::Status Listener::CheckConnectionLimits(const std::string& peer) const {
   return absl::OkStatus();
 }
 
-void Listener::Stop() {
-  if (stopping_) return;
-  stopping_ = true;
+void Listener::StopAccepting() {
   boost::system::error_code ec;
   tcp_acceptor_.close(ec);
   unix_acceptor_.close(ec);
+}
+
+void Listener::Stop() {
+  if (stopping_) return;
+  stopping_ = true;
+  StopAccepting();
   std::vector<std::shared_ptr<AsioConnection>> open;
   for (auto& [id, weak] : open_) {
     if (auto c = weak.lock()) open.push_back(std::move(c));

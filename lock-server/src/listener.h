@@ -39,6 +39,8 @@ class Listener {
   uint16_t tcp_port() const { return tcp_port_; }
   // Starts accepting.
   void Start();
+  // Closes the listeners; open connections stay until Stop().
+  void StopAccepting();
   // Closes the listeners and every open connection.
   void Stop();
 

@@ -142,12 +142,27 @@ int Main(const std::string& command) {
     std::printf("  last token        %lu\n", static_cast<unsigned long>(s.last_token()));
     std::printf("  storage           %s\n", s.storage().c_str());
     if (s.storage().rfind("etcd", 0) == 0) {
+      // Only the replica that serves the prefix answers; standbys do not listen.
+      std::printf("  role              serving the prefix (leader), term %lu\n",
+                  static_cast<unsigned long>(s.term()));
       std::printf("  ownership         %s left (renewed every third of its TTL)\n",
                   absl::FormatDuration(absl::Milliseconds(s.ownership_left_ms())).c_str());
-      std::printf("  commits           lsn %lu, %lu transactions, %lu snapshots\n",
+      std::printf("  commits           lsn %lu, %lu transactions, %lu snapshots, %lu retried\n",
                   static_cast<unsigned long>(s.last_lsn()),
                   static_cast<unsigned long>(s.log_syncs_total()),
-                  static_cast<unsigned long>(s.snapshots_total()));
+                  static_cast<unsigned long>(s.snapshots_total()),
+                  static_cast<unsigned long>(s.commit_retries_total()));
+      for (const wire::StoreMemberInfo& m : s.store_members()) {
+        if (m.reachable()) {
+          std::printf("  etcd member       %s: ok%s, raft index %lu, db %ld bytes%s%s\n",
+                      m.endpoint().c_str(), m.leader() ? ", leader" : "",
+                      static_cast<unsigned long>(m.raft_index()), static_cast<long>(m.db_bytes()),
+                      m.error().empty() ? "" : "; ", m.error().c_str());
+        } else {
+          std::printf("  etcd member       %s: UNREACHABLE (%s)\n", m.endpoint().c_str(),
+                      m.error().c_str());
+        }
+      }
     } else {
       std::printf("  WAL               lsn %lu, segment %lu, %lu syncs, %lu snapshots\n",
                   static_cast<unsigned long>(s.last_lsn()),

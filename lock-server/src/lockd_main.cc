@@ -44,6 +44,13 @@ ABSL_FLAG(absl::Duration, etcd_owner_ttl, absl::Seconds(10),
 ABSL_FLAG(bool, etcd_standby, false,
           "with --etcd: while another lockd serves the prefix, stand by (not listening) and "
           "take over when its lease ends, instead of refusing");
+ABSL_FLAG(absl::Duration, etcd_request_timeout, absl::ZeroDuration(),
+          "with --etcd: how long one etcd request may take before the next endpoint is tried; "
+          "0: a third of the usable ownership (--etcd-owner-ttl x 0.7 / 3, at most 5s)");
+ABSL_FLAG(std::string, history, "",
+          "append a record of every grant, renewal and confirmation, and of the etcd ownership, "
+          "to this history file (for the fault harness's checker)");
+ABSL_FLAG(std::string, history_name, "lockd", "with --history: this lockd's name in it");
 ABSL_FLAG(uint64_t, etcd_snapshot_bytes, uint64_t{1} << 20,
           "with --etcd: take a snapshot (and delete the log it covers) once the log since the "
           "last one is this large");
@@ -154,6 +161,9 @@ int Serve() {
   options.etcd_owner_ttl = absl::GetFlag(FLAGS_etcd_owner_ttl);
   options.etcd_snapshot_bytes = absl::GetFlag(FLAGS_etcd_snapshot_bytes);
   options.etcd_standby = absl::GetFlag(FLAGS_etcd_standby);
+  options.etcd_request_timeout = absl::GetFlag(FLAGS_etcd_request_timeout);
+  options.history_file = absl::GetFlag(FLAGS_history);
+  options.history_process = absl::GetFlag(FLAGS_history_name);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_listen);
   options.permissions_file = absl::GetFlag(FLAGS_permissions);
@@ -284,11 +294,19 @@ int Serve() {
       return;
     }
   });
-  (*server)->Run();
+  const absl::Status ended = (*server)->Run();
   // Run() returned because of the signal, or something made it stop: make sure the signal
   // thread ends either way.
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
+  if (!ended.ok()) {
+    // The etcd backend after a fault: this lockd may no longer own the prefix. It has given
+    // up its lease, so that a standby takes over now; a supervisor may start it again, as a
+    // standby (--etcd-standby).
+    std::fprintf(stderr, "lockd: stopped serving: %s; exiting so that another replica takes over\n",
+                 std::string(ended.message()).c_str());
+    return 3;
+  }
   return 0;
 }
 

@@ -1,5 +1,8 @@
 #include "metrics_export.h"
 
+#include <algorithm>
+#include <vector>
+
 namespace fencelock::server {
 
 void MetricsExport::Start() {
@@ -57,6 +60,19 @@ void MetricsExport::ExportNow() {
     m.GetGauge("lockd_ownership_left_seconds",
                "With etcd: how much longer this lockd owns its prefix; 0 once it has lapsed")
         .Set(absl::ToDoubleSeconds(left));
+    const CommitLogStats stats = log.stats();
+    m.GetGauge("lockd_etcd_term",
+               "With etcd: times a lockd has taken over the prefix, this one included; its "
+               "increase is the number of leadership changes")
+        .Set(static_cast<double>(stats.term));
+    add("lockd_etcd_commit_retries_total",
+        "With etcd: transactions sent again after etcd failed them (no leader for a moment)",
+        stats.commit_retries, exported_commit_retries_);
+    const std::vector<StoreMember> members = log.Members();
+    m.GetGauge("lockd_etcd_members_reachable",
+               "With etcd: members that answered lockd's last status request")
+        .Set(static_cast<double>(std::count_if(members.begin(), members.end(),
+                                               [](const StoreMember& s) { return s.reachable; })));
   }
   m.GetGauge("lockd_disk_fault",
              "1 after a failed write or sync: lockd refuses mutations until restarted")

@@ -31,6 +31,7 @@ class MetricsExport {
   metrics::Registry* const registry_;
   CoreStats exported_;  // the totals already added to the counters
   uint64_t exported_commits_ = 0;
+  uint64_t exported_commit_retries_ = 0;
 };
 
 }  // namespace fencelock::server

@@ -25,6 +25,7 @@
 #include "metrics_export.h"
 #include "net/asio.h"
 #include "net/asio_time_source.h"
+#include "process/history.h"
 
 namespace fencelock::server {
 namespace {
@@ -81,7 +82,7 @@ class ServerImpl final : public Server {
   std::vector<std::string> recovery_summary() const override { return summary_; }
   // A line for the startup log, before recovery's.
   void Note(std::string line) { summary_.push_back(std::move(line)); }
-  void Run() override;
+  absl::Status Run() override;
   void Shutdown() override {
     asio::post(io_, [this] { Stop(); });
   }
@@ -99,6 +100,14 @@ class ServerImpl final : public Server {
  private:
   absl::StatusOr<OpenedCommitLog> OpenCommitLog();
   void Stop();
+  // The log cannot come back from `fault`: refuse nothing more than was refused, close the
+  // listeners and connections (a moment later, so that the refusals reach their clients), and
+  // make Run() return the fault.
+  void EndService(const absl::Status& fault);
+  void History(int64_t begin_ns, const char* event, const std::string& key, uint64_t token,
+               const std::string& detail) {
+    if (history_) history_->Append(begin_ns, event, key, token, detail);
+  }
 
   const ServerOptions options_;
   std::shared_ptr<net::TlsContext> tls_;  // nullptr: plaintext TCP
@@ -112,7 +121,17 @@ class ServerImpl final : public Server {
   std::unique_ptr<metrics::Exposer> exposer_;
   std::vector<std::string> summary_;
   bool stopping_ = false;
+  absl::Status ended_;  // why the service ended by itself; OK after Shutdown()
+  asio::steady_timer end_timer_{io_};
+  std::unique_ptr<history::Writer> history_;  // null without options_.history_file
 };
+
+// ServerOptions::etcd_request_timeout when left at zero: a third of the usable ownership, so
+// that one member that swallows requests costs at most that before the next is tried.
+absl::Duration EtcdRequestTimeout(const ServerOptions& o) {
+  if (o.etcd_request_timeout > absl::ZeroDuration()) return o.etcd_request_timeout;
+  return std::min(absl::Seconds(5), o.etcd_owner_ttl * (1 - kEtcdOwnerMargin) / 3);
+}
 
 // The one place a storage backend is chosen.
 absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
@@ -131,7 +150,9 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
     EtcdCommitLogOptions etcd{.endpoints = options_.etcd_endpoints,
                               .prefix = options_.etcd_prefix,
                               .reservation_block = options_.reservation_block,
+                              .request_timeout = EtcdRequestTimeout(options_),
                               .owner_ttl = options_.etcd_owner_ttl,
+                              .owner_margin = kEtcdOwnerMargin,
                               .owner_wait = options_.etcd_standby
                                                 ? absl::InfiniteDuration()
                                                 : options_.etcd_owner_ttl + absl::Seconds(2),
@@ -139,6 +160,9 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
                               .owner = owner};
     etcd.on_commit = [&commit_latency](int64_t ns) { commit_latency.Observe(ns / 1e9); };
     etcd.now = [this] { return time_.Now(); };
+    etcd.on_owned = [this](MonoTime sent, MonoTime until) {
+      History(sent.nanos(), "lockd-owned", "-", 0, absl::StrCat(until.nanos()));
+    };
     return OpenEtcdCommitLog(etcd, time_.Now(), post);
   }
   LocalCommitLogOptions log_options{
@@ -153,6 +177,11 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
 }
 
 absl::Status ServerImpl::Init() {
+  if (!options_.history_file.empty()) {
+    auto writer = history::Writer::Open(options_.history_file, options_.history_process);
+    if (!writer.ok()) return writer.status();
+    history_ = std::move(*writer);
+  }
   auto opened = OpenCommitLog();
   if (!opened.ok()) return opened.status();
   summary_.insert(summary_.end(), opened->summary.begin(), opened->summary.end());
@@ -177,6 +206,16 @@ absl::Status ServerImpl::Init() {
       .idle_timeout = options_.idle_timeout,
       .stall_threshold = options_.stall_threshold,
       .permissions = std::move(permissions)};
+  core_options.on_ending_fault = [this](const absl::Status& fault) { EndService(fault); };
+  if (history_) {
+    core_options.on_act = [this](const Act& act) {
+      static constexpr const char* kEvents[] = {"lockd-grant", "lockd-renew", "lockd-validate",
+                                                "lockd-fenced-out"};
+      History(act.at.nanos(), kEvents[act.kind], act.key, act.token,
+              act.owned_until == MonoTime::Max() ? std::string("inf")
+                                                 : absl::StrCat(act.owned_until.nanos()));
+    };
+  }
   core_ = std::make_unique<ServerCore>(core_options, &time_, std::move(*opened));
   listener_ = std::make_unique<Listener>(io_, core_.get(), &time_, options_, tls_);
   if (absl::Status s = listener_->Bind(); !s.ok()) return s;
@@ -190,12 +229,23 @@ absl::Status ServerImpl::Init() {
   return absl::OkStatus();
 }
 
-void ServerImpl::Run() {
+absl::Status ServerImpl::Run() {
+  History(history::NowNanos(), "lockd-serving", "-", 0, core_->log().Describe());
   core_->Start();
   listener_->Start();
   if (exposer_) exporter_->Start();
   io_.run();
   if (!options_.unix_socket_path.empty()) ::unlink(options_.unix_socket_path.c_str());
+  return ended_;
+}
+
+void ServerImpl::EndService(const absl::Status& fault) {
+  if (stopping_ || !ended_.ok()) return;
+  ended_ = fault;
+  History(history::NowNanos(), "lockd-deposed", "-", 0, std::string(fault.message()));
+  listener_->StopAccepting();
+  end_timer_.expires_after(std::chrono::milliseconds(200));
+  end_timer_.async_wait([this](boost::system::error_code) { Stop(); });
 }
 
 void ServerImpl::Stop() {
@@ -264,6 +314,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   if (options.etcd_owner_ttl < absl::Seconds(2) || options.etcd_owner_ttl > absl::Hours(1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--etcd-owner-ttl must be 2s to 1h, got ", absl::FormatDuration(options.etcd_owner_ttl)));
+  }
+  if (const absl::Duration usable = options.etcd_owner_ttl * (1 - kEtcdOwnerMargin);
+      options.etcd_request_timeout < absl::ZeroDuration() ||
+      options.etcd_request_timeout > usable) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--etcd-request-timeout must be at most the usable ownership (",
+        absl::FormatDuration(usable), " of --etcd-owner-ttl=",
+        absl::FormatDuration(options.etcd_owner_ttl), ") and not negative (0: a third of it), got ",
+        absl::FormatDuration(options.etcd_request_timeout)));
   }
   if (absl::Status s = CheckSegmentBytes(options.wal_segment_bytes); !s.ok()) return s;
   if (options.reservation_block == 0 || options.reservation_block > (uint64_t{1} << 40)) {

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -39,6 +40,15 @@ std::string EncodeFrame(const wire::Response& response, size_t max_frame_bytes) 
   frame.clear();
   (void)protocol::AppendFrame(too_big.SerializeAsString(), &frame);
   return frame;
+}
+
+// A reply by which lockd acts as the state's server (Act), or nullopt.
+std::optional<Act::Kind> ActOf(const wire::Response& r) {
+  if (r.code() != wire::OK) return std::nullopt;
+  if (r.has_acquire() && r.acquire().granted()) return Act::kGrant;
+  if (r.has_keep_alive()) return Act::kRenew;
+  if (r.has_validate()) return Act::kValidate;
+  return std::nullopt;
 }
 
 // 16 bytes from the kernel's random number generator.
@@ -197,7 +207,13 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   // The service's refusal lines go through the limiter: a peer can cause them in bulk.
   ServiceOptions WithLogs(ServiceOptions service) {
     if (!service.on_fenced_out) {
-      service.on_fenced_out = [this](const std::string& line) { limiter_.Log("fenced out", line); };
+      service.on_fenced_out = [this](const std::string& line) {
+        limiter_.Log("fenced out", line);
+        if (options_.on_act) {
+          options_.on_act(Act{.kind = Act::kFencedOut, .at = time_->Now(),
+                              .owned_until = log_->OwnedUntil(), .key = "-"});
+        }
+      };
     }
     if (!service.on_foreign_token) {
       service.on_foreign_token = [this](const std::string& line) {
@@ -215,6 +231,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   // DispatchHost
   LockService& service() override { return service_; }
   const absl::Status* fault() const override { return log_->fault(); }
+  std::string FaultRemedy() const override { return log_->FaultRemedy(); }
   WaiterId NextWaiterId() override { return ++last_waiter_id_; }
   std::string NewSessionSecret() override { return options_.session_secrets(); }
   void CountProtocolError() override { ++protocol_errors_total_; }
@@ -227,7 +244,16 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   void FillStats(wire::StatsReply* stats) const override;
 
   // CommitLogListener
-  void OnCommitted(uint64_t batch) override { gate_.Committed(batch); }
+  void OnCommitted(uint64_t batch) override {
+    // A leased ownership that ran out while the batch was in etcd: its replies are refused, not
+    // sent by a lockd that may have a successor by now (what the batch holds is committed, and
+    // a successor restores it).
+    if (const absl::Status* fault = log_->fault(); fault != nullptr) {
+      OnCommitFault(*fault);
+      return;
+    }
+    gate_.Committed(batch);
+  }
   void OnCommitFault(const absl::Status& status) override;
   void OnSnapshotDue() override { log_->Snapshot(service_.state()); }
 
@@ -252,6 +278,31 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   // Sends `response` on `id` once every record it may reflect is committed. After a fault
   // nothing becomes committed again; replies then carry no mutation and go at once.
   void Reply(ConnectionId id, const wire::Response& response) {
+    if (std::optional<Act::Kind> kind = ActOf(response)) {
+      // The request was checked against the log's ownership when it was dispatched; a leased
+      // ownership (etcd) can run out between that check and now. Read the time first, so that
+      // an act recorded at `at` is known to precede `until`.
+      const MonoTime at = time_->Now();
+      const MonoTime until = log_->OwnedUntil();
+      if (const absl::Status* fault = log_->fault(); fault != nullptr || at >= until) {
+        wire::Response refused;
+        refused.set_request_id(response.request_id());
+        refused.set_code(wire::UNAVAILABLE);
+        refused.set_message(absl::StrCat(
+            "lockd no longer serves this state: ",
+            fault != nullptr ? fault->message() : "its ownership of the state ran out"));
+        gate_.Submit(id, log_->newest_batch(), UINT64_MAX, refused.request_id(),
+                     EncodeFrame(refused, options_.max_frame_bytes));
+        return;
+      }
+      if (options_.on_act) {
+        options_.on_act(Act{.kind = *kind,
+                            .at = at,
+                            .owned_until = until,
+                            .key = response.has_acquire() ? response.acquire().lock() : "-",
+                            .token = response.has_acquire() ? response.acquire().token() : 0});
+      }
+    }
     std::string frame = EncodeFrame(response, options_.max_frame_bytes);
     const uint64_t committed =
         log_->fault() != nullptr ? UINT64_MAX : log_->committed_batch();
@@ -292,6 +343,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   StallWatch stall_;
   bool stopped_ = true;
   bool flush_scheduled_ = false;
+  bool ending_reported_ = false;  // on_ending_fault was called
   ConnectionId last_connection_id_ = 0;
   WaiterId last_waiter_id_ = 0;
   uint64_t protocol_errors_total_ = 0;
@@ -404,7 +456,7 @@ void ServerCore::Impl::OnIdleCheck(ConnectionId id) {
 void ServerCore::Impl::OnCommitFault(const absl::Status& status) {
   const std::string message =
       absl::StrCat("lockd could not make this durable (", status.message(),
-                   ") and stopped taking requests; restart it once the disk is fixed");
+                   ") and stopped taking requests; ", log_->FaultRemedy());
   // Nothing held back was committed: none of it may be acknowledged.
   for (const auto& [id, request_id] : gate_.TakeAll()) {
     wire::Response r;
@@ -416,6 +468,10 @@ void ServerCore::Impl::OnCommitFault(const absl::Status& status) {
   service_.FailAllWaiters(absl::UnavailableError(message));
   AfterRequest();
   expiry_.Stop();
+  if (log_->FaultEndsServing() && !ending_reported_ && options_.on_ending_fault) {
+    ending_reported_ = true;
+    options_.on_ending_fault(status);
+  }
 }
 
 void ServerCore::Impl::FillStats(wire::StatsReply* stats) const {
@@ -452,6 +508,17 @@ void ServerCore::Impl::FillStats(wire::StatsReply* stats) const {
   stats->set_wal_segment(log.segment);
   stats->set_snapshots_total(log.snapshots);
   stats->set_log_sync_ns_total(static_cast<uint64_t>(log.total_commit_ns));
+  stats->set_term(log.term);
+  stats->set_commit_retries_total(log.commit_retries);
+  for (const StoreMember& m : log_->Members()) {
+    wire::StoreMemberInfo* info = stats->add_store_members();
+    info->set_endpoint(m.endpoint);
+    info->set_reachable(m.reachable);
+    info->set_leader(m.leader);
+    info->set_raft_index(m.raft_index);
+    info->set_db_bytes(m.db_bytes);
+    info->set_error(m.error);
+  }
   if (const absl::Status* fault = log_->fault()) stats->set_disk_fault(fault->ToString());
 }
 

@@ -4,8 +4,13 @@
 #include <limits>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "clock/clock.h"
 #include "metrics/http_get.h"
+#include "process/history.h"
 #include "payout-demo/rail.h"
 
 namespace fencelock::payout {
@@ -46,7 +51,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
     }
     c->lockd_tls_ = std::move(*context);
   }
-  {
+  if (c->options_.etcd_members > 0) {
+    if (absl::Status s = c->StartEtcd(); !s.ok()) return s;
+  } else {
+    c->replicas_.push_back(Replica{.name = "lockd"});
     auto init = c->Spawn(c->options_.lockd_binary, {"init", "--data-dir=" + c->Path("lockd")},
                          "logs/lockd.log");
     if (!init.ok()) return init.status();
@@ -54,8 +62,9 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
       return absl::InternalError(absl::StrCat("lockd init ", process::DescribeStatus(status),
                                               "; see ", c->Path("logs/lockd.log")));
     }
+    if (absl::Status s = c->StartLockd(); !s.ok()) return s;
+    c->lockd_address_ = absl::StrCat("127.0.0.1:", c->replicas_[0].port);
   }
-  if (absl::Status s = c->StartLockd(); !s.ok()) return s;
   if (absl::Status s = c->StartRail(); !s.ok()) return s;
   auto store = PayoutStore::Open(c->Path("payouts.db"));
   if (!store.ok()) return store.status();
@@ -63,10 +72,47 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
   return c;
 }
 
+absl::Status Cluster::StartEtcd() {
+  const int n = options_.lockd_replicas;
+  if (n < 1 || n > 26) {
+    return absl::InvalidArgumentError(absl::StrCat("1 to 26 lockd replicas, not ", n));
+  }
+  auto etcd = EtcdCluster::Start({.dir = options_.dir,
+                                  .etcd_binary = options_.etcd_binary,
+                                  .members = options_.etcd_members});
+  if (!etcd.ok()) return etcd.status();
+  etcd_ = std::move(*etcd);
+  etcd_prefix_ = "/fencelock/payouts";
+  auto init = Spawn(options_.lockd_binary,
+                    {"init", "--etcd=" + etcd_->endpoints(), "--etcd-prefix=" + etcd_prefix_},
+                    "logs/lockd-init.log");
+  if (!init.ok()) return init.status();
+  if (int status = *init->Wait(); status != 0) {
+    return absl::InternalError(absl::StrCat("lockd init --etcd ", process::DescribeStatus(status),
+                                            "; see ", Path("logs/lockd-init.log")));
+  }
+  std::vector<std::string> addresses;
+  for (int i = 0; i < n; ++i) {
+    auto port = process::FreeLoopbackPort();
+    if (!port.ok()) return port.status();
+    replicas_.push_back(Replica{.name = absl::StrCat("lockd-", std::string(1, 'a' + i)),
+                                .port = *port});
+    addresses.push_back(absl::StrCat("127.0.0.1:", *port));
+  }
+  lockd_address_ = absl::StrJoin(addresses, ",");
+  // lockd-a takes the prefix; the others stand by behind it.
+  for (int i = 0; i < n; ++i) {
+    if (absl::Status s = StartLockd(i); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 Cluster::~Cluster() {
   for (auto& [name, worker] : workers_) worker.Stop();
-  lockd_.Stop();
+  // Before etcd: a lockd that stops cleanly gives its lease on the prefix back.
+  for (Replica& r : replicas_) r.child.Stop();
   rail_.Stop();
+  etcd_.reset();
 }
 
 absl::StatusOr<process::Child> Cluster::Spawn(const std::string& binary,
@@ -75,28 +121,110 @@ absl::StatusOr<process::Child> Cluster::Spawn(const std::string& binary,
   return process::Child::Spawn(binary, args, {.stdout_file = Path(log), .stderr_file = Path(log)});
 }
 
-absl::Status Cluster::StartLockd() {
-  std::filesystem::remove(Path("lockd.port"));
-  std::filesystem::remove(Path("lockd.metrics-port"));
-  std::vector<std::string> args = {
-      "serve", "--data-dir=" + Path("lockd"), absl::StrCat("--port=", lockd_port_),
-      "--port-file=" + Path("lockd.port"), "--metrics-port=0",
-      "--metrics-port-file=" + Path("lockd.metrics-port")};
+std::vector<std::string> Cluster::ServeArgs(int i, bool standby) {
+  const Replica& r = replicas_[i];
+  std::vector<std::string> args = {"serve", absl::StrCat("--port=", r.port),
+                                   "--port-file=" + Path(r.name + ".port"), "--metrics-port=0",
+                                   "--metrics-port-file=" + Path(r.name + ".metrics-port")};
+  if (replicated()) {
+    args.insert(args.end(), {"--etcd-prefix=" + etcd_prefix_,
+                             "--etcd-owner-ttl=" + absl::FormatDuration(options_.etcd_owner_ttl)});
+    if (standby) args.push_back("--etcd-standby");
+    if (options_.history) {
+      args.insert(args.end(), {"--history=" + HistoryPath(r.name), "--history-name=" + r.name});
+    }
+  } else {
+    args.push_back("--data-dir=" + Path("lockd"));
+  }
   if (const std::string& tls = options_.tls_dir; !tls.empty()) {
     args.insert(args.end(), {"--tls-ca=" + tls + "/ca.crt", "--tls-cert=" + tls + "/lockd.crt",
                              "--tls-key=" + tls + "/lockd.key"});
   }
-  auto lockd = Spawn(options_.lockd_binary, args, "logs/lockd.log");
+  return args;
+}
+
+absl::Status Cluster::StartLockd(int i) {
+  Replica& r = replicas_[i];
+  if (r.child.running() && !r.child.Wait(absl::ZeroDuration()).has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(r.name, " is still running"));
+  }
+  std::filesystem::remove(Path(r.name + ".port"));
+  std::filesystem::remove(Path(r.name + ".metrics-port"));
+  // Replicated, every replica but the first one's first start stands by: it serves once the
+  // prefix is free.
+  const bool standby = replicated() && (i != 0 || servings_ > 0);
+  std::vector<std::string> args = ServeArgs(i, standby);
+  if (replicated()) {
+    std::string endpoints = etcd_->endpoints();
+    if (options_.etcd_route) {
+      auto routed = options_.etcd_route(i, *etcd_);
+      if (!routed.ok()) return routed.status();
+      endpoints = *routed;
+    }
+    args.push_back("--etcd=" + endpoints);
+  }
+  auto lockd = Spawn(options_.lockd_binary, args, "logs/" + r.name + ".log");
   if (!lockd.ok()) return lockd.status();
-  lockd_ = std::move(*lockd);
-  auto port = process::AwaitPortFile(Path("lockd.port"), lockd_, absl::Seconds(20));
+  r.child = std::move(*lockd);
+  r.serving_since = 0;
+  if (standby) {
+    // Up once it says it stands by (or serves already, if the prefix was free).
+    LineTail log(Path("logs/" + r.name + ".log"));
+    const MonoTime give_up = Clock::Real()->Now() + absl::Seconds(30);
+    for (bool up = false; !up;) {
+      for (const std::string& line : log.Poll()) up = up || absl::StrContains(line, "standing by");
+      up = up || std::filesystem::exists(Path(r.name + ".port"));
+      if (up) break;
+      if (r.child.Wait(absl::ZeroDuration()).has_value()) {
+        return absl::InternalError(absl::StrCat(r.name, " ", process::DescribeStatus(*r.child.status()),
+                                                "; see ", Path("logs/" + r.name + ".log")));
+      }
+      if (Clock::Real()->Now() > give_up) {
+        return absl::DeadlineExceededError(absl::StrCat(r.name, " did not stand by within 30 s; see ",
+                                                        Path("logs/" + r.name + ".log")));
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return absl::OkStatus();
+  }
+  auto port = process::AwaitPortFile(Path(r.name + ".port"), r.child, absl::Seconds(30));
   if (!port.ok()) return port.status();
-  auto metrics_port = process::AwaitPortFile(Path("lockd.metrics-port"), lockd_, absl::Seconds(20));
+  auto metrics_port = process::AwaitPortFile(Path(r.name + ".metrics-port"), r.child, absl::Seconds(5));
   if (!metrics_port.ok()) return metrics_port.status();
-  lockd_port_ = *port;
-  lockd_metrics_port_ = *metrics_port;
-  lockd_address_ = absl::StrCat("127.0.0.1:", lockd_port_);
+  r.port = *port;
+  r.metrics_port = *metrics_port;
+  r.serving_since = ++servings_;
   return absl::OkStatus();
+}
+
+int Cluster::ServingReplica() {
+  int serving = -1;
+  for (int i = 0; i < replica_count(); ++i) {
+    Replica& r = replicas_[i];
+    if (!r.child.running() || r.child.Wait(absl::ZeroDuration()).has_value()) continue;
+    if (r.serving_since == 0) {
+      std::ifstream metrics(Path(r.name + ".metrics-port"));
+      if (!std::filesystem::exists(Path(r.name + ".port")) || !(metrics >> r.metrics_port)) {
+        continue;
+      }
+      r.serving_since = ++servings_;
+    }
+    if (serving < 0 || r.serving_since > replicas_[serving].serving_since) serving = i;
+  }
+  return serving;
+}
+
+absl::StatusOr<int> Cluster::AwaitServingReplica(int not_this, absl::Duration timeout) {
+  const MonoTime give_up = Clock::Real()->Now() + timeout;
+  for (;;) {
+    const int serving = ServingReplica();
+    if (serving >= 0 && serving != not_this) return serving;
+    if (Clock::Real()->Now() > give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no other lockd replica served within ", absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
 }
 
 absl::Status Cluster::StartRail() {
@@ -159,19 +287,35 @@ std::vector<std::string> Cluster::worker_names() const {
   return names;
 }
 
-absl::StatusOr<double> Cluster::LockdMetric(const std::string& name) const {
-  return metrics::ScrapeSample("127.0.0.1", lockd_metrics_port_, name);
+absl::StatusOr<double> Cluster::LockdMetric(const std::string& name) {
+  const int serving = ServingReplica();
+  if (serving < 0) return absl::UnavailableError("no lockd replica serves");
+  return metrics::ScrapeSample("127.0.0.1", replicas_[serving].metrics_port, name);
 }
 
 absl::StatusOr<Reconciliation> Cluster::Reconcile() {
   Reconciliation r;
-  // lockd copies its counters into /metrics every 250 ms: wait one period so that a stale
-  // request answered just before the last worker exited is in the figure.
-  absl::SleepFor(absl::Milliseconds(300));
-  auto fenced = LockdMetric("lock_fenced_out_total");
-  if (!fenced.ok()) return fenced.status();
-  r.lock_fenced_out = *fenced;
-  lockd_.Stop();
+  if (replicated() && options_.history) {
+    // Every replica that served counted its own; a killed one's /metrics is gone, its history
+    // is not.
+    r.lock_fenced_out = 0;
+    for (const Replica& replica : replicas_) {
+      if (!std::filesystem::exists(HistoryPath(replica.name))) continue;
+      auto records = history::ReadFile(HistoryPath(replica.name));
+      if (!records.ok()) return records.status();
+      for (const history::Record& rec : *records) {
+        if (rec.event == "lockd-fenced-out") ++r.lock_fenced_out;
+      }
+    }
+  } else {
+    // lockd copies its counters into /metrics every 250 ms: wait one period so that a stale
+    // request answered just before the last worker exited is in the figure.
+    absl::SleepFor(absl::Milliseconds(300));
+    auto fenced = LockdMetric("lock_fenced_out_total");
+    if (!fenced.ok()) return fenced.status();
+    r.lock_fenced_out = *fenced;
+  }
+  for (Replica& replica : replicas_) replica.child.Stop();
   rail_.Stop();
   auto ledger = RailLedger::Open(Path("rail.db"));
   if (!ledger.ok()) return ledger.status();

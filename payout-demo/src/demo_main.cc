@@ -1,7 +1,9 @@
 // payout-demo: the README's main command. Starts lockd on a fresh state directory, the rail
 // simulator and N payout workers as separate processes, loads M payouts, freezes one worker
 // with SIGSTOP in the middle of a payout for longer than the session TTL, kills another with
-// SIGKILL, and reconciles the rail's ledger against the store when the work is done.
+// SIGKILL, and reconciles the rail's ledger against the store when the work is done. With
+// --ha (scripts/cluster.sh) lockd's state lives in a local 3-member etcd cluster with three
+// lockd replicas, and the serving one is killed in the middle as well.
 //
 // Exit status: 0 when every payout was paid exactly once and the must-be-zero counters are
 // zero; 1 when not; 2 for bad flags; 130 when interrupted (every process it started is stopped
@@ -48,6 +50,13 @@ ABSL_FLAG(bool, kill, true, "SIGKILL worker w2 in the middle of a payout");
 ABSL_FLAG(absl::Duration, fault_after, absl::Seconds(1),
           "let the workers pay for this long before the freeze and the kill");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(120), "give up (and fail) after this long");
+ABSL_FLAG(bool, ha, false,
+          "replicated: lockd's state in a local 3-member etcd cluster (Debian's etcd-server) with "
+          "three lockd replicas, the first serving and the others standing by");
+ABSL_FLAG(bool, kill_lockd, true, "with --ha: SIGKILL the serving lockd in the middle of the run");
+ABSL_FLAG(absl::Duration, owner_ttl, absl::Seconds(2),
+          "with --ha: each replica's lease on the etcd prefix (lockd --etcd-owner-ttl)");
+ABSL_FLAG(std::string, etcd_binary, "/usr/bin/etcd", "with --ha: the etcd executable");
 ABSL_FLAG(std::string, state_dir, "",
           "where lockd's state, the store, the ledger and the logs go (must not exist); default: "
           "a fresh directory under $TMPDIR, removed after a green run unless --keep-state");
@@ -139,10 +148,23 @@ class Demo {
                                    .rail_read_timeout = absl::GetFlag(FLAGS_rail_read_timeout),
                                    .session_ttl = absl::GetFlag(FLAGS_session_ttl),
                                    .lock_ttl = absl::GetFlag(FLAGS_lock_ttl),
-                                   .margin = absl::GetFlag(FLAGS_margin)});
+                                   .margin = absl::GetFlag(FLAGS_margin),
+                                   // Replicated, every replica's history counts its fenced-out
+                                   // requests, so that a killed replica's are not lost.
+                                   .history = absl::GetFlag(FLAGS_ha),
+                                   .etcd_members = absl::GetFlag(FLAGS_ha) ? 3 : 0,
+                                   .etcd_binary = absl::GetFlag(FLAGS_etcd_binary),
+                                   .etcd_owner_ttl = absl::GetFlag(FLAGS_owner_ttl)});
     if (!cluster.ok()) return cluster.status();
     cluster_ = std::move(*cluster);
-    Say(absl::StrCat("lockd on ", cluster_->lockd_address(), ", rail on ", cluster_->rail_address()));
+    if (cluster_->replicated()) {
+      Say(absl::StrCat("etcd cluster on ", cluster_->etcd()->endpoints()));
+      Say(absl::StrCat("lockd replicas on ", cluster_->lockd_address(), " (",
+                       cluster_->replica_name(0), " serving, the others standing by), rail on ",
+                       cluster_->rail_address()));
+    } else {
+      Say(absl::StrCat("lockd on ", cluster_->lockd_address(), ", rail on ", cluster_->rail_address()));
+    }
     if (absl::Status s = cluster_->Load(absl::GetFlag(FLAGS_payouts), absl::GetFlag(FLAGS_amount_cents));
         !s.ok()) {
       return s;
@@ -189,6 +211,11 @@ class Demo {
     const std::string freeze_at = absl::GetFlag(FLAGS_freeze_at);
     bool want_freeze = freeze > absl::ZeroDuration(), frozen = false;
     bool want_kill = absl::GetFlag(FLAGS_kill);
+    // Replicated: the serving lockd is killed a moment after the worker faults, while w1 is
+    // frozen, and the run watches a standby take over.
+    bool want_lockd_kill = cluster_->replicated() && absl::GetFlag(FLAGS_kill_lockd);
+    int killed_replica = -1;
+    absl::Time lockd_killed_at;
     absl::Time frozen_at;
     std::string frozen_payout;
     std::map<std::string, std::string> watched;  // payout → whose it was when the fault hit
@@ -265,6 +292,25 @@ class Demo {
                                                   "\", not right after a claim"));
         }
         mark_frozen(", raised by itself right after the claim");
+      }
+      if (want_lockd_kill && absl::Now() >= arm_at + absl::Milliseconds(500)) {
+        want_lockd_kill = false;
+        killed_replica = cluster_->ServingReplica();
+        if (killed_replica >= 0) {
+          cluster_->replica(killed_replica).Signal(SIGKILL);
+          cluster_->replica(killed_replica).Wait();
+          lockd_killed_at = absl::Now();
+          Note(start, absl::StrCat(cluster_->replica_name(killed_replica),
+                                   " (the serving lockd) killed (SIGKILL)"));
+        }
+      }
+      if (killed_replica >= 0) {
+        if (const int now = cluster_->ServingReplica(); now >= 0 && now != killed_replica) {
+          Note(start, absl::StrCat(cluster_->replica_name(now), " took over the etcd prefix ",
+                                   Seconds(absl::Now() - lockd_killed_at), " after the kill (",
+                                   Seconds(absl::GetFlag(FLAGS_owner_ttl)), " lease)"));
+          killed_replica = -1;
+        }
       }
       if (frozen && absl::Now() - frozen_at >= freeze) {
         workers_[0]->Signal(SIGCONT);
@@ -426,6 +472,10 @@ absl::Status CheckFlags() {
         "or turn them off with --freeze=0 --nokill");
   }
   if (absl::GetFlag(FLAGS_payouts) < 1) return absl::InvalidArgumentError("--payouts must be >= 1");
+  if (absl::GetFlag(FLAGS_ha) &&
+      (absl::GetFlag(FLAGS_owner_ttl) < absl::Seconds(2) || absl::GetFlag(FLAGS_owner_ttl) > absl::Hours(1))) {
+    return absl::InvalidArgumentError("--owner-ttl must be 2s to 1h (lockd --etcd-owner-ttl)");
+  }
   const std::string at = absl::GetFlag(FLAGS_freeze_at);
   if (at != "submitting" && at != "claimed") {
     return absl::InvalidArgumentError("--freeze-at must be submitting or claimed");
@@ -468,7 +518,7 @@ int Main() {
       "fencelock payout demo: %d workers pay %ld payouts through a rail whose submit cannot be undone\n"
       "  session TTL %s, lock TTL %s, safety margin %.2f: usable lease %s\n"
       "  rail latency %s (+ up to %s), read timeout %s: a submit needs %s of lease (D4)\n"
-      "  faults: w1 frozen for %s at \"%s\", w2 killed mid-payout: %s\n\n",
+      "  faults: w1 frozen for %s at \"%s\", w2 killed mid-payout: %s%s\n\n",
       absl::GetFlag(FLAGS_workers), static_cast<long>(absl::GetFlag(FLAGS_payouts)),
       Seconds(absl::GetFlag(FLAGS_session_ttl)).c_str(), Seconds(absl::GetFlag(FLAGS_lock_ttl)).c_str(),
       absl::GetFlag(FLAGS_margin), Seconds(usable).c_str(),
@@ -477,7 +527,12 @@ int Main() {
       absl::FormatDuration(absl::GetFlag(FLAGS_rail_read_timeout)).c_str(),
       Seconds(absl::GetFlag(FLAGS_rail_read_timeout) + absl::Seconds(2)).c_str(),
       Seconds(absl::GetFlag(FLAGS_freeze)).c_str(), absl::GetFlag(FLAGS_freeze_at).c_str(),
-      absl::GetFlag(FLAGS_kill) ? "yes" : "no");
+      absl::GetFlag(FLAGS_kill) ? "yes" : "no",
+      !absl::GetFlag(FLAGS_ha) ? ""
+      : absl::GetFlag(FLAGS_kill_lockd)
+          ? absl::StrCat(", the serving lockd killed (3 etcd members, 3 lockd replicas, ",
+                         Seconds(absl::GetFlag(FLAGS_owner_ttl)), " lease on the prefix)").c_str()
+          : ", replicated (3 etcd members, 3 lockd replicas)");
   int code;
   {
     Demo demo(dir);

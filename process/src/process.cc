@@ -1,10 +1,13 @@
 #include "process/process.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -228,6 +231,21 @@ int Child::Stop(absl::Duration grace) {
   if (auto s = Wait(grace)) return *s;
   kill(pid_, SIGKILL);
   return *Wait();
+}
+
+absl::StatusOr<int> FreeLoopbackPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int error = errno;
+  ::close(fd);
+  if (!ok) return absl::UnavailableError(absl::StrCat("no free loopback port: ", strerror(error)));
+  return static_cast<int>(ntohs(addr.sin_port));
 }
 
 absl::Status WritePortFile(const std::string& path, int port) {

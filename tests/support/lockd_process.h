@@ -6,10 +6,12 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "process/process.h"
 
 namespace fencelock::testing {
@@ -83,6 +85,8 @@ class LockdProcess {
 
   // Sends SIGTERM and waits; returns the exit status as waitpid() reported it.
   int Stop();
+  // Waits up to `timeout` for lockd to exit by itself; its wait status, or nullopt.
+  std::optional<int> WaitForExit(absl::Duration timeout) { return child_.Wait(timeout); }
 
  private:
   void Start(int port);

@@ -16,6 +16,7 @@
 
 #include "clock/clock.h"
 #include "gtest/gtest.h"
+#include "process/process.h"
 #include "protocol/frame.h"
 #include "protocol/version.h"
 
@@ -43,15 +44,9 @@ int ConnectLoopback(int port) {
 }
 
 int FreeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) Die("bind");
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
+  auto port = process::FreeLoopbackPort();
+  if (!port.ok()) Die("bind");
+  return *port;
 }
 
 RawConnection RawConnection::Connect(const std::string& server,

@@ -6,7 +6,11 @@
 //   3. each fence (the payout store's and the rail's, per payout) admitted non-decreasing
 //      tokens: no token was admitted after a higher one had been, and no token refused that
 //      was not lower than one admitted before;
-//   4. no payout was paid twice (the rail's SUBMIT ... PAID records).
+//   4. no payout was paid twice (the rail's SUBMIT ... PAID records);
+//   5. replicated runs (lockd --history): no lockd replica acted (granted, renewed, confirmed)
+//      at or past the ownership deadline it held then, no replica acted inside the span another
+//      one had claimed by acting (from an act to the deadline it held for it), and the tokens
+//      granted by all replicas together rise strictly in the order they were granted.
 //
 // Timestamps are boot-time readings taken by different processes; each step is known only to
 // have taken effect inside its [begin, end], so "after" means "began after the other ended".
@@ -33,6 +37,7 @@ struct CheckResult {
   int64_t grants = 0;
   int64_t fence_decisions = 0;  // store and rail, admitted or refused
   int64_t payments = 0;         // SUBMITs the rail paid
+  int64_t lockd_acts = 0;       // grants, renewals and confirmations lockd replicas recorded
   std::vector<std::string> violations;
   std::vector<std::string> client_overlaps;
   bool ok() const { return violations.empty(); }

@@ -60,6 +60,20 @@ struct CommitLogStats {
   uint64_t segment = 0;   // local log: the current WAL segment
   int64_t last_commit_ns = 0;
   int64_t total_commit_ns = 0;
+  // etcd: transactions sent again after etcd failed them (no leader for a moment), and the
+  // term: how many times a lockd has taken over the prefix, this one included.
+  uint64_t commit_retries = 0;
+  uint64_t term = 0;
+};
+
+// One member of a replicated store (etcd), as lockd last saw it.
+struct StoreMember {
+  std::string endpoint;
+  bool reachable = false;
+  bool leader = false;       // the store's leader, by its own answer
+  uint64_t raft_index = 0;
+  int64_t db_bytes = 0;
+  std::string error;         // why it was not reachable
 };
 
 class CommitLog {
@@ -95,6 +109,18 @@ class CommitLog {
   // For a log whose right to commit is leased (etcd): how long it still holds it. Infinite for
   // a log that needs none (a local directory, held by a file lock for the process's life).
   virtual absl::Duration OwnershipLeft() const { return absl::InfiniteDuration(); }
+  // The same as a point on the log's clock: nothing may be answered from the state from then
+  // on. MonoTime::Max() for a log that needs no lease.
+  virtual MonoTime OwnedUntil() const { return MonoTime::Max(); }
+  // True for a log that cannot come back from a fault within this process: the etcd log, whose
+  // ownership of the prefix may be gone. lockd then stops serving (and exits), so that a
+  // standby replica takes over, instead of staying up refusing everything.
+  virtual bool FaultEndsServing() const { return false; }
+  // What an operator does about a fault, for lockd's refusals.
+  virtual std::string FaultRemedy() const { return "restart it once the disk is fixed"; }
+  // The store's members and their health, polled in the background (etcd); empty for a log
+  // with none. Thread-safe.
+  virtual std::vector<StoreMember> Members() const { return {}; }
   virtual CommitLogStats stats() const = 0;
 };
 

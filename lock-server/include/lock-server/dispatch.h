@@ -35,8 +35,10 @@ class DispatchHost {
  public:
   virtual ~DispatchHost() = default;
   virtual LockService& service() = 0;
-  // The disk fault that stopped mutations; nullptr while healthy.
+  // The commit fault that stopped mutations; nullptr while healthy.
   virtual const absl::Status* fault() const = 0;
+  // What an operator does about it, for the refusals' messages.
+  virtual std::string FaultRemedy() const { return "restart it once the disk is fixed"; }
   virtual WaiterId NextWaiterId() = 0;
   // The secret of a new session: 16 bytes nobody can guess (see OpenSessionReply.secret).
   virtual std::string NewSessionSecret() = 0;

@@ -36,6 +36,10 @@
 
 namespace fencelock::server {
 
+// The part of its lease on the prefix lockd never relies on: the client's margin (ADR-006),
+// applied to lockd's own lease.
+inline constexpr double kEtcdOwnerMargin = 0.30;
+
 struct EtcdCommitLogOptions {
   // etcd's client endpoints, host:port (plaintext). Required.
   std::vector<std::string> endpoints;
@@ -45,11 +49,13 @@ struct EtcdCommitLogOptions {
   // Tokens and session ids reserved per write of P/sequences. Default: 10000.
   uint64_t reservation_block = 10000;
   // The longest one etcd request may take before the next endpoint is tried. Default: 5 s.
+  // Keep it well under owner_ttl x (1 - owner_margin): a member that swallows requests must
+  // not cost the ownership while the others answer.
   absl::Duration request_timeout = absl::Seconds(5);
   // The TTL of the lease on P/owner (whole seconds), and the margin of it lockd never relies
   // on. Default: 10 s and 0.30.
   absl::Duration owner_ttl = absl::Seconds(10);
-  double owner_margin = 0.30;
+  double owner_margin = kEtcdOwnerMargin;
   // At start, how long to wait for P/owner to go away (a lockd that died leaves it until its
   // lease runs out) before refusing; absl::InfiniteDuration() stands by until it does (a
   // standby replica). Default: owner_ttl + 2 s.
@@ -65,6 +71,10 @@ struct EtcdCommitLogOptions {
   std::function<MonoTime()> now;
   // Called with the duration of every committed transaction, on the writer thread.
   std::function<void(int64_t ns)> on_commit;
+  // Called whenever the ownership deadline moves, with the send time of the lease request etcd
+  // answered and the new deadline, before any request can see the new deadline (on the lease
+  // keeper's thread, or the caller's at start). Default: nothing.
+  std::function<void(MonoTime sent, MonoTime until)> on_owned;
   // Where the log reports its fault state and ownership (once each). Default: standard error.
   std::function<void(const std::string&)> log;
 };

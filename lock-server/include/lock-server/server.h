@@ -42,6 +42,18 @@ struct ServerOptions {
   bool etcd_standby = false;
   // With etcd: a snapshot once the log since the last one is this large. Default: 1 MiB.
   uint64_t etcd_snapshot_bytes = uint64_t{1} << 20;
+  // With etcd: the longest one etcd request may take before the next endpoint is tried.
+  // Default: zero, a third of the usable ownership (TTL x 0.7 / 3, at most 5 s), so that an
+  // unreachable member costs less than the ownership.
+  absl::Duration etcd_request_timeout = absl::ZeroDuration();
+  // A history file (process/history.h) that lockd appends a record to for every act (a lock
+  // granted, a session renewed, a token confirmed: event lockd-grant, lockd-renew,
+  // lockd-validate, the ownership deadline as detail), every renewal of its etcd ownership
+  // (lockd-owned), the start of its service (lockd-serving) and its end (lockd-deposed),
+  // under the process name
+  // `history_process`. The harness's HA checker reads it. Default: empty, none.
+  std::string history_file;
+  std::string history_process = "lockd";
   // File system access. Default: nullptr, the real file system (Env::Posix()).
   Env* env = nullptr;
   // Size of each preallocated WAL segment; a snapshot follows each move to a new one.
@@ -158,8 +170,12 @@ class Server {
   // open files if it raised it, then what recovery restored.
   virtual std::vector<std::string> recovery_summary() const = 0;
 
-  // Serves on the calling thread until Shutdown(). Removes the Unix socket file on return.
-  virtual void Run() = 0;
+  // Serves on the calling thread until Shutdown(), then returns OK. With a log that cannot
+  // come back from a fault (etcd: the ownership of the prefix may be gone), a commit fault ends
+  // the service too: every held reply is refused, the listeners and connections are closed,
+  // the ownership is given up, and Run() returns the fault, so that lockd exits and a standby
+  // takes over. Removes the Unix socket file on return.
+  virtual absl::Status Run() = 0;
 
   // Stops serving: closes listeners and connections, makes Run() return. Non-blocking.
   virtual void Shutdown() = 0;

@@ -46,6 +46,21 @@ class ConnectionSink {
   virtual void CloseAfterSend() = 0;
 };
 
+// A reply by which lockd acts as the server of the state: a lock granted, a session renewed, a
+// token confirmed valid. What the history of an HA run checks: no two lockd replicas act at
+// once (harness/checker.h). kFencedOut is a stale token refused (lock_fenced_out_total), so
+// that the count survives a replica that was killed.
+struct Act {
+  enum Kind { kGrant, kRenew, kValidate, kFencedOut };
+  Kind kind;
+  // Read before the check that the state is still this lockd's to serve, which found it so
+  // until `owned_until` (CommitLog::OwnedUntil): at < owned_until.
+  MonoTime at;
+  MonoTime owned_until;
+  std::string key;  // the lock; for kRenew the session id
+  uint64_t token = 0;
+};
+
 struct CoreOptions {
   // The rules' limits and default TTLs. on_fenced_out defaults to `log`.
   ServiceOptions service;
@@ -70,6 +85,13 @@ struct CoreOptions {
   std::function<std::string()> session_secrets;
   // What each identity may acquire and list. Default: everything (no permissions file).
   Permissions permissions;
+  // Called on the core's thread once a commit fault has been answered (every reply held for a
+  // commit refused) and only if the log cannot come back from it (CommitLog::FaultEndsServing).
+  // Default: nothing (the core stays up, refusing what needs the state).
+  std::function<void(const absl::Status&)> on_ending_fault;
+  // Called for every act (see Act) as its reply is handed to the reply gate, and for every
+  // stale token refused. Default: nothing.
+  std::function<void(const Act&)> on_act;
 };
 
 // Figures the core counts, for GetStats and the metrics export.

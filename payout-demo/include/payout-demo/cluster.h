@@ -1,6 +1,8 @@
 // A payout run's processes, for the demo runner and the fault harness: lockd on a fresh state
 // directory, the rail simulator, payout workers, the payout store they share, and the
-// reconciliation of the rail's ledger against the store once the work is done.
+// reconciliation of the rail's ledger against the store once the work is done. Replicated
+// (ClusterOptions::etcd_members), lockd's state lives in a local etcd cluster instead and
+// several lockd replicas share it: the first serves, the others stand by (issue 16).
 //
 // Every process logs to <dir>/logs/<name>.log; with `history` on, each also appends timed
 // records to <dir>/history/<name>.log (process/history.h). The destructor stops every process
@@ -9,7 +11,9 @@
 #define FENCELOCK_PAYOUT_DEMO_CLUSTER_H_
 
 #include <cstdint>
+#include <algorithm>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "net/tls.h"
+#include "payout-demo/etcd_cluster.h"
 #include "payout-demo/store.h"
 #include "protocol/defaults.h"
 #include "process/process.h"
@@ -42,6 +47,19 @@ struct ClusterOptions {
   // lockd.{crt,key}, and every worker connects with worker.{crt,key}. Default: empty,
   // plaintext loopback.
   std::string tls_dir;
+  // Replicated: lockd's state in an etcd cluster of this many members (EtcdCluster), served by
+  // `lockd_replicas` lockd processes on one prefix, lockd-a serving and the others standing by
+  // (--etcd-standby), each on a port of its own that the workers all get (--lockd=a,b,c).
+  // Every replica appends its acts to the history (lockd --history) when `history` is on.
+  // Default: 0, one lockd on a local state directory.
+  int etcd_members = 0;
+  std::string etcd_binary = "/usr/bin/etcd";
+  int lockd_replicas = 3;
+  // A replica's lease on the prefix (lockd --etcd-owner-ttl). Default: 2 s.
+  absl::Duration etcd_owner_ttl = absl::Seconds(2);
+  // The --etcd endpoints replica `i` is given; default (empty): the cluster's own. The harness
+  // routes a replica through fault proxies this way.
+  std::function<absl::StatusOr<std::string>(int replica, EtcdCluster& etcd)> etcd_route;
 };
 
 // The rail's ledger against the store, after the run.
@@ -82,13 +100,27 @@ class Cluster {
     return Path("history/" + process + ".log");
   }
   const ClusterOptions& options() const { return options_; }
+  // What the workers are given: lockd's address, or every replica's, comma-separated.
   const std::string& lockd_address() const { return lockd_address_; }
   // For the harness's own connections to lockd: a TLS client context with the workers'
   // certificate when the cluster runs TLS (ClusterOptions::tls_dir), else nullptr.
   std::shared_ptr<net::TlsContext> lockd_tls() const { return lockd_tls_; }
-  int lockd_port() const { return lockd_port_; }
+  // The port of lockd, or of the first replica.
+  int lockd_port() const { return replicas_[0].port; }
   const std::string& rail_address() const { return rail_address_; }
-  process::Child& lockd() { return lockd_; }
+  // lockd; replicated, the replica that serves now (see ServingReplica()).
+  process::Child& lockd() { return replicas_[std::max(ServingReplica(), 0)].child; }
+  bool replicated() const { return etcd_ != nullptr; }
+  EtcdCluster* etcd() { return etcd_.get(); }
+  int replica_count() const { return static_cast<int>(replicas_.size()); }
+  process::Child& replica(int i) { return replicas_[i].child; }
+  // "lockd" or "lockd-a", "lockd-b", ...: its name in the logs and the history.
+  const std::string& replica_name(int i) const { return replicas_[i].name; }
+  // The replica that serves: running, and listening (it wrote its port file), the newest such
+  // if several did; -1 if none does.
+  int ServingReplica();
+  // Waits up to `timeout` for a replica other than `not_this` (-1: any) to serve.
+  absl::StatusOr<int> AwaitServingReplica(int not_this, absl::Duration timeout);
   process::Child& rail() { return rail_; }
   PayoutStore& store() { return *store_; }
 
@@ -102,13 +134,15 @@ class Cluster {
   process::Child* worker(const std::string& name);
   std::vector<std::string> worker_names() const;
 
-  // Starts `lockd serve` on the state directory, on the port it had before if any.
-  absl::Status StartLockd();
-  // A value of lockd's /metrics (an unlabelled series).
-  absl::StatusOr<double> LockdMetric(const std::string& name) const;
+  // Starts `lockd serve` on the state directory, on the port it had before if any; replicated,
+  // starts replica `replica` again (as a standby) once it has exited.
+  absl::Status StartLockd(int replica = 0);
+  // A value of lockd's /metrics (an unlabelled series); replicated, the serving replica's.
+  absl::StatusOr<double> LockdMetric(const std::string& name);
 
-  // Reads lockd's lock_fenced_out_total, stops lockd and the rail, and reconciles the rail's
-  // ledger against the store. Call after the workers are done.
+  // Reads lockd's lock_fenced_out_total (replicated: the lockd-fenced-out records of every
+  // replica in the history, so that a killed replica's count is not lost), stops lockd and the
+  // rail, and reconciles the rail's ledger against the store. Call after the workers are done.
   absl::StatusOr<Reconciliation> Reconcile();
 
  private:
@@ -117,14 +151,25 @@ class Cluster {
                                        const std::vector<std::string>& args,
                                        const std::string& log) const;
   absl::Status StartRail();
+  absl::Status StartEtcd();
+  std::vector<std::string> ServeArgs(int replica, bool standby);
 
+  struct Replica {
+    std::string name;
+    process::Child child;
+    int port = 0;          // 0 until known (a local lockd picks its own)
+    int metrics_port = 0;  // read from its port file once it serves
+    int serving_since = 0;  // the order in which replicas began to serve; 0: not seen serving
+  };
   const ClusterOptions options_;
-  process::Child lockd_, rail_;
+  std::unique_ptr<EtcdCluster> etcd_;
+  std::string etcd_prefix_;
+  std::vector<Replica> replicas_;
+  int servings_ = 0;
+  process::Child rail_;
   std::map<std::string, process::Child> workers_;
   std::string lockd_address_, rail_address_;
   std::shared_ptr<net::TlsContext> lockd_tls_;
-  int lockd_port_ = 0;
-  int lockd_metrics_port_ = 0;
   std::unique_ptr<PayoutStore> store_;
 };
 

@@ -95,6 +95,10 @@ absl::Status WritePortFile(const std::string& path, int port);
 // Errors name the child's exit when it dies first, and the file on timeout.
 absl::StatusOr<int> AwaitPortFile(const std::string& path, Child& child, absl::Duration timeout);
 
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, read back, closed), for
+// a process that must be told its port before it listens (a standby lockd, an etcd member).
+absl::StatusOr<int> FreeLoopbackPort();
+
 // "exited 0", "exited 3", "killed by SIGKILL": a wait status for messages.
 std::string DescribeStatus(int wait_status);
 
