@@ -1,9 +1,15 @@
 # fencelock_add_test(<name> SOURCES <files...> LIBS <targets...> [LABELS <labels...>]
 #                    [TIMEOUT <seconds>])
 # One test executable per test file, linked with GoogleTest's main and registered with CTest
-# under its own name.
+# under its own name. With FENCELOCK_TESTS=OFF the executable is still defined (so that the
+# CMakeLists around it need no conditions) but left out of `all` and of CTest.
 function(fencelock_add_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  if(NOT FENCELOCK_TESTS)
+    add_executable(${name} EXCLUDE_FROM_ALL ${ARG_SOURCES})
+    target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+    return()
+  endif()
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
   add_test(NAME ${name} COMMAND ${name})
