@@ -3,7 +3,15 @@
 // increasing across lockds, one lockd serves a prefix at a time (a second is refused, naming the
 // first; a frozen one that lost its lease answers nothing once it wakes), and snapshots keep
 // the prefix small.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -11,6 +19,7 @@
 #include "clock/clock.h"
 #include "etcd_process.h"
 #include "lock-client/client.h"
+#include "lock-server/blocking_connection.h"
 #include "lockd_process.h"
 #include "raw_connection.h"
 
@@ -192,6 +201,96 @@ TEST_F(EtcdTest, AStandbyTakesOverAndTheClientKeepsItsLockAcrossTheFailover) {
   auto next = (*client)->acquire("payout/2", absl::Seconds(1), absl::ZeroDuration());
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_GT(next->token(), token);
+  standby->Stop();
+}
+
+// lockctl with `args`; its exit status and everything it printed.
+std::pair<int, std::string> Lockctl(const std::string& args) {
+  FILE* pipe = popen((std::string(LOCKCTL_BINARY) + " " + args + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// A standby listens and answers everything NOT_LEADER, naming the serving replica; lockctl
+// shows its role, and a client that reaches it first follows it to the serving replica. Once
+// the serving lockd is gone the standby serves on the same port.
+TEST_F(EtcdTest, AStandbyRedirectsToTheServingReplicaAndLaterServesOnItsPort) {
+  LockdProcess::Options options = Options("/fencelock/g");
+  options.port = testing::FreeLoopbackPort();
+  LockdProcess first(options);
+  const int standby_port = testing::FreeLoopbackPort();
+  const std::string port_file = tmp_.path() + "/standby.port";
+  auto standby = process::Child::Spawn(
+      LOCKD_BINARY,
+      {"serve", "--etcd=" + etcd_.endpoint(), "--etcd-prefix=/fencelock/g", "--etcd-standby",
+       "--etcd-owner-ttl=2s", absl::StrCat("--port=", standby_port), "--port-file=" + port_file,
+       "--metrics-port=-1"},
+      {.stdout_file = tmp_.path() + "/standby.out", .stderr_file = tmp_.path() + "/standby.err"});
+  ASSERT_TRUE(standby.ok()) << standby.status();
+  const std::string leader = absl::StrCat("127.0.0.1:", first.port());
+  // Until it has read the owner from etcd, a standby names nobody: wait for the name.
+  wire::Response hello;
+  for (int i = 0; i < 100 && hello.hello().leader().empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    const int fd = testing::ConnectLoopback(standby_port);
+    if (fd < 0) continue;
+    close(fd);
+    auto conn = server::BlockingConnection::Connect(
+        {.server = absl::StrCat("127.0.0.1:", standby_port), .timeout = absl::Seconds(2),
+         .hello = false});
+    if (!conn.ok()) continue;
+    auto reply = (*conn)->Call(request::Hello());
+    if (reply.ok()) hello = *reply;
+  }
+  EXPECT_EQ(hello.code(), wire::NOT_LEADER) << hello.ShortDebugString();
+  EXPECT_EQ(hello.hello().leader(), leader);
+  EXPECT_THAT(hello.message(), HasSubstr("stands by; the serving replica is lockd pid"));
+  // Any other request gets the same answer, and the connection is closed.
+  RawConnection raw = RawConnection::Tcp(standby_port);  // no Hello: RawConnection sends none
+  ASSERT_TRUE(raw.SendRequest(request::OpenSession(absl::Seconds(10))));
+  std::optional<wire::Response> refused = raw.ReadResponse();
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code(), wire::NOT_LEADER);
+  EXPECT_TRUE(raw.ClosedByPeer());
+  auto [status, out] = Lockctl(absl::StrCat("--server=127.0.0.1:", standby_port, " status"));
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_THAT(out, HasSubstr("role              standby"));
+  EXPECT_THAT(out, HasSubstr("leader            " + leader));
+
+  // A client whose list has the standby first, then a replica that would swallow its connect
+  // (it listens but never answers), then the serving one: the standby's answer sends it
+  // straight to the serving replica, past the silent one.
+  const int silent = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(silent, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(silent, 8), 0);
+  ASSERT_EQ(getsockname(silent, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  auto client = Client::Create({.server = absl::StrCat("127.0.0.1:", standby_port, ",127.0.0.1:",
+                                                       ntohs(addr.sin_port), ",", leader),
+                                .session_ttl = absl::Seconds(10),
+                                .default_lock_ttl = absl::Seconds(10)});
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto held = (*client)->acquire("payout/1", absl::Seconds(1), absl::ZeroDuration());
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_LT(accept(silent, nullptr, nullptr), 0) << "the client tried the silent replica";
+  close(silent);
+
+  // The serving lockd goes away: the standby serves on the port it stood by on.
+  first.Kill();
+  auto bound = process::AwaitPortFile(port_file, *standby, absl::Seconds(20));
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  EXPECT_EQ(*bound, standby_port);
+  RawConnection serving = RawConnection::Tcp(standby_port);
+  EXPECT_EQ(serving.Hello().code(), wire::OK);
+  auto [now_status, now_out] = Lockctl(absl::StrCat("--server=127.0.0.1:", standby_port, " status"));
+  EXPECT_EQ(now_status, 0) << now_out;
+  EXPECT_THAT(now_out, HasSubstr("role              serving the prefix (leader), term 2"));
   standby->Stop();
 }
 

@@ -2,6 +2,7 @@
 
 #include <openssl/ssl.h>
 
+#include <algorithm>
 #include <charconv>
 #include <future>
 #include <optional>
@@ -121,9 +122,10 @@ class AsioChannel final : public Channel {
 
   absl::Status Connect(const std::string& address, const std::string& client_name,
                        absl::Duration timeout) override;
-  // One endpoint of the list.
+  // One endpoint of the list. A standby's refusal (NOT_LEADER) sets `leader` to the serving
+  // replica it names.
   absl::Status ConnectOne(const std::string& address, const std::string& client_name,
-                          absl::Duration timeout);
+                          absl::Duration timeout, std::string* leader = nullptr);
   bool connected() const override {
     absl::MutexLock lock(&mu_);
     return connected_;
@@ -181,25 +183,35 @@ absl::Status AsioChannel::Connect(const std::string& addresses, const std::strin
   const MonoTime give_up = clock_->Now() + timeout;
   std::vector<std::string> failures;
   const size_t first = preferred_ < list.size() ? preferred_ : 0;
-  for (size_t n = 0; n < list.size(); ++n) {
-    const size_t i = (first + n) % list.size();
+  std::vector<size_t> order;
+  for (size_t n = 0; n < list.size(); ++n) order.push_back((first + n) % list.size());
+  for (size_t n = 0; n < order.size(); ++n) {
+    const size_t i = order[n];
     const absl::Duration share =
         std::max((give_up - clock_->Now()) / static_cast<int64_t>(list.size() - n),
                  absl::Milliseconds(1));
-    absl::Status s = ConnectOne(list[i], client_name, share);
+    std::string leader;
+    absl::Status s = ConnectOne(list[i], client_name, share, &leader);
     if (s.ok()) {
       preferred_ = i;
       return s;
     }
     if (absl::IsInvalidArgument(s) || absl::IsFailedPrecondition(s)) return s;
     failures.push_back(std::string(s.message()));
+    // A standby named the serving replica: that one next, if it is one of ours and not tried
+    // yet (a redirect never leads outside the configured list).
+    if (!leader.empty()) {
+      auto named = std::find_if(order.begin() + n + 1, order.end(),
+                                [&](size_t j) { return list[j] == leader; });
+      if (named != order.end()) std::rotate(order.begin() + n + 1, named, named + 1);
+    }
   }
   return absl::UnavailableError(absl::StrCat("no lockd replica answered: ",
                                              absl::StrJoin(failures, "; ")));
 }
 
 absl::Status AsioChannel::ConnectOne(const std::string& address, const std::string& client_name,
-                                     absl::Duration timeout) {
+                                     absl::Duration timeout, std::string* leader) {
   Close();
   const MonoTime give_up = clock_->Now() + timeout;
   auto endpoint = ResolveAddress(io_, address);
@@ -275,6 +287,9 @@ absl::Status AsioChannel::ConnectOne(const std::string& address, const std::stri
                                    : reply.status();
   if (!status.ok()) {
     Close();
+    if (reply.ok() && reply->response.code() == wire::NOT_LEADER && leader != nullptr) {
+      *leader = reply->response.hello().leader();
+    }
     return absl::Status(status.code(),
                         absl::StrCat("lockd at ", address, " refused Hello: ", status.message()));
   }

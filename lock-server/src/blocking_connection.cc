@@ -200,6 +200,13 @@ absl::StatusOr<std::unique_ptr<BlockingConnection>> BlockingConnection::Connect(
   hello.mutable_hello()->set_client_name(options.client_name);
   auto reply = conn->Call(hello);
   if (!reply.ok()) return reply.status();
+  if (reply->code() == wire::NOT_LEADER) {
+    // A standby replica: the caller may follow it (kStandbyLeaderPayload holds the address).
+    absl::Status standby = absl::UnavailableError(
+        absl::StrCat("lockd at ", options.server, " refused Hello: ", reply->message()));
+    standby.SetPayload(kStandbyLeaderPayload, absl::Cord(reply->hello().leader()));
+    return standby;
+  }
   if (reply->code() != wire::OK) {
     return absl::FailedPreconditionError(
         absl::StrCat("lockd at ", options.server, " refused Hello: ", reply->message()));

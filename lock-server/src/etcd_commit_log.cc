@@ -291,6 +291,7 @@ absl::StatusOr<StateMachine> EtcdCommitLog::Start(MonoTime now,
   const MonoTime give_up = forever ? MonoTime::FromNanos(INT64_MAX) : now_() + options_.owner_wait;
   bool said_standby = false;
   std::string said_unreachable;  // the last etcd failure a standby logged
+  std::string said_owner;        // the last owner a standby reported (on_standby)
   // A standby outlives etcd's bad moments (a leader election, a member down): it logs the
   // failure once and tries again. A lockd that was asked to serve at once reports it.
   auto try_again = [&](const absl::Status& s) {
@@ -348,6 +349,10 @@ absl::StatusOr<StateMachine> EtcdCommitLog::Start(MonoTime now,
     }
     const auto& kvs = r->responses(0).response_range().kvs();
     const std::string owner = kvs.empty() ? std::string("another lockd") : kvs[0].value();
+    if (forever && options_.on_standby && owner != said_owner) {
+      said_owner = owner;
+      options_.on_standby(owner);
+    }
     if (forever && !said_standby) {
       said_standby = true;
       Log(absl::StrCat("standing by: etcd prefix ", options_.prefix, " is served by ", owner,

@@ -18,6 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/struct.pb.h"
 #include "fencelock/wire.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "lock-server/blocking_connection.h"
@@ -111,9 +112,27 @@ int Main(const std::string& command) {
                                                 .tls = tls,
                                                 .tls_server_name =
                                                     absl::GetFlag(FLAGS_tls_server_name)});
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (auto leader = connected.status().GetPayload(server::kStandbyLeaderPayload);
+      leader.has_value() && command == "status") {
+    // A standby replica answers only that it stands by, and who serves.
+    const std::string serving(leader->Flatten());
+    if (json) {
+      google::protobuf::Struct out;
+      (*out.mutable_fields())["role"].set_string_value("standby");
+      (*out.mutable_fields())["leader"].set_string_value(serving);
+      std::printf("%s", Json(out).c_str());
+    } else {
+      std::printf("lockd at %s\n", absl::GetFlag(FLAGS_server).c_str());
+      std::printf("  role              standby (--etcd-standby): takes over when the serving "
+                  "replica's lease ends\n");
+      std::printf("  leader            %s\n", serving.empty() ? "unknown (none serves just now?)"
+                                                          : serving.c_str());
+    }
+    return 0;
+  }
   if (!connected.ok()) return Fail(connected.status());
   BlockingConnection& conn = **connected;
-  const bool json = absl::GetFlag(FLAGS_json);
   if (command == "status") {
     wire::Request r;
     r.mutable_get_stats();

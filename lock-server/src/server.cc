@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <memory>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -54,6 +55,42 @@ absl::StatusOr<Permissions> LoadPermissions(Env* env, const std::string& path) {
                                                    text.status().message()));
   }
   return Permissions::Parse(*text, path);
+}
+
+// The log of a standby's core: nothing is ever committed (the core answers everything
+// NOT_LEADER before it would be).
+class StandbyCommitLog final : public CommitLog {
+ public:
+  explicit StandbyCommitLog(std::string prefix)
+      : prefix_(std::move(prefix)),
+        fault_(absl::UnavailableError(absl::StrCat("standing by for etcd prefix ", prefix_))) {}
+  void SetListener(CommitLogListener*) override {}
+  void ReserveFor(FenceToken, SessionId) override {}
+  void Append(const Record&) override {}
+  void Flush() override {}
+  void Snapshot(const StateMachine&) override {}
+  uint64_t newest_batch() const override { return 0; }
+  uint64_t committed_batch() const override { return 0; }
+  uint64_t last_lsn() const override { return 0; }
+  const absl::Status* fault() const override { return &fault_; }
+  std::string Describe() const override { return "standing by for etcd prefix " + prefix_; }
+  CommitLogStats stats() const override { return {}; }
+
+ private:
+  const std::string prefix_;
+  const absl::Status fault_;
+};
+
+// The serving replica's TCP address from its P/owner value ("... (tcp host:port)"); empty when
+// it has none, or published port 0.
+std::string AddressOfOwner(const std::string& owner) {
+  const size_t at = owner.rfind("(tcp ");
+  if (at == std::string::npos) return "";
+  const size_t end = owner.find(')', at);
+  if (end == std::string::npos) return "";
+  std::string address = owner.substr(at + 5, end - at - 5);
+  if (address.size() >= 2 && address.compare(address.size() - 2, 2, ":0") == 0) return "";
+  return address;
 }
 
 std::string Describe(const Permissions& p) {
@@ -100,6 +137,11 @@ class ServerImpl final : public Server {
  private:
   absl::StatusOr<OpenedCommitLog> OpenCommitLog();
   void Stop();
+  // --etcd-standby: while OpenCommitLog() waits for the prefix, a core of its own, on its own
+  // event loop and thread, answers every request on lockd's listeners with NOT_LEADER naming
+  // the serving replica. Stopped (its connections closed) once the prefix is ours.
+  absl::Status StartStandby();
+  void StopStandby();
   // The log cannot come back from `fault`: refuse nothing more than was refused, close the
   // listeners and connections (a moment later, so that the refusals reach their clients), and
   // make Run() return the fault.
@@ -124,6 +166,17 @@ class ServerImpl final : public Server {
   absl::Status ended_;  // why the service ended by itself; OK after Shutdown()
   asio::steady_timer end_timer_{io_};
   std::unique_ptr<history::Writer> history_;  // null without options_.history_file
+  // options_ with the TCP port a standby bound (the same port serves after the takeover).
+  ServerOptions listen_options_;
+  struct Standby {
+    explicit Standby(Clock* clock) : time(io, clock) {}
+    asio::io_context io{1};
+    AsioTimeSource time;
+    std::unique_ptr<ServerCore> core;
+    std::unique_ptr<Listener> listener;
+    std::thread thread;
+  };
+  std::unique_ptr<Standby> standby_;  // while standing by
 };
 
 // ServerOptions::etcd_request_timeout when left at zero: a third of the usable ownership, so
@@ -140,8 +193,10 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
       metrics::LatencyBuckets());
   char host[256] = "?";
   ::gethostname(host, sizeof(host) - 1);
-  const std::string owner = absl::StrCat("lockd pid ", ::getpid(), " on host ", host, " (tcp ",
-                                         options_.tcp_host, ":", options_.tcp_port, ")");
+  const std::string owner =
+      options_.tcp ? absl::StrCat("lockd pid ", ::getpid(), " on host ", host, " (tcp ",
+                                  options_.tcp_host, ":", listen_options_.tcp_port, ")")
+                   : absl::StrCat("lockd pid ", ::getpid(), " on host ", host, " (unix socket only)");
   auto post = [this](std::function<void()> f) { asio::post(io_, std::move(f)); };
   if (!options_.etcd_endpoints.empty()) {
     metrics::Histogram& commit_latency = metrics_->GetHistogram(
@@ -160,6 +215,13 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
                               .owner = owner};
     etcd.on_commit = [&commit_latency](int64_t ns) { commit_latency.Observe(ns / 1e9); };
     etcd.now = [this] { return time_.Now(); };
+    if (standby_) {
+      etcd.on_standby = [this](const std::string& owner) {
+        asio::post(standby_->io, [core = standby_->core.get(), owner] {
+          core->SetStandbyLeader(AddressOfOwner(owner), owner);
+        });
+      };
+    }
     etcd.on_owned = [this](MonoTime sent, MonoTime until) {
       History(sent.nanos(), "lockd-owned", "-", 0, absl::StrCat(until.nanos()));
     };
@@ -182,7 +244,12 @@ absl::Status ServerImpl::Init() {
     if (!writer.ok()) return writer.status();
     history_ = std::move(*writer);
   }
+  listen_options_ = options_;
+  if (!options_.etcd_endpoints.empty() && options_.etcd_standby) {
+    if (absl::Status s = StartStandby(); !s.ok()) return s;
+  }
   auto opened = OpenCommitLog();
+  if (standby_) StopStandby();
   if (!opened.ok()) return opened.status();
   summary_.insert(summary_.end(), opened->summary.begin(), opened->summary.end());
   Permissions permissions;
@@ -217,7 +284,7 @@ absl::Status ServerImpl::Init() {
     };
   }
   core_ = std::make_unique<ServerCore>(core_options, &time_, std::move(*opened));
-  listener_ = std::make_unique<Listener>(io_, core_.get(), &time_, options_, tls_);
+  listener_ = std::make_unique<Listener>(io_, core_.get(), &time_, listen_options_, tls_);
   if (absl::Status s = listener_->Bind(); !s.ok()) return s;
   exporter_ = std::make_unique<MetricsExport>(core_.get(), &time_, metrics_.get());
   if (options_.metrics_port >= 0) {
@@ -227,6 +294,42 @@ absl::Status ServerImpl::Init() {
     exporter_->ExportNow();
   }
   return absl::OkStatus();
+}
+
+absl::Status ServerImpl::StartStandby() {
+  standby_ = std::make_unique<Standby>(options_.clock);
+  CoreOptions core_options{.max_sessions_per_connection = options_.max_sessions_per_connection,
+                           .max_frame_bytes = options_.max_frame_bytes,
+                           .hello_timeout = options_.hello_timeout,
+                           .idle_timeout = options_.idle_timeout,
+                           .stall_threshold = absl::ZeroDuration(),
+                           .standby = true};
+  OpenedCommitLog nothing;
+  nothing.log = std::make_unique<StandbyCommitLog>(options_.etcd_prefix);
+  standby_->core = std::make_unique<ServerCore>(core_options, &standby_->time, std::move(nothing));
+  standby_->listener = std::make_unique<Listener>(standby_->io, standby_->core.get(),
+                                                  &standby_->time, listen_options_, tls_);
+  if (absl::Status s = standby_->listener->Bind(); !s.ok()) {
+    standby_.reset();
+    return s;
+  }
+  if (options_.tcp) listen_options_.tcp_port = standby_->listener->tcp_port();
+  standby_->core->Start();
+  standby_->listener->Start();
+  standby_->thread = std::thread([s = standby_.get()] { s->io.run(); });
+  Note(absl::StrCat("stood by on tcp ", listen_options_.tcp_host, ":", listen_options_.tcp_port,
+                    ", answering NOT_LEADER"));
+  return absl::OkStatus();
+}
+
+void ServerImpl::StopStandby() {
+  asio::post(standby_->io, [s = standby_.get()] {
+    s->listener->Stop();
+    s->core->Stop();
+    s->io.stop();
+  });
+  standby_->thread.join();
+  standby_.reset();
 }
 
 absl::Status ServerImpl::Run() {

@@ -232,6 +232,10 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   LockService& service() override { return service_; }
   const absl::Status* fault() const override { return log_->fault(); }
   std::string FaultRemedy() const override { return log_->FaultRemedy(); }
+  const Redirect* standby() const override { return options_.standby ? &redirect_ : nullptr; }
+  void SetStandbyLeader(std::string address, std::string description) {
+    redirect_ = Redirect{std::move(address), std::move(description)};
+  }
   WaiterId NextWaiterId() override { return ++last_waiter_id_; }
   std::string NewSessionSecret() override { return options_.session_secrets(); }
   void CountProtocolError() override { ++protocol_errors_total_; }
@@ -344,6 +348,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   bool stopped_ = true;
   bool flush_scheduled_ = false;
   bool ending_reported_ = false;  // on_ending_fault was called
+  Redirect redirect_;             // with options_.standby
   ConnectionId last_connection_id_ = 0;
   WaiterId last_waiter_id_ = 0;
   uint64_t protocol_errors_total_ = 0;
@@ -527,6 +532,9 @@ ServerCore::ServerCore(const CoreOptions& options, TimeSource* time, OpenedCommi
 ServerCore::~ServerCore() = default;
 void ServerCore::Start() { impl_->Start(); }
 void ServerCore::Stop() { impl_->Stop(); }
+void ServerCore::SetStandbyLeader(std::string address, std::string description) {
+  impl_->SetStandbyLeader(std::move(address), std::move(description));
+}
 void ServerCore::SetPermissions(Permissions permissions) {
   impl_->SetPermissions(std::move(permissions));
 }

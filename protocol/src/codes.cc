@@ -47,6 +47,7 @@ absl::Status StatusFromCode(wire::Code code, absl::string_view message) {
     case wire::CANCELLED:
       return absl::CancelledError(message);
     case wire::UNAVAILABLE:
+    case wire::NOT_LEADER:
       return absl::UnavailableError(message);
     case wire::LIMIT_EXCEEDED:
       return absl::ResourceExhaustedError(message);

@@ -41,14 +41,18 @@ struct BlockingConnectionOptions {
   std::string tls_server_name;
 };
 
+// The payload of Connect()'s kUnavailable from a standby replica (NOT_LEADER): the serving
+// replica's address as the standby knows it (may be empty).
+inline constexpr char kStandbyLeaderPayload[] = "fencelock.dev/standby-leader";
+
 class BlockingConnection {
  public:
   // Connects and (unless options.hello is false) negotiates the protocol version. Errors:
   // kInvalidArgument for an address that cannot be parsed (or a Unix path too long for a
-  // socket), kUnavailable when nothing answers or the connection fails, kDeadlineExceeded when a
-  // step took longer than the timeout, kFailedPrecondition when lockd refuses the Hello. Over
-  // TLS, a failed handshake or a certificate lockd refuses is kUnavailable, with OpenSSL's
-  // reason.
+  // socket), kUnavailable when nothing answers or the connection fails, or when a standby
+  // replica answers the Hello (with kStandbyLeaderPayload), kDeadlineExceeded when a step took
+  // longer than the timeout, kFailedPrecondition when lockd refuses the Hello. Over TLS, a
+  // failed handshake or a certificate lockd refuses is kUnavailable, with OpenSSL's reason.
   static absl::StatusOr<std::unique_ptr<BlockingConnection>> Connect(
       const BlockingConnectionOptions& options);
   ~BlockingConnection();

@@ -39,6 +39,13 @@ class DispatchHost {
   virtual const absl::Status* fault() const = 0;
   // What an operator does about it, for the refusals' messages.
   virtual std::string FaultRemedy() const { return "restart it once the disk is fixed"; }
+  // A standby replica's answer to everything: NOT_LEADER naming the serving replica (its TCP
+  // address, and how it describes itself). nullptr for a lockd that serves.
+  struct Redirect {
+    std::string leader_address;
+    std::string leader;
+  };
+  virtual const Redirect* standby() const { return nullptr; }
   virtual WaiterId NextWaiterId() = 0;
   // The secret of a new session: 16 bytes nobody can guess (see OpenSessionReply.secret).
   virtual std::string NewSessionSecret() = 0;

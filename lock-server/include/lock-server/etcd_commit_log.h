@@ -75,6 +75,9 @@ struct EtcdCommitLogOptions {
   // answered and the new deadline, before any request can see the new deadline (on the lease
   // keeper's thread, or the caller's at start). Default: nothing.
   std::function<void(MonoTime sent, MonoTime until)> on_owned;
+  // While standing by (owner_wait infinite): called with P/owner's value (the serving lockd's
+  // `owner`) whenever it changes, on the caller's thread. Default: nothing.
+  std::function<void(const std::string& owner)> on_standby;
   // Where the log reports its fault state and ownership (once each). Default: standard error.
   std::function<void(const std::string&)> log;
 };

@@ -92,6 +92,9 @@ struct CoreOptions {
   // Called for every act (see Act) as its reply is handed to the reply gate, and for every
   // stale token refused. Default: nothing.
   std::function<void(const Act&)> on_act;
+  // A standby replica's core: every request is answered NOT_LEADER naming the serving replica
+  // (SetStandbyLeader), and the connection closed. Default: false.
+  bool standby = false;
 };
 
 // Figures the core counts, for GetStats and the metrics export.
@@ -124,6 +127,8 @@ class ServerCore {
   void Start();
   // Cancels every timer; connections are left to the transport (which disconnects them).
   void Stop();
+  // With CoreOptions::standby: the serving replica that NOT_LEADER names from now on.
+  void SetStandbyLeader(std::string address, std::string description);
 
   // A new connection whose replies go to `sink` (which stays valid until Disconnect()), from a
   // peer authenticated as `identity` (empty: none, as on plaintext TCP). Arms its Hello
