@@ -294,6 +294,56 @@ TEST_F(EtcdTest, AStandbyRedirectsToTheServingReplicaAndLaterServesOnItsPort) {
   standby->Stop();
 }
 
+// The serving lockd freezes (SIGSTOP) with a client connected to it. The client leaves the
+// silent replica after half a heartbeat period, not after its 30 s request timeout, and
+// resumes on the standby that took over, keeping its lock (usable for 10.5 s), all while the
+// first is still frozen.
+TEST_F(EtcdTest, AClientLeavesAFrozenReplicaForTheOneThatTookOver) {
+  LockdProcess::Options options = Options("/fencelock/h");
+  options.port = testing::FreeLoopbackPort();
+  LockdProcess first(options);
+  const int standby_port = testing::FreeLoopbackPort();
+  auto standby = process::Child::Spawn(
+      LOCKD_BINARY,
+      {"serve", "--etcd=" + etcd_.endpoint(), "--etcd-prefix=/fencelock/h", "--etcd-standby",
+       "--etcd-owner-ttl=2s", absl::StrCat("--port=", standby_port), "--metrics-port=-1"},
+      {.stdout_file = tmp_.path() + "/h.out", .stderr_file = tmp_.path() + "/h.err"});
+  ASSERT_TRUE(standby.ok()) << standby.status();
+  auto client = Client::Create({.server = absl::StrCat("127.0.0.1:", first.port(), ",127.0.0.1:",
+                                                       standby_port),
+                                .session_ttl = absl::Seconds(15),
+                                .default_lock_ttl = absl::Seconds(15),
+                                .request_timeout = absl::Seconds(30)});
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto held = (*client)->acquire("payout/1", absl::Seconds(1), absl::ZeroDuration());
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_EQ(kill(first.pid(), SIGSTOP), 0);
+  const MonoTime frozen = Clock::Real()->Now();
+  bool confirmed = false;
+  while (!confirmed && Clock::Real()->Now() - frozen < absl::Seconds(15)) {
+    try {
+      (*client)->checkStillHeld(*held, Confirm::kWithServer);
+      confirmed = true;
+    } catch (const LockLostException& e) {
+      if (e.reason() != LossReason::kUnconfirmed) {
+        ADD_FAILURE() << "lost the lock while the serving replica was frozen: " << e.what();
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+  const absl::Duration took = Clock::Real()->Now() - frozen;
+  EXPECT_TRUE(confirmed) << "no confirmation from the standby within 15 s";
+  std::printf("confirmed by the standby %s after the serving lockd froze\n",
+              absl::FormatDuration(took).c_str());
+  ASSERT_EQ(kill(first.pid(), SIGCONT), 0);
+  const std::optional<int> ended = first.WaitForExit(absl::Seconds(10));
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_TRUE(WIFEXITED(*ended) && WEXITSTATUS(*ended) == 3) << *ended;
+  client->reset();
+  standby->Stop();
+}
+
 TEST_F(EtcdTest, SnapshotsKeepThePrefixSmall) {
   LockdProcess::Options options = Options("/fencelock/d");
   options.extra_args.push_back("--etcd-snapshot-bytes=65536");

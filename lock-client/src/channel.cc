@@ -7,6 +7,7 @@
 #include <future>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -136,6 +137,17 @@ class AsioChannel final : public Channel {
     unmatched_ = std::move(handler);
   }
   void Close() override;
+  void Abandon() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (replicas_ > 1) {
+        silent_ = preferred_;
+        silent_until_ = clock_->Now() + silent_for_;
+        preferred_ = (preferred_ + 1) % replicas_;
+      }
+    }
+    Close();
+  }
 
  private:
   // Registers a pending call (or none, for Post) and queues its frame. Returns the id, or an
@@ -155,9 +167,15 @@ class AsioChannel final : public Channel {
   asio::io_context io_{1};
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::function<void(const wire::Response&)> unmatched_;
-  size_t preferred_ = 0;  // of the address list: the replica that answered last
 
   mutable absl::Mutex mu_;
+  // Of the address list: the replica that answered last, how many there are, and one that fell
+  // silent (Abandon), left out of the next Connect() round; SIZE_MAX for none.
+  size_t preferred_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t replicas_ ABSL_GUARDED_BY(mu_) = 1;
+  size_t silent_ ABSL_GUARDED_BY(mu_) = SIZE_MAX;
+  MonoTime silent_until_ ABSL_GUARDED_BY(mu_);
+  absl::Duration silent_for_ ABSL_GUARDED_BY(mu_) = absl::Seconds(5);  // the last connect timeout
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
@@ -182,18 +200,33 @@ absl::Status AsioChannel::Connect(const std::string& addresses, const std::strin
   // share of the time.
   const MonoTime give_up = clock_->Now() + timeout;
   std::vector<std::string> failures;
-  const size_t first = preferred_ < list.size() ? preferred_ : 0;
+  size_t first, silent;
+  {
+    absl::MutexLock lock(&mu_);
+    silent_for_ = timeout;
+    first = preferred_ < list.size() ? preferred_ : 0;
+    // A replica that fell silent is left out for a while (a connect timeout), not only for
+    // one round: standbys that name it as the serving replica must not lead back to it while
+    // it may still be frozen.
+    if (silent_ != SIZE_MAX && clock_->Now() >= silent_until_) silent_ = SIZE_MAX;
+    silent = silent_;
+  }
   std::vector<size_t> order;
-  for (size_t n = 0; n < list.size(); ++n) order.push_back((first + n) % list.size());
+  for (size_t n = 0; n < list.size(); ++n) {
+    if ((first + n) % list.size() != silent) order.push_back((first + n) % list.size());
+  }
   for (size_t n = 0; n < order.size(); ++n) {
     const size_t i = order[n];
     const absl::Duration share =
-        std::max((give_up - clock_->Now()) / static_cast<int64_t>(list.size() - n),
+        std::max((give_up - clock_->Now()) / static_cast<int64_t>(order.size() - n),
                  absl::Milliseconds(1));
     std::string leader;
     absl::Status s = ConnectOne(list[i], client_name, share, &leader);
     if (s.ok()) {
+      absl::MutexLock lock(&mu_);
       preferred_ = i;
+      replicas_ = list.size();
+      silent_ = SIZE_MAX;
       return s;
     }
     if (absl::IsInvalidArgument(s) || absl::IsFailedPrecondition(s)) return s;

@@ -67,6 +67,12 @@ class Channel {
 
   // Closes the connection; pending calls fail with kUnavailable.
   virtual void Close() = 0;
+
+  // With a list of replicas: closes the connection because its lockd fell silent (frozen, or
+  // cut off), so that pending calls fail with kUnavailable, and Connect() leaves that replica
+  // out until another one has answered or for one connect timeout. With one address, the same
+  // as Close().
+  virtual void Abandon() = 0;
 };
 
 }  // namespace fencelock::client_internal

@@ -364,14 +364,27 @@ absl::StatusOr<Reply> ClientImpl::KeepAliveLocked(
     ref->set_lock(name);
     ref->set_token(token);
   }
-  auto reply = channel_->Call(request, options_.request_timeout);
+  // With a list of replicas, a renewal unanswered for half a heartbeat period means its lockd
+  // fell silent (frozen, or cut off from its clients) while another may serve by now: leave it
+  // for the others instead of waiting out the request timeout on it. Half a period: a renewal
+  // sent a period after the last answered one is then given up 1.5 periods (half a TTL) into a
+  // usable lease of 0.7 TTL, leaving a fifth of the TTL to resume elsewhere. The deadlines
+  // still run from the last answered send (D5).
+  const bool replicas = options_.server.find(',') != std::string::npos;
+  const absl::Duration timeout =
+      replicas ? std::min(options_.request_timeout,
+                          std::max(HeartbeatInterval() / 2, absl::Milliseconds(250)))
+               : options_.request_timeout;
+  auto reply = channel_->Call(request, timeout);
+  if (replicas && absl::IsDeadlineExceeded(reply.status())) channel_->Abandon();
   if (!reply.ok() && reply.status().code() == absl::StatusCode::kUnavailable) {
     // The connection turned out to be dead (the request was never answered, so nothing
     // changed on the server for it): reconnect and send once more, as a new exchange with
     // its own t_send.
     ensured = EnsureSessionLocked();
     if (!ensured.ok()) return ensured;
-    reply = channel_->Call(std::move(request), options_.request_timeout);
+    reply = channel_->Call(std::move(request), timeout);
+    if (replicas && absl::IsDeadlineExceeded(reply.status())) channel_->Abandon();
   }
   // D5: a failed or timed-out exchange changes no deadline; they keep running out.
   if (!reply.ok()) {
