@@ -137,12 +137,12 @@ class AsioChannel final : public Channel {
     unmatched_ = std::move(handler);
   }
   void Close() override;
-  void Abandon() override {
+  void Abandon(absl::Duration silence) override {
     {
       absl::MutexLock lock(&mu_);
       if (replicas_ > 1) {
         silent_ = preferred_;
-        silent_until_ = clock_->Now() + silent_for_;
+        silent_timeout_ = silence;
         preferred_ = (preferred_ + 1) % replicas_;
       }
     }
@@ -170,12 +170,11 @@ class AsioChannel final : public Channel {
 
   mutable absl::Mutex mu_;
   // Of the address list: the replica that answered last, how many there are, and one that fell
-  // silent (Abandon), left out of the next Connect() round; SIZE_MAX for none.
+  // silent (Abandon), tried last until a replica answers; SIZE_MAX for none.
   size_t preferred_ ABSL_GUARDED_BY(mu_) = 0;
   size_t replicas_ ABSL_GUARDED_BY(mu_) = 1;
   size_t silent_ ABSL_GUARDED_BY(mu_) = SIZE_MAX;
-  MonoTime silent_until_ ABSL_GUARDED_BY(mu_);
-  absl::Duration silent_for_ ABSL_GUARDED_BY(mu_) = absl::Seconds(5);  // the last connect timeout
+  absl::Duration silent_timeout_ ABSL_GUARDED_BY(mu_);  // what it gets to answer a Hello
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
@@ -201,25 +200,27 @@ absl::Status AsioChannel::Connect(const std::string& addresses, const std::strin
   const MonoTime give_up = clock_->Now() + timeout;
   std::vector<std::string> failures;
   size_t first, silent;
+  absl::Duration silent_share;
   {
     absl::MutexLock lock(&mu_);
-    silent_for_ = timeout;
     first = preferred_ < list.size() ? preferred_ : 0;
-    // A replica that fell silent is left out for a while (a connect timeout), not only for
-    // one round: standbys that name it as the serving replica must not lead back to it while
-    // it may still be frozen.
-    if (silent_ != SIZE_MAX && clock_->Now() >= silent_until_) silent_ = SIZE_MAX;
     silent = silent_;
+    silent_share = silent_timeout_;
   }
+  // A replica that fell silent (Abandon) comes last, with no more than the silence it was
+  // abandoned for: a frozen one costs little, and one that was only slow (its commits held up
+  // by an etcd election) is back once it answers in time again.
   std::vector<size_t> order;
   for (size_t n = 0; n < list.size(); ++n) {
     if ((first + n) % list.size() != silent) order.push_back((first + n) % list.size());
   }
+  if (silent < list.size()) order.push_back(silent);
   for (size_t n = 0; n < order.size(); ++n) {
     const size_t i = order[n];
-    const absl::Duration share =
+    absl::Duration share =
         std::max((give_up - clock_->Now()) / static_cast<int64_t>(order.size() - n),
                  absl::Milliseconds(1));
+    if (i == silent) share = std::min(share, silent_share);
     std::string leader;
     absl::Status s = ConnectOne(list[i], client_name, share, &leader);
     if (s.ok()) {
@@ -235,7 +236,7 @@ absl::Status AsioChannel::Connect(const std::string& addresses, const std::strin
     // yet (a redirect never leads outside the configured list).
     if (!leader.empty()) {
       auto named = std::find_if(order.begin() + n + 1, order.end(),
-                                [&](size_t j) { return list[j] == leader; });
+                                [&](size_t j) { return list[j] == leader && j != silent; });
       if (named != order.end()) std::rotate(order.begin() + n + 1, named, named + 1);
     }
   }

@@ -68,11 +68,11 @@ class Channel {
   // Closes the connection; pending calls fail with kUnavailable.
   virtual void Close() = 0;
 
-  // With a list of replicas: closes the connection because its lockd fell silent (frozen, or
-  // cut off), so that pending calls fail with kUnavailable, and Connect() leaves that replica
-  // out until another one has answered or for one connect timeout. With one address, the same
-  // as Close().
-  virtual void Abandon() = 0;
+  // With a list of replicas: closes the connection because its lockd stayed silent for
+  // `silence` (frozen, or held up), so that pending calls fail with kUnavailable; until a
+  // replica answers again, Connect() tries that one last and gives it no more than `silence`
+  // to answer its Hello. With one address, the same as Close().
+  virtual void Abandon(absl::Duration silence) = 0;
 };
 
 }  // namespace fencelock::client_internal

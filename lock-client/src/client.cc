@@ -365,8 +365,9 @@ absl::StatusOr<Reply> ClientImpl::KeepAliveLocked(
     ref->set_token(token);
   }
   // With a list of replicas, a renewal unanswered for half a heartbeat period means its lockd
-  // fell silent (frozen, or cut off from its clients) while another may serve by now: leave it
-  // for the others instead of waiting out the request timeout on it. Half a period: a renewal
+  // fell silent (frozen, cut off from its clients, or held up by its store) while another may
+  // serve by now: try the others instead of waiting out the request timeout on it (it is tried
+  // last, until it answers in time again). Half a period: a renewal
   // sent a period after the last answered one is then given up 1.5 periods (half a TTL) into a
   // usable lease of 0.7 TTL, leaving a fifth of the TTL to resume elsewhere. The deadlines
   // still run from the last answered send (D5).
@@ -376,7 +377,7 @@ absl::StatusOr<Reply> ClientImpl::KeepAliveLocked(
                           std::max(HeartbeatInterval() / 2, absl::Milliseconds(250)))
                : options_.request_timeout;
   auto reply = channel_->Call(request, timeout);
-  if (replicas && absl::IsDeadlineExceeded(reply.status())) channel_->Abandon();
+  if (replicas && absl::IsDeadlineExceeded(reply.status())) channel_->Abandon(timeout);
   if (!reply.ok() && reply.status().code() == absl::StatusCode::kUnavailable) {
     // The connection turned out to be dead (the request was never answered, so nothing
     // changed on the server for it): reconnect and send once more, as a new exchange with
@@ -384,7 +385,7 @@ absl::StatusOr<Reply> ClientImpl::KeepAliveLocked(
     ensured = EnsureSessionLocked();
     if (!ensured.ok()) return ensured;
     reply = channel_->Call(std::move(request), timeout);
-    if (replicas && absl::IsDeadlineExceeded(reply.status())) channel_->Abandon();
+    if (replicas && absl::IsDeadlineExceeded(reply.status())) channel_->Abandon(timeout);
   }
   // D5: a failed or timed-out exchange changes no deadline; they keep running out.
   if (!reply.ok()) {
