@@ -165,6 +165,8 @@ class ClientImpl final : public Client {
   }
 
   const ClientOptions options_;
+  // options_.server lists several lockd replicas (see KeepAliveLocked).
+  const bool replicated_ = options_.server.find(',') != std::string::npos;
   Clock* const clock_;
   const absl::Duration costliest_step_;  // of the declared steps; zero when none
   const std::shared_ptr<metrics::Registry> metrics_;
@@ -369,12 +371,13 @@ absl::StatusOr<Reply> ClientImpl::KeepAliveLocked(
   // serve by now: try the others instead of waiting out the request timeout on it (it is tried
   // last, until it answers in time again). Half a period: a renewal
   // sent a period after the last answered one is then given up 1.5 periods (half a TTL) into a
-  // usable lease of 0.7 TTL, leaving a fifth of the TTL to resume elsewhere. The deadlines
-  // still run from the last answered send (D5).
-  const bool replicas = options_.server.find(',') != std::string::npos;
+  // usable lease of 0.7 TTL, leaving a fifth of the TTL to resume elsewhere. Never under 1 s:
+  // a serving lockd whose commits are merely slow (its store's fsync, a busy etcd) must not be
+  // mistaken for a frozen one. The deadlines still run from the last answered send (D5).
+  const bool replicas = replicated_;
   const absl::Duration timeout =
       replicas ? std::min(options_.request_timeout,
-                          std::max(HeartbeatInterval() / 2, absl::Milliseconds(250)))
+                          std::max(HeartbeatInterval() / 2, absl::Seconds(1)))
                : options_.request_timeout;
   auto reply = channel_->Call(request, timeout);
   if (replicas && absl::IsDeadlineExceeded(reply.status())) channel_->Abandon(timeout);

@@ -282,12 +282,15 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   // Sends `response` on `id` once every record it may reflect is committed. After a fault
   // nothing becomes committed again; replies then carry no mutation and go at once.
   void Reply(ConnectionId id, const wire::Response& response) {
-    if (std::optional<Act::Kind> kind = ActOf(response)) {
+    std::optional<Act::Kind> kind = ActOf(response);
+    const MonoTime until = kind ? log_->OwnedUntil() : MonoTime::Max();
+    // A local log's ownership is not leased and only the event loop changes its fault, which
+    // dispatch checked: nothing to check again, and no clock to read unless acts are recorded.
+    if (kind && (until != MonoTime::Max() || options_.on_act)) {
       // The request was checked against the log's ownership when it was dispatched; a leased
       // ownership (etcd) can run out between that check and now. Read the time first, so that
       // an act recorded at `at` is known to precede `until`.
       const MonoTime at = time_->Now();
-      const MonoTime until = log_->OwnedUntil();
       if (const absl::Status* fault = log_->fault(); fault != nullptr || at >= until) {
         wire::Response refused;
         refused.set_request_id(response.request_id());
