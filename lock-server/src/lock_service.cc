@@ -6,10 +6,12 @@
 
 namespace fencelock::server {
 
-LockService::LockService(ServiceOptions options) : options_(std::move(options)) {}
+LockService::LockService(ServiceOptions options) : LockService(std::move(options), StateMachine()) {}
 
 LockService::LockService(ServiceOptions options, StateMachine restored)
-    : options_(std::move(options)), state_(std::move(restored)) {}
+    : options_(std::move(options)),
+      state_(std::move(restored)),
+      pools_(options_.pools, &state_, [this](const Record& r, MonoTime now) { Commit(r, now); }) {}
 
 void LockService::FailAllWaiters(const absl::Status& status) {
   std::vector<WaiterId> all;
@@ -345,6 +347,8 @@ void LockService::Advance(MonoTime now) {
       ++stats_.lock_expiries_total;
       ReleaseAndHandOff(*lock, state_.FindHolder(*lock)->token, ReleaseReason::kLeaseExpired,
                         due);
+    } else if (state_.ExpiredPoolLease(due)) {
+      pools_.Advance(due);
     } else {
       const WaiterId id = waiter_deadlines_.begin()->second;
       const std::string name = waiter_index_.at(id).lock;

@@ -98,6 +98,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
       // the record, so a restart never reissues a token or session id, even if that batch is
       // lost.
       if (std::holds_alternative<record::LockGranted>(r) ||
+          std::holds_alternative<record::PoolLeaseGranted>(r) ||
           std::holds_alternative<record::SessionOpened>(r)) {
         log_->ReserveFor(service_.state().last_token(), service_.state().last_session_id());
       }

@@ -65,6 +65,18 @@ std::optional<uint64_t> ParseNumbered(const std::string& name, std::string_view 
 
 int64_t Nanos(absl::Duration d) { return absl::ToInt64Nanoseconds(d); }
 
+void ProfileToProto(const PoolProfileSpec& spec, state::PoolProfile* out) {
+  out->set_id(spec.id);
+  out->set_cost(spec.cost);
+  out->set_reserved(spec.reserved);
+  out->set_lendable(spec.lendable);
+  out->set_borrow(spec.borrow);
+}
+
+PoolProfileSpec ProfileFromProto(const state::PoolProfile& p) {
+  return PoolProfileSpec{p.id(), p.cost(), p.reserved(), p.lendable(), p.borrow()};
+}
+
 state::LogRecord ToProto(uint64_t lsn, const Record& r) {
   state::LogRecord p;
   p.set_lsn(lsn);
@@ -90,6 +102,62 @@ state::LogRecord ToProto(uint64_t lsn, const Record& r) {
           l->set_lock(rec.lock);
           l->set_token(rec.token);
           l->set_reason(static_cast<uint32_t>(rec.reason));
+        } else if constexpr (std::is_same_v<T, record::PoolPolicyPublished>) {
+          auto* o = p.mutable_pool_policy_published();
+          o->set_pool(rec.pool);
+          o->set_generation(rec.generation);
+          o->set_budget(rec.budget);
+          for (const PoolProfileSpec& spec : rec.profiles) ProfileToProto(spec, o->add_profiles());
+          o->set_decision(rec.decision);
+        } else if constexpr (std::is_same_v<T, record::PoolProfileClaimed>) {
+          auto* o = p.mutable_pool_profile_claimed();
+          o->set_pool(rec.pool);
+          o->set_profile(rec.profile);
+          o->set_epoch(rec.epoch);
+          o->set_key(rec.key);
+          o->set_generation(rec.generation);
+        } else if constexpr (std::is_same_v<T, record::PoolPolicyAcked>) {
+          auto* o = p.mutable_pool_policy_acked();
+          o->set_pool(rec.pool);
+          o->set_profile(rec.profile);
+          o->set_epoch(rec.epoch);
+          o->set_generation(rec.generation);
+        } else if constexpr (std::is_same_v<T, record::PoolLeaseGranted>) {
+          auto* o = p.mutable_pool_lease_granted();
+          o->set_pool(rec.pool);
+          o->set_profile(rec.profile);
+          o->set_slot(rec.slot);
+          o->set_token(rec.token);
+          o->set_units(rec.units);
+          o->set_epoch(rec.epoch);
+          o->set_ttl_ns(Nanos(rec.ttl));
+          o->set_decision(rec.decision);
+        } else if constexpr (std::is_same_v<T, record::PoolLeaseActivated>) {
+          auto* o = p.mutable_pool_lease_activated();
+          o->set_pool(rec.pool);
+          o->set_profile(rec.profile);
+          o->set_slot(rec.slot);
+          o->set_token(rec.token);
+          o->set_decision(rec.decision);
+        } else if constexpr (std::is_same_v<T, record::PoolLeaseReleased>) {
+          auto* o = p.mutable_pool_lease_released();
+          o->set_pool(rec.pool);
+          o->set_profile(rec.profile);
+          o->set_slot(rec.slot);
+          o->set_token(rec.token);
+          o->set_reason(static_cast<uint32_t>(rec.reason));
+          o->set_decision(rec.decision);
+        } else if constexpr (std::is_same_v<T, record::PoolLeaseRecovered>) {
+          auto* o = p.mutable_pool_lease_recovered();
+          o->set_pool(rec.pool);
+          o->set_profile(rec.profile);
+          o->set_slot(rec.slot);
+          o->set_token(rec.token);
+          o->set_evidence(rec.evidence);
+          o->set_decision(rec.decision);
+        } else if constexpr (std::is_same_v<T, record::PoolDrainSet>) {
+          p.mutable_pool_drain_set()->set_pool(rec.pool);
+          p.mutable_pool_drain_set()->set_draining(rec.draining);
         } else {
           // Renewals only move expiry times, which a restart resets to a full TTL anyway.
           std::fprintf(stderr, "lockd: renewal records are not logged\n");
@@ -122,6 +190,47 @@ absl::StatusOr<Record> FromProto(const state::LogRecord& p) {
       return Record(
           record::LockReleased{l.lock(), l.token(), static_cast<ReleaseReason>(l.reason())});
     }
+    case state::LogRecord::kPoolPolicyPublished: {
+      const auto& o = p.pool_policy_published();
+      record::PoolPolicyPublished r{o.pool(), o.generation(), o.budget(), {}, o.decision()};
+      for (const auto& spec : o.profiles()) r.profiles.push_back(ProfileFromProto(spec));
+      return Record(std::move(r));
+    }
+    case state::LogRecord::kPoolProfileClaimed: {
+      const auto& o = p.pool_profile_claimed();
+      return Record(
+          record::PoolProfileClaimed{o.pool(), o.profile(), o.epoch(), o.key(), o.generation()});
+    }
+    case state::LogRecord::kPoolPolicyAcked: {
+      const auto& o = p.pool_policy_acked();
+      return Record(record::PoolPolicyAcked{o.pool(), o.profile(), o.epoch(), o.generation()});
+    }
+    case state::LogRecord::kPoolLeaseGranted: {
+      const auto& o = p.pool_lease_granted();
+      return Record(record::PoolLeaseGranted{o.pool(), o.profile(), o.slot(), o.token(),
+                                             o.units(), o.epoch(), absl::Nanoseconds(o.ttl_ns()),
+                                             o.decision()});
+    }
+    case state::LogRecord::kPoolLeaseActivated: {
+      const auto& o = p.pool_lease_activated();
+      return Record(
+          record::PoolLeaseActivated{o.pool(), o.profile(), o.slot(), o.token(), o.decision()});
+    }
+    case state::LogRecord::kPoolLeaseReleased: {
+      const auto& o = p.pool_lease_released();
+      if (o.reason() > 2) return absl::InvalidArgumentError("bad pool release reason");
+      return Record(record::PoolLeaseReleased{o.pool(), o.profile(), o.slot(), o.token(),
+                                              static_cast<PoolReleaseReason>(o.reason()),
+                                              o.decision()});
+    }
+    case state::LogRecord::kPoolLeaseRecovered: {
+      const auto& o = p.pool_lease_recovered();
+      return Record(record::PoolLeaseRecovered{o.pool(), o.profile(), o.slot(), o.token(),
+                                               o.evidence(), o.decision()});
+    }
+    case state::LogRecord::kPoolDrainSet:
+      return Record(
+          record::PoolDrainSet{p.pool_drain_set().pool(), p.pool_drain_set().draining()});
     default:
       return absl::InvalidArgumentError("record of an unknown kind");
   }
@@ -230,6 +339,41 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
     return Damaged(path, "sequence marks below the ids it contains");
   }
   state.RaiseFloors(snap.last_token(), snap.last_session_id());
+  for (const auto& sp : snap.pools()) {
+    PoolState pool;
+    pool.generation = sp.generation();
+    pool.budget = sp.budget();
+    for (const auto& spec : sp.profiles()) pool.profiles.push_back(ProfileFromProto(spec));
+    for (const auto& o : sp.owners()) {
+      if (!pool.owners.emplace(o.profile(), PoolOwnerState{o.epoch(), o.key(), o.acked_generation()})
+               .second) {
+        return Damaged(path, absl::StrCat("inconsistent snapshot: pool ", sp.name(),
+                                          " owner of ", o.profile(), " appears twice"));
+      }
+    }
+    for (const auto& l : sp.leases()) {
+      PoolLeaseState lease{.token = l.token(),
+                           .units = l.units(),
+                           .epoch = l.epoch(),
+                           .active = l.active(),
+                           .ttl = absl::Nanoseconds(l.ttl_ns()),
+                           .expires_at = now,
+                           .decision = l.decision()};
+      if (!pool.leases.emplace(PoolSlotKey{l.profile(), l.slot()}, lease).second) {
+        return Damaged(path, absl::StrCat("inconsistent snapshot: pool ", sp.name(), " slot ",
+                                          l.profile(), "/", l.slot(), " appears twice"));
+      }
+    }
+    for (const auto& t : sp.tombstones()) {
+      pool.tombstones.push_back(
+          PoolTombstone{t.profile(), t.slot(), t.token(), t.units(), t.decision(), t.evidence()});
+    }
+    pool.decision = sp.decision();
+    pool.draining = sp.draining();
+    if (absl::Status s = state.RestorePool(sp.name(), std::move(pool), now); !s.ok()) {
+      return Damaged(path, absl::StrCat("inconsistent snapshot: ", s.message()));
+    }
+  }
   return state;
 }
 
@@ -354,6 +498,42 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
     out->set_session_id(h.session);
     out->set_token(h.token);
     out->set_ttl_ns(Nanos(h.ttl));
+  }
+  for (const auto& [name, pool] : state.pools()) {  // ascending name
+    auto* out = snap.add_pools();
+    out->set_name(name);
+    out->set_generation(pool.generation);
+    out->set_budget(pool.budget);
+    for (const PoolProfileSpec& spec : pool.profiles) ProfileToProto(spec, out->add_profiles());
+    for (const auto& [key, lease] : pool.leases) {
+      auto* l = out->add_leases();
+      l->set_profile(key.first);
+      l->set_slot(key.second);
+      l->set_token(lease.token);
+      l->set_units(lease.units);
+      l->set_epoch(lease.epoch);
+      l->set_active(lease.active);
+      l->set_ttl_ns(Nanos(lease.ttl));
+      l->set_decision(lease.decision);
+    }
+    for (const auto& [profile, owner] : pool.owners) {
+      auto* o = out->add_owners();
+      o->set_profile(profile);
+      o->set_epoch(owner.epoch);
+      o->set_key(owner.key);
+      o->set_acked_generation(owner.acked_generation);
+    }
+    for (const PoolTombstone& t : pool.tombstones) {
+      auto* o = out->add_tombstones();
+      o->set_profile(t.profile);
+      o->set_slot(t.slot);
+      o->set_token(t.token);
+      o->set_units(t.units);
+      o->set_decision(t.decision);
+      o->set_evidence(t.evidence);
+    }
+    out->set_decision(pool.decision);
+    out->set_draining(pool.draining);
   }
   return EncodeRawSnapshot(snap.SerializeAsString());
 }

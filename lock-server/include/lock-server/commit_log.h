@@ -36,7 +36,8 @@ namespace fencelock::server {
 // anyway (every restored lease gets its full TTL), so they are never logged.
 inline bool IsLogged(const Record& r) {
   return !std::holds_alternative<record::SessionRenewed>(r) &&
-         !std::holds_alternative<record::LockRenewed>(r);
+         !std::holds_alternative<record::LockRenewed>(r) &&
+         !std::holds_alternative<record::PoolLeaseRenewed>(r);
 }
 
 // What the core learns from its log, on the owner's thread.

@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "clock/clock.h"
+#include "lock-server/pool_service.h"
 #include "lock-server/state_machine.h"
 
 namespace fencelock::server {
@@ -80,6 +81,8 @@ struct ServiceOptions {
   // naming a token its sender never held. Leases that ended earlier, and every lease that ended
   // before this process started, count as foreign. Default: 65536 (about 3 MB).
   size_t remembered_lease_ends = 65536;
+  // Admission pools' limits and timings (pool_service.h).
+  PoolOptions pools;
 };
 
 struct LockRef {
@@ -121,6 +124,13 @@ class LockService {
   explicit LockService(ServiceOptions options);
   // Starts from a recovered state (sessions and holders, no waiters).
   LockService(ServiceOptions options, StateMachine restored);
+  // The pool rules hold a pointer to this service's state: never copied or moved.
+  LockService(const LockService&) = delete;
+  LockService& operator=(const LockService&) = delete;
+
+  // The admission pools, on the same state, records and token sequence as the locks.
+  PoolService& pools() { return pools_; }
+  const PoolService& pools() const { return pools_; }
 
   // Opens a session with `ttl` (zero: the default), owned by `caller`'s identity and bound to
   // its connection, resumable elsewhere with `secret` (empty: never). Returns its id and
@@ -188,7 +198,8 @@ class LockService {
   // Forgets a queued waiter whose requester went away. No outcome is produced for it.
   void CancelWaiter(WaiterId waiter);
 
-  // Expires sessions, lock leases and waits that have run out by `now`.
+  // Expires sessions, lock leases, provisional pool leases and waits that have run out by
+  // `now`.
   void Advance(MonoTime now);
 
   // Every session and lock lease ends `d` later (waits are not moved): for time the server
@@ -270,6 +281,7 @@ class LockService {
   std::vector<WaiterOutcome> outcomes_;
   ServiceStats stats_;
   std::function<void(const Record&)> observer_;
+  PoolService pools_;
   // The newest lease ends, oldest end first in ended_order_. A lock is kept as its name's
   // hash: the token already identifies the lease, the hash only tells a token presented for
   // another lock.

@@ -15,14 +15,17 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "absl/container/btree_map.h"
 #include "absl/container/btree_set.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "clock/clock.h"
+#include "lock-server/pool_state.h"
 
 namespace fencelock::server {
 
@@ -66,10 +69,91 @@ struct LockReleased {
   FenceToken token;
   ReleaseReason reason;
 };
+
+// Admission pools (pool_state.h). Every record that changes a pool's leases or policy carries
+// the pool's next decision number (its last plus one).
+//
+// A new policy generation for `pool` (created by its first). Replaces the profiles; each
+// lease's units stay what they were when granted.
+struct PoolPolicyPublished {
+  std::string pool;
+  uint64_t generation;
+  uint64_t budget;
+  std::vector<PoolProfileSpec> profiles;  // ascending id
+  uint64_t decision;
+};
+// A manager takes over `profile`: the epoch goes up by one, and requests of earlier epochs are
+// refused from now on (stale owner).
+struct PoolProfileClaimed {
+  std::string pool;
+  std::string profile;
+  uint64_t epoch;
+  std::string key;
+  uint64_t generation;  // the policy generation it enforces
+};
+// The current owner says it enforces `generation` (the current one).
+struct PoolPolicyAcked {
+  std::string pool;
+  std::string profile;
+  uint64_t epoch;
+  uint64_t generation;
+};
+// A provisional lease on one slot, with a token from the one token sequence.
+struct PoolLeaseGranted {
+  std::string pool;
+  std::string profile;
+  std::string slot;
+  FenceToken token;
+  uint64_t units;
+  uint64_t epoch;
+  absl::Duration ttl;
+  uint64_t decision;
+};
+// A provisional lease's expiry moves to now + its TTL. Not logged.
+struct PoolLeaseRenewed {
+  std::string pool;
+  std::string profile;
+  std::string slot;
+  FenceToken token;
+};
+struct PoolLeaseActivated {
+  std::string pool;
+  std::string profile;
+  std::string slot;
+  FenceToken token;
+  uint64_t decision;
+};
+struct PoolLeaseReleased {
+  std::string pool;
+  std::string profile;
+  std::string slot;
+  FenceToken token;
+  PoolReleaseReason reason;
+  uint64_t decision;
+};
+// An operator's fenced recovery of an active lease: the tombstone and the release, in one
+// record, so that the units are free only once the tombstone is durable.
+struct PoolLeaseRecovered {
+  std::string pool;
+  std::string profile;
+  std::string slot;
+  FenceToken token;
+  std::string evidence;
+  uint64_t decision;
+};
+struct PoolDrainSet {
+  std::string pool;
+  bool draining;
+};
 }  // namespace record
 
 using Record = std::variant<record::SessionOpened, record::SessionRenewed, record::SessionEnded,
-                            record::LockGranted, record::LockRenewed, record::LockReleased>;
+                            record::LockGranted, record::LockRenewed, record::LockReleased,
+                            record::PoolPolicyPublished, record::PoolProfileClaimed,
+                            record::PoolPolicyAcked, record::PoolLeaseGranted,
+                            record::PoolLeaseRenewed, record::PoolLeaseActivated,
+                            record::PoolLeaseReleased, record::PoolLeaseRecovered,
+                            record::PoolDrainSet>;
 
 struct SessionState {
   absl::Duration ttl;
@@ -107,6 +191,12 @@ class StateMachine {
   // Null when absent. Pointers are invalidated by the next Apply().
   const SessionState* FindSession(SessionId id) const;
   const HolderState* FindHolder(const std::string& lock) const;
+  const PoolState* FindPool(const std::string& pool) const;
+
+  // Restores one pool from a snapshot as of server time `now` (each provisional lease gets its
+  // full TTL again). kFailedPrecondition when the pool breaks an invariant: a lease of no
+  // profile, a token above the token sequence, units above the budget, a name already restored.
+  absl::Status RestorePool(const std::string& name, PoolState pool, MonoTime now);
 
   // Sessions (id and TTL) and holders (lock, token, session), sorted, on one line: for
   // comparing states in tests and logs. Expiry times and sequence floors are left out.
@@ -122,10 +212,18 @@ class StateMachine {
   // The session (or lock) whose lease ends first, if it has ended by `now`.
   std::optional<SessionId> ExpiredSession(MonoTime now) const;
   std::optional<std::string> ExpiredLock(MonoTime now) const;
+  // The provisional pool lease (pool, profile, slot) that ends first, if it has ended by `now`.
+  struct PoolLeaseKey {
+    std::string pool;
+    std::string profile;
+    std::string slot;
+  };
+  std::optional<PoolLeaseKey> ExpiredPoolLease(MonoTime now) const;
 
   // Both in key order, so that listing a page costs a seek and the page, not a sort of all.
   const absl::btree_map<SessionId, SessionState>& sessions() const { return sessions_; }
   const absl::btree_map<std::string, HolderState>& holders() const { return holders_; }
+  const absl::btree_map<std::string, PoolState>& pools() const { return pools_; }
 
  private:
   absl::Status CheckOne(const record::SessionOpened& r) const;
@@ -134,18 +232,45 @@ class StateMachine {
   absl::Status CheckOne(const record::LockGranted& r) const;
   absl::Status CheckOne(const record::LockRenewed& r) const;
   absl::Status CheckOne(const record::LockReleased& r) const;
+  absl::Status CheckOne(const record::PoolPolicyPublished& r) const;
+  absl::Status CheckOne(const record::PoolProfileClaimed& r) const;
+  absl::Status CheckOne(const record::PoolPolicyAcked& r) const;
+  absl::Status CheckOne(const record::PoolLeaseGranted& r) const;
+  absl::Status CheckOne(const record::PoolLeaseRenewed& r) const;
+  absl::Status CheckOne(const record::PoolLeaseActivated& r) const;
+  absl::Status CheckOne(const record::PoolLeaseReleased& r) const;
+  absl::Status CheckOne(const record::PoolLeaseRecovered& r) const;
+  absl::Status CheckOne(const record::PoolDrainSet& r) const;
   void ApplyOne(const record::SessionOpened& r, MonoTime now);
   void ApplyOne(const record::SessionRenewed& r, MonoTime now);
   void ApplyOne(const record::SessionEnded& r, MonoTime now);
   void ApplyOne(const record::LockGranted& r, MonoTime now);
   void ApplyOne(const record::LockRenewed& r, MonoTime now);
   void ApplyOne(const record::LockReleased& r, MonoTime now);
+  void ApplyOne(const record::PoolPolicyPublished& r, MonoTime now);
+  void ApplyOne(const record::PoolProfileClaimed& r, MonoTime now);
+  void ApplyOne(const record::PoolPolicyAcked& r, MonoTime now);
+  void ApplyOne(const record::PoolLeaseGranted& r, MonoTime now);
+  void ApplyOne(const record::PoolLeaseRenewed& r, MonoTime now);
+  void ApplyOne(const record::PoolLeaseActivated& r, MonoTime now);
+  void ApplyOne(const record::PoolLeaseReleased& r, MonoTime now);
+  void ApplyOne(const record::PoolLeaseRecovered& r, MonoTime now);
+  void ApplyOne(const record::PoolDrainSet& r, MonoTime now);
+  // The pool and the lease a record names, or an error saying which is missing (or whose
+  // token differs).
+  absl::Status CheckLease(const std::string& pool, const std::string& profile,
+                          const std::string& slot, FenceToken token) const;
+  absl::Status CheckDecision(const std::string& pool, uint64_t decision) const;
+  void RemoveLease(PoolState& pool, const std::string& pool_name, const PoolSlotKey& key);
 
   absl::btree_map<SessionId, SessionState> sessions_;
   absl::btree_map<std::string, HolderState> holders_;
   // Expiry indexes, kept in step with the maps above.
   std::set<std::pair<MonoTime, SessionId>> session_expiry_;
   std::set<std::pair<MonoTime, std::string>> lock_expiry_;
+  absl::btree_map<std::string, PoolState> pools_;
+  // Provisional pool leases by expiry: (expires_at, pool, profile, slot).
+  std::set<std::tuple<MonoTime, std::string, std::string, std::string>> pool_expiry_;
   FenceToken last_token_ = 0;
   SessionId last_session_id_ = 0;
 };

@@ -1,0 +1,238 @@
+// The admission coordinator's rules (ADR-0003 and ADR-0006; docs/admission.md): policy
+// publication and acknowledgement, manager ownership by epoch, provisional and active leases,
+// reservations, borrowing, fairness among current contenders, and expiring demand. No I/O and
+// no clock: every method takes the server's `now`, and mutations are StateMachine records
+// applied through the `commit` function the owner gives (LockService's, so that pool records
+// share the log, the reply gate and the one token sequence with locks).
+//
+// Admission. A profile's slot costs `cost` units. Units come first from the profile's own
+// reservation, then from the fair units: the unreserved units and the lendable reservations
+// (the latter only for profiles that borrow). A non-lendable reservation is never used by
+// another profile; a lent unit is never taken back from a lease. Among the current contenders
+// (profiles with fresh positive demand, and the one acquiring), each contender's unmet fair
+// share of the fair units, up to its pending demand, is withheld from the others. A grant never
+// puts a pool's leases above its budget (StateMachine checks that on every record too).
+//
+// Demand is in memory only: SetDemand(n > 0) and Acquire create or refresh a deadline of
+// PoolOptions::demand_ttl; SetDemand, Acquire and Status drop demand whose deadline passed
+// before using or reporting it, after which it is unknown (null), not zero. Explicit zero is
+// known zero and is no contender. A restart and a new policy generation clear all demand.
+// Demand never touches a lease.
+//
+// Errors: kNotFound (no such pool, profile or lease), kInvalidArgument (a bad name, count or
+// TTL), kFailedPrecondition (an incompatible policy, a generation that is not current, a slot
+// already leased, an expired or active lease for an operation that needs a provisional one, a
+// draining pool, a repeated recovery), kAborted (a stale owner epoch: a replacement manager
+// has claimed the profile), kPermissionDenied (an owner key that is not the epoch's).
+//
+// Not thread-safe: one owner thread (lockd's core).
+#ifndef FENCELOCK_LOCK_SERVER_POOL_SERVICE_H_
+#define FENCELOCK_LOCK_SERVER_POOL_SERVICE_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "clock/clock.h"
+#include "lock-server/state_machine.h"
+
+namespace fencelock::server {
+
+struct PoolOptions {
+  // How long positive demand stays current without a refresh (ADR-0006). Default: 30 s.
+  absl::Duration demand_ttl = absl::Seconds(30);
+  // Provisional lease TTL for an Acquire that asks for none. Default: 30 s.
+  absl::Duration default_provisional_ttl = absl::Seconds(30);
+  // Accepted range of a requested provisional TTL. Default: 100 ms to 1 h.
+  absl::Duration min_provisional_ttl = absl::Milliseconds(100);
+  absl::Duration max_provisional_ttl = absl::Hours(1);
+  // Largest budget a pool may have; every unit may become one lease in status. Default: 10000.
+  uint64_t max_budget = 10000;
+  // Most profiles in one policy. Default: 256.
+  size_t max_profiles = 256;
+  // Most pools lockd coordinates. Default: 64.
+  size_t max_pools = 64;
+  // Longest pool, profile or slot name, in bytes. Default: 128.
+  size_t max_name_bytes = 128;
+  // Longest recovery evidence, in bytes. Default: 1024.
+  size_t max_evidence_bytes = 1024;
+};
+
+// What a manager presents with every request for its profile.
+struct PoolOwner {
+  uint64_t epoch = 0;
+  std::string key;
+};
+
+struct PoolPolicy {
+  uint64_t generation = 0;
+  uint64_t budget = 0;
+  std::vector<PoolProfileSpec> profiles;  // any order; ids must be unique
+};
+
+struct PoolGrant {
+  bool granted = false;
+  FenceToken token = 0;             // granted only
+  absl::Duration ttl;               // granted only
+  uint64_t decision = 0;            // granted only
+  std::string refusal;              // not granted: why, with the figures
+};
+
+// One profile as Status reports it.
+struct PoolProfileStatus {
+  PoolProfileSpec spec;
+  uint64_t active_units = 0;
+  uint64_t provisional_units = 0;
+  // Null when lockd holds no current demand for the profile (never published, or expired).
+  std::optional<uint64_t> pending_units;
+  std::optional<uint64_t> withheld_units;  // units protected for it from the others
+  std::optional<absl::Duration> demand_expires_in;
+  uint64_t owner_epoch = 0;                // 0: no manager ever claimed it
+  uint64_t acked_generation = 0;
+  // A manager claimed it and acknowledged the current generation.
+  bool compatible = false;
+};
+
+struct PoolLeaseStatus {
+  std::string profile;
+  std::string slot;
+  PoolLeaseState lease;
+  absl::Duration expires_in;  // provisional only
+};
+
+struct PoolStatus {
+  std::string pool;
+  uint64_t generation = 0;
+  uint64_t budget = 0;
+  uint64_t used = 0;
+  uint64_t decision = 0;
+  bool draining = false;
+  // Every profile of the policy has a compatible manager: only then is the guarantee complete.
+  bool complete = false;
+  std::vector<PoolProfileStatus> profiles;
+  std::vector<PoolLeaseStatus> leases;
+  std::vector<PoolTombstone> tombstones;
+};
+
+struct PoolStats {
+  uint64_t grants_total = 0;
+  uint64_t refusals_total = 0;            // admission refused: no units now
+  uint64_t provisional_expiries_total = 0;
+  uint64_t releases_total = 0;
+  uint64_t reconciliations_total = 0;     // released by a later epoch's manager
+  uint64_t recoveries_total = 0;
+  uint64_t stale_owner_total = 0;         // requests of a superseded epoch
+  uint64_t demand_expiries_total = 0;
+};
+
+class PoolService {
+ public:
+  // `state` and `commit` (which applies a record to `state` and logs it) outlive the service.
+  PoolService(PoolOptions options, const StateMachine* state,
+              std::function<void(const Record&, MonoTime)> commit);
+
+  // Publishes `policy` for `pool` (creating the pool). Returns the generation lockd
+  // acknowledges, once its record is committed. Publishing the current generation again with
+  // the same content is acknowledged again and changes nothing. Refused: a generation not
+  // above the current one with other content, a duplicate profile id, a reservation total or
+  // a cost above the budget, a budget below the units leased, a policy that drops a profile
+  // holding leases. A new generation clears the pool's demand; managers must acknowledge it.
+  absl::StatusOr<uint64_t> Publish(const std::string& pool, PoolPolicy policy, MonoTime now);
+
+  // A manager takes `profile`: a new epoch, whose owner key is `key` (random bytes from the
+  // caller). `generation` must be the current one. Requests of earlier epochs are refused from
+  // now on; their leases stay, for the new manager to reconcile.
+  absl::StatusOr<PoolOwner> Claim(const std::string& pool, const std::string& profile,
+                                  uint64_t generation, std::string key, MonoTime now);
+  // The current owner enforces `generation` (the current one) from now on.
+  absl::Status Ack(const std::string& pool, const std::string& profile, const PoolOwner& owner,
+                   uint64_t generation, MonoTime now);
+  // The profile wants `slots` more slots than it holds (0: known zero).
+  absl::Status SetDemand(const std::string& pool, const std::string& profile,
+                         const PoolOwner& owner, uint64_t slots, MonoTime now);
+  // A provisional lease for `slot` when the units are there (granted), or a refusal that names
+  // the figures (not granted; try again later). `ttl` zero asks for the default.
+  absl::StatusOr<PoolGrant> Acquire(const std::string& pool, const std::string& profile,
+                                    const std::string& slot, const PoolOwner& owner,
+                                    absl::Duration ttl, MonoTime now);
+  // Renews a provisional lease from `now`; returns its TTL. An active lease needs none (OK).
+  absl::StatusOr<absl::Duration> Renew(const std::string& pool, const std::string& profile,
+                                       const std::string& slot, FenceToken token,
+                                       const PoolOwner& owner, MonoTime now);
+  // Makes a provisional lease active (durable, never freed by time). Returns the decision.
+  absl::StatusOr<uint64_t> Activate(const std::string& pool, const std::string& profile,
+                                    const std::string& slot, FenceToken token,
+                                    const PoolOwner& owner, MonoTime now);
+  // Releases the exact lease: by its owner's epoch, or by a later epoch's manager that proved
+  // the worker absent (reconciled). Returns the decision.
+  absl::StatusOr<uint64_t> Release(const std::string& pool, const std::string& profile,
+                                   const std::string& slot, FenceToken token,
+                                   const PoolOwner& owner, MonoTime now);
+  // The operator's fenced recovery of an active lease: a durable tombstone with `evidence`,
+  // then the units are free. Refused when repeated (a tombstone for `token` exists), stale (the
+  // slot is not held by `token`), or for a provisional lease (it expires by itself).
+  absl::StatusOr<uint64_t> Recover(const std::string& pool, const std::string& profile,
+                                   const std::string& slot, FenceToken token,
+                                   const std::string& evidence, MonoTime now);
+  // Draining: no new admission (Acquire and Activate refused) until turned off.
+  absl::Status SetDrain(const std::string& pool, bool draining, MonoTime now);
+
+  absl::StatusOr<PoolStatus> Status(const std::string& pool, MonoTime now);
+  // Names of every pool, ascending.
+  std::vector<std::string> PoolNames() const;
+  // True when no pool holds a lease.
+  bool Empty() const;
+
+  // Expires provisional leases that have run out by `now` (never an active one).
+  void Advance(MonoTime now);
+
+  const PoolStats& stats() const { return stats_; }
+
+ private:
+  struct Demand {
+    uint64_t slots = 0;
+    MonoTime expires_at = MonoTime::Max();  // Max() for known zero
+  };
+  struct Fairness {
+    uint64_t fair_units = 0;                            // unreserved + lendable reservations
+    uint64_t contenders = 0;
+    uint64_t share = 0;
+    absl::btree_map<std::string, uint64_t> withheld;    // per contender
+  };
+
+  absl::StatusOr<const PoolState*> FindPool(const std::string& pool) const;
+  absl::Status CheckName(const char* what, const std::string& name) const;
+  // The owner check every manager request passes: the profile exists, `owner` is its current
+  // epoch with the right key. A superseded epoch is kAborted (counted).
+  absl::Status CheckOwner(const PoolState& p, const std::string& pool,
+                          const std::string& profile, const PoolOwner& owner);
+  // Advances to `now`, checks the owner, and finds the exact lease; kNotFound ending in
+  // `if_missing` when no lease of `slot` has `token`.
+  absl::StatusOr<const PoolLeaseState*> OwnedLease(const std::string& pool,
+                                                   const std::string& profile,
+                                                   const std::string& slot, FenceToken token,
+                                                   const PoolOwner& owner, MonoTime now,
+                                                   const char* if_missing);
+  // Drops `pool`'s demand whose deadline passed by `now`.
+  void DropExpiredDemand(const std::string& pool, MonoTime now);
+  Fairness ComputeFairness(const PoolState& p, const std::string& pool,
+                           const std::string* requester) const;
+  uint64_t NextDecision(const std::string& pool) const;
+
+  PoolOptions options_;
+  const StateMachine* state_;
+  std::function<void(const Record&, MonoTime)> commit_;
+  // pool -> profile -> demand
+  absl::btree_map<std::string, absl::btree_map<std::string, Demand>> demand_;
+  PoolStats stats_;
+};
+
+}  // namespace fencelock::server
+
+#endif  // FENCELOCK_LOCK_SERVER_POOL_SERVICE_H_
