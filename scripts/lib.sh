@@ -12,6 +12,7 @@ FENCELOCK_PACKAGES=(
   prometheus faketime openssl libssl-dev
   etcd-server etcd-client libgrpc++-dev protobuf-compiler-grpc
   clang libclang-rt-14-dev
+  python3
 )
 
 say() { printf '\n==> %s\n' "$*"; }

@@ -106,7 +106,7 @@ TEST_F(PermissionsTest, SighupReloadsKeepingSessionsAndABadFileChangesNothing) {
 
   // A file with an error: logged with its line, and the rules above stay in force.
   Write("uid:0 acquire payout/\nuid:0 lists\n");
-  Reload(path_ + " line 2: unknown right \"lists\" (acquire, list, inspect, validate, operator); the "
+  Reload(path_ + " line 2: unknown right \"lists\" (acquire, list, inspect, validate, operator, manage); the "
                  "permissions in force are unchanged", 1);
   EXPECT_EQ(root.Call(request::ListLocks(10)).code(), wire::OK);
   EXPECT_EQ(root.Call(request::Acquire(session, "admin/y")).code(), wire::OK);

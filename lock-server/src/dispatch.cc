@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "dispatch_pool.h"
 #include "protocol/codes.h"
 #include "protocol/limits.h"
 #include "protocol/version.h"
@@ -62,7 +63,9 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
   LockService& service = host.service();
   const bool read_only = req.body_case() == wire::Request::kHello ||
                          req.body_case() == wire::Request::kGetStats ||
-                         req.body_case() == wire::Request::kListLocks;
+                         req.body_case() == wire::Request::kListLocks ||
+                         req.body_case() == wire::Request::kPoolStatus ||
+                         req.body_case() == wire::Request::kPoolStop;
   if (const absl::Status* fault = host.fault(); !read_only && fault != nullptr) {
     resp.set_code(wire::UNAVAILABLE);
     resp.set_message(absl::StrCat("lockd stopped taking requests after a commit fault (",
@@ -79,6 +82,10 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
     service.Advance(now);
     return service.Authorize(session, conn.caller);
   };
+  if (IsPoolRequest(req)) {
+    DispatchPool(req, conn, host, now, resp);
+    return out;
+  }
   switch (req.body_case()) {
     case wire::Request::kHello: {
       if (conn.hello_done) {
@@ -94,6 +101,7 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
         return close();
       }
       conn.hello_done = true;
+      conn.version = *version;
       resp.mutable_hello()->set_version(*version);
       resp.mutable_hello()->set_server_name("lockd");
       return finish(absl::OkStatus());
@@ -253,7 +261,7 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
       }
       return finish(absl::OkStatus());
     }
-    case wire::Request::BODY_NOT_SET:
+    default:
       break;
   }
   return out;

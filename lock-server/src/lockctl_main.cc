@@ -4,6 +4,9 @@
 //   lockctl ... sessions
 //   lockctl ... locks [--prefix=P]
 //   lockctl ... waiters [--prefix=P]
+//   lockctl ... pool publish|claim|ack|set-demand|acquire|renew|activate|release|recover|
+//               drain|status|stop [--pool=P --profile=A --slot=S --owner=O --token=T ...]
+//               (admission pools: lockctl_pool.cc, docs/admission.md)
 //   [--tls-ca=PEM --tls-cert=PEM --tls-key=PEM [--tls-server-name=NAME]]: TLS to a lockd that
 //   serves it (docs/security.md).
 //   [--timeout=5s]: every step (connect, Hello, each request) gives up after this long, so a
@@ -22,6 +25,7 @@
 #include "fencelock/wire.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "lock-server/blocking_connection.h"
+#include "lockctl_pool.h"
 #include "process/flags.h"
 #include "protocol/limits.h"
 
@@ -241,11 +245,45 @@ int Main(const std::string& command) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "inspect a running lockd\n  lockctl [--server=ADDR] [--json] status|sessions|locks|waiters "
-      "[--prefix=P]\n  TLS: --tls-ca=PEM --tls-cert=PEM --tls-key=PEM [--tls-server-name=NAME]");
+      "inspect a running lockd, and drive its admission pools\n"
+      "  lockctl [--server=ADDR] [--json] status|sessions|locks|waiters [--prefix=P]\n"
+      "  lockctl [--server=ADDR] [--json] pool publish --pool=P --generation=N --budget=N "
+      "--profiles=id[:cost=N][:reserve=N][:lendable][:borrow],...\n"
+      "  lockctl ... pool claim --pool=P --profile=A --generation=N      (prints the owner)\n"
+      "  lockctl ... pool ack --pool=P --profile=A --owner=O --generation=N\n"
+      "  lockctl ... pool set-demand --pool=P --profile=A --owner=O --slots=N\n"
+      "  lockctl ... pool acquire --pool=P --profile=A --slot=S --owner=O [--ttl=D]  (prints the "
+      "token; exit 3: no units now)\n"
+      "  lockctl ... pool renew|activate|release --pool=P --profile=A --slot=S --token=T --owner=O\n"
+      "  lockctl ... pool recover --pool=P --profile=A --slot=S --token=T --evidence=TEXT\n"
+      "  lockctl ... pool drain --pool=P [--off] | pool status --pool=P | pool stop\n"
+      "  --owner defaults to $FENCELOCK_POOL_OWNER\n"
+      "  TLS: --tls-ca=PEM --tls-cert=PEM --tls-key=PEM [--tls-server-name=NAME]");
   const std::vector<std::string> args = fencelock::process::ParseFlags(argc, argv);
+  if (args.size() >= 2 && args[1] == "pool") {
+    if (args.size() != 3) {
+      std::fprintf(stderr, "usage: lockctl [--server=ADDR] [--json] pool <command> [flags]; "
+                           "lockctl --help lists them\n");
+      return 2;
+    }
+    const absl::Duration timeout = absl::GetFlag(FLAGS_timeout);
+    if (timeout <= absl::ZeroDuration() || timeout > absl::Hours(1)) {
+      std::fprintf(stderr, "lockctl: --timeout=%s must be positive and at most 1h\n",
+                   absl::FormatDuration(timeout).c_str());
+      return 2;
+    }
+    return fencelock::PoolMain(args[2],
+                               {.server = absl::GetFlag(FLAGS_server),
+                                .timeout = timeout,
+                                .client_name = "lockctl",
+                                .tls_ca_file = absl::GetFlag(FLAGS_tls_ca),
+                                .tls_cert_file = absl::GetFlag(FLAGS_tls_cert),
+                                .tls_key_file = absl::GetFlag(FLAGS_tls_key),
+                                .tls_server_name = absl::GetFlag(FLAGS_tls_server_name)},
+                               absl::GetFlag(FLAGS_json));
+  }
   if (args.size() != 2) {
-    std::fprintf(stderr, "usage: lockctl [--server=ADDR] [--json] status|sessions|locks|waiters\n");
+    std::fprintf(stderr, "usage: lockctl [--server=ADDR] [--json] status|sessions|locks|waiters|pool\n");
     return 2;
   }
   const std::string command = args[1];

@@ -108,6 +108,10 @@ ABSL_FLAG(absl::Duration, session_ttl, fencelock::defaults::kSessionTtl,
           "lock.session.ttl: TTL of sessions that ask for none");
 ABSL_FLAG(absl::Duration, lock_ttl, fencelock::defaults::kLockTtl,
           "lock.default.ttl: lease TTL of acquires that ask for none");
+ABSL_FLAG(absl::Duration, pool_demand_ttl, absl::Seconds(30),
+          "admission pools: how long positive demand stays current without a refresh");
+ABSL_FLAG(absl::Duration, pool_provisional_ttl, absl::Seconds(30),
+          "admission pools: TTL of provisional leases whose acquire asks for none");
 
 namespace {
 
@@ -148,6 +152,8 @@ int Serve() {
   options.unix_socket_path = absl::GetFlag(FLAGS_unix_socket);
   options.default_session_ttl = absl::GetFlag(FLAGS_session_ttl);
   options.default_lock_ttl = absl::GetFlag(FLAGS_lock_ttl);
+  options.pool_demand_ttl = absl::GetFlag(FLAGS_pool_demand_ttl);
+  options.pool_provisional_ttl = absl::GetFlag(FLAGS_pool_provisional_ttl);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   if (const std::string etcd = absl::GetFlag(FLAGS_etcd); !etcd.empty()) {
     auto endpoints = fencelock::server::ParseEtcdEndpoints(etcd);
@@ -355,7 +361,8 @@ int main(int argc, char** argv) {
       "              [--max-connections=N] [--max-connections-per-peer=N]\n"
       "              [--idle-timeout=D] [--slow-reader-timeout=D] [--max-sessions-per-connection=N]\n"
       "              [--max-locks-per-session=N] [--max-waiters-per-lock=N]\n"
-      "              [--max-frame-bytes=N] [--hello-timeout=D]");
+      "              [--max-frame-bytes=N] [--hello-timeout=D]\n"
+      "              [--pool-demand-ttl=D] [--pool-provisional-ttl=D]");
   const std::vector<std::string> args = fencelock::process::ParseFlags(argc, argv);
   const std::string command = args.size() == 2 ? args[1] : "";
   if (command == "init") return Init();

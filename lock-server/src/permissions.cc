@@ -65,6 +65,20 @@ absl::StatusOr<Permissions> Permissions::Parse(std::string_view text, const std:
         }
         r.prefixes.push_back(words[i] == "*" ? "" : std::string(words[i]));
       }
+    } else if (right == "manage") {
+      if (words.size() < 3) return fail("manage needs at least one <pool>/<profile>, <pool>/* or *");
+      for (size_t i = 2; i < words.size(); ++i) {
+        const absl::string_view w = words[i];
+        if (w.size() > kMaxPrefixBytes) {
+          return fail(absl::StrCat("a profile of ", w.size(), " bytes (at most ", kMaxPrefixBytes,
+                                   ")"));
+        }
+        if (w != "*" && (w.find('/') == absl::string_view::npos || w.front() == '/' ||
+                         w.back() == '/')) {
+          return fail(absl::StrCat("\"", w, "\" is not <pool>/<profile>, <pool>/* or *"));
+        }
+        r.profiles.push_back(std::string(w));
+      }
     } else if (right == "list" || right == "inspect" || right == "validate" ||
                right == "operator") {
       if (words.size() > 2) return fail(absl::StrCat(right, " takes no arguments"));
@@ -74,7 +88,7 @@ absl::StatusOr<Permissions> Permissions::Parse(std::string_view text, const std:
                              : r.op) = true;
     } else {
       return fail(absl::StrCat("unknown right \"", right,
-                               "\" (acquire, list, inspect, validate, operator)"));
+                               "\" (acquire, list, inspect, validate, operator, manage)"));
     }
     ++p.rule_count_;
   }
@@ -84,6 +98,7 @@ absl::StatusOr<Permissions> Permissions::Parse(std::string_view text, const std:
     p.rights_.erase(star);
     for (auto& [who, r] : p.rights_) {
       r.prefixes.insert(r.prefixes.end(), p.everyone_.prefixes.begin(), p.everyone_.prefixes.end());
+      r.profiles.insert(r.profiles.end(), p.everyone_.profiles.begin(), p.everyone_.profiles.end());
       r.list = r.list || p.everyone_.list;
       r.inspect = r.inspect || p.everyone_.inspect;
       r.validate = r.validate || p.everyone_.validate;
@@ -121,6 +136,25 @@ bool Permissions::MayInspect(const std::string& identity) const {
 
 bool Permissions::MayValidate(const std::string& identity) const {
   return all_allowed_ || For(identity).validate;
+}
+
+bool Permissions::MayManage(const std::string& identity, const std::string& pool,
+                            const std::string& profile) const {
+  if (all_allowed_) return true;
+  const std::string exact = absl::StrCat(pool, "/", profile);
+  const std::string any = absl::StrCat(pool, "/*");
+  for (const std::string& rule : For(identity).profiles) {
+    if (rule == "*" || rule == exact || rule == any) return true;
+  }
+  return false;
+}
+
+bool Permissions::MayManageAny(const std::string& identity, const std::string& pool) const {
+  if (all_allowed_) return true;
+  for (const std::string& rule : For(identity).profiles) {
+    if (rule == "*" || absl::StartsWith(rule, absl::StrCat(pool, "/"))) return true;
+  }
+  return false;
 }
 
 bool Permissions::IsOperator(const std::string& identity) const {

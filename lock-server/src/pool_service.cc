@@ -103,18 +103,29 @@ void PoolService::DropExpiredDemand(const std::string& pool, MonoTime now) {
   }
 }
 
+uint64_t PoolService::ClaimedReservation(const PoolState& p, const std::string& pool,
+                                         const PoolProfileSpec& spec) const {
+  auto pool_demand = demand_.find(pool);
+  if (pool_demand == demand_.end()) return 0;
+  auto d = pool_demand->second.find(spec.id);
+  if (d == pool_demand->second.end() || d->second.slots == 0) return 0;
+  return std::min(FreeReservation(p, spec), SaturatingMul(d->second.slots, spec.cost));
+}
+
 PoolService::Fairness PoolService::ComputeFairness(const PoolState& p, const std::string& pool,
                                                    const std::string* requester) const {
   Fairness f;
+  // The fair units: the unreserved ones, and the lendable reservations except what their own
+  // profiles want back now (a reservation serves its owner first).
+  auto pool_demand = demand_.find(pool);
   uint64_t reserved = 0;
   uint64_t lendable = 0;
   for (const PoolProfileSpec& spec : p.profiles) {
     reserved += spec.reserved;
-    if (spec.lendable) lendable += spec.reserved;
+    if (spec.lendable) lendable += spec.reserved - ClaimedReservation(p, pool, spec);
   }
   f.fair_units = p.budget - reserved + lendable;
   std::vector<const PoolProfileSpec*> contenders;
-  auto pool_demand = demand_.find(pool);
   for (const PoolProfileSpec& spec : p.profiles) {
     const bool is_requester = requester != nullptr && *requester == spec.id;
     bool wants = false;
@@ -317,18 +328,10 @@ absl::StatusOr<PoolGrant> PoolService::Acquire(const std::string& pool,
   // lendable one as far as its owner wants it back now (lent units are never taken back from a
   // lease, but free ones are not lent anew against their owner's current demand).
   uint64_t kept_for_others = 0;
-  auto pool_demand = demand_.find(pool);
   for (const PoolProfileSpec& q : p.profiles) {
     if (q.id == profile) continue;
-    const uint64_t free_q = FreeReservation(p, q);
-    if (!q.lendable || !spec.borrow) {
-      kept_for_others += free_q;
-      continue;
-    }
-    auto d = pool_demand->second.find(q.id);
-    if (d != pool_demand->second.end() && d->second.slots > 0) {
-      kept_for_others += std::min(free_q, SaturatingMul(d->second.slots, q.cost));
-    }
+    kept_for_others += !q.lendable || !spec.borrow ? FreeReservation(p, q)
+                                                   : ClaimedReservation(p, pool, q);
   }
   uint64_t withheld = 0;
   for (const auto& [id, units] : f.withheld) withheld += units;
@@ -340,7 +343,12 @@ absl::StatusOr<PoolGrant> PoolService::Acquire(const std::string& pool,
     ++stats_.refusals_total;
     grant.refusal = absl::StrCat(
         "no units for ", Lease(pool, profile, slot), " (cost ", spec.cost, "): ", free_units,
-        " of ", p.budget, " free, ", own_free, " of them its own reservation, ", kept_for_others,
+        " of ", p.budget, " free, ",
+        own_free > free_units
+            ? absl::StrCat("its reservation's ", own_free - free_units,
+                           " lent to active leases (never taken back), ")
+            : absl::StrCat(own_free, " of them its own reservation, "),
+        kept_for_others,
         " reserved for other profiles, ", withheld, " withheld for ", f.contenders - 1,
         " other contenders (fair share ", f.share, " of ", f.fair_units, " fair units)");
     return grant;

@@ -165,6 +165,7 @@ class ServerImpl final : public Server {
   bool stopping_ = false;
   absl::Status ended_;  // why the service ended by itself; OK after Shutdown()
   asio::steady_timer end_timer_{io_};
+  asio::steady_timer stop_timer_{io_};  // PoolStop: the stop, just after the reply
   std::unique_ptr<history::Writer> history_;  // null without options_.history_file
   // options_ with the TCP port a standby bound (the same port serves after the takeover).
   ServerOptions listen_options_;
@@ -266,7 +267,10 @@ absl::Status ServerImpl::Init() {
                                 .max_ttl = options_.max_ttl,
                                 .max_wait = options_.max_wait,
                                 .max_locks_per_session = options_.max_locks_per_session,
-                                .max_waiters_per_lock = options_.max_waiters_per_lock},
+                                .max_waiters_per_lock = options_.max_waiters_per_lock,
+                                .pools = PoolOptions{
+                                    .demand_ttl = options_.pool_demand_ttl,
+                                    .default_provisional_ttl = options_.pool_provisional_ttl}},
       .max_sessions_per_connection = options_.max_sessions_per_connection,
       .max_frame_bytes = options_.max_frame_bytes,
       .hello_timeout = options_.hello_timeout,
@@ -274,6 +278,12 @@ absl::Status ServerImpl::Init() {
       .stall_threshold = options_.stall_threshold,
       .permissions = std::move(permissions)};
   core_options.on_ending_fault = [this](const absl::Status& fault) { EndService(fault); };
+  core_options.on_stop_requested = [this] {
+    Note("stopping: an operator asked (lockctl pool stop), and no pool holds a lease");
+    // A moment for the reply to leave before the connections close.
+    stop_timer_.expires_after(std::chrono::milliseconds(200));
+    stop_timer_.async_wait([this](boost::system::error_code) { Stop(); });
+  };
   if (history_) {
     core_options.on_act = [this](const Act& act) {
       static constexpr const char* kEvents[] = {"lockd-grant", "lockd-renew", "lockd-validate",
@@ -383,6 +393,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
                              std::pair{"max locks per session", options.max_locks_per_session},
                              std::pair{"max waiters per lock", options.max_waiters_per_lock}}) {
     if (value == 0) return absl::InvalidArgumentError(absl::StrCat(name, " must be at least 1"));
+  }
+  for (auto [name, value] :
+       {std::pair{"the pool demand TTL (--pool-demand-ttl)", options.pool_demand_ttl},
+        std::pair{"the provisional pool lease TTL (--pool-provisional-ttl)",
+                  options.pool_provisional_ttl}}) {
+    if (value < absl::Milliseconds(100) || value > absl::Hours(1)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " must be 100ms to 1h, got ",
+                                                     absl::FormatDuration(value)));
+    }
   }
   for (auto [name, value] :
        {std::pair{"the Hello timeout (--hello-timeout)", options.hello_timeout},

@@ -46,6 +46,7 @@ std::string EncodeFrame(const wire::Response& response, size_t max_frame_bytes) 
 std::optional<Act::Kind> ActOf(const wire::Response& r) {
   if (r.code() != wire::OK) return std::nullopt;
   if (r.has_acquire() && r.acquire().granted()) return Act::kGrant;
+  if (r.has_pool_acquire() && r.pool_acquire().granted()) return Act::kGrant;
   if (r.has_keep_alive()) return Act::kRenew;
   if (r.has_validate()) return Act::kValidate;
   return std::nullopt;
@@ -246,6 +247,10 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
     return options_.max_sessions_per_connection;
   }
   size_t max_frame_bytes() const override { return options_.max_frame_bytes; }
+  void RequestStop() override {
+    // After the reply: the transport writes it before the stop closes the connection.
+    if (options_.on_stop_requested) time_->Post(options_.on_stop_requested);
+  }
   void FillStats(wire::StatsReply* stats) const override;
 
   // CommitLogListener
@@ -307,8 +312,13 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
         options_.on_act(Act{.kind = *kind,
                             .at = at,
                             .owned_until = until,
-                            .key = response.has_acquire() ? response.acquire().lock() : "-",
-                            .token = response.has_acquire() ? response.acquire().token() : 0});
+                            .key = response.has_acquire()        ? response.acquire().lock()
+                                   : response.has_pool_acquire() ? std::string("pool")
+                                                                 : std::string("-"),
+                            .token = response.has_acquire() ? response.acquire().token()
+                                     : response.has_pool_acquire()
+                                         ? response.pool_acquire().token()
+                                         : 0});
       }
     }
     std::string frame = EncodeFrame(response, options_.max_frame_bytes);

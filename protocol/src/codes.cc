@@ -27,6 +27,17 @@ wire::Code CodeFromStatus(const absl::Status& status) {
   }
 }
 
+wire::Code PoolCodeFromStatus(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kNotFound:
+      return wire::NOT_FOUND;
+    case absl::StatusCode::kFailedPrecondition:
+      return wire::FAILED_PRECONDITION;
+    default:
+      return CodeFromStatus(status);
+  }
+}
+
 absl::Status StatusFromCode(wire::Code code, absl::string_view message) {
   switch (code) {
     case wire::OK:
@@ -34,6 +45,7 @@ absl::Status StatusFromCode(wire::Code code, absl::string_view message) {
     case wire::FENCED_OUT:
       return absl::AbortedError(message);
     case wire::SESSION_NOT_FOUND:
+    case wire::NOT_FOUND:
       return absl::NotFoundError(message);
     case wire::WAIT_TIMEOUT:
       return absl::DeadlineExceededError(message);
@@ -43,6 +55,7 @@ absl::Status StatusFromCode(wire::Code code, absl::string_view message) {
       return absl::InvalidArgumentError(message);
     case wire::UNSUPPORTED_VERSION:
     case wire::HELLO_REQUIRED:
+    case wire::FAILED_PRECONDITION:
       return absl::FailedPreconditionError(message);
     case wire::CANCELLED:
       return absl::CancelledError(message);

@@ -24,6 +24,7 @@ struct ConnectionState {
   // Who drives the sessions of this connection (see LockService::Authorize).
   Caller caller;
   bool hello_done = false;
+  uint32_t version = 0;  // negotiated by Hello
   std::vector<SessionId> sessions;  // opened on this connection (some may have ended since)
   // Sessions opened elsewhere and resumed on this connection (a client that reconnected),
   // at most max_sessions_per_connection, the newest last.
@@ -56,6 +57,8 @@ class DispatchHost {
   virtual const Permissions& permissions() const = 0;
   // Largest reply frame lockd sends, in bytes.
   virtual size_t max_frame_bytes() const = 0;
+  // An operator's PoolStop was accepted: stop serving once its reply is out. Default: nothing.
+  virtual void RequestStop() {}
 };
 
 struct Dispatched {

@@ -9,7 +9,11 @@
 //   <identity>  validate                           may check any token without a session (a
 //                                                  resource asking lockd, fence 2); its
 //                                                  stale tokens count as fenced out
-//   <identity>  operator                           operator rights (recovery, drain)
+//   <identity>  operator                           operator rights: publish pool policies,
+//                                                  recover pool leases, drain, stop
+//   <identity>  manage  <pool>/<profile> ...       may manage these pools' profiles (claim
+//                                                  one, then its leases); <pool>/* is every
+//                                                  profile of a pool, * every pool
 //
 // An identity is how lockd knows the peer: `uid:<n>` on the Unix socket, `anonymous` for
 // plaintext TCP on loopback (which has none), or `*`, whose rules every identity gets as well.
@@ -45,6 +49,10 @@ class Permissions {
   bool MayInspect(const std::string& identity) const;
   bool MayValidate(const std::string& identity) const;
   bool IsOperator(const std::string& identity) const;
+  // May act as the manager of `pool`'s `profile` (or of some profile of `pool`).
+  bool MayManage(const std::string& identity, const std::string& pool,
+                 const std::string& profile) const;
+  bool MayManageAny(const std::string& identity, const std::string& pool) const;
   // For refusals: "uid:1000 may acquire locks starting with payout/, refunds/" or "... none".
   std::string DescribeAcquire(const std::string& identity) const;
   // Where the rules came from ("" without a file), and how many there are.
@@ -54,6 +62,7 @@ class Permissions {
  private:
   struct Rights {
     std::vector<std::string> prefixes;  // "" is every lock
+    std::vector<std::string> profiles;  // manage: "<pool>/<profile>", "<pool>/*" or "*"
     bool list = false;
     bool inspect = false;
     bool validate = false;

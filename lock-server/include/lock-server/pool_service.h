@@ -221,6 +221,9 @@ class PoolService {
                                                    const char* if_missing);
   // Drops `pool`'s demand whose deadline passed by `now`.
   void DropExpiredDemand(const std::string& pool, MonoTime now);
+  // The part of `spec`'s free reservation its current demand wants (0 without demand).
+  uint64_t ClaimedReservation(const PoolState& p, const std::string& pool,
+                              const PoolProfileSpec& spec) const;
   Fairness ComputeFairness(const PoolState& p, const std::string& pool,
                            const std::string* requester) const;
   uint64_t NextDecision(const std::string& pool) const;

@@ -130,6 +130,11 @@ struct ServerOptions {
   absl::Duration max_ttl = absl::Hours(1);
   // Longest queue wait an acquire may ask for. Default: 1 h.
   absl::Duration max_wait = absl::Hours(1);
+  // Admission pools (docs/admission.md): how long positive demand stays current without a
+  // refresh (ADR-0006), and the provisional lease TTL of an acquire that asks for none.
+  // Default: 30 s each; each 100 ms to 1 h.
+  absl::Duration pool_demand_ttl = absl::Seconds(30);
+  absl::Duration pool_provisional_ttl = absl::Seconds(30);
   // Largest frame accepted or sent, in bytes. Default: 1 MiB.
   size_t max_frame_bytes = size_t{1} << 20;
   // Source of the server's time: leases, expiry, the stall watch. Timers wait on Asio's steady

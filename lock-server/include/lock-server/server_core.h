@@ -92,6 +92,10 @@ struct CoreOptions {
   // Called for every act (see Act) as its reply is handed to the reply gate, and for every
   // stale token refused. Default: nothing.
   std::function<void(const Act&)> on_act;
+  // Called on the core's thread when an operator's PoolStop was accepted (every pool drains
+  // and holds no lease), after its reply was handed to the connection. Default: nothing (the
+  // request is answered OK and lockd keeps serving).
+  std::function<void()> on_stop_requested;
   // A standby replica's core: every request is answered NOT_LEADER naming the serving replica
   // (SetStandbyLeader), and the connection closed. Default: false.
   bool standby = false;

@@ -16,7 +16,11 @@ namespace fencelock::protocol {
 // UNSUPPORTED_VERSION, anything else that is not OK -> UNAVAILABLE.
 wire::Code CodeFromStatus(const absl::Status& status);
 
-// The inverse; protocol-level codes (MALFORMED_REQUEST, FRAME_TOO_LARGE, HELLO_REQUIRED) become
+// For the admission pools' replies: kNotFound -> NOT_FOUND, kFailedPrecondition ->
+// FAILED_PRECONDITION, the rest as CodeFromStatus.
+wire::Code PoolCodeFromStatus(const absl::Status& status);
+
+// The inverse (of both); protocol-level codes (MALFORMED_REQUEST, FRAME_TOO_LARGE, HELLO_REQUIRED) become
 // kInvalidArgument or kFailedPrecondition. `message` becomes the status message.
 absl::Status StatusFromCode(wire::Code code, absl::string_view message);
 

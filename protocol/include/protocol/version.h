@@ -13,7 +13,9 @@ namespace fencelock::protocol {
 
 // The versions this build speaks, as client and as server.
 inline constexpr uint32_t kMinProtocolVersion = 1;
-inline constexpr uint32_t kMaxProtocolVersion = 1;
+inline constexpr uint32_t kMaxProtocolVersion = 2;
+// The first version with the admission pools' requests.
+inline constexpr uint32_t kPoolProtocolVersion = 2;
 
 struct VersionRange {
   uint32_t min = kMinProtocolVersion;

@@ -1,0 +1,304 @@
+#include "lock-client/pool_client.h"
+
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "channel.h"
+#include "clock/clock.h"
+#include "fencelock/wire.pb.h"
+#include "protocol/codes.h"
+#include "protocol/version.h"
+
+namespace fencelock {
+namespace {
+
+using client_internal::Channel;
+
+absl::Duration FromMillis(uint64_t ms) {
+  return absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(ms, INT64_MAX / 1'000'000)));
+}
+
+void SetOwner(const PoolOwnerId& owner, wire::PoolOwnerRef* out) {
+  out->set_epoch(owner.epoch);
+  out->set_key(owner.key);
+}
+
+wire::PoolLeaseOp LeaseOp(const std::string& pool, const std::string& profile,
+                          const std::string& slot, uint64_t token, const PoolOwnerId& owner) {
+  wire::PoolLeaseOp op;
+  op.set_pool(pool);
+  op.set_profile(profile);
+  op.set_slot(slot);
+  op.set_token(token);
+  SetOwner(owner, op.mutable_owner());
+  return op;
+}
+
+PoolView ViewOf(const wire::PoolStatusReply& r) {
+  PoolView v;
+  v.pool = r.pool();
+  v.generation = r.generation();
+  v.budget = r.budget();
+  v.used_units = r.used_units();
+  v.decision = r.decision();
+  v.draining = r.draining();
+  v.complete = r.complete();
+  v.degraded = r.degraded();
+  for (const auto& p : r.profiles()) {
+    PoolProfileView pv;
+    pv.profile = PoolProfileDef{p.id(), p.cost(), p.reserved(), p.lendable(), p.borrow()};
+    pv.active_units = p.active_units();
+    pv.provisional_units = p.provisional_units();
+    if (p.has_pending_units()) pv.pending_units = p.pending_units();
+    if (p.has_withheld_units()) pv.withheld_units = p.withheld_units();
+    if (p.has_demand_expires_in_ms()) pv.demand_expires_in = FromMillis(p.demand_expires_in_ms());
+    pv.owner_epoch = p.owner_epoch();
+    pv.acked_generation = p.acked_generation();
+    pv.compatible = p.compatible();
+    v.profiles.push_back(std::move(pv));
+  }
+  for (const auto& l : r.leases()) {
+    v.leases.push_back(PoolLeaseView{l.profile(), l.slot(), l.token(), l.units(), l.epoch(),
+                                     l.active(), FromMillis(l.expires_in_ms()), l.decision()});
+  }
+  for (const auto& t : r.tombstones()) {
+    v.tombstones.push_back(
+        PoolTombstoneView{t.profile(), t.slot(), t.token(), t.units(), t.decision(), t.evidence()});
+  }
+  return v;
+}
+
+class PoolClientImpl final : public PoolClient {
+ public:
+  PoolClientImpl(const PoolClientOptions& options, std::shared_ptr<net::TlsContext> tls)
+      : options_(options), channel_(Channel::Create(Clock::Real(), std::move(tls),
+                                                    options.tls_server_name)) {}
+  ~PoolClientImpl() override { channel_->Close(); }
+
+  absl::StatusOr<uint64_t> Publish(const std::string& pool, uint64_t generation, uint64_t budget,
+                                   const std::vector<PoolProfileDef>& profiles) override {
+    wire::Request req;
+    auto* r = req.mutable_pool_publish();
+    r->set_pool(pool);
+    r->set_generation(generation);
+    r->set_budget(budget);
+    for (const PoolProfileDef& p : profiles) {
+      auto* out = r->add_profiles();
+      out->set_id(p.id);
+      out->set_cost(p.cost);
+      out->set_reserved(p.reserved);
+      out->set_lendable(p.lendable);
+      out->set_borrow(p.borrow);
+    }
+    auto reply = Call(std::move(req));
+    if (!reply.ok()) return reply.status();
+    return reply->pool_publish().generation();
+  }
+
+  absl::StatusOr<PoolOwnerId> Claim(const std::string& pool, const std::string& profile,
+                                    uint64_t generation) override {
+    wire::Request req;
+    req.mutable_pool_claim()->set_pool(pool);
+    req.mutable_pool_claim()->set_profile(profile);
+    req.mutable_pool_claim()->set_generation(generation);
+    auto reply = Call(std::move(req));
+    if (!reply.ok()) return reply.status();
+    return PoolOwnerId{reply->pool_claim().owner().epoch(), reply->pool_claim().owner().key()};
+  }
+
+  absl::Status Ack(const std::string& pool, const std::string& profile, const PoolOwnerId& owner,
+                   uint64_t generation) override {
+    wire::Request req;
+    auto* r = req.mutable_pool_ack();
+    r->set_pool(pool);
+    r->set_profile(profile);
+    SetOwner(owner, r->mutable_owner());
+    r->set_generation(generation);
+    return Call(std::move(req)).status();
+  }
+
+  absl::Status SetDemand(const std::string& pool, const std::string& profile,
+                         const PoolOwnerId& owner, uint64_t slots) override {
+    wire::Request req;
+    auto* r = req.mutable_pool_set_demand();
+    r->set_pool(pool);
+    r->set_profile(profile);
+    SetOwner(owner, r->mutable_owner());
+    r->set_slots(slots);
+    return Call(std::move(req)).status();
+  }
+
+  absl::StatusOr<PoolLeaseGrant> Acquire(const std::string& pool, const std::string& profile,
+                                         const std::string& slot, const PoolOwnerId& owner,
+                                         absl::Duration ttl) override {
+    wire::Request req;
+    auto* r = req.mutable_pool_acquire();
+    r->set_pool(pool);
+    r->set_profile(profile);
+    r->set_slot(slot);
+    SetOwner(owner, r->mutable_owner());
+    r->set_ttl_ms(static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(ttl))));
+    auto reply = Call(std::move(req));
+    if (!reply.ok()) return reply.status();
+    const auto& a = reply->pool_acquire();
+    return PoolLeaseGrant{a.granted(), a.token(), FromMillis(a.ttl_ms()), a.decision(),
+                          a.refusal()};
+  }
+
+  absl::StatusOr<absl::Duration> Renew(const std::string& pool, const std::string& profile,
+                                       const std::string& slot, uint64_t token,
+                                       const PoolOwnerId& owner) override {
+    wire::Request req;
+    *req.mutable_pool_renew() = LeaseOp(pool, profile, slot, token, owner);
+    auto reply = Call(std::move(req));
+    if (!reply.ok()) return reply.status();
+    return FromMillis(reply->pool_lease().ttl_ms());
+  }
+
+  absl::StatusOr<uint64_t> Activate(const std::string& pool, const std::string& profile,
+                                    const std::string& slot, uint64_t token,
+                                    const PoolOwnerId& owner) override {
+    wire::Request req;
+    *req.mutable_pool_activate() = LeaseOp(pool, profile, slot, token, owner);
+    return Decision(std::move(req));
+  }
+
+  absl::StatusOr<uint64_t> Release(const std::string& pool, const std::string& profile,
+                                   const std::string& slot, uint64_t token,
+                                   const PoolOwnerId& owner) override {
+    wire::Request req;
+    *req.mutable_pool_release() = LeaseOp(pool, profile, slot, token, owner);
+    return Decision(std::move(req));
+  }
+
+  absl::StatusOr<uint64_t> Recover(const std::string& pool, const std::string& profile,
+                                   const std::string& slot, uint64_t token,
+                                   const std::string& evidence) override {
+    wire::Request req;
+    auto* r = req.mutable_pool_recover();
+    r->set_pool(pool);
+    r->set_profile(profile);
+    r->set_slot(slot);
+    r->set_token(token);
+    r->set_evidence(evidence);
+    return Decision(std::move(req));
+  }
+
+  absl::Status Drain(const std::string& pool, bool draining) override {
+    wire::Request req;
+    req.mutable_pool_drain()->set_pool(pool);
+    req.mutable_pool_drain()->set_draining(draining);
+    return Call(std::move(req)).status();
+  }
+
+  absl::StatusOr<PoolView> Status(const std::string& pool) override {
+    wire::Request req;
+    req.mutable_pool_status()->set_pool(pool);
+    auto reply = Call(std::move(req));
+    if (!reply.ok()) return reply.status();
+    return ViewOf(reply->pool_status());
+  }
+
+  absl::Status Stop() override {
+    wire::Request req;
+    req.mutable_pool_stop();
+    return Call(std::move(req)).status();
+  }
+
+ private:
+  // The decision number an activation, release or recovery answers.
+  absl::StatusOr<uint64_t> Decision(wire::Request request) {
+    auto reply = Call(std::move(request));
+    if (!reply.ok()) return reply.status();
+    return reply->pool_lease().decision();
+  }
+  // The reply when its code is OK; otherwise the code as a status with lockd's message.
+  absl::StatusOr<wire::Response> Call(wire::Request request) {
+    absl::MutexLock lock(&mu_);
+    if (!channel_->connected()) {
+      if (absl::Status s = channel_->Connect(options_.server, options_.client_name, options_.timeout);
+          !s.ok()) {
+        return s;
+      }
+    }
+    auto reply = channel_->Call(std::move(request), options_.timeout);
+    if (!reply.ok()) return reply.status();
+    const wire::Response& r = reply->response;
+    if (r.code() != wire::OK) return protocol::StatusFromCode(r.code(), r.message());
+    return r;
+  }
+
+  const PoolClientOptions options_;
+  absl::Mutex mu_;  // one call at a time: a reconnect is not raced
+  std::unique_ptr<Channel> channel_;
+};
+
+}  // namespace
+
+std::string PoolOwnerId::ToString() const {
+  return absl::StrCat(epoch, ":", absl::BytesToHexString(key));
+}
+
+absl::StatusOr<PoolOwnerId> PoolOwnerId::Parse(const std::string& text) {
+  std::vector<std::string> parts = absl::StrSplit(text, absl::MaxSplits(':', 1));
+  PoolOwnerId owner;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &owner.epoch) || owner.epoch == 0 ||
+      parts[1].empty() || parts[1].size() % 2 != 0 ||
+      parts[1].find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", text, "\" is not an owner: <epoch>:<key in hex>, as `lockctl pool claim` prints it"));
+  }
+  owner.key = absl::HexStringToBytes(parts[1]);
+  return owner;
+}
+
+absl::StatusOr<PoolProfileDef> PoolProfileDef::Parse(const std::string& text) {
+  std::vector<std::string> parts = absl::StrSplit(text, ':');
+  PoolProfileDef def;
+  def.id = parts[0];
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "profile \"", text, "\": ", why,
+        " (id[:cost=N][:reserve=N][:lendable][:borrow])"));
+  };
+  if (def.id.empty()) return bad("no id");
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const std::string& p = parts[i];
+    if (p == "lendable") {
+      def.lendable = true;
+    } else if (p == "borrow") {
+      def.borrow = true;
+    } else if (p.rfind("cost=", 0) == 0) {
+      if (!absl::SimpleAtoi(p.substr(5), &def.cost)) return bad("cost is not a number");
+    } else if (p.rfind("reserve=", 0) == 0) {
+      if (!absl::SimpleAtoi(p.substr(8), &def.reserved)) return bad("reserve is not a number");
+    } else {
+      return bad(absl::StrCat("unknown part \"", p, "\""));
+    }
+  }
+  return def;
+}
+
+absl::StatusOr<std::unique_ptr<PoolClient>> PoolClient::Create(const PoolClientOptions& options) {
+  if (options.timeout <= absl::ZeroDuration() || options.timeout > absl::Hours(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("the pool client's timeout ",
+                                                   absl::FormatDuration(options.timeout),
+                                                   " must be positive and at most 1h"));
+  }
+  std::shared_ptr<net::TlsContext> tls;
+  const net::TlsFiles tls_files{.ca_file = options.tls_ca_file,
+                                .cert_file = options.tls_cert_file,
+                                .key_file = options.tls_key_file};
+  if (tls_files.enabled()) {
+    auto loaded = net::TlsContext::Create(tls_files, net::TlsRole::kClient, "tls_");
+    if (!loaded.ok()) return loaded.status();
+    tls = std::move(*loaded);
+  }
+  return std::unique_ptr<PoolClient>(new PoolClientImpl(options, std::move(tls)));
+}
+
+}  // namespace fencelock

@@ -1,0 +1,251 @@
+// The admission pools' requests (protocol version 2): from the wire to PoolService and back.
+#include "dispatch_pool.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "protocol/codes.h"
+#include "protocol/version.h"
+
+namespace fencelock::server {
+namespace {
+
+absl::Duration FromMillis(uint64_t ms) {
+  return absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(ms, INT64_MAX / 1'000'000)));
+}
+uint64_t ToMillis(absl::Duration d) {
+  return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(d)));
+}
+
+PoolOwner OwnerOf(const wire::PoolOwnerRef& ref) { return PoolOwner{ref.epoch(), ref.key()}; }
+
+void FillStatus(const PoolStatus& s, wire::PoolStatusReply* out) {
+  out->set_pool(s.pool);
+  out->set_generation(s.generation);
+  out->set_budget(s.budget);
+  out->set_used_units(s.used);
+  out->set_decision(s.decision);
+  out->set_draining(s.draining);
+  out->set_complete(s.complete);
+  for (const PoolProfileStatus& p : s.profiles) {
+    wire::PoolProfileInfo* info = out->add_profiles();
+    info->set_id(p.spec.id);
+    info->set_cost(p.spec.cost);
+    info->set_reserved(p.spec.reserved);
+    info->set_lendable(p.spec.lendable);
+    info->set_borrow(p.spec.borrow);
+    info->set_active_units(p.active_units);
+    info->set_provisional_units(p.provisional_units);
+    if (p.pending_units) info->set_pending_units(*p.pending_units);
+    if (p.withheld_units) info->set_withheld_units(*p.withheld_units);
+    if (p.demand_expires_in) info->set_demand_expires_in_ms(ToMillis(*p.demand_expires_in));
+    info->set_owner_epoch(p.owner_epoch);
+    info->set_acked_generation(p.acked_generation);
+    info->set_compatible(p.compatible);
+  }
+  for (const PoolLeaseStatus& l : s.leases) {
+    wire::PoolLeaseInfo* info = out->add_leases();
+    info->set_profile(l.profile);
+    info->set_slot(l.slot);
+    info->set_token(l.lease.token);
+    info->set_units(l.lease.units);
+    info->set_epoch(l.lease.epoch);
+    info->set_active(l.lease.active);
+    if (!l.lease.active) info->set_expires_in_ms(ToMillis(l.expires_in));
+    info->set_decision(l.lease.decision);
+  }
+  for (const PoolTombstone& t : s.tombstones) {
+    wire::PoolTombstoneInfo* info = out->add_tombstones();
+    info->set_profile(t.profile);
+    info->set_slot(t.slot);
+    info->set_token(t.token);
+    info->set_units(t.units);
+    info->set_decision(t.decision);
+    info->set_evidence(t.evidence);
+  }
+}
+
+}  // namespace
+
+bool IsPoolRequest(const wire::Request& req) {
+  switch (req.body_case()) {
+    case wire::Request::kPoolPublish:
+    case wire::Request::kPoolClaim:
+    case wire::Request::kPoolAck:
+    case wire::Request::kPoolSetDemand:
+    case wire::Request::kPoolAcquire:
+    case wire::Request::kPoolRenew:
+    case wire::Request::kPoolActivate:
+    case wire::Request::kPoolRelease:
+    case wire::Request::kPoolRecover:
+    case wire::Request::kPoolDrain:
+    case wire::Request::kPoolStatus:
+    case wire::Request::kPoolStop:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void DispatchPool(const wire::Request& req, ConnectionState& conn, DispatchHost& host,
+                  MonoTime now, wire::Response& resp) {
+  auto finish = [&](const absl::Status& s) {
+    resp.set_code(protocol::PoolCodeFromStatus(s));
+    if (!s.ok()) resp.set_message(std::string(s.message()));
+  };
+  if (conn.version < protocol::kPoolProtocolVersion) {
+    host.CountProtocolError();
+    resp.set_code(wire::UNSUPPORTED_VERSION);
+    resp.set_message(absl::StrCat("pool requests need protocol version ",
+                                  protocol::kPoolProtocolVersion,
+                                  "; this connection negotiated version ", conn.version));
+    return;
+  }
+  LockService& service = host.service();
+  service.Advance(now);
+  PoolService& pools = service.pools();
+  const Permissions& permissions = host.permissions();
+  const std::string& who = conn.caller.identity;
+  auto operator_only = [&](const char* what) -> absl::Status {
+    if (permissions.IsOperator(who)) return absl::OkStatus();
+    return service.Deny(absl::StrCat(Permissions::Name(who), " may not ", what, " (",
+                                     permissions.source(), " has no \"operator\" rule for it)"));
+  };
+  auto manager_only = [&](const std::string& pool, const std::string& profile) -> absl::Status {
+    if (permissions.MayManage(who, pool, profile)) return absl::OkStatus();
+    return service.Deny(absl::StrCat(Permissions::Name(who), " may not manage ", pool, "/",
+                                     profile, " (", permissions.source(),
+                                     " has no \"manage\" rule for it)"));
+  };
+  switch (req.body_case()) {
+    case wire::Request::kPoolPublish: {
+      const auto& r = req.pool_publish();
+      if (absl::Status s = operator_only("publish pool policies"); !s.ok()) return finish(s);
+      PoolPolicy policy{r.generation(), r.budget(), {}};
+      for (const auto& p : r.profiles()) {
+        policy.profiles.push_back(
+            PoolProfileSpec{p.id(), p.cost(), p.reserved(), p.lendable(), p.borrow()});
+      }
+      auto generation = pools.Publish(r.pool(), std::move(policy), now);
+      if (generation.ok()) resp.mutable_pool_publish()->set_generation(*generation);
+      return finish(generation.status());
+    }
+    case wire::Request::kPoolClaim: {
+      const auto& r = req.pool_claim();
+      if (absl::Status s = manager_only(r.pool(), r.profile()); !s.ok()) return finish(s);
+      auto owner = pools.Claim(r.pool(), r.profile(), r.generation(), host.NewSessionSecret(), now);
+      if (owner.ok()) {
+        resp.mutable_pool_claim()->mutable_owner()->set_epoch(owner->epoch);
+        resp.mutable_pool_claim()->mutable_owner()->set_key(owner->key);
+      }
+      return finish(owner.status());
+    }
+    case wire::Request::kPoolAck: {
+      const auto& r = req.pool_ack();
+      if (absl::Status s = manager_only(r.pool(), r.profile()); !s.ok()) return finish(s);
+      return finish(pools.Ack(r.pool(), r.profile(), OwnerOf(r.owner()), r.generation(), now));
+    }
+    case wire::Request::kPoolSetDemand: {
+      const auto& r = req.pool_set_demand();
+      if (absl::Status s = manager_only(r.pool(), r.profile()); !s.ok()) return finish(s);
+      return finish(pools.SetDemand(r.pool(), r.profile(), OwnerOf(r.owner()), r.slots(), now));
+    }
+    case wire::Request::kPoolAcquire: {
+      const auto& r = req.pool_acquire();
+      if (absl::Status s = manager_only(r.pool(), r.profile()); !s.ok()) return finish(s);
+      auto grant = pools.Acquire(r.pool(), r.profile(), r.slot(), OwnerOf(r.owner()),
+                                 FromMillis(r.ttl_ms()), now);
+      if (grant.ok()) {
+        auto* reply = resp.mutable_pool_acquire();
+        reply->set_granted(grant->granted);
+        if (grant->granted) {
+          reply->set_token(grant->token);
+          reply->set_ttl_ms(ToMillis(grant->ttl));
+          reply->set_decision(grant->decision);
+        } else {
+          reply->set_refusal(grant->refusal);
+        }
+      }
+      return finish(grant.status());
+    }
+    case wire::Request::kPoolRenew:
+    case wire::Request::kPoolActivate:
+    case wire::Request::kPoolRelease: {
+      const wire::PoolLeaseOp& r = req.body_case() == wire::Request::kPoolRenew ? req.pool_renew()
+                                   : req.body_case() == wire::Request::kPoolActivate
+                                       ? req.pool_activate()
+                                       : req.pool_release();
+      if (absl::Status s = manager_only(r.pool(), r.profile()); !s.ok()) return finish(s);
+      const PoolOwner owner = OwnerOf(r.owner());
+      auto* reply = resp.mutable_pool_lease();
+      if (req.body_case() == wire::Request::kPoolRenew) {
+        auto ttl = pools.Renew(r.pool(), r.profile(), r.slot(), r.token(), owner, now);
+        if (ttl.ok()) reply->set_ttl_ms(ToMillis(*ttl));
+        return finish(ttl.status());
+      }
+      auto decision = req.body_case() == wire::Request::kPoolActivate
+                          ? pools.Activate(r.pool(), r.profile(), r.slot(), r.token(), owner, now)
+                          : pools.Release(r.pool(), r.profile(), r.slot(), r.token(), owner, now);
+      if (decision.ok()) reply->set_decision(*decision);
+      return finish(decision.status());
+    }
+    case wire::Request::kPoolRecover: {
+      const auto& r = req.pool_recover();
+      if (absl::Status s = operator_only("recover pool leases"); !s.ok()) return finish(s);
+      auto decision = pools.Recover(r.pool(), r.profile(), r.slot(), r.token(), r.evidence(), now);
+      if (decision.ok()) resp.mutable_pool_lease()->set_decision(*decision);
+      return finish(decision.status());
+    }
+    case wire::Request::kPoolDrain: {
+      const auto& r = req.pool_drain();
+      if (absl::Status s = operator_only("drain pools"); !s.ok()) return finish(s);
+      return finish(pools.SetDrain(r.pool(), r.draining(), now));
+    }
+    case wire::Request::kPoolStatus: {
+      const auto& r = req.pool_status();
+      if (!permissions.MayList(who) && !permissions.IsOperator(who) &&
+          !permissions.MayManageAny(who, r.pool())) {
+        return finish(service.Deny(absl::StrCat(
+            Permissions::Name(who), " may not see pool ", r.pool(), " (", permissions.source(),
+            " has no \"list\", \"operator\" or \"manage\" rule for it)")));
+      }
+      auto status = pools.Status(r.pool(), now);
+      if (status.ok()) {
+        FillStatus(*status, resp.mutable_pool_status());
+        if (const absl::Status* fault = host.fault(); fault != nullptr) {
+          resp.mutable_pool_status()->set_degraded(absl::StrCat(
+              "no new admission: lockd could not make its state durable (", fault->message(),
+              "); every lease shown stays granted, and nothing is reclaimed; ",
+              host.FaultRemedy()));
+        }
+      }
+      return finish(status.status());
+    }
+    case wire::Request::kPoolStop: {
+      if (absl::Status s = operator_only("stop lockd"); !s.ok()) return finish(s);
+      std::vector<std::string> open;
+      for (const std::string& name : pools.PoolNames()) {
+        const PoolState* p = service.state().FindPool(name);
+        if (!p->draining || !p->leases.empty()) {
+          open.push_back(absl::StrCat(name, p->draining ? "" : " (not draining)",
+                                      p->leases.empty()
+                                          ? ""
+                                          : absl::StrCat(" (", p->leases.size(), " leases)")));
+        }
+      }
+      if (!open.empty()) {
+        std::string list;
+        for (const std::string& o : open) absl::StrAppend(&list, list.empty() ? "" : ", ", o);
+        return finish(absl::FailedPreconditionError(absl::StrCat(
+            "lockd stops only once every pool drains and holds no active or provisional "
+            "lease: ", list)));
+      }
+      host.RequestStop();
+      return finish(absl::OkStatus());
+    }
+    default:
+      return finish(absl::InternalError("not a pool request"));
+  }
+}
+
+}  // namespace fencelock::server

@@ -1,0 +1,433 @@
+// lockctl pool ...: the admission pools' static client for shell managers and operators
+// (docs/admission.md). Every command is one request through fencelock::PoolClient, the same
+// client a C++ manager links.
+//
+// Text output is one value a script can capture (publish: the generation; claim: the owner;
+// acquire: the token; activate, release, recover: the decision; renew: the TTL); status prints
+// tables. --json prints one JSON object for every command, failures included. Exit status:
+// 0 done, 1 lockd unreachable or unavailable, 2 bad usage or a request lockd found invalid,
+// 3 acquire refused for want of units (try again later), 4 no such pool, profile or lease,
+// 5 refused by the state (an incompatible generation, a draining pool, a slot already leased,
+// a repeated or stale recovery), 6 this manager's epoch is stale, 7 permission denied,
+// 8 lockd speaks no protocol with pools.
+#include "lockctl_pool.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "lock-client/pool_client.h"
+
+ABSL_FLAG(std::string, pool, "", "pool: the pool's name");
+ABSL_FLAG(std::string, profile, "", "pool: the profile's id");
+ABSL_FLAG(std::string, slot, "", "pool: the slot's name");
+ABSL_FLAG(uint64_t, generation, 0, "pool publish/claim/ack: the policy generation");
+ABSL_FLAG(uint64_t, budget, 0, "pool publish: the pool's budget of units");
+ABSL_FLAG(std::string, profiles, "",
+          "pool publish: id[:cost=N][:reserve=N][:lendable][:borrow],... ");
+ABSL_FLAG(std::string, owner, "",
+          "pool: the owner `pool claim` printed (<epoch>:<key>); default: $FENCELOCK_POOL_OWNER");
+ABSL_FLAG(uint64_t, token, 0, "pool renew/activate/release/recover: the lease's token");
+ABSL_FLAG(uint64_t, slots, 0, "pool set-demand: slots wanted beyond those held (0: none)");
+ABSL_FLAG(absl::Duration, ttl, absl::ZeroDuration(),
+          "pool acquire: provisional lease TTL; 0 takes lockd's default");
+ABSL_FLAG(std::string, evidence, "",
+          "pool recover: what proves the worker gone (kept in the tombstone)");
+ABSL_FLAG(bool, off, false, "pool drain: end draining instead");
+
+namespace fencelock {
+namespace {
+
+using google::protobuf::Struct;
+using google::protobuf::Value;
+
+Value Num(uint64_t v) {
+  Value out;
+  out.set_number_value(static_cast<double>(v));
+  return out;
+}
+Value Str(const std::string& s) {
+  Value out;
+  out.set_string_value(s);
+  return out;
+}
+Value Bool(bool b) {
+  Value out;
+  out.set_bool_value(b);
+  return out;
+}
+Value Null() {
+  Value out;
+  out.set_null_value(google::protobuf::NULL_VALUE);
+  return out;
+}
+template <typename T>
+Value NumOrNull(const std::optional<T>& v) {
+  return v ? Num(static_cast<uint64_t>(*v)) : Null();
+}
+uint64_t Ms(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
+
+std::string Print(const Struct& s) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(s, &out, options);
+  return out;
+}
+
+struct Code {
+  const char* name;
+  int exit;
+};
+Code CodeOf(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk:
+      return {"OK", 0};
+    case absl::StatusCode::kInvalidArgument:
+      return {"INVALID_ARGUMENT", 2};
+    case absl::StatusCode::kNotFound:
+      return {"NOT_FOUND", 4};
+    case absl::StatusCode::kFailedPrecondition:
+      // lockd's UNSUPPORTED_VERSION and FAILED_PRECONDITION both arrive as this.
+      if (s.message().find("protocol version") != absl::string_view::npos) {
+        return {"UNSUPPORTED_VERSION", 8};
+      }
+      return {"FAILED_PRECONDITION", 5};
+    case absl::StatusCode::kAborted:
+      return {"FENCED_OUT", 6};
+    case absl::StatusCode::kPermissionDenied:
+      return {"PERMISSION_DENIED", 7};
+    default:
+      return {"UNAVAILABLE", 1};
+  }
+}
+
+class PoolCommand {
+ public:
+  PoolCommand(bool json) : json_(json) {}
+
+  // Prints `fields` (JSON) or `text`, and returns exit 0.
+  int Done(Struct fields, const std::string& text) {
+    if (json_) {
+      (*fields.mutable_fields())["ok"] = Bool(true);
+      (*fields.mutable_fields())["code"] = Str("OK");
+      std::printf("%s", Print(fields).c_str());
+    } else if (!text.empty()) {
+      std::printf("%s\n", text.c_str());
+    }
+    return 0;
+  }
+  int Failed(const absl::Status& s) {
+    const Code c = CodeOf(s);
+    if (json_) {
+      Struct out;
+      (*out.mutable_fields())["ok"] = Bool(false);
+      (*out.mutable_fields())["code"] = Str(c.name);
+      (*out.mutable_fields())["message"] = Str(std::string(s.message()));
+      std::printf("%s", Print(out).c_str());
+    }
+    std::fprintf(stderr, "lockctl: %s: %s\n", c.name, std::string(s.message()).c_str());
+    return c.exit;
+  }
+  int Usage(const std::string& why) {
+    std::fprintf(stderr, "lockctl: %s\n", why.c_str());
+    if (json_) {
+      Struct out;
+      (*out.mutable_fields())["ok"] = Bool(false);
+      (*out.mutable_fields())["code"] = Str("USAGE");
+      (*out.mutable_fields())["message"] = Str(why);
+      std::printf("%s", Print(out).c_str());
+    }
+    return 2;
+  }
+
+ private:
+  bool json_;
+};
+
+Struct StatusJson(const PoolView& v) {
+  Struct out;
+  auto& f = *out.mutable_fields();
+  f["pool"] = Str(v.pool);
+  f["generation"] = Num(v.generation);
+  f["budget"] = Num(v.budget);
+  f["used_units"] = Num(v.used_units);
+  f["free_units"] = Num(v.budget - std::min(v.budget, v.used_units));
+  f["decision"] = Num(v.decision);
+  f["draining"] = Bool(v.draining);
+  f["complete"] = Bool(v.complete);
+  f["degraded"] = v.degraded.empty() ? Null() : Str(v.degraded);
+  auto* profiles = f["profiles"].mutable_list_value();
+  for (const PoolProfileView& p : v.profiles) {
+    Struct s;
+    auto& g = *s.mutable_fields();
+    g["id"] = Str(p.profile.id);
+    g["cost"] = Num(p.profile.cost);
+    g["reserved"] = Num(p.profile.reserved);
+    g["lendable"] = Bool(p.profile.lendable);
+    g["borrow"] = Bool(p.profile.borrow);
+    g["active_units"] = Num(p.active_units);
+    g["provisional_units"] = Num(p.provisional_units);
+    g["pending_units"] = NumOrNull(p.pending_units);
+    g["withheld_units"] = NumOrNull(p.withheld_units);
+    g["demand_expires_in_ms"] =
+        p.demand_expires_in ? Num(Ms(*p.demand_expires_in)) : Null();
+    g["owner_epoch"] = Num(p.owner_epoch);
+    g["acked_generation"] = Num(p.acked_generation);
+    g["compatible"] = Bool(p.compatible);
+    *profiles->add_values()->mutable_struct_value() = std::move(s);
+  }
+  auto* leases = f["leases"].mutable_list_value();
+  for (const PoolLeaseView& l : v.leases) {
+    Struct s;
+    auto& g = *s.mutable_fields();
+    g["profile"] = Str(l.profile);
+    g["slot"] = Str(l.slot);
+    g["token"] = Num(l.token);
+    g["units"] = Num(l.units);
+    g["epoch"] = Num(l.epoch);
+    g["state"] = Str(l.active ? "active" : "provisional");
+    g["expires_in_ms"] = l.active ? Null() : Num(Ms(l.expires_in));
+    g["decision"] = Num(l.decision);
+    *leases->add_values()->mutable_struct_value() = std::move(s);
+  }
+  auto* tombstones = f["tombstones"].mutable_list_value();
+  for (const PoolTombstoneView& t : v.tombstones) {
+    Struct s;
+    auto& g = *s.mutable_fields();
+    g["profile"] = Str(t.profile);
+    g["slot"] = Str(t.slot);
+    g["token"] = Num(t.token);
+    g["units"] = Num(t.units);
+    g["decision"] = Num(t.decision);
+    g["evidence"] = Str(t.evidence);
+    *tombstones->add_values()->mutable_struct_value() = std::move(s);
+  }
+  return out;
+}
+
+std::string Optional(const std::optional<uint64_t>& v) {
+  return v ? std::to_string(*v) : std::string("unknown");
+}
+
+void PrintStatus(const PoolView& v) {
+  std::vector<std::string> missing;
+  for (const PoolProfileView& p : v.profiles) {
+    if (!p.compatible) missing.push_back(p.profile.id);
+  }
+  std::printf("pool %s: generation %lu, budget %lu, %lu units leased, %lu free, decision %lu\n",
+              v.pool.c_str(), static_cast<unsigned long>(v.generation),
+              static_cast<unsigned long>(v.budget), static_cast<unsigned long>(v.used_units),
+              static_cast<unsigned long>(v.budget - std::min(v.budget, v.used_units)),
+              static_cast<unsigned long>(v.decision));
+  if (v.complete) {
+    std::printf("  guarantee   complete: every profile has a manager on generation %lu\n",
+                static_cast<unsigned long>(v.generation));
+  } else {
+    std::string list;
+    for (const std::string& m : missing) absl::StrAppend(&list, list.empty() ? "" : ", ", m);
+    std::printf("  guarantee   INCOMPLETE: no compatible manager for %s\n", list.c_str());
+  }
+  if (v.draining) std::printf("  draining    no new admission (lockctl pool drain --off ends it)\n");
+  if (!v.degraded.empty()) std::printf("  DEGRADED    %s\n", v.degraded.c_str());
+  std::printf("%-16s %5s %-16s %7s %12s %8s %9s %10s %s\n", "PROFILE", "COST", "RESERVED",
+              "ACTIVE", "PROVISIONAL", "PENDING", "WITHHELD", "DEMAND", "MANAGER");
+  for (const PoolProfileView& p : v.profiles) {
+    std::string reserved = p.profile.reserved == 0
+                               ? std::string("-")
+                               : absl::StrCat(p.profile.reserved,
+                                              p.profile.lendable ? " lendable" : " kept");
+    if (p.profile.borrow) absl::StrAppend(&reserved, reserved == "-" ? "" : ",", " borrows");
+    const std::string demand =
+        p.demand_expires_in ? absl::StrCat(absl::ToInt64Seconds(*p.demand_expires_in), "s left")
+                            : std::string("-");
+    const std::string manager =
+        p.owner_epoch == 0 ? std::string("none")
+                           : absl::StrCat("epoch ", p.owner_epoch, ", generation ",
+                                          p.acked_generation, p.compatible ? "" : " (stale)");
+    std::printf("%-16s %5lu %-16s %7lu %12lu %8s %9s %10s %s\n", p.profile.id.c_str(),
+                static_cast<unsigned long>(p.profile.cost), reserved.c_str(),
+                static_cast<unsigned long>(p.active_units),
+                static_cast<unsigned long>(p.provisional_units), Optional(p.pending_units).c_str(),
+                Optional(p.withheld_units).c_str(), demand.c_str(), manager.c_str());
+  }
+  if (!v.leases.empty()) {
+    std::printf("%-16s %-20s %10s %5s %-12s %6s %8s\n", "LEASE PROFILE", "SLOT", "TOKEN", "UNITS",
+                "STATE", "EPOCH", "DECISION");
+    for (const PoolLeaseView& l : v.leases) {
+      const std::string state =
+          l.active ? std::string("active")
+                   : absl::StrCat("prov ", absl::ToInt64Milliseconds(l.expires_in) / 1000, "s");
+      std::printf("%-16s %-20s %10lu %5lu %-12s %6lu %8lu\n", l.profile.c_str(), l.slot.c_str(),
+                  static_cast<unsigned long>(l.token), static_cast<unsigned long>(l.units),
+                  state.c_str(), static_cast<unsigned long>(l.epoch),
+                  static_cast<unsigned long>(l.decision));
+    }
+  }
+  for (const PoolTombstoneView& t : v.tombstones) {
+    std::printf("  tombstone   %s/%s token %lu (%lu units) recovered at decision %lu: %s\n",
+                t.profile.c_str(), t.slot.c_str(), static_cast<unsigned long>(t.token),
+                static_cast<unsigned long>(t.units), static_cast<unsigned long>(t.decision),
+                t.evidence.c_str());
+  }
+}
+
+}  // namespace
+
+int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bool json) {
+  PoolCommand cmd(json);
+  const std::string pool = absl::GetFlag(FLAGS_pool);
+  const std::string profile = absl::GetFlag(FLAGS_profile);
+  const std::string slot = absl::GetFlag(FLAGS_slot);
+  const uint64_t token = absl::GetFlag(FLAGS_token);
+  auto need = [&](std::initializer_list<std::pair<const char*, bool>> flags) -> std::string {
+    for (const auto& [name, present] : flags) {
+      if (!present) return absl::StrCat("pool ", sub, " needs --", name);
+    }
+    return "";
+  };
+  auto owner = [&]() -> absl::StatusOr<PoolOwnerId> {
+    std::string text = absl::GetFlag(FLAGS_owner);
+    if (text.empty()) {
+      const char* env = std::getenv("FENCELOCK_POOL_OWNER");
+      text = env == nullptr ? "" : env;
+    }
+    if (text.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pool ", sub, " needs --owner (or $FENCELOCK_POOL_OWNER): what `pool claim` printed"));
+    }
+    return PoolOwnerId::Parse(text);
+  };
+  static const char* const kSubs[] = {"publish", "claim",   "ack",     "set-demand", "acquire",
+                                      "renew",   "activate", "release", "recover",    "drain",
+                                      "status",  "stop"};
+  if (std::find(std::begin(kSubs), std::end(kSubs), sub) == std::end(kSubs)) {
+    return cmd.Usage(absl::StrCat(
+        "unknown pool command \"", sub,
+        "\"; use publish, claim, ack, set-demand, acquire, renew, activate, release, recover, "
+        "drain, status or stop"));
+  }
+  std::string missing;
+  if (sub == "publish") {
+    missing = need({{"pool", !pool.empty()},
+                    {"generation", absl::GetFlag(FLAGS_generation) != 0},
+                    {"budget", absl::GetFlag(FLAGS_budget) != 0},
+                    {"profiles", !absl::GetFlag(FLAGS_profiles).empty()}});
+  } else if (sub == "claim" || sub == "ack") {
+    missing = need({{"pool", !pool.empty()},
+                    {"profile", !profile.empty()},
+                    {"generation", absl::GetFlag(FLAGS_generation) != 0}});
+  } else if (sub == "set-demand") {
+    missing = need({{"pool", !pool.empty()}, {"profile", !profile.empty()}});
+  } else if (sub == "acquire") {
+    missing = need({{"pool", !pool.empty()}, {"profile", !profile.empty()}, {"slot", !slot.empty()}});
+  } else if (sub == "renew" || sub == "activate" || sub == "release" || sub == "recover") {
+    missing = need({{"pool", !pool.empty()},
+                    {"profile", !profile.empty()},
+                    {"slot", !slot.empty()},
+                    {"token", token != 0}});
+  } else if (sub == "drain" || sub == "status") {
+    missing = need({{"pool", !pool.empty()}});
+  }
+  if (!missing.empty()) return cmd.Usage(missing);
+  if (absl::GetFlag(FLAGS_ttl) < absl::ZeroDuration()) {
+    return cmd.Usage("--ttl must not be negative");
+  }
+  std::vector<PoolProfileDef> profiles;
+  if (sub == "publish") {
+    const std::vector<std::string> texts =
+        absl::StrSplit(absl::GetFlag(FLAGS_profiles), ',', absl::SkipEmpty());
+    for (const std::string& text : texts) {
+      auto def = PoolProfileDef::Parse(text);
+      if (!def.ok()) return cmd.Usage(std::string(def.status().message()));
+      profiles.push_back(*def);
+    }
+  }
+  absl::StatusOr<PoolOwnerId> who = PoolOwnerId{};
+  if (sub == "ack" || sub == "set-demand" || sub == "acquire" || sub == "renew" ||
+      sub == "activate" || sub == "release") {
+    who = owner();
+    if (!who.ok()) return cmd.Usage(std::string(who.status().message()));
+  }
+  auto client = PoolClient::Create(client_options);
+  if (!client.ok()) return cmd.Usage(std::string(client.status().message()));
+  PoolClient& c = **client;
+  Struct out;
+  auto& f = *out.mutable_fields();
+  if (sub == "publish") {
+    auto g = c.Publish(pool, absl::GetFlag(FLAGS_generation), absl::GetFlag(FLAGS_budget), profiles);
+    if (!g.ok()) return cmd.Failed(g.status());
+    f["generation"] = Num(*g);
+    return cmd.Done(out, std::to_string(*g));
+  }
+  if (sub == "claim") {
+    auto o = c.Claim(pool, profile, absl::GetFlag(FLAGS_generation));
+    if (!o.ok()) return cmd.Failed(o.status());
+    f["owner"] = Str(o->ToString());
+    f["epoch"] = Num(o->epoch);
+    return cmd.Done(out, o->ToString());
+  }
+  if (sub == "ack") {
+    absl::Status s = c.Ack(pool, profile, *who, absl::GetFlag(FLAGS_generation));
+    return s.ok() ? cmd.Done(out, "") : cmd.Failed(s);
+  }
+  if (sub == "set-demand") {
+    absl::Status s = c.SetDemand(pool, profile, *who, absl::GetFlag(FLAGS_slots));
+    return s.ok() ? cmd.Done(out, "") : cmd.Failed(s);
+  }
+  if (sub == "acquire") {
+    auto g = c.Acquire(pool, profile, slot, *who, absl::GetFlag(FLAGS_ttl));
+    if (!g.ok()) return cmd.Failed(g.status());
+    f["granted"] = Bool(g->granted);
+    if (!g->granted) {
+      f["refusal"] = Str(g->refusal);
+      if (json) {
+        f["ok"] = Bool(false);
+        f["code"] = Str("REFUSED");
+        std::printf("%s", Print(out).c_str());
+      }
+      std::fprintf(stderr, "lockctl: REFUSED: %s\n", g->refusal.c_str());
+      return 3;
+    }
+    f["token"] = Num(g->token);
+    f["ttl_ms"] = Num(Ms(g->ttl));
+    f["decision"] = Num(g->decision);
+    return cmd.Done(out, std::to_string(g->token));
+  }
+  if (sub == "renew") {
+    auto ttl = c.Renew(pool, profile, slot, token, *who);
+    if (!ttl.ok()) return cmd.Failed(ttl.status());
+    f["ttl_ms"] = Num(Ms(*ttl));
+    return cmd.Done(out, absl::FormatDuration(*ttl));
+  }
+  if (sub == "activate" || sub == "release" || sub == "recover") {
+    auto d = sub == "activate"  ? c.Activate(pool, profile, slot, token, *who)
+             : sub == "release" ? c.Release(pool, profile, slot, token, *who)
+                                : c.Recover(pool, profile, slot, token, absl::GetFlag(FLAGS_evidence));
+    if (!d.ok()) return cmd.Failed(d.status());
+    f["decision"] = Num(*d);
+    return cmd.Done(out, std::to_string(*d));
+  }
+  if (sub == "drain") {
+    absl::Status s = c.Drain(pool, !absl::GetFlag(FLAGS_off));
+    return s.ok() ? cmd.Done(out, "") : cmd.Failed(s);
+  }
+  if (sub == "status") {
+    auto v = c.Status(pool);
+    if (!v.ok()) return cmd.Failed(v.status());
+    if (json) return cmd.Done(StatusJson(*v), "");
+    PrintStatus(*v);
+    return 0;
+  }
+  absl::Status s = c.Stop();  // "stop"
+  return s.ok() ? cmd.Done(out, "lockd stops") : cmd.Failed(s);
+}
+
+}  // namespace fencelock

@@ -1,0 +1,567 @@
+// Randomized admission runs on lockd's real core, the real local commit log over an in-memory
+// disk that can fail, and simulated time. Managers claim profiles, publish demand, acquire,
+// renew, activate and release; workers start and exit; managers vanish and are replaced; an
+// operator recovers what a vanished manager left; lockd restarts and its disk fills. Every
+// record the core appends is checked as it is appended, on an independent ledger:
+//   - the units of a pool's leases never exceed its budget;
+//   - an active lease leaves only by its owner's release, a replacement's reconciliation, or
+//     an operator's recovery (never by expiry), and never while its worker still runs;
+//   - no running worker is without its active lease in lockd's state after any step.
+// A failure names its seed; FENCELOCK_POOL_SEED=N runs seed N alone, FENCELOCK_POOL_SEEDS=K
+// runs seeds 1 to K (default 500).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <typeinfo>
+#include <deque>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "clock/time_source.h"
+#include "fencelock/wire.pb.h"
+#include "gtest/gtest.h"
+#include "lock-server/local_commit_log.h"
+#include "lock-server/server_core.h"
+#include "lock-server/storage.h"
+#include "lock-server/testing/test_envs.h"
+#include "protocol/frame.h"
+
+namespace fencelock::server {
+namespace {
+
+constexpr char kDir[] = "/state";
+constexpr char kPool[] = "p";
+constexpr absl::Duration kSyncTime = absl::Milliseconds(3);
+
+// What the checker knows of each worker, by its lease's token.
+enum class Worker { kCreated, kRunning, kExited };
+
+// A CommitLog that shows every appended record to the checker first.
+class WatchedLog final : public CommitLog {
+ public:
+  WatchedLog(std::unique_ptr<CommitLog> base, std::function<void(const Record&)> watch)
+      : base_(std::move(base)), watch_(std::move(watch)) {}
+  void SetListener(CommitLogListener* l) override { base_->SetListener(l); }
+  void ReserveFor(FenceToken t, SessionId s) override { base_->ReserveFor(t, s); }
+  void Append(const Record& r) override {
+    watch_(r);
+    base_->Append(r);
+  }
+  void Flush() override { base_->Flush(); }
+  void Snapshot(const StateMachine& state) override { base_->Snapshot(state); }
+  uint64_t newest_batch() const override { return base_->newest_batch(); }
+  uint64_t committed_batch() const override { return base_->committed_batch(); }
+  uint64_t last_lsn() const override { return base_->last_lsn(); }
+  const absl::Status* fault() const override { return base_->fault(); }
+  std::string Describe() const override { return base_->Describe(); }
+  CommitLogStats stats() const override { return base_->stats(); }
+
+ private:
+  std::unique_ptr<CommitLog> base_;
+  std::function<void(const Record&)> watch_;
+};
+
+class Sink : public ConnectionSink {
+ public:
+  void Send(std::string_view frames) override { decoder_.Feed(frames); }
+  void CloseAfterSend() override { closed_ = true; }
+  std::vector<wire::Response> Take() {
+    std::vector<wire::Response> out;
+    std::string payload;
+    while (decoder_.Next(&payload) == protocol::FrameDecoder::Result::kFrame) {
+      wire::Response r;
+      r.ParseFromString(payload);
+      out.push_back(std::move(r));
+    }
+    return out;
+  }
+  bool closed_ = false;
+
+ private:
+  protocol::FrameDecoder decoder_;
+};
+
+struct Figures {
+  uint64_t decisions = 0;    // pool records checked
+  uint64_t grants = 0;
+  uint64_t activations = 0;
+  uint64_t releases = 0;
+  uint64_t reconciliations = 0;
+  uint64_t recoveries = 0;
+  uint64_t expiries = 0;
+  uint64_t restarts = 0;
+  uint64_t faults = 0;
+};
+
+class AdmissionRun {
+ public:
+  AdmissionRun(uint64_t seed, Figures* figures) : rng_(seed), disk_(&mem_), figures_(figures) {}
+
+  void Go(int steps) {
+    ASSERT_TRUE(InitDataDir(&mem_, kDir, 1 << 16).ok());
+    Open();
+    const int profiles = Pick(2, 4);
+    budget_ = static_cast<uint64_t>(Pick(3, 12));
+    uint64_t reserved = 0;
+    wire::Request publish;
+    auto* pp = publish.mutable_pool_publish();
+    pp->set_pool(kPool);
+    pp->set_generation(1);
+    pp->set_budget(budget_);
+    for (int i = 0; i < profiles; ++i) {
+      auto* p = pp->add_profiles();
+      p->set_id(absl::StrCat("prof", i));
+      p->set_cost(static_cast<uint64_t>(Pick(1, 3)));
+      const uint64_t r = reserved < budget_ ? static_cast<uint64_t>(Pick(0, 2)) : 0;
+      if (reserved + r <= budget_) {
+        p->set_reserved(r);
+        reserved += r;
+      }
+      p->set_lendable(Pick(0, 1) == 1);
+      p->set_borrow(Pick(0, 1) == 1);
+      profiles_.push_back(p->id());
+    }
+    Call(-1, publish);
+    for (size_t i = 0; i < profiles_.size(); ++i) Replace(i);
+    for (int step = 0; step < steps && !::testing::Test::HasFatalFailure(); ++step) {
+      Step();
+      CheckRunningWorkersHeld();
+    }
+    Close();
+  }
+
+ private:
+  struct Manager {
+    size_t profile;
+    uint64_t epoch = 0;
+    std::string key;
+    bool alive = true;
+    // The leases this manager knows of, by slot: token (0 while the acquire is in flight).
+    std::map<std::string, uint64_t> leases;
+  };
+  struct Pending {
+    int manager;  // -1: the operator
+    wire::Request request;
+  };
+  struct LedgerLease {
+    uint64_t units;
+    bool active;
+  };
+
+  int Pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+
+  // --- lockd -------------------------------------------------------------------------------
+
+  void Open() {
+    LocalCommitLogOptions o{.env = &disk_, .dir = kDir, .inline_sync_max_records = 0};
+    o.segment_bytes = 1 << 16;
+    o.log = [](const std::string&) {};
+    o.schedule_writer = [this](std::function<void()> step) {
+      writer_steps_.push_back(time_.NewTimer());
+      writer_steps_.back()->ArmAt(time_.Now() + kSyncTime, std::move(step));
+    };
+    auto opened = OpenLocalCommitLog(o, time_.Now(),
+                                     [this](std::function<void()> f) { time_.Post(std::move(f)); });
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    // The ledger starts from what recovery restored.
+    ledger_.clear();
+    if (const PoolState* p = opened->state.FindPool(kPool)) {
+      for (const auto& [key, lease] : p->leases) {
+        ledger_[lease.token] = LedgerLease{lease.units, lease.active};
+      }
+    }
+    opened->log = std::make_unique<WatchedLog>(std::move(opened->log),
+                                               [this](const Record& r) { Watch(r); });
+    CoreOptions options;
+    options.log = [](const std::string&) {};
+    options.stall_threshold = absl::ZeroDuration();
+    options.service.pools.default_provisional_ttl = absl::Seconds(5);
+    options.service.pools.demand_ttl = absl::Seconds(10);
+    core_ = std::make_unique<ServerCore>(options, &time_, std::move(*opened));
+    core_->Start();
+    sink_ = std::make_unique<Sink>();
+    conn_ = core_->Connect(sink_.get());
+    wire::Request hello;
+    hello.mutable_hello()->set_min_version(2);
+    hello.mutable_hello()->set_max_version(2);
+    Send(hello);
+    Settle();
+  }
+  void Close() {
+    core_->Disconnect(conn_);
+    core_->Stop();
+    time_.RunDue();  // what the core posted (its flush) runs before the core goes
+    core_.reset();
+    writer_steps_.clear();
+    pending_.clear();
+  }
+  void Restart() {
+    if (trace_) std::printf("RESTART\n");
+    ++figures_->restarts;
+    Close();
+    disk_.SetDiskFull(false);
+    Open();
+    // Every manager looks at its leases again, as after any restart (created-worker recovery).
+    for (size_t m = 0; m < managers_.size(); ++m) {
+      if (managers_[m].alive) Reconcile(static_cast<int>(m), /*replacement=*/false);
+    }
+  }
+
+  void Send(wire::Request r) {
+    r.set_request_id(++request_id_);
+    const std::string payload = r.SerializeAsString();
+    core_->Receive(conn_, std::span<const std::string>(&payload, 1));
+  }
+  void Call(int manager, wire::Request r) {
+    pending_[request_id_ + 1] = Pending{manager, r};
+    Send(std::move(r));
+  }
+  // Lets simulated time pass until every reply is in, then handles them.
+  void Settle() {
+    for (int i = 0; i < 20 && !pending_.empty(); ++i) {
+      time_.Advance(kSyncTime * 2);
+      for (wire::Response& r : sink_->Take()) OnReply(r);
+    }
+    for (wire::Response& r : sink_->Take()) OnReply(r);
+  }
+
+  // --- the checker -------------------------------------------------------------------------
+
+  void Watch(const Record& r) {
+    if (trace_) {
+      std::visit([&](const auto& rec) {
+        using T = std::decay_t<decltype(rec)>;
+        if constexpr (requires { rec.token; rec.slot; }) {
+          std::printf("  record %s slot %s token %lu\n", typeid(T).name(), rec.slot.c_str(),
+                      static_cast<unsigned long>(rec.token));
+        }
+      }, r);
+    }
+    auto running = [&](uint64_t token) {
+      auto w = workers_.find(token);
+      return w != workers_.end() && w->second == Worker::kRunning;
+    };
+    if (const auto* g = std::get_if<record::PoolLeaseGranted>(&r)) {
+      ++figures_->decisions;
+      ++figures_->grants;
+      ledger_[g->token] = LedgerLease{g->units, false};
+      uint64_t units = 0;
+      for (const auto& [token, lease] : ledger_) units += lease.units;
+      EXPECT_LE(units, budget_) << "grant of token " << g->token << " exceeds the budget";
+    } else if (const auto* a = std::get_if<record::PoolLeaseActivated>(&r)) {
+      ++figures_->decisions;
+      ++figures_->activations;
+      ASSERT_TRUE(ledger_.contains(a->token));
+      ledger_[a->token].active = true;
+    } else if (const auto* rel = std::get_if<record::PoolLeaseReleased>(&r)) {
+      ++figures_->decisions;
+      ASSERT_TRUE(ledger_.contains(rel->token));
+      if (ledger_[rel->token].active) {
+        EXPECT_NE(rel->reason, PoolReleaseReason::kExpired)
+            << "active lease " << rel->token << " freed by time";
+        EXPECT_FALSE(running(rel->token))
+            << "active lease " << rel->token << " freed while its worker runs";
+      }
+      ++(rel->reason == PoolReleaseReason::kExpired      ? figures_->expiries
+         : rel->reason == PoolReleaseReason::kReconciled ? figures_->reconciliations
+                                                         : figures_->releases);
+      ledger_.erase(rel->token);
+    } else if (const auto* rec = std::get_if<record::PoolLeaseRecovered>(&r)) {
+      ++figures_->decisions;
+      ++figures_->recoveries;
+      ASSERT_TRUE(ledger_.contains(rec->token));
+      EXPECT_TRUE(ledger_[rec->token].active);
+      EXPECT_FALSE(running(rec->token)) << "recovery of " << rec->token << " while it runs";
+      ledger_.erase(rec->token);
+    } else if (std::holds_alternative<record::PoolPolicyPublished>(r)) {
+      ++figures_->decisions;
+    }
+  }
+
+  void CheckRunningWorkersHeld() {
+    if (core_->log().fault() != nullptr) return;  // memory may be ahead of the disk
+    const PoolState* p = core_->service().state().FindPool(kPool);
+    ASSERT_NE(p, nullptr);
+    std::set<uint64_t> active;
+    for (const auto& [key, lease] : p->leases) {
+      if (lease.active) active.insert(lease.token);
+    }
+    for (const auto& [token, w] : workers_) {
+      if (w == Worker::kRunning) {
+        EXPECT_TRUE(active.contains(token)) << "worker " << token << " runs without its lease";
+      }
+    }
+    EXPECT_LE(p->used(), p->budget);
+  }
+
+  // --- managers, workers, operator ----------------------------------------------------------
+
+  wire::PoolOwnerRef OwnerRef(const Manager& m) {
+    wire::PoolOwnerRef ref;
+    ref.set_epoch(m.epoch);
+    ref.set_key(m.key);
+    return ref;
+  }
+  wire::PoolLeaseOp LeaseOp(const Manager& m, const std::string& slot, uint64_t token) {
+    wire::PoolLeaseOp op;
+    op.set_pool(kPool);
+    op.set_profile(profiles_[m.profile]);
+    op.set_slot(slot);
+    op.set_token(token);
+    *op.mutable_owner() = OwnerRef(m);
+    return op;
+  }
+
+  // A new manager for profile `i` (its old one, if any, vanished): claims, then reconciles.
+  void Replace(size_t i) {
+    for (Manager& m : managers_) {
+      if (m.profile == i) m.alive = false;
+    }
+    managers_.push_back(Manager{.profile = i});
+    wire::Request claim;
+    claim.mutable_pool_claim()->set_pool(kPool);
+    claim.mutable_pool_claim()->set_profile(profiles_[i]);
+    claim.mutable_pool_claim()->set_generation(1);
+    Call(static_cast<int>(managers_.size() - 1), claim);
+    Settle();
+    Reconcile(static_cast<int>(managers_.size() - 1), /*replacement=*/true);
+  }
+
+  // The manager lists its profile's leases: a running worker's lease it keeps; a created
+  // worker with an active lease it starts; every other lease it releases (its worker is proved
+  // absent or never started), and a created worker whose lease is gone it removes.
+  void Reconcile(int mi, bool replacement) {
+    Manager& m = managers_[mi];
+    if (m.epoch == 0) return;
+    wire::Request status;
+    status.mutable_pool_status()->set_pool(kPool);
+    Send(status);
+    Settle();
+    const PoolState* p = core_->service().state().FindPool(kPool);
+    if (p == nullptr || core_->log().fault() != nullptr) return;
+    std::map<std::string, uint64_t> listed;
+    std::vector<wire::Request> releases;  // sent after the listing: each changes the leases
+    for (const auto& [key, lease] : p->leases) {
+      if (key.first != profiles_[m.profile]) continue;
+      listed[key.second] = lease.token;
+      const Worker w = workers_.contains(lease.token) ? workers_[lease.token] : Worker::kExited;
+      if (w == Worker::kRunning) continue;
+      if (w == Worker::kCreated && lease.active) {
+        workers_[lease.token] = Worker::kRunning;  // a created worker with a valid active lease
+        continue;
+      }
+      if (!replacement && w == Worker::kCreated) continue;  // still before its activation
+      wire::Request release;
+      *release.mutable_pool_release() = LeaseOp(m, key.second, lease.token);
+      workers_[lease.token] = Worker::kExited;  // removed, exactly, before the release
+      releases.push_back(std::move(release));
+    }
+    for (wire::Request& release : releases) Call(mi, std::move(release));
+    for (auto& [slot, token] : m.leases) {
+      if (!listed.contains(slot) && workers_.contains(token) && workers_[token] == Worker::kCreated) {
+        workers_[token] = Worker::kExited;  // its lease is gone: the worker is removed
+      }
+    }
+    m.leases = listed;
+    Settle();
+  }
+
+  void OnReply(const wire::Response& r) {
+    auto it = pending_.find(r.request_id());
+    if (it == pending_.end()) return;
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    if (trace_) {
+      std::printf("reply to manager %d: %s -> %s %s\n", p.manager,
+                  p.request.ShortDebugString().c_str(), wire::Code_Name(r.code()).c_str(),
+                  r.ShortDebugString().c_str());
+    }
+    if (p.manager < 0) return;
+    Manager& m = managers_[p.manager];
+    const wire::Request& q = p.request;
+    if (q.has_pool_claim() && r.code() == wire::OK) {
+      m.epoch = r.pool_claim().owner().epoch();
+      m.key = r.pool_claim().owner().key();
+    } else if (q.has_pool_acquire()) {
+      if (r.code() == wire::OK && r.pool_acquire().granted()) {
+        m.leases[q.pool_acquire().slot()] = r.pool_acquire().token();
+        workers_[r.pool_acquire().token()] = Worker::kCreated;
+      } else {
+        m.leases.erase(q.pool_acquire().slot());
+      }
+    } else if (q.has_pool_activate()) {
+      const uint64_t token = q.pool_activate().token();
+      if (r.code() == wire::OK) {
+        workers_[token] = Worker::kRunning;  // started only after activation succeeded
+      } else if (r.code() == wire::NOT_FOUND || r.code() == wire::FENCED_OUT ||
+                 r.code() == wire::FAILED_PRECONDITION) {
+        workers_[token] = Worker::kExited;  // removed, never started
+        m.leases.erase(q.pool_activate().slot());
+      }
+    } else if (q.has_pool_release() && r.code() == wire::OK) {
+      m.leases.erase(q.pool_release().slot());
+    }
+  }
+
+  void Step() {
+    const int what = Pick(0, 99);
+    std::vector<int> alive;
+    for (size_t i = 0; i < managers_.size(); ++i) {
+      if (managers_[i].alive && managers_[i].epoch != 0) alive.push_back(static_cast<int>(i));
+    }
+    if (alive.empty() || what < 6) {
+      time_.Advance(absl::Milliseconds(Pick(100, 3000)));
+      for (wire::Response& r : sink_->Take()) OnReply(r);
+      return;
+    }
+    const int mi = alive[static_cast<size_t>(Pick(0, static_cast<int>(alive.size()) - 1))];
+    Manager& m = managers_[mi];
+    if (what < 20) {
+      wire::Request d;
+      auto* sd = d.mutable_pool_set_demand();
+      sd->set_pool(kPool);
+      sd->set_profile(profiles_[m.profile]);
+      *sd->mutable_owner() = OwnerRef(m);
+      sd->set_slots(static_cast<uint64_t>(Pick(0, 4)));
+      Call(mi, d);
+    } else if (what < 42) {
+      const std::string slot = absl::StrCat("s", ++slots_);
+      m.leases[slot] = 0;
+      wire::Request a;
+      auto* pa = a.mutable_pool_acquire();
+      pa->set_pool(kPool);
+      pa->set_profile(profiles_[m.profile]);
+      pa->set_slot(slot);
+      *pa->mutable_owner() = OwnerRef(m);
+      Call(mi, a);
+    } else if (what < 62) {
+      // Activate or renew one of its created workers' leases.
+      for (const auto& [slot, token] : m.leases) {
+        if (token == 0 || workers_[token] != Worker::kCreated) continue;
+        wire::Request a;
+        if (Pick(0, 3) == 0) {
+          *a.mutable_pool_renew() = LeaseOp(m, slot, token);
+        } else {
+          *a.mutable_pool_activate() = LeaseOp(m, slot, token);
+        }
+        Call(mi, a);
+        break;
+      }
+    } else if (what < 74) {
+      // A running worker exits; its manager releases the exact slot.
+      for (const auto& [slot, token] : m.leases) {
+        if (token == 0 || workers_[token] != Worker::kRunning) continue;
+        workers_[token] = Worker::kExited;
+        wire::Request rel;
+        *rel.mutable_pool_release() = LeaseOp(m, slot, token);
+        Call(mi, rel);
+        break;
+      }
+    } else if (what < 79) {
+      // A worker exits while its manager is gone: nobody releases it (yet).
+      for (auto& [token, w] : workers_) {
+        if (w == Worker::kRunning && Pick(0, 2) == 0) {
+          w = Worker::kExited;
+          break;
+        }
+      }
+    } else if (what < 85) {
+      m.alive = false;  // the manager vanishes; its workers go on
+      if (Pick(0, 1) == 0) Replace(m.profile);
+    } else if (what < 89) {
+      // The operator recovers an active lease whose worker is gone and whose manager is too.
+      const PoolState* p = core_->service().state().FindPool(kPool);
+      if (p != nullptr) {
+        for (const auto& [key, lease] : p->leases) {
+          auto w = workers_.find(lease.token);
+          if (lease.active && (w == workers_.end() || w->second == Worker::kExited)) {
+            wire::Request rec;
+            auto* pr = rec.mutable_pool_recover();
+            pr->set_pool(kPool);
+            pr->set_profile(key.first);
+            pr->set_slot(key.second);
+            pr->set_token(lease.token);
+            pr->set_evidence("worker absent");
+            Call(-1, rec);
+            break;
+          }
+        }
+      }
+    } else if (what < 91) {
+      Restart();
+      return;
+    } else if (what < 92) {
+      ++figures_->faults;
+      if (trace_) std::printf("DISK FULL\n");
+      disk_.SetDiskFull(true);  // lockd stops admitting; the next restart clears it
+    } else {
+      // A stale manager wakes up and acts on what it remembers.
+      for (Manager& old : managers_) {
+        if (old.alive || old.epoch == 0 || old.leases.empty()) continue;
+        // Only a manager whose profile was claimed since is stale; one that merely vanished
+        // still owns its profile.
+        const bool superseded = std::any_of(managers_.begin(), managers_.end(), [&](const Manager& n) {
+          return n.profile == old.profile && n.epoch > old.epoch;
+        });
+        if (!superseded) continue;
+        const auto& [slot, token] = *old.leases.begin();
+        if (token == 0) continue;
+        wire::Request rel;
+        *rel.mutable_pool_release() = LeaseOp(old, slot, token);
+        Send(rel);  // refused: FENCED_OUT
+        break;
+      }
+    }
+    Settle();
+  }
+
+  std::mt19937_64 rng_;
+  MemEnv mem_;
+  FaultInjectingEnv disk_;
+  Figures* figures_;
+  ManualTimeSource time_;
+  std::deque<std::unique_ptr<Timer>> writer_steps_;
+  std::unique_ptr<ServerCore> core_;
+  std::unique_ptr<Sink> sink_;
+  ConnectionId conn_ = 0;
+  uint64_t request_id_ = 0;
+  std::map<uint64_t, Pending> pending_;
+  uint64_t budget_ = 0;
+  std::vector<std::string> profiles_;
+  std::vector<Manager> managers_;
+  std::map<uint64_t, Worker> workers_;
+  std::map<uint64_t, LedgerLease> ledger_;
+  uint64_t slots_ = 0;
+  const bool trace_ = std::getenv("FENCELOCK_POOL_TRACE") != nullptr;
+};
+
+TEST(PoolRandomTest, EveryDecisionStaysInBudgetAndNoRunningWorkerLosesItsLease) {
+  const char* count = std::getenv("FENCELOCK_POOL_SEEDS");
+  const char* one = std::getenv("FENCELOCK_POOL_SEED");
+  const int first = one != nullptr ? std::atoi(one) : 1;
+  const int seeds = one != nullptr ? 1 : count != nullptr ? std::atoi(count) : 500;
+  Figures figures;
+  for (int seed = first; seed < first + seeds && !::testing::Test::HasFailure(); ++seed) {
+    SCOPED_TRACE(absl::StrCat("seed ", seed, " (re-run alone: FENCELOCK_POOL_SEED=", seed, ")"));
+    AdmissionRun(static_cast<uint64_t>(seed), &figures).Go(1000);
+  }
+  std::printf("pool_random_test: %d seeds, %lu pool decisions checked: %lu grants, %lu "
+              "activations, %lu releases, %lu reconciliations, %lu "
+              "recoveries, %lu provisional expiries; %lu lockd restarts, %lu disk faults\n",
+              seeds, static_cast<unsigned long>(figures.decisions),
+              static_cast<unsigned long>(figures.grants),
+              static_cast<unsigned long>(figures.activations),
+              static_cast<unsigned long>(figures.releases),
+              static_cast<unsigned long>(figures.reconciliations),
+              static_cast<unsigned long>(figures.recoveries),
+              static_cast<unsigned long>(figures.expiries),
+              static_cast<unsigned long>(figures.restarts),
+              static_cast<unsigned long>(figures.faults));
+}
+
+}  // namespace
+}  // namespace fencelock::server

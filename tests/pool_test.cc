@@ -1,0 +1,221 @@
+// Admission pools against a real lockd: a disk fault blocks new admission but keeps every lease
+// granted and visible, and lockd comes back with them (ADR-0003's failure posture); a client
+// that speaks only protocol version 1 keeps its locks and is told pools need version 2; a
+// stranger who guesses an owner's epoch is refused; the permissions file's manage and operator
+// rights.
+//
+// lockd runs in-process for the disk fault (its file system is wrapped by a fault-injecting
+// Env); the rest starts lockd as a process.
+#include <signal.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <thread>
+
+#include "fencelock/wire.pb.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lock-client/pool_client.h"
+#include "lock-server/server.h"
+#include "lock-server/storage.h"
+#include "lock-server/testing/test_envs.h"
+#include "lockd_process.h"
+#include "raw_connection.h"
+
+namespace fencelock {
+namespace {
+
+using ::testing::HasSubstr;
+using server::Env;
+using server::FaultInjectingEnv;
+using testing::LockdProcess;
+using testing::RawConnection;
+
+class InProcessLockd {
+ public:
+  InProcessLockd(const std::string& dir, Env* env) {
+    server::ServerOptions options;
+    options.data_dir = dir;
+    options.env = env;
+    options.tcp_port = 0;
+    options.metrics_port = -1;
+    auto server = server::Server::Create(options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    thread_ = std::thread([this] { (void)server_->Run(); });
+  }
+  ~InProcessLockd() {
+    server_->Shutdown();
+    thread_.join();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(server_->tcp_port()); }
+
+ private:
+  std::unique_ptr<server::Server> server_;
+  std::thread thread_;
+};
+
+std::unique_ptr<PoolClient> Client(const std::string& address) {
+  auto c = PoolClient::Create({.server = address, .timeout = absl::Seconds(5)});
+  EXPECT_TRUE(c.ok()) << c.status();
+  return std::move(*c);
+}
+
+TEST(PoolFaultTest, ADiskFaultBlocksAdmissionKeepsLeasesAndRestartRestoresThem) {
+  testing::TempDir tmp;
+  const std::string dir = tmp.path() + "/state";
+  ASSERT_TRUE(server::InitDataDir(Env::Posix(), dir, 1 << 20).ok());
+  FaultInjectingEnv disk(Env::Posix());
+  PoolOwnerId owner;
+  uint64_t active = 0;
+  uint64_t decision = 0;
+  {
+    InProcessLockd lockd(dir, &disk);
+    auto c = Client(lockd.address());
+    ASSERT_TRUE(c->Publish("p", 1, 4, {{.id = "a"}}).ok());
+    auto claimed = c->Claim("p", "a", 1);
+    ASSERT_TRUE(claimed.ok()) << claimed.status();
+    owner = *claimed;
+    auto g = c->Acquire("p", "a", "s1", owner, absl::Seconds(30));
+    ASSERT_TRUE(g.ok() && g->granted) << g.status();
+    active = g->token;
+    auto d = c->Activate("p", "a", "s1", active, owner);
+    ASSERT_TRUE(d.ok()) << d.status();
+    decision = *d;
+
+    disk.SetDiskFull(true);
+    auto refused = c->Acquire("p", "a", "s2", owner, absl::Seconds(30));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+    disk.SetDiskFull(false);
+    // The fault stays until a restart: no new admission, the lease still granted and shown.
+    EXPECT_EQ(c->Acquire("p", "a", "s3", owner, absl::Seconds(30)).status().code(),
+              absl::StatusCode::kUnavailable);
+    EXPECT_EQ(c->Release("p", "a", "s1", active, owner).status().code(),
+              absl::StatusCode::kUnavailable);
+    auto view = c->Status("p");
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_THAT(view->degraded, HasSubstr("no new admission"));
+    ASSERT_GE(view->leases.size(), 1u);
+    EXPECT_EQ(view->leases[0].token, active);
+    EXPECT_TRUE(view->leases[0].active);
+  }
+  InProcessLockd restarted(dir, Env::Posix());
+  auto c = Client(restarted.address());
+  auto view = c->Status("p");
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_TRUE(view->degraded.empty());
+  ASSERT_EQ(view->leases.size(), 1u);  // s2's grant was never durable, never acknowledged
+  EXPECT_EQ(view->leases[0].token, active);
+  EXPECT_TRUE(view->leases[0].active);
+  EXPECT_EQ(view->decision, decision);
+  auto g = c->Acquire("p", "a", "s2", owner, absl::Seconds(30));
+  ASSERT_TRUE(g.ok() && g->granted) << g.status();
+  EXPECT_GT(g->token, active);
+}
+
+class PoolProtocolTest : public ::testing::Test {
+ protected:
+  PoolProtocolTest() : lockd_(std::make_unique<LockdProcess>()) {}
+  std::unique_ptr<LockdProcess> lockd_;
+};
+
+TEST_F(PoolProtocolTest, AVersionOneClientKeepsItsLocksAndIsToldPoolsNeedVersionTwo) {
+  RawConnection old = RawConnection::Tcp(lockd_->port());
+  wire::Request hello;
+  hello.mutable_hello()->set_min_version(1);
+  hello.mutable_hello()->set_max_version(1);
+  const wire::Response greeted = old.Call(hello);
+  ASSERT_EQ(greeted.code(), wire::OK) << greeted.message();
+  EXPECT_EQ(greeted.hello().version(), 1u);
+  wire::Request open;
+  open.mutable_open_session()->set_ttl_ms(10'000);
+  const wire::Response session = old.Call(open);
+  ASSERT_EQ(session.code(), wire::OK);
+  wire::Request acquire;
+  acquire.mutable_acquire()->set_session_id(session.open_session().session_id());
+  acquire.mutable_acquire()->set_lock("l");
+  const wire::Response granted = old.Call(acquire);
+  ASSERT_EQ(granted.code(), wire::OK);
+  EXPECT_TRUE(granted.acquire().granted());
+  wire::Request status;
+  status.mutable_pool_status()->set_pool("p");
+  const wire::Response refused = old.Call(status);
+  EXPECT_EQ(refused.code(), wire::UNSUPPORTED_VERSION);
+  EXPECT_THAT(refused.message(), HasSubstr("need protocol version 2"));
+  EXPECT_THAT(refused.message(), HasSubstr("negotiated version 1"));
+}
+
+TEST_F(PoolProtocolTest, AStrangerWithTheEpochButNotTheKeyIsRefused) {
+  auto c = Client("127.0.0.1:" + std::to_string(lockd_->port()));
+  ASSERT_TRUE(c->Publish("p", 1, 4, {{.id = "a"}}).ok());
+  auto owner = c->Claim("p", "a", 1);
+  ASSERT_TRUE(owner.ok());
+  auto g = c->Acquire("p", "a", "s1", *owner, absl::ZeroDuration());
+  ASSERT_TRUE(g.ok() && g->granted);
+  PoolOwnerId guess{owner->epoch, std::string(16, '\0')};
+  auto stranger = Client("127.0.0.1:" + std::to_string(lockd_->port()));
+  EXPECT_EQ(stranger->Release("p", "a", "s1", g->token, guess).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(stranger->Activate("p", "a", "s1", g->token, guess).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  auto view = c->Status("p");
+  ASSERT_TRUE(view.ok());
+  ASSERT_EQ(view->leases.size(), 1u);
+  EXPECT_FALSE(view->leases[0].active);
+}
+
+TEST_F(PoolProtocolTest, BadOwnerTextAndProfilesAreRefusedBeforeSending) {
+  EXPECT_FALSE(PoolOwnerId::Parse("").ok());
+  EXPECT_FALSE(PoolOwnerId::Parse("0:ab").ok());
+  EXPECT_FALSE(PoolOwnerId::Parse("3:xyz").ok());
+  EXPECT_FALSE(PoolOwnerId::Parse("3:abc").ok());
+  auto round = PoolOwnerId::Parse(PoolOwnerId{7, "\x01\xff"}.ToString());
+  ASSERT_TRUE(round.ok());
+  EXPECT_EQ(round->epoch, 7u);
+  EXPECT_EQ(round->key, "\x01\xff");
+  EXPECT_FALSE(PoolProfileDef::Parse(":cost=1").ok());
+  EXPECT_FALSE(PoolProfileDef::Parse("a:cost=x").ok());
+  EXPECT_FALSE(PoolProfileDef::Parse("a:lend").ok());
+  auto def = PoolProfileDef::Parse("a:cost=2:reserve=3:lendable:borrow");
+  ASSERT_TRUE(def.ok());
+  EXPECT_EQ(def->cost, 2u);
+  EXPECT_EQ(def->reserved, 3u);
+  EXPECT_TRUE(def->lendable && def->borrow);
+}
+
+TEST(PoolPermissionsTest, ManageAndOperatorRightsAreEnforced) {
+  testing::TempDir tmp;
+  const std::string file = tmp.path() + "/permissions";
+  const std::string me = "uid:" + std::to_string(getuid());
+  std::ofstream(file) << me << " manage p/a\n";
+  auto lockd = std::make_unique<LockdProcess>(
+      LockdProcess::Options{.unix_socket = true, .extra_args = {"--permissions=" + file}});
+  auto c = Client("unix:" + lockd->unix_path());
+  auto publish = c->Publish("p", 1, 4, {{.id = "a"}, {.id = "b"}});
+  EXPECT_EQ(publish.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(publish.status().message(), HasSubstr("no \"operator\" rule"));
+  std::ofstream(file) << me << " manage p/a\n" << me << " operator\n";
+  kill(lockd->pid(), SIGHUP);
+  absl::Status published = absl::UnknownError("not yet");
+  for (int i = 0; i < 200 && !published.ok(); ++i) {
+    published = c->Publish("p", 1, 4, {{.id = "a"}, {.id = "b"}}).status();
+    if (!published.ok()) usleep(10'000);
+  }
+  ASSERT_TRUE(published.ok()) << published;
+  std::ofstream(file) << me << " manage p/a\n";
+  kill(lockd->pid(), SIGHUP);
+  absl::Status recover = absl::OkStatus();
+  for (int i = 0; i < 200; ++i) {
+    recover = c->Recover("p", "a", "s", 1, "gone").status();
+    if (recover.code() == absl::StatusCode::kPermissionDenied) break;
+    usleep(10'000);
+  }
+  EXPECT_EQ(recover.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(c->Claim("p", "a", 1).ok());
+  auto b = c->Claim("p", "b", 1);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(b.status().message(), HasSubstr("may not manage p/b"));
+}
+
+}  // namespace
+}  // namespace fencelock
