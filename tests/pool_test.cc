@@ -20,6 +20,7 @@
 #include "lock-server/storage.h"
 #include "lock-server/testing/test_envs.h"
 #include "lockd_process.h"
+#include "metrics/http_get.h"
 #include "raw_connection.h"
 
 namespace fencelock {
@@ -162,6 +163,34 @@ TEST_F(PoolProtocolTest, AStrangerWithTheEpochButNotTheKeyIsRefused) {
   ASSERT_TRUE(view.ok());
   ASSERT_EQ(view->leases.size(), 1u);
   EXPECT_FALSE(view->leases[0].active);
+}
+
+TEST_F(PoolProtocolTest, MetricsShowEachPoolAndProfileAndUnknownDemandAsNaN) {
+  auto c = Client("127.0.0.1:" + std::to_string(lockd_->port()));
+  ASSERT_TRUE(c->Publish("p", 1, 4, {{.id = "a", .cost = 2}, {.id = "b"}}).ok());
+  auto a = c->Claim("p", "a", 1);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(c->SetDemand("p", "a", *a, 1).ok());
+  auto g = c->Acquire("p", "a", "s1", *a, absl::ZeroDuration());
+  ASSERT_TRUE(g.ok() && g->granted);
+  ASSERT_TRUE(c->Activate("p", "a", "s1", g->token, *a).ok());
+  std::string page;
+  for (int i = 0; i < 100; ++i) {  // lockd exports its figures every 250 ms
+    auto got = metrics::HttpGet("127.0.0.1", lockd_->metrics_port(), "/metrics");
+    ASSERT_TRUE(got.ok()) << got.status();
+    page = got->body;
+    if (page.find("lockd_pool_active_units{pool=\"p\",profile=\"a\"} 2") != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_THAT(page, HasSubstr("lockd_pool_budget_units{pool=\"p\"} 4"));
+  EXPECT_THAT(page, HasSubstr("lockd_pool_used_units{pool=\"p\"} 2"));
+  EXPECT_THAT(page, HasSubstr("lockd_pool_active_units{pool=\"p\",profile=\"a\"} 2"));
+  EXPECT_THAT(page, HasSubstr("lockd_pool_pending_units{pool=\"p\",profile=\"a\"} 0"));
+  EXPECT_THAT(page, HasSubstr("lockd_pool_pending_units{pool=\"p\",profile=\"b\"} Nan"));
+  EXPECT_THAT(page, HasSubstr("lockd_pool_complete{pool=\"p\"} 0"));
+  EXPECT_THAT(page, HasSubstr("lockd_pool_grants_total 1"));
+  // Never a slot name or a token.
+  EXPECT_THAT(page, ::testing::Not(HasSubstr("s1")));
 }
 
 TEST_F(PoolProtocolTest, BadOwnerTextAndProfilesAreRefusedBeforeSending) {

@@ -1,6 +1,7 @@
 #include "metrics_export.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 namespace fencelock::server {
@@ -74,6 +75,27 @@ void MetricsExport::ExportNow() {
         .Set(static_cast<double>(std::count_if(members.begin(), members.end(),
                                                [](const StoreMember& s) { return s.reachable; })));
   }
+  const PoolStats& pool = core_->service().pools().stats();
+  add("lockd_pool_grants_total", "Admission pools: provisional leases granted",
+      pool.grants_total, exported_pool_.grants_total);
+  add("lockd_pool_refusals_total", "Admission pools: acquires refused for want of units",
+      pool.refusals_total, exported_pool_.refusals_total);
+  add("lockd_pool_provisional_expiries_total",
+      "Admission pools: provisional leases that expired before activation",
+      pool.provisional_expiries_total, exported_pool_.provisional_expiries_total);
+  add("lockd_pool_reconciliations_total",
+      "Admission pools: leases released by a replacement manager that proved the worker absent",
+      pool.reconciliations_total, exported_pool_.reconciliations_total);
+  add("lockd_pool_recoveries_total",
+      "Admission pools: active leases freed by an operator's fenced recovery (tombstoned)",
+      pool.recoveries_total, exported_pool_.recoveries_total);
+  add("lockd_pool_stale_owner_total",
+      "Admission pools: requests refused from a manager whose profile was claimed since",
+      pool.stale_owner_total, exported_pool_.stale_owner_total);
+  add("lockd_pool_demand_expiries_total",
+      "Admission pools: positive demand dropped after --pool-demand-ttl without a refresh",
+      pool.demand_expiries_total, exported_pool_.demand_expiries_total);
+  ExportPools();
   m.GetGauge("lockd_disk_fault",
              "1 after a failed write or sync: lockd refuses mutations until restarted")
       .Set(log.fault() != nullptr ? 1.0 : 0.0);
@@ -88,6 +110,54 @@ void MetricsExport::ExportNow() {
   m.GetGauge("lockd_waiters", "Queued acquires").Set(static_cast<double>(service.waiter_count()));
   m.GetGauge("lockd_last_token", "The newest fencing token issued")
       .Set(static_cast<double>(service.state().last_token()));
+}
+
+void MetricsExport::ExportPools() {
+  metrics::Registry& m = *registry_;
+  const PoolService& pools = core_->service().pools();
+  const MonoTime now = time_->Now();
+  const double unknown = std::numeric_limits<double>::quiet_NaN();
+  for (const std::string& name : pools.PoolNames()) {
+    auto view = pools.View(name, now);
+    if (!view.ok()) continue;
+    const metrics::Labels pool{{"pool", name}};
+    auto gauge = [&](const char* metric, const char* help, double value,
+                     const metrics::Labels& labels) { m.GetGauge(metric, help, labels).Set(value); };
+    gauge("lockd_pool_budget_units", "Admission pools: the pool's budget",
+          static_cast<double>(view->budget), pool);
+    gauge("lockd_pool_used_units", "Admission pools: units held by active and provisional leases",
+          static_cast<double>(view->used), pool);
+    gauge("lockd_pool_policy_generation", "Admission pools: the published policy generation",
+          static_cast<double>(view->generation), pool);
+    gauge("lockd_pool_decision", "Admission pools: the pool's last decision number",
+          static_cast<double>(view->decision), pool);
+    gauge("lockd_pool_tombstones", "Admission pools: recovery tombstones kept",
+          static_cast<double>(view->tombstones.size()), pool);
+    gauge("lockd_pool_draining", "Admission pools: 1 while the pool takes no new admission",
+          view->draining ? 1.0 : 0.0, pool);
+    gauge("lockd_pool_complete",
+          "Admission pools: 1 while every profile has a manager on the current generation",
+          view->complete ? 1.0 : 0.0, pool);
+    for (const PoolProfileStatus& p : view->profiles) {
+      const metrics::Labels labels{{"pool", name}, {"profile", p.spec.id}};
+      gauge("lockd_pool_active_units", "Admission pools: units of a profile's active leases",
+            static_cast<double>(p.active_units), labels);
+      gauge("lockd_pool_provisional_units",
+            "Admission pools: units of a profile's provisional leases",
+            static_cast<double>(p.provisional_units), labels);
+      gauge("lockd_pool_pending_units",
+            "Admission pools: units of a profile's current demand; NaN when unknown (expired or "
+            "never published)",
+            p.pending_units ? static_cast<double>(*p.pending_units) : unknown, labels);
+      gauge("lockd_pool_withheld_units",
+            "Admission pools: fair units withheld from others for a profile; NaN when its "
+            "demand is unknown",
+            p.withheld_units ? static_cast<double>(*p.withheld_units) : unknown, labels);
+      gauge("lockd_pool_profile_compatible",
+            "Admission pools: 1 when the profile's manager acknowledged the current generation",
+            p.compatible ? 1.0 : 0.0, labels);
+    }
+  }
 }
 
 }  // namespace fencelock::server

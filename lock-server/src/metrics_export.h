@@ -24,6 +24,8 @@ class MetricsExport {
 
  private:
   void Arm();
+  // Gauges of every pool and profile (labels pool, profile).
+  void ExportPools();
 
   const ServerCore* const core_;
   std::unique_ptr<Timer> timer_;
@@ -32,6 +34,7 @@ class MetricsExport {
   CoreStats exported_;  // the totals already added to the counters
   uint64_t exported_commits_ = 0;
   uint64_t exported_commit_retries_ = 0;
+  PoolStats exported_pool_;
 };
 
 }  // namespace fencelock::server

@@ -103,43 +103,48 @@ void PoolService::DropExpiredDemand(const std::string& pool, MonoTime now) {
   }
 }
 
-uint64_t PoolService::ClaimedReservation(const PoolState& p, const std::string& pool,
-                                         const PoolProfileSpec& spec) const {
+const PoolService::Demand* PoolService::CurrentDemand(const std::string& pool,
+                                                      const std::string& profile,
+                                                      MonoTime now) const {
   auto pool_demand = demand_.find(pool);
-  if (pool_demand == demand_.end()) return 0;
-  auto d = pool_demand->second.find(spec.id);
-  if (d == pool_demand->second.end() || d->second.slots == 0) return 0;
-  return std::min(FreeReservation(p, spec), SaturatingMul(d->second.slots, spec.cost));
+  if (pool_demand == demand_.end()) return nullptr;
+  auto d = pool_demand->second.find(profile);
+  if (d == pool_demand->second.end()) return nullptr;
+  if (d->second.slots > 0 && d->second.expires_at <= now) return nullptr;  // expired: unknown
+  return &d->second;
+}
+
+uint64_t PoolService::ClaimedReservation(const PoolState& p, const std::string& pool,
+                                         const PoolProfileSpec& spec, MonoTime now) const {
+  const Demand* d = CurrentDemand(pool, spec.id, now);
+  if (d == nullptr || d->slots == 0) return 0;
+  return std::min(FreeReservation(p, spec), SaturatingMul(d->slots, spec.cost));
 }
 
 PoolService::Fairness PoolService::ComputeFairness(const PoolState& p, const std::string& pool,
-                                                   const std::string* requester) const {
+                                                   const std::string* requester,
+                                                   MonoTime now) const {
   Fairness f;
   // The fair units: the unreserved ones, and the lendable reservations except what their own
   // profiles want back now (a reservation serves its owner first).
-  auto pool_demand = demand_.find(pool);
   uint64_t reserved = 0;
   uint64_t lendable = 0;
   for (const PoolProfileSpec& spec : p.profiles) {
     reserved += spec.reserved;
-    if (spec.lendable) lendable += spec.reserved - ClaimedReservation(p, pool, spec);
+    if (spec.lendable) lendable += spec.reserved - ClaimedReservation(p, pool, spec, now);
   }
   f.fair_units = p.budget - reserved + lendable;
   std::vector<const PoolProfileSpec*> contenders;
   for (const PoolProfileSpec& spec : p.profiles) {
     const bool is_requester = requester != nullptr && *requester == spec.id;
-    bool wants = false;
-    if (pool_demand != demand_.end()) {
-      auto d = pool_demand->second.find(spec.id);
-      wants = d != pool_demand->second.end() && d->second.slots > 0;
-    }
-    if (wants || is_requester) contenders.push_back(&spec);
+    const Demand* d = CurrentDemand(pool, spec.id, now);
+    if ((d != nullptr && d->slots > 0) || is_requester) contenders.push_back(&spec);
   }
   f.contenders = contenders.size();
   f.share = f.contenders == 0 ? 0 : f.fair_units / f.contenders;
   for (const PoolProfileSpec* spec : contenders) {
     if (requester != nullptr && *requester == spec->id) continue;
-    const uint64_t slots = pool_demand->second.at(spec->id).slots;
+    const uint64_t slots = CurrentDemand(pool, spec->id, now)->slots;
     const uint64_t wanted = SaturatingMul(slots, spec->cost);
     const uint64_t own = FreeReservation(p, *spec);
     const uint64_t need = wanted > own ? wanted - own : 0;
@@ -319,7 +324,7 @@ absl::StatusOr<PoolGrant> PoolService::Acquire(const std::string& pool,
   demand.expires_at = now + options_.demand_ttl;
 
   const PoolProfileSpec& spec = *p.FindProfile(profile);
-  const Fairness f = ComputeFairness(p, pool, &profile);
+  const Fairness f = ComputeFairness(p, pool, &profile, now);
   const uint64_t free_units = p.budget - p.used();
   const uint64_t own_free = FreeReservation(p, spec);
   const uint64_t from_own = std::min(spec.cost, own_free);
@@ -331,7 +336,7 @@ absl::StatusOr<PoolGrant> PoolService::Acquire(const std::string& pool,
   for (const PoolProfileSpec& q : p.profiles) {
     if (q.id == profile) continue;
     kept_for_others += !q.lendable || !spec.borrow ? FreeReservation(p, q)
-                                                   : ClaimedReservation(p, pool, q);
+                                                   : ClaimedReservation(p, pool, q, now);
   }
   uint64_t withheld = 0;
   for (const auto& [id, units] : f.withheld) withheld += units;
@@ -479,11 +484,15 @@ absl::Status PoolService::SetDrain(const std::string& pool, bool draining, MonoT
 
 absl::StatusOr<PoolStatus> PoolService::Status(const std::string& pool, MonoTime now) {
   Advance(now);
+  DropExpiredDemand(pool, now);
+  return View(pool, now);
+}
+
+absl::StatusOr<PoolStatus> PoolService::View(const std::string& pool, MonoTime now) const {
   auto found = FindPool(pool);
   if (!found.ok()) return found.status();
-  DropExpiredDemand(pool, now);
   const PoolState& p = **found;
-  const Fairness f = ComputeFairness(p, pool, nullptr);
+  const Fairness f = ComputeFairness(p, pool, nullptr, now);
   PoolStatus out;
   out.pool = pool;
   out.generation = p.generation;
@@ -492,19 +501,16 @@ absl::StatusOr<PoolStatus> PoolService::Status(const std::string& pool, MonoTime
   out.decision = p.decision;
   out.draining = p.draining;
   out.complete = true;
-  auto pool_demand = demand_.find(pool);
   for (const PoolProfileSpec& spec : p.profiles) {
     PoolProfileStatus ps;
     ps.spec = spec;
     ps.active_units = p.ActiveUnits(spec.id);
     ps.provisional_units = p.UsedBy(spec.id) - ps.active_units;
-    if (pool_demand != demand_.end()) {
-      if (auto d = pool_demand->second.find(spec.id); d != pool_demand->second.end()) {
-        ps.pending_units = SaturatingMul(d->second.slots, spec.cost);
-        auto w = f.withheld.find(spec.id);
-        ps.withheld_units = w == f.withheld.end() ? 0 : w->second;
-        if (d->second.slots > 0) ps.demand_expires_in = d->second.expires_at - now;
-      }
+    if (const Demand* d = CurrentDemand(pool, spec.id, now); d != nullptr) {
+      ps.pending_units = SaturatingMul(d->slots, spec.cost);
+      auto w = f.withheld.find(spec.id);
+      ps.withheld_units = w == f.withheld.end() ? 0 : w->second;
+      if (d->slots > 0) ps.demand_expires_in = d->expires_at - now;
     }
     if (const PoolOwnerState* owner = p.FindOwner(spec.id); owner != nullptr) {
       ps.owner_epoch = owner->epoch;

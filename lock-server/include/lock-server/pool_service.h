@@ -184,6 +184,10 @@ class PoolService {
   absl::Status SetDrain(const std::string& pool, bool draining, MonoTime now);
 
   absl::StatusOr<PoolStatus> Status(const std::string& pool, MonoTime now);
+  // The same as of `now` without changing anything (expired demand shows as unknown; a
+  // provisional lease past its expiry still shows until the next mutation expires it): for
+  // the metrics export.
+  absl::StatusOr<PoolStatus> View(const std::string& pool, MonoTime now) const;
   // Names of every pool, ascending.
   std::vector<std::string> PoolNames() const;
   // True when no pool holds a lease.
@@ -221,11 +225,14 @@ class PoolService {
                                                    const char* if_missing);
   // Drops `pool`'s demand whose deadline passed by `now`.
   void DropExpiredDemand(const std::string& pool, MonoTime now);
+  // The profile's demand if it is current at `now` (known zero included); null when unknown.
+  const Demand* CurrentDemand(const std::string& pool, const std::string& profile,
+                              MonoTime now) const;
   // The part of `spec`'s free reservation its current demand wants (0 without demand).
   uint64_t ClaimedReservation(const PoolState& p, const std::string& pool,
-                              const PoolProfileSpec& spec) const;
+                              const PoolProfileSpec& spec, MonoTime now) const;
   Fairness ComputeFairness(const PoolState& p, const std::string& pool,
-                           const std::string* requester) const;
+                           const std::string* requester, MonoTime now) const;
   uint64_t NextDecision(const std::string& pool) const;
 
   PoolOptions options_;
