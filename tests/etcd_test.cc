@@ -19,6 +19,7 @@
 #include "clock/clock.h"
 #include "etcd_process.h"
 #include "lock-client/client.h"
+#include "lock-client/pool_client.h"
 #include "lock-server/blocking_connection.h"
 #include "lockd_process.h"
 #include "raw_connection.h"
@@ -92,6 +93,35 @@ TEST_F(EtcdTest, StateSurvivesAKilledLockdAndTokensKeepIncreasing) {
   const uint64_t next =
       again.Call(request::Acquire(session.session_id(), "payout/3")).acquire().token();
   EXPECT_GT(next, last);
+}
+
+// Admission pools keep their state in etcd like locks: a killed lockd's successor restores the
+// policy, the active lease, the owner epoch and the decision sequence, and never reissues a
+// token.
+TEST_F(EtcdTest, PoolLeasesSurviveAKilledLockdOnEtcd) {
+  LockdProcess lockd(Options("/fencelock/pools"));
+  auto c = PoolClient::Create({.server = lockd.tcp_address()});
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->Publish("p", 1, 4, {{.id = "a"}}).ok());
+  auto owner = (*c)->Claim("p", "a", 1);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  auto g = (*c)->Acquire("p", "a", "s1", *owner, absl::ZeroDuration());
+  ASSERT_TRUE(g.ok() && g->granted) << g.status();
+  auto decision = (*c)->Activate("p", "a", "s1", g->token, *owner);
+  ASSERT_TRUE(decision.ok()) << decision.status();
+  lockd.Kill();
+  lockd.Restart();
+  auto again = PoolClient::Create({.server = lockd.tcp_address()});
+  ASSERT_TRUE(again.ok());
+  auto view = (*again)->Status("p");
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_EQ(view->leases.size(), 1u);
+  EXPECT_TRUE(view->leases[0].active);
+  EXPECT_EQ(view->leases[0].token, g->token);
+  EXPECT_EQ(view->decision, *decision);
+  auto next = (*again)->Acquire("p", "a", "s2", *owner, absl::ZeroDuration());
+  ASSERT_TRUE(next.ok() && next->granted) << next.status();
+  EXPECT_GT(next->token, g->token);
 }
 
 TEST_F(EtcdTest, ASecondLockdOnThePrefixIsRefusedNamingTheFirst) {

@@ -212,6 +212,20 @@ TEST_F(PoolProtocolTest, BadOwnerTextAndProfilesAreRefusedBeforeSending) {
   EXPECT_TRUE(def->lendable && def->borrow);
 }
 
+TEST(PoolFlagsTest, AbsurdPoolTimingsAreRefusedNamingTheFlag) {
+  testing::TempDir tmp;
+  const std::string dir = tmp.path() + "/state";
+  ASSERT_EQ(testing::InitDataDir(dir), 0);
+  for (const std::string flag : {"--pool-demand-ttl=0s", "--pool-demand-ttl=1000h",
+                                 "--pool-provisional-ttl=1ms", "--pool-provisional-ttl=-5s"}) {
+    auto [status, err] = testing::RunLockdToExit(
+        {"serve", "--data-dir=" + dir, "--port=0", "--metrics-port=-1", flag});
+    EXPECT_NE(status, 0) << flag;
+    const std::string name = flag.substr(0, flag.find('='));
+    EXPECT_THAT(err, HasSubstr(name)) << flag;
+  }
+}
+
 TEST(PoolPermissionsTest, ManageAndOperatorRightsAreEnforced) {
   testing::TempDir tmp;
   const std::string file = tmp.path() + "/permissions";

@@ -48,6 +48,7 @@ PoolView ViewOf(const wire::PoolStatusReply& r) {
   v.draining = r.draining();
   v.complete = r.complete();
   v.degraded = r.degraded();
+  v.tombstones_kept = r.tombstones_kept();
   for (const auto& p : r.profiles()) {
     PoolProfileView pv;
     pv.profile = PoolProfileDef{p.id(), p.cost(), p.reserved(), p.lendable(), p.borrow()};

@@ -54,6 +54,7 @@ void FillStatus(const PoolStatus& s, wire::PoolStatusReply* out) {
     if (!l.lease.active) info->set_expires_in_ms(ToMillis(l.expires_in));
     info->set_decision(l.lease.decision);
   }
+  out->set_tombstones_kept(s.tombstones_kept);
   for (const PoolTombstone& t : s.tombstones) {
     wire::PoolTombstoneInfo* info = out->add_tombstones();
     info->set_profile(t.profile);

@@ -164,6 +164,7 @@ Struct StatusJson(const PoolView& v) {
   f["draining"] = Bool(v.draining);
   f["complete"] = Bool(v.complete);
   f["degraded"] = v.degraded.empty() ? Null() : Str(v.degraded);
+  f["tombstones_kept"] = Num(v.tombstones_kept);
   auto* profiles = f["profiles"].mutable_list_value();
   for (const PoolProfileView& p : v.profiles) {
     Struct s;

@@ -539,6 +539,81 @@ class AdmissionRun {
   const bool trace_ = std::getenv("FENCELOCK_POOL_TRACE") != nullptr;
 };
 
+// The largest pool lockd accepts, every unit leased under the longest names, still answers its
+// status in one frame of the default size.
+TEST(PoolLimitsTest, AFullPoolOfLongNamesAnswersItsStatusInOneFrame) {
+  MemEnv mem;
+  ASSERT_TRUE(InitDataDir(&mem, kDir, 1 << 20).ok());
+  ManualTimeSource time;
+  std::deque<std::unique_ptr<Timer>> steps;
+  LocalCommitLogOptions o{.env = &mem, .dir = kDir, .inline_sync_max_records = 0};
+  o.schedule_writer = [&](std::function<void()> step) {
+    steps.push_back(time.NewTimer());
+    steps.back()->ArmAt(time.Now() + kSyncTime, std::move(step));
+  };
+  auto opened = OpenLocalCommitLog(o, time.Now(), [&](std::function<void()> f) { time.Post(std::move(f)); });
+  ASSERT_TRUE(opened.ok());
+  const PoolOptions limits;
+  ServerCore core(CoreOptions{.log = [](const std::string&) {}}, &time, std::move(*opened));
+  core.Start();
+  Sink sink;
+  const ConnectionId c = core.Connect(&sink);
+  uint64_t id = 0;
+  auto send = [&](wire::Request r) {
+    r.set_request_id(++id);
+    const std::string payload = r.SerializeAsString();
+    core.Receive(c, std::span<const std::string>(&payload, 1));
+  };
+  wire::Request hello;
+  hello.mutable_hello()->set_min_version(2);
+  hello.mutable_hello()->set_max_version(2);
+  send(hello);
+  const std::string pool(limits.max_name_bytes, 'p'), profile(limits.max_name_bytes, 'a');
+  wire::Request publish;
+  publish.mutable_pool_publish()->set_pool(pool);
+  publish.mutable_pool_publish()->set_generation(1);
+  publish.mutable_pool_publish()->set_budget(limits.max_budget);
+  publish.mutable_pool_publish()->add_profiles()->set_id(profile);
+  publish.mutable_pool_publish()->mutable_profiles(0)->set_cost(1);
+  send(publish);
+  wire::Request claim;
+  claim.mutable_pool_claim()->set_pool(pool);
+  claim.mutable_pool_claim()->set_profile(profile);
+  claim.mutable_pool_claim()->set_generation(1);
+  send(claim);
+  time.Advance(absl::Seconds(1));
+  wire::PoolOwnerRef owner;
+  for (const wire::Response& r : sink.Take()) {
+    if (r.has_pool_claim()) owner = r.pool_claim().owner();
+  }
+  ASSERT_EQ(owner.epoch(), 1u);
+  for (uint64_t i = 0; i < limits.max_budget; ++i) {
+    wire::Request a;
+    auto* pa = a.mutable_pool_acquire();
+    pa->set_pool(pool);
+    pa->set_profile(profile);
+    std::string slot = absl::StrCat(i, "-");
+    slot.resize(limits.max_name_bytes, 's');
+    pa->set_slot(slot);
+    *pa->mutable_owner() = owner;
+    pa->set_ttl_ms(3'600'000);
+    send(a);
+  }
+  time.Advance(absl::Seconds(1));
+  (void)sink.Take();
+  wire::Request status;
+  status.mutable_pool_status()->set_pool(pool);
+  send(status);
+  time.Advance(absl::Seconds(1));
+  auto replies = sink.Take();
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].code(), wire::OK) << replies[0].message();
+  EXPECT_EQ(replies[0].pool_status().leases_size(), static_cast<int>(limits.max_budget));
+  std::printf("a full pool's status: %zu bytes\n", replies[0].ByteSizeLong());
+  core.Stop();
+  time.RunDue();
+}
+
 TEST(PoolRandomTest, EveryDecisionStaysInBudgetAndNoRunningWorkerLosesItsLease) {
   const char* count = std::getenv("FENCELOCK_POOL_SEEDS");
   const char* one = std::getenv("FENCELOCK_POOL_SEED");

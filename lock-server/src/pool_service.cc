@@ -217,12 +217,13 @@ absl::StatusOr<uint64_t> PoolService::Publish(const std::string& pool, PoolPolic
           "incompatible policy generation ", policy.generation, ": budget ", policy.budget,
           " is below the ", current->used(), " units pool ", pool, " has leased"));
     }
-    for (const auto& [key, lease] : current->leases) {
+    for (const auto& entry : current->leases) {
+      const std::string& leased = entry.first.first;
       if (std::none_of(policy.profiles.begin(), policy.profiles.end(),
-                       [&](const PoolProfileSpec& s) { return s.id == key.first; })) {
+                       [&](const PoolProfileSpec& s) { return s.id == leased; })) {
         return absl::FailedPreconditionError(absl::StrCat(
             "incompatible policy generation ", policy.generation, ": it drops profile ",
-            key.first, ", which holds leases in pool ", pool));
+            leased, ", which holds leases in pool ", pool));
       }
     }
   }
@@ -525,7 +526,9 @@ absl::StatusOr<PoolStatus> PoolService::View(const std::string& pool, MonoTime n
         key.first, key.second, lease,
         lease.active ? absl::ZeroDuration() : std::max(absl::ZeroDuration(), lease.expires_at - now)});
   }
-  out.tombstones.assign(p.tombstones.begin(), p.tombstones.end());
+  const size_t shown = std::min(p.tombstones.size(), kPoolTombstonesShown);
+  out.tombstones.assign(p.tombstones.end() - static_cast<std::ptrdiff_t>(shown), p.tombstones.end());
+  out.tombstones_kept = p.tombstones.size();
   return out;
 }
 

@@ -117,7 +117,8 @@ struct PoolView {
   std::string degraded;    // non-empty after a coordinator fault: no new admission
   std::vector<PoolProfileView> profiles;
   std::vector<PoolLeaseView> leases;
-  std::vector<PoolTombstoneView> tombstones;
+  std::vector<PoolTombstoneView> tombstones;  // the newest 64
+  uint64_t tombstones_kept = 0;               // all lockd keeps (at most 1024)
 };
 
 class PoolClient {

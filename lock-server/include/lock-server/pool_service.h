@@ -52,14 +52,15 @@ struct PoolOptions {
   // Accepted range of a requested provisional TTL. Default: 100 ms to 1 h.
   absl::Duration min_provisional_ttl = absl::Milliseconds(100);
   absl::Duration max_provisional_ttl = absl::Hours(1);
-  // Largest budget a pool may have; every unit may become one lease in status. Default: 10000.
-  uint64_t max_budget = 10000;
+  // Largest budget a pool may have; every unit may become one lease in status, and a full
+  // pool's status must fit in one frame of the default 1 MiB. Default: 4096.
+  uint64_t max_budget = 4096;
   // Most profiles in one policy. Default: 256.
   size_t max_profiles = 256;
   // Most pools lockd coordinates. Default: 64.
   size_t max_pools = 64;
-  // Longest pool, profile or slot name, in bytes. Default: 128.
-  size_t max_name_bytes = 128;
+  // Longest pool, profile or slot name, in bytes. Default: 64.
+  size_t max_name_bytes = 64;
   // Longest recovery evidence, in bytes. Default: 1024.
   size_t max_evidence_bytes = 1024;
 };
@@ -117,8 +118,12 @@ struct PoolStatus {
   bool complete = false;
   std::vector<PoolProfileStatus> profiles;
   std::vector<PoolLeaseStatus> leases;
-  std::vector<PoolTombstone> tombstones;
+  std::vector<PoolTombstone> tombstones;  // the newest kPoolTombstonesShown, oldest first
+  uint64_t tombstones_kept = 0;           // all that lockd keeps (kPoolTombstonesKept at most)
 };
+
+// Tombstones a status shows (the newest); lockd keeps more (kPoolTombstonesKept).
+inline constexpr size_t kPoolTombstonesShown = 64;
 
 struct PoolStats {
   uint64_t grants_total = 0;
