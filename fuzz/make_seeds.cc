@@ -150,6 +150,85 @@ int main(int argc, char** argv) {
             Step(1, Resume(6, 1, "fuzz-secret-0002"), 1) + Step(1, Resume(7, 1, "fuzz-secret-0001"), 1) +
             Step(1, KeepAlive(8, 1, "a", 1), 1) + Step(1, KeepAlive(9, 1, "a", 1)) +
             Step(1, validate_as_holder, 1) + Step(1, Release(10, 1, "a", 1), 1) + Step(1, close));
+  // Admission pools: publish, claim, demand, acquire, activate, release, a stranger's owner,
+  // recover, drain, stop, status.
+  {
+    wire::Request publish;
+    publish.set_request_id(20);
+    auto* pp = publish.mutable_pool_publish();
+    pp->set_pool("p");
+    pp->set_generation(1);
+    pp->set_budget(4);
+    pp->add_profiles()->set_id("a");
+    pp->mutable_profiles(0)->set_cost(1);
+    auto* b = pp->add_profiles();
+    b->set_id("b");
+    b->set_cost(2);
+    b->set_reserved(2);
+    b->set_lendable(true);
+    wire::Request claim;
+    claim.set_request_id(21);
+    claim.mutable_pool_claim()->set_pool("p");
+    claim.mutable_pool_claim()->set_profile("a");
+    claim.mutable_pool_claim()->set_generation(1);
+    wire::PoolOwnerRef owner;
+    owner.set_epoch(1);
+    owner.set_key("fuzz-secret-0001");
+    wire::Request demand;
+    demand.set_request_id(22);
+    demand.mutable_pool_set_demand()->set_pool("p");
+    demand.mutable_pool_set_demand()->set_profile("a");
+    *demand.mutable_pool_set_demand()->mutable_owner() = owner;
+    demand.mutable_pool_set_demand()->set_slots(3);
+    wire::Request acquire;
+    acquire.set_request_id(23);
+    acquire.mutable_pool_acquire()->set_pool("p");
+    acquire.mutable_pool_acquire()->set_profile("a");
+    acquire.mutable_pool_acquire()->set_slot("s1");
+    *acquire.mutable_pool_acquire()->mutable_owner() = owner;
+    acquire.mutable_pool_acquire()->set_ttl_ms(500);
+    wire::PoolLeaseOp op;
+    op.set_pool("p");
+    op.set_profile("a");
+    op.set_slot("s1");
+    op.set_token(1);
+    *op.mutable_owner() = owner;
+    wire::Request activate;
+    activate.set_request_id(24);
+    *activate.mutable_pool_activate() = op;
+    wire::Request renew;
+    renew.set_request_id(25);
+    *renew.mutable_pool_renew() = op;
+    wire::Request release;
+    release.set_request_id(26);
+    *release.mutable_pool_release() = op;
+    wire::Request stranger = release;
+    stranger.set_request_id(27);
+    stranger.mutable_pool_release()->mutable_owner()->set_key("guess");
+    wire::Request recover;
+    recover.set_request_id(28);
+    recover.mutable_pool_recover()->set_pool("p");
+    recover.mutable_pool_recover()->set_profile("a");
+    recover.mutable_pool_recover()->set_slot("s1");
+    recover.mutable_pool_recover()->set_token(1);
+    recover.mutable_pool_recover()->set_evidence("gone");
+    wire::Request drain;
+    drain.set_request_id(29);
+    drain.mutable_pool_drain()->set_pool("p");
+    drain.mutable_pool_drain()->set_draining(true);
+    wire::Request status;
+    status.set_request_id(30);
+    status.mutable_pool_status()->set_pool("p");
+    wire::Request stop;
+    stop.set_request_id(31);
+    stop.mutable_pool_stop();
+    Write(root / "dispatch_fuzz", "pools",
+          Step(0, Hello()) + Step(0, publish) + Step(0, claim) + Step(0, demand) +
+              Step(0, acquire) + Step(1, renew) + Step(1, activate) + Step(1, stranger) +
+              Step(1, status) + Step(1, recover) + Step(1, acquire) + Step(40, status) +
+              Step(1, release) + Step(1, drain) + Step(1, stop) + Step(1, status));
+  }
+
   // The first input dispatch_fuzz stopped on (its check, not lockd, was wrong): a lease runs
   // out while a waiter queues, and the next Acquire of another lock first hands the expired
   // lock to the waiter (token 2) and then takes token 3 itself.
@@ -171,7 +250,13 @@ int main(int argc, char** argv) {
            record::LockGranted{"a", 1, 1, absl::Seconds(10)},
            record::LockReleased{"a", 1, ReleaseReason::kReleased},
            record::LockGranted{"b", 1, 2, absl::Seconds(10)},
-           record::SessionEnded{1, EndReason::kExpired}}) {
+           record::SessionEnded{1, EndReason::kExpired},
+           record::PoolPolicyPublished{"p", 1, 4, {{"a", 1, 0, false, true}, {"b", 2, 2, true, false}}, 1},
+           record::PoolProfileClaimed{"p", "a", 1, "key", 1},
+           record::PoolLeaseGranted{"p", "a", "s1", 3, 1, 1, absl::Seconds(5), 2},
+           record::PoolLeaseActivated{"p", "a", "s1", 3, 3},
+           record::PoolLeaseRecovered{"p", "a", "s1", 3, "gone", 4},
+           record::PoolDrainSet{"p", true}}) {
     const std::string p = RecordPayload(r);
     records += static_cast<char>(p.size() & 0xff);
     records += static_cast<char>(p.size() >> 8);
@@ -190,6 +275,11 @@ int main(int argc, char** argv) {
   state.Apply(record::SessionOpened{2, absl::Seconds(5)}, t0);
   state.Apply(record::LockGranted{"a", 1, 1, absl::Seconds(10)}, t0);
   state.Apply(record::LockGranted{"b", 2, 2, absl::Seconds(3)}, t0);
+  state.Apply(record::PoolPolicyPublished{"p", 1, 4, {{"a", 1, 0, false, true}}, 1}, t0);
+  state.Apply(record::PoolProfileClaimed{"p", "a", 1, "key", 1}, t0);
+  state.Apply(record::PoolLeaseGranted{"p", "a", "s1", 3, 1, 1, absl::Seconds(5), 2}, t0);
+  state.Apply(record::PoolLeaseActivated{"p", "a", "s1", 3, 3}, t0);
+  state.Apply(record::PoolLeaseGranted{"p", "a", "s2", 4, 1, 1, absl::Seconds(5), 4}, t0);
   const std::string snapshot = EncodeSnapshot(state, 0);
   Write(root / "snapshot_fuzz", "payload", std::string(1, '\0') + snapshot.substr(24));
   Write(root / "snapshot_fuzz", "raw", std::string(1, '\x01') + snapshot);
