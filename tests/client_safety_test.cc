@@ -223,5 +223,19 @@ TEST_F(ClientSafetyTest, SlowHeartbeatsRaiseTheRevisitGaugeAndWarnOnce) {
   EXPECT_THAT(warnings_[0], HasSubstr("heartbeat RTT p99 2s exceeds a third of lease x margin (1.5s)"));
 }
 
+// A heartbeat that times out took at least its timeout: it counts in the RTT figures as that
+// much, so that the slow tail the margin's revisit trigger watches is not hidden by failures.
+TEST_F(ClientSafetyTest, ATimedOutHeartbeatCountsAsAnRttOfItsTimeout) {
+  ClientOptions options = Options();
+  options.request_timeout = absl::Milliseconds(300);
+  auto client = NewClient(options);
+  ASSERT_TRUE(client->renewNow().ok());
+  EXPECT_EQ(client->heartbeat_rtt_p99(), absl::ZeroDuration());  // simulated time stood still
+  proxy_.Set(Dir::kToClient, Mode::kHold);
+  EXPECT_EQ(client->renewNow().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(client->heartbeat_rtt_p99(), absl::Milliseconds(300));
+  EXPECT_EQ(client->metrics()->GetCounter("lock_heartbeat_failures_total", "").value(), 1);
+}
+
 }  // namespace
 }  // namespace fencelock
