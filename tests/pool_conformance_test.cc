@@ -4,6 +4,7 @@
 // the same protocol conformance fixtures".
 #include <sys/wait.h>
 
+#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -15,8 +16,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
-#include "google/protobuf/struct.pb.h"
-#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "lock-client/pool_client.h"
 #include "lockd_process.h"
@@ -215,6 +214,97 @@ TEST(PoolConformanceTest, TheLibraryPassesTheFixtures) {
   RunFixtures([&](const Step& s) { return ThroughLibrary(**client, s); });
 }
 
+// A small JSON reader for lockctl's output (protobuf's Struct is not usable under
+// ThreadSanitizer with Debian's uninstrumented libprotobuf).
+struct JsonNode {
+  enum Kind { kScalar, kList, kObject } kind = kScalar;
+  std::string scalar;  // numbers, true/false/null as written; strings unquoted
+  std::vector<JsonNode> items;
+  std::vector<std::pair<std::string, JsonNode>> members;
+};
+
+class JsonReader {
+ public:
+  explicit JsonReader(const std::string& text) : t_(text) {}
+  bool Parse(JsonNode* out) {
+    if (!Value(out)) return false;
+    Space();
+    return i_ == t_.size();
+  }
+
+ private:
+  void Space() {
+    while (i_ < t_.size() && std::isspace(static_cast<unsigned char>(t_[i_]))) ++i_;
+  }
+  bool String(std::string* out) {
+    if (t_[i_] != '"') return false;
+    for (++i_; i_ < t_.size() && t_[i_] != '"'; ++i_) {
+      if (t_[i_] == '\\' && i_ + 1 < t_.size()) {
+        const char e = t_[++i_];
+        if (e == 'u' && i_ + 4 < t_.size()) {
+          *out += static_cast<char>(std::stoi(t_.substr(i_ + 1, 4), nullptr, 16));
+          i_ += 4;
+        } else {
+          *out += e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e;
+        }
+      } else {
+        *out += t_[i_];
+      }
+    }
+    if (i_ >= t_.size()) return false;
+    ++i_;
+    return true;
+  }
+  bool Value(JsonNode* out) {
+    Space();
+    if (i_ >= t_.size()) return false;
+    const char c = t_[i_];
+    if (c == '"') return String(&out->scalar);
+    if (c == '[' || c == '{') {
+      const bool list = c == '[';
+      out->kind = list ? JsonNode::kList : JsonNode::kObject;
+      ++i_;
+      Space();
+      if (i_ < t_.size() && t_[i_] == (list ? ']' : '}')) {
+        ++i_;
+        return true;
+      }
+      for (;;) {
+        Space();
+        if (list) {
+          out->items.emplace_back();
+          if (!Value(&out->items.back())) return false;
+        } else {
+          std::string key;
+          if (!String(&key)) return false;
+          Space();
+          if (i_ >= t_.size() || t_[i_++] != ':') return false;
+          out->members.emplace_back(key, JsonNode{});
+          if (!Value(&out->members.back().second)) return false;
+        }
+        Space();
+        if (i_ >= t_.size()) return false;
+        if (t_[i_] == ',') {
+          ++i_;
+          continue;
+        }
+        if (t_[i_++] != (list ? ']' : '}')) return false;
+        return true;
+      }
+    }
+    const size_t start = i_;
+    while (i_ < t_.size() && (std::isalnum(static_cast<unsigned char>(t_[i_])) || t_[i_] == '-' ||
+                              t_[i_] == '.')) {
+      ++i_;
+    }
+    out->scalar = t_.substr(start, i_ - start);
+    return i_ > start;
+  }
+
+  const std::string& t_;
+  size_t i_ = 0;
+};
+
 // lockctl's outcome: its --json object, flattened the way the fixtures name fields, and its
 // exit status checked against the code (docs/admission.md's table).
 Outcome ThroughLockctl(const std::string& server, const Step& s) {
@@ -226,35 +316,22 @@ Outcome ThroughLockctl(const std::string& server, const Step& s) {
   for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) text.append(buf, n);
   const int status = pclose(p);
   const int exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  google::protobuf::Struct json;
-  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(text, &json).ok()) << text;
+  JsonNode json;
+  EXPECT_TRUE(JsonReader(text).Parse(&json) && json.kind == JsonNode::kObject) << text;
   Outcome out;
-  auto scalar = [](const google::protobuf::Value& v) -> std::string {
-    switch (v.kind_case()) {
-      case google::protobuf::Value::kNullValue:
-        return "null";
-      case google::protobuf::Value::kBoolValue:
-        return v.bool_value() ? "true" : "false";
-      case google::protobuf::Value::kNumberValue:
-        return absl::StrCat(static_cast<uint64_t>(v.number_value()));
-      case google::protobuf::Value::kStringValue:
-        return v.string_value();
-      default:
-        return "";
-    }
-  };
-  for (const auto& [k, v] : json.fields()) {
-    if (v.has_list_value()) {
-      out[k] = absl::StrCat(v.list_value().values_size());
-      for (const auto& item : v.list_value().values()) {
-        const auto& f = item.struct_value().fields();
-        const std::string prefix = k == "profiles" ? "profile." + f.at("id").string_value() + "."
-                                   : k == "leases" ? "lease." + f.at("slot").string_value() + "."
+  for (const auto& [k, v] : json.members) {
+    if (v.kind == JsonNode::kList) {
+      out[k] = absl::StrCat(v.items.size());
+      for (const JsonNode& item : v.items) {
+        std::map<std::string, std::string> f;
+        for (const auto& [fk, fv] : item.members) f[fk] = fv.scalar;
+        const std::string prefix = k == "profiles" ? "profile." + f["id"] + "."
+                                   : k == "leases" ? "lease." + f["slot"] + "."
                                                    : k + ".";
-        for (const auto& [fk, fv] : f) out[prefix + fk] = scalar(fv);
+        for (const auto& [fk, fv] : f) out[prefix + fk] = fv;
       }
     } else {
-      out[k] = scalar(v);
+      out[k] = v.scalar;
     }
   }
   static const std::map<std::string, int> kExit = {

@@ -21,7 +21,6 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/struct.pb.h"
 #include "fencelock/wire.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "lock-server/blocking_connection.h"
@@ -122,10 +121,8 @@ int Main(const std::string& command) {
     // A standby replica answers only that it stands by, and who serves.
     const std::string serving(leader->Flatten());
     if (json) {
-      google::protobuf::Struct out;
-      (*out.mutable_fields())["role"].set_string_value("standby");
-      (*out.mutable_fields())["leader"].set_string_value(serving);
-      std::printf("%s", Json(out).c_str());
+      std::printf("{\n  \"leader\": %s,\n  \"role\": \"standby\"\n}\n",
+                  fencelock::JsonString(serving).c_str());
     } else {
       std::printf("lockd at %s\n", absl::GetFlag(FLAGS_server).c_str());
       std::printf("  role              standby (--etcd-standby): takes over when the serving "

@@ -14,14 +14,14 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "google/protobuf/struct.pb.h"
-#include "google/protobuf/util/json_util.h"
 #include "lock-client/pool_client.h"
 
 ABSL_FLAG(std::string, pool, "", "pool: the pool's name");
@@ -44,43 +44,116 @@ ABSL_FLAG(bool, off, false, "pool drain: end draining instead");
 namespace fencelock {
 namespace {
 
-using google::protobuf::Struct;
-using google::protobuf::Value;
+// A JSON value, written by hand: protobuf's google.protobuf.Struct lives in Debian's
+// libprotobuf, whose map layout differs from what a ThreadSanitizer build's headers expect.
+class Json {
+ public:
+  static Json Object() { return Json(kObject); }
+  static Json List() { return Json(kList); }
+  static Json Null() { return Json(kNull); }
+  static Json Bool(bool b) {
+    Json j(kBool);
+    j.bool_ = b;
+    return j;
+  }
+  static Json Num(uint64_t n) {
+    Json j(kNumber);
+    j.number_ = n;
+    return j;
+  }
+  static Json Str(std::string s) {
+    Json j(kString);
+    j.string_ = std::move(s);
+    return j;
+  }
+  // Object: the member `key`, created (null) if absent; members print in key order.
+  Json& operator[](const std::string& key) { return members_[key]; }
+  // List: appends `v`.
+  void Append(Json v) { items_.push_back(std::move(v)); }
+  std::string Print() const {
+    std::string out;
+    PrintTo(&out, 0);
+    return out + "\n";
+  }
+  Json() = default;
 
-Value Num(uint64_t v) {
-  Value out;
-  out.set_number_value(static_cast<double>(v));
-  return out;
-}
-Value Str(const std::string& s) {
-  Value out;
-  out.set_string_value(s);
-  return out;
-}
-Value Bool(bool b) {
-  Value out;
-  out.set_bool_value(b);
-  return out;
-}
-Value Null() {
-  Value out;
-  out.set_null_value(google::protobuf::NULL_VALUE);
-  return out;
-}
+ private:
+  enum Kind { kNull, kBool, kNumber, kString, kList, kObject };
+  explicit Json(Kind kind) : kind_(kind) {}
+  static void Quote(const std::string& s, std::string* out) {
+    *out += '"';
+    for (unsigned char c : s) {
+      switch (c) {
+        case '"': *out += "\\\""; break;
+        case '\\': *out += "\\\\"; break;
+        case '\n': *out += "\\n"; break;
+        case '\r': *out += "\\r"; break;
+        case '\t': *out += "\\t"; break;
+        default:
+          if (c < 0x20) {
+            char buf[8];
+            std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+            *out += buf;
+          } else {
+            *out += static_cast<char>(c);
+          }
+      }
+    }
+    *out += '"';
+  }
+  void PrintTo(std::string* out, int depth) const {
+    const std::string pad(2 * (depth + 1), ' '), end(2 * depth, ' ');
+    switch (kind_) {
+      case kNull: *out += "null"; return;
+      case kBool: *out += bool_ ? "true" : "false"; return;
+      case kNumber: *out += std::to_string(number_); return;
+      case kString: Quote(string_, out); return;
+      case kList: {
+        if (items_.empty()) { *out += "[]"; return; }
+        *out += "[\n";
+        for (size_t i = 0; i < items_.size(); ++i) {
+          *out += pad;
+          items_[i].PrintTo(out, depth + 1);
+          *out += i + 1 < items_.size() ? ",\n" : "\n";
+        }
+        *out += end + "]";
+        return;
+      }
+      case kObject: {
+        if (members_.empty()) { *out += "{}"; return; }
+        *out += "{\n";
+        size_t i = 0;
+        for (const auto& [key, value] : members_) {
+          *out += pad;
+          Quote(key, out);
+          *out += ": ";
+          value.PrintTo(out, depth + 1);
+          *out += ++i < members_.size() ? ",\n" : "\n";
+        }
+        *out += end + "}";
+        return;
+      }
+    }
+  }
+
+  Kind kind_ = kNull;
+  bool bool_ = false;
+  uint64_t number_ = 0;
+  std::string string_;
+  std::vector<Json> items_;
+  std::map<std::string, Json> members_;
+};
+
+Json Num(uint64_t v) { return Json::Num(v); }
+Json Str(const std::string& s) { return Json::Str(s); }
+Json Bool(bool b) { return Json::Bool(b); }
+Json Null() { return Json::Null(); }
 template <typename T>
-Value NumOrNull(const std::optional<T>& v) {
+Json NumOrNull(const std::optional<T>& v) {
   return v ? Num(static_cast<uint64_t>(*v)) : Null();
 }
 uint64_t Ms(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
 
-std::string Print(const Struct& s) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(s, &out, options);
-  return out;
-}
 
 struct Code {
   const char* name;
@@ -114,11 +187,11 @@ class PoolCommand {
   PoolCommand(bool json) : json_(json) {}
 
   // Prints `fields` (JSON) or `text`, and returns exit 0.
-  int Done(Struct fields, const std::string& text) {
+  int Done(Json fields, const std::string& text) {
     if (json_) {
-      (*fields.mutable_fields())["ok"] = Bool(true);
-      (*fields.mutable_fields())["code"] = Str("OK");
-      std::printf("%s", Print(fields).c_str());
+      fields["ok"] = Bool(true);
+      fields["code"] = Str("OK");
+      std::printf("%s", fields.Print().c_str());
     } else if (!text.empty()) {
       std::printf("%s\n", text.c_str());
     }
@@ -127,11 +200,11 @@ class PoolCommand {
   int Failed(const absl::Status& s) {
     const Code c = CodeOf(s);
     if (json_) {
-      Struct out;
-      (*out.mutable_fields())["ok"] = Bool(false);
-      (*out.mutable_fields())["code"] = Str(c.name);
-      (*out.mutable_fields())["message"] = Str(std::string(s.message()));
-      std::printf("%s", Print(out).c_str());
+      Json out = Json::Object();
+      out["ok"] = Bool(false);
+      out["code"] = Str(c.name);
+      out["message"] = Str(std::string(s.message()));
+      std::printf("%s", out.Print().c_str());
     }
     std::fprintf(stderr, "lockctl: %s: %s\n", c.name, std::string(s.message()).c_str());
     return c.exit;
@@ -139,11 +212,11 @@ class PoolCommand {
   int Usage(const std::string& why) {
     std::fprintf(stderr, "lockctl: %s\n", why.c_str());
     if (json_) {
-      Struct out;
-      (*out.mutable_fields())["ok"] = Bool(false);
-      (*out.mutable_fields())["code"] = Str("USAGE");
-      (*out.mutable_fields())["message"] = Str(why);
-      std::printf("%s", Print(out).c_str());
+      Json out = Json::Object();
+      out["ok"] = Bool(false);
+      out["code"] = Str("USAGE");
+      out["message"] = Str(why);
+      std::printf("%s", out.Print().c_str());
     }
     return 2;
   }
@@ -152,9 +225,9 @@ class PoolCommand {
   bool json_;
 };
 
-Struct StatusJson(const PoolView& v) {
-  Struct out;
-  auto& f = *out.mutable_fields();
+Json StatusJson(const PoolView& v) {
+  Json out = Json::Object();
+  auto& f = out;
   f["pool"] = Str(v.pool);
   f["generation"] = Num(v.generation);
   f["budget"] = Num(v.budget);
@@ -165,10 +238,10 @@ Struct StatusJson(const PoolView& v) {
   f["complete"] = Bool(v.complete);
   f["degraded"] = v.degraded.empty() ? Null() : Str(v.degraded);
   f["tombstones_kept"] = Num(v.tombstones_kept);
-  auto* profiles = f["profiles"].mutable_list_value();
+  Json profiles = Json::List();
   for (const PoolProfileView& p : v.profiles) {
-    Struct s;
-    auto& g = *s.mutable_fields();
+    Json s = Json::Object();
+    auto& g = s;
     g["id"] = Str(p.profile.id);
     g["cost"] = Num(p.profile.cost);
     g["reserved"] = Num(p.profile.reserved);
@@ -183,12 +256,12 @@ Struct StatusJson(const PoolView& v) {
     g["owner_epoch"] = Num(p.owner_epoch);
     g["acked_generation"] = Num(p.acked_generation);
     g["compatible"] = Bool(p.compatible);
-    *profiles->add_values()->mutable_struct_value() = std::move(s);
+    profiles.Append(std::move(s));
   }
-  auto* leases = f["leases"].mutable_list_value();
+  Json leases = Json::List();
   for (const PoolLeaseView& l : v.leases) {
-    Struct s;
-    auto& g = *s.mutable_fields();
+    Json s = Json::Object();
+    auto& g = s;
     g["profile"] = Str(l.profile);
     g["slot"] = Str(l.slot);
     g["token"] = Num(l.token);
@@ -197,20 +270,23 @@ Struct StatusJson(const PoolView& v) {
     g["state"] = Str(l.active ? "active" : "provisional");
     g["expires_in_ms"] = l.active ? Null() : Num(Ms(l.expires_in));
     g["decision"] = Num(l.decision);
-    *leases->add_values()->mutable_struct_value() = std::move(s);
+    leases.Append(std::move(s));
   }
-  auto* tombstones = f["tombstones"].mutable_list_value();
+  Json tombstones = Json::List();
   for (const PoolTombstoneView& t : v.tombstones) {
-    Struct s;
-    auto& g = *s.mutable_fields();
+    Json s = Json::Object();
+    auto& g = s;
     g["profile"] = Str(t.profile);
     g["slot"] = Str(t.slot);
     g["token"] = Num(t.token);
     g["units"] = Num(t.units);
     g["decision"] = Num(t.decision);
     g["evidence"] = Str(t.evidence);
-    *tombstones->add_values()->mutable_struct_value() = std::move(s);
+    tombstones.Append(std::move(s));
   }
+  f["profiles"] = std::move(profiles);
+  f["leases"] = std::move(leases);
+  f["tombstones"] = std::move(tombstones);
   return out;
 }
 
@@ -281,6 +357,12 @@ void PrintStatus(const PoolView& v) {
 }
 
 }  // namespace
+
+std::string JsonString(const std::string& s) {
+  std::string out = Json::Str(s).Print();
+  out.pop_back();  // the newline
+  return out;
+}
 
 int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bool json) {
   PoolCommand cmd(json);
@@ -360,8 +442,8 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
   auto client = PoolClient::Create(client_options);
   if (!client.ok()) return cmd.Usage(std::string(client.status().message()));
   PoolClient& c = **client;
-  Struct out;
-  auto& f = *out.mutable_fields();
+  Json out = Json::Object();
+  auto& f = out;
   if (sub == "publish") {
     auto g = c.Publish(pool, absl::GetFlag(FLAGS_generation), absl::GetFlag(FLAGS_budget), profiles);
     if (!g.ok()) return cmd.Failed(g.status());
@@ -392,7 +474,7 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
       if (json) {
         f["ok"] = Bool(false);
         f["code"] = Str("REFUSED");
-        std::printf("%s", Print(out).c_str());
+        std::printf("%s", out.Print().c_str());
       }
       std::fprintf(stderr, "lockctl: REFUSED: %s\n", g->refusal.c_str());
       return 3;

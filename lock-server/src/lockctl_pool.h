@@ -8,6 +8,9 @@
 
 namespace fencelock {
 
+// `s` as a JSON string literal, quotes and escapes included.
+std::string JsonString(const std::string& s);
+
 // Runs `lockctl pool <sub>` against the lockd `client_options` names; returns the exit status.
 int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bool json);
 
