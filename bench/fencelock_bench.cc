@@ -12,8 +12,11 @@
 //     gets no answer within its timeout counts as an RTT of that timeout. Reports p50, p90,
 //     p99, p99.9 and max, and ADR-006 6.5's verdict: p99 against lease x margin / 3.
 // Progress goes to stderr (workload, elapsed, current rate); results to DIR/results.json and
-// DIR/summary.md, and the summary to stdout. Not yet here: the lock-cycle workloads, the margin
-// sweep, the peers (Redis, etcd) and the plots.
+// DIR/summary.md, and the summary to stdout.
+//   - lock cycles: acquire + release at each of --cycle-clients, each client on its own lock and
+//     all on one lock (waiting), through the client library and through the raw protocol (one
+//     request at a time); cycles/s and acquire p50/p99.
+// Not yet here: the margin sweep, the peers (Redis, etcd) and the plots.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -39,6 +42,7 @@
 #include "absl/time/clock.h"
 #include "clock/clock.h"
 #include "fencelock/wire.pb.h"
+#include "lock-client/client.h"
 #include "lock-server/blocking_connection.h"
 #include "process/flags.h"
 #include "process/process.h"
@@ -53,11 +57,14 @@ ABSL_FLAG(absl::Duration, session_ttl, absl::Seconds(15), "session and lock TTL"
 ABSL_FLAG(double, margin, 0.30, "lock.client.safety-margin, for the 6.5 verdict");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5), "a KeepAlive's timeout");
 ABSL_FLAG(int, load_clients, 8, "connections of the durable lock-cycle load");
+ABSL_FLAG(std::string, cycle_clients, "1,8,64", "client counts of the lock-cycle workload");
+ABSL_FLAG(double, cycle_seconds, 3.0, "measuring time of each lock-cycle variant");
 
 namespace fencelock::bench {
 namespace {
 
 using server::BlockingConnection;
+using fencelock::Client;
 
 MonoTime Now() { return Clock::Real()->Now(); }
 
@@ -335,6 +342,94 @@ HeartbeatResult RunHeartbeats(std::vector<Heartbeater>& hs, double seconds, cons
   return r;
 }
 
+// --- lock cycles ---------------------------------------------------------------------------
+
+struct CycleResult {
+  double cycles_per_second = 0;
+  Percentiles acquire;
+  size_t errors = 0;
+};
+
+// `clients` threads, each acquiring and releasing (its own lock, or with `contended` all the
+// same one, waiting for it) through the client library (`library`) or the raw protocol.
+CycleResult RunCycles(const std::string& address, int clients, bool contended, bool library,
+                      double seconds, const std::string& label) {
+  std::atomic<bool> go{false}, stop{false};
+  std::atomic<uint64_t> cycles{0};
+  std::atomic<size_t> errors{0}, ready{0};
+  std::mutex mu;
+  std::vector<int64_t> all;
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      const std::string lock = contended ? std::string("cycle") : absl::StrCat("cycle/", c);
+      std::vector<int64_t> mine;
+      std::unique_ptr<Client> client;
+      std::unique_ptr<BlockingConnection> conn;
+      uint64_t session = 0;
+      if (library) {
+        auto created = Client::Create({.server = address});
+        if (created.ok()) client = std::move(*created);
+      } else if (auto connected = Connect(address); connected.ok()) {
+        conn = std::move(*connected);
+        wire::Request open;
+        open.mutable_open_session()->set_ttl_ms(60'000);
+        auto opened = conn->Call(open);
+        if (opened.ok() && opened->code() == wire::OK) session = opened->open_session().session_id();
+      }
+      if (client == nullptr && session == 0) ++errors;
+      ++ready;
+      while (!go.load()) std::this_thread::yield();
+      while (!stop.load() && (client != nullptr || session != 0)) {
+        const MonoTime start = Now();
+        if (library) {
+          auto h = client->acquire(lock, absl::Seconds(10));
+          if (!h.ok()) {
+            ++errors;
+            break;
+          }
+          mine.push_back((Now() - start) / absl::Nanoseconds(1));
+          if (!client->release(*h).ok()) ++errors;
+        } else {
+          wire::Request a;
+          a.mutable_acquire()->set_session_id(session);
+          a.mutable_acquire()->set_lock(lock);
+          a.mutable_acquire()->set_wait_timeout_ms(contended ? 10'000 : 0);
+          auto g = conn->Call(a);
+          if (!g.ok() || g->code() != wire::OK || !g->acquire().granted()) {
+            ++errors;
+            break;
+          }
+          mine.push_back((Now() - start) / absl::Nanoseconds(1));
+          wire::Request r;
+          r.mutable_release()->set_session_id(session);
+          r.mutable_release()->set_lock(lock);
+          r.mutable_release()->set_token(g->acquire().token());
+          if (auto rel = conn->Call(r); !rel.ok() || rel->code() != wire::OK) ++errors;
+        }
+        ++cycles;
+      }
+      std::lock_guard<std::mutex> guard(mu);
+      all.insert(all.end(), mine.begin(), mine.end());
+    });
+  }
+  while (ready.load() < static_cast<size_t>(clients)) absl::SleepFor(absl::Milliseconds(5));
+  const MonoTime start = Now();
+  go = true;
+  absl::SleepFor(absl::Seconds(seconds));
+  const uint64_t counted = cycles.load();
+  const double elapsed = absl::ToDoubleSeconds(Now() - start);
+  stop = true;
+  for (std::thread& t : threads) t.join();
+  CycleResult r;
+  r.cycles_per_second = static_cast<double>(counted) / elapsed;
+  r.acquire = Summarize(std::move(all));
+  r.errors = errors;
+  std::fprintf(stderr, "  %-44s %9.0f cycles/s  acquire p50 %.3f ms  p99 %.3f ms\n",
+               label.c_str(), r.cycles_per_second, r.acquire.p50, r.acquire.p99);
+  return r;
+}
+
 int Main() {
   const std::string binary = absl::GetFlag(FLAGS_lockd);
   if (binary.empty()) {
@@ -421,14 +516,62 @@ int Main() {
                       " ms |\n");
     }
   }
-  absl::StrAppend(&json, "\n  ]}\n}\n");
+  absl::StrAppend(&json, "\n  ]},\n  \"lock_cycles\": [\n");
+  std::string cycles_table =
+      "| clients | lock | library cycles/s | raw cycles/s | library / raw | library acquire p50 / "
+      "p99 ms | raw acquire p50 / p99 ms |\n|---|---|---|---|---|---|---|\n";
+  {
+    auto lockd = Lockd::Start(binary, absl::StrCat(root, "/lockd-cycles"));
+    if (!lockd.ok()) {
+      std::fprintf(stderr, "fencelock-bench: %s\n", lockd.status().ToString().c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "lock cycles: acquire + release, through the library and raw\n");
+    bool first_cycle = true;
+    for (absl::string_view text :
+         absl::StrSplit(absl::GetFlag(FLAGS_cycle_clients), ',', absl::SkipEmpty())) {
+      int clients = 0;
+      if (!absl::SimpleAtoi(text, &clients) || clients < 1 || clients > 1024) {
+        std::fprintf(stderr, "fencelock-bench: --cycle-clients wants 1 to 1024, got \"%s\"\n",
+                     std::string(text).c_str());
+        return 2;
+      }
+      for (bool contended : {false, true}) {
+        const double secs = absl::GetFlag(FLAGS_cycle_seconds);
+        const std::string what = absl::StrCat(clients, " clients, ", contended ? "one lock" : "own locks");
+        const CycleResult lib = RunCycles((*lockd)->address(), clients, contended, true, secs,
+                                          what + ", library");
+        const CycleResult raw = RunCycles((*lockd)->address(), clients, contended, false, secs,
+                                          what + ", raw");
+        if (lib.errors + raw.errors > 0) broken = true;
+        absl::StrAppend(&json, first_cycle ? "" : ",\n", "    {\"clients\": ", clients,
+                        ", \"contended\": ", contended ? "true" : "false",
+                        ", \"library\": {\"cycles_per_s\": ", lib.cycles_per_second,
+                        ", \"acquire\": ", Json(lib.acquire), ", \"errors\": ", lib.errors,
+                        "}, \"raw\": {\"cycles_per_s\": ", raw.cycles_per_second,
+                        ", \"acquire\": ", Json(raw.acquire), ", \"errors\": ", raw.errors, "}}");
+        first_cycle = false;
+        absl::StrAppend(&cycles_table, "| ", clients, " | ", contended ? "one, shared" : "own", " | ",
+                        absl::StrFormat("%.0f", lib.cycles_per_second), " | ",
+                        absl::StrFormat("%.0f", raw.cycles_per_second), " | ",
+                        absl::StrFormat("%.2f", raw.cycles_per_second > 0
+                                                    ? lib.cycles_per_second / raw.cycles_per_second
+                                                    : 0.0),
+                        " | ", absl::StrFormat("%.3f / %.3f", lib.acquire.p50, lib.acquire.p99),
+                        " | ", absl::StrFormat("%.3f / %.3f", raw.acquire.p50, raw.acquire.p99),
+                        " |\n");
+      }
+    }
+  }
+  absl::StrAppend(&json, "\n  ]\n}\n");
   const std::string summary = absl::StrCat(
       "floors: fdatasync 4 KiB p50 ", absl::StrFormat("%.3f", fsync.p50), " ms, p99 ",
       absl::StrFormat("%.3f", fsync.p99), " ms; loopback round trip p50 ",
       absl::StrFormat("%.3f", loopback.p50), " ms, p99 ", absl::StrFormat("%.3f", loopback.p99),
       " ms\n\nheartbeat RTT (period ", absl::FormatDuration(absl::GetFlag(FLAGS_heartbeat)),
       "; ADR-006 6.5 threshold lease x margin / 3 = ", absl::StrFormat("%.0f", threshold_ms),
-      " ms)\n\n", table);
+      " ms)\n\n", table, "\nlock cycles (acquire + release; durable: each is two fdatasynced "
+      "mutations, shared by group commit)\n\n", cycles_table);
   std::printf("%s", summary.c_str());
   if (const std::string out = absl::GetFlag(FLAGS_out); !out.empty()) {
     std::filesystem::create_directories(out);
