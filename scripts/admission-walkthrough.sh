@@ -52,9 +52,13 @@ check() {  # check PROFILE|- FIELD EXPECTED
   [[ "$got" == "$3" ]] || fail "status $1.$2 is $got, expected $3"
   echo "   ok: $1 $2 = $got"
 }
+# Setup, the managers and the operator all run as this user here; a real host would give the
+# operator and each profile's manager an identity of its own.
+me="uid:$(id -u)"
+printf '%s operator\n%s manage hosts/*\n%s list\n' "$me" "$me" "$me" >"$work/permissions"
 start_lockd() {
   "$lockd" serve --data-dir="$work/state" --tcp=false --unix-socket="$sock" --metrics-port=-1 \
-    --pool-demand-ttl=3s >>"$work/lockd.log" 2>&1 &
+    --pool-demand-ttl=3s --permissions="$work/permissions" >>"$work/lockd.log" 2>&1 &
   lockd_pid=$!
   for _ in $(seq 100); do
     [[ -S "$sock" ]] && "$lockctl" --server="unix:$sock" status >/dev/null 2>&1 && return 0

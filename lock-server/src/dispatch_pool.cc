@@ -223,24 +223,16 @@ void DispatchPool(const wire::Request& req, ConnectionState& conn, DispatchHost&
       return finish(status.status());
     }
     case wire::Request::kPoolStop: {
+      // A request that ends the service: only for an identity a permissions file names as
+      // operator. Without a file every peer is an operator, and any stranger on loopback could
+      // stop lockd.
+      if (permissions.source().empty()) {
+        return finish(service.Deny(
+            "lockd stops by request only for an identity its permissions file names as "
+            "operator (--permissions); without one, stop it with SIGTERM"));
+      }
       if (absl::Status s = operator_only("stop lockd"); !s.ok()) return finish(s);
-      std::vector<std::string> open;
-      for (const std::string& name : pools.PoolNames()) {
-        const PoolState* p = service.state().FindPool(name);
-        if (!p->draining || !p->leases.empty()) {
-          open.push_back(absl::StrCat(name, p->draining ? "" : " (not draining)",
-                                      p->leases.empty()
-                                          ? ""
-                                          : absl::StrCat(" (", p->leases.size(), " leases)")));
-        }
-      }
-      if (!open.empty()) {
-        std::string list;
-        for (const std::string& o : open) absl::StrAppend(&list, list.empty() ? "" : ", ", o);
-        return finish(absl::FailedPreconditionError(absl::StrCat(
-            "lockd stops only once every pool drains and holds no active or provisional "
-            "lease: ", list)));
-      }
+      if (absl::Status s = pools.CheckRetired(); !s.ok()) return finish(s);
       host.RequestStop();
       return finish(absl::OkStatus());
     }

@@ -118,7 +118,7 @@ void MetricsExport::ExportPools() {
   const MonoTime now = time_->Now();
   const double unknown = std::numeric_limits<double>::quiet_NaN();
   for (const std::string& name : pools.PoolNames()) {
-    auto view = pools.View(name, now);
+    auto view = pools.View(name, now, /*with_leases=*/false);
     if (!view.ok()) continue;
     const metrics::Labels pool{{"pool", name}};
     auto gauge = [&](const char* metric, const char* help, double value,
@@ -132,7 +132,7 @@ void MetricsExport::ExportPools() {
     gauge("lockd_pool_decision", "Admission pools: the pool's last decision number",
           static_cast<double>(view->decision), pool);
     gauge("lockd_pool_tombstones", "Admission pools: recovery tombstones kept",
-          static_cast<double>(view->tombstones.size()), pool);
+          static_cast<double>(view->tombstones_kept), pool);
     gauge("lockd_pool_draining", "Admission pools: 1 while the pool takes no new admission",
           view->draining ? 1.0 : 0.0, pool);
     gauge("lockd_pool_complete",

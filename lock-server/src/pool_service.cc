@@ -489,7 +489,8 @@ absl::StatusOr<PoolStatus> PoolService::Status(const std::string& pool, MonoTime
   return View(pool, now);
 }
 
-absl::StatusOr<PoolStatus> PoolService::View(const std::string& pool, MonoTime now) const {
+absl::StatusOr<PoolStatus> PoolService::View(const std::string& pool, MonoTime now,
+                                             bool with_leases) const {
   auto found = FindPool(pool);
   if (!found.ok()) return found.status();
   const PoolState& p = **found;
@@ -521,6 +522,8 @@ absl::StatusOr<PoolStatus> PoolService::View(const std::string& pool, MonoTime n
     out.complete = out.complete && ps.compatible;
     out.profiles.push_back(std::move(ps));
   }
+  out.tombstones_kept = p.tombstones.size();
+  if (!with_leases) return out;
   for (const auto& [key, lease] : p.leases) {
     out.leases.push_back(PoolLeaseStatus{
         key.first, key.second, lease,
@@ -528,7 +531,6 @@ absl::StatusOr<PoolStatus> PoolService::View(const std::string& pool, MonoTime n
   }
   const size_t shown = std::min(p.tombstones.size(), kPoolTombstonesShown);
   out.tombstones.assign(p.tombstones.end() - static_cast<std::ptrdiff_t>(shown), p.tombstones.end());
-  out.tombstones_kept = p.tombstones.size();
   return out;
 }
 
@@ -538,11 +540,22 @@ std::vector<std::string> PoolService::PoolNames() const {
   return names;
 }
 
-bool PoolService::Empty() const {
-  for (const auto& [name, pool] : state_->pools()) {
-    if (!pool.leases.empty()) return false;
+absl::Status PoolService::CheckRetired() const {
+  if (state_->pools().empty()) {
+    return absl::FailedPreconditionError(
+        "lockd coordinates no pool: PoolStop is the admission rollback's last step; stop a "
+        "lock server with SIGTERM");
   }
-  return true;
+  std::string open;
+  for (const auto& [name, p] : state_->pools()) {
+    if (p.draining && p.leases.empty()) continue;
+    absl::StrAppend(&open, open.empty() ? "" : ", ", name, p.draining ? "" : " (not draining)",
+                    p.leases.empty() ? "" : absl::StrCat(" (", p.leases.size(), " leases)"));
+  }
+  if (open.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "lockd stops only once every pool drains and holds no active or provisional lease: ",
+      open));
 }
 
 void PoolService::Advance(MonoTime now) {

@@ -343,6 +343,7 @@ TEST_F(PoolServiceTest, RecoveryOfAProvisionalLeaseIsRefused) {
 }
 
 TEST_F(PoolServiceTest, DrainingRefusesNewAdmissionButKeepsLeases) {
+  EXPECT_THAT(pools().CheckRetired().message(), HasSubstr("coordinates no pool"));
   Publish(4, {Profile("a")});
   PoolOwner a = Claim("a");
   const FenceToken active = Acquire("a", "s1", a, 0);
@@ -353,10 +354,12 @@ TEST_F(PoolServiceTest, DrainingRefusesNewAdmissionButKeepsLeases) {
               HasSubstr("draining"));
   EXPECT_THAT(pools().Activate("p", "a", "s2", provisional, a, At(1)).status().message(),
               HasSubstr("draining"));
-  EXPECT_FALSE(pools().Empty());
+  EXPECT_THAT(pools().CheckRetired().message(), HasSubstr("p (2 leases)"));
   ASSERT_TRUE(pools().Release("p", "a", "s1", active, a, At(2)).ok());
   ASSERT_TRUE(pools().Release("p", "a", "s2", provisional, a, At(2)).ok());
-  EXPECT_TRUE(pools().Empty());
+  EXPECT_TRUE(pools().CheckRetired().ok());
+  ASSERT_TRUE(pools().SetDrain("p", false, At(3)).ok());
+  EXPECT_THAT(pools().CheckRetired().message(), HasSubstr("p (not draining)"));
 }
 
 // --- Fairness, reservations, borrowing -------------------------------------------------------

@@ -192,11 +192,15 @@ class PoolService {
   // The same as of `now` without changing anything (expired demand shows as unknown; a
   // provisional lease past its expiry still shows until the next mutation expires it): for
   // the metrics export.
-  absl::StatusOr<PoolStatus> View(const std::string& pool, MonoTime now) const;
+  // `with_leases` false leaves the leases and tombstones out (the metrics export, every 250 ms,
+  // needs only the figures).
+  absl::StatusOr<PoolStatus> View(const std::string& pool, MonoTime now,
+                                  bool with_leases = true) const;
   // Names of every pool, ascending.
   std::vector<std::string> PoolNames() const;
-  // True when no pool holds a lease.
-  bool Empty() const;
+  // OK when lockd may stop for the admission rollback: it coordinates a pool, and every pool
+  // drains and holds no lease. Otherwise kFailedPrecondition naming what is left.
+  absl::Status CheckRetired() const;
 
   // Expires provisional leases that have run out by `now` (never an active one).
   void Advance(MonoTime now);
