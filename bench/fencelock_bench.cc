@@ -1,33 +1,37 @@
-// fencelock-bench: the M7 benchmark (issue 18), first workloads.
+// fencelock-bench: the M7 benchmark (issue 18; docs/benchmarks.md).
 //
-//   fencelock-bench --lockd=build/lock-server/lockd [--out=DIR] [--sessions=1000,10000]
-//                   [--seconds=20] [--heartbeat=3.5s] [--session-ttl=15s] [--load-clients=8]
+//   fencelock-bench --lockd=PATH --rail=PATH --worker=PATH [--out=DIR] [--peers=redis,etcd]
 //
-// Measures, against a lockd it starts on a fresh state directory under $TMPDIR:
-//   - the floors: the fdatasync time of a 4 KiB write on the state directory's disk, and the
-//     loopback TCP round trip of a 64-byte message;
+// One command, every workload, against a lockd (and peers) it starts itself on a fresh folder
+// under $TMPDIR (the disk every server's data is on):
+//   - floors: the fdatasync time of a 4 KiB write on that disk, and the loopback TCP round trip;
 //   - heartbeat RTT: N sessions, each holding a lock and renewing session and lock with one
-//     KeepAlive every --heartbeat, idle and then under a durable lock-cycle load
-//     (--load-clients connections acquiring and releasing their own locks). A KeepAlive that
-//     gets no answer within its timeout counts as an RTT of that timeout. Reports p50, p90,
-//     p99, p99.9 and max, and ADR-006 6.5's verdict: p99 against lease x margin / 3.
-// Progress goes to stderr (workload, elapsed, current rate); results to DIR/results.json and
-// DIR/summary.md, and the summary to stdout.
-//   - lock cycles: acquire + release at each of --cycle-clients, each client on its own lock and
-//     all on one lock (waiting), through the client library and through the raw protocol (one
-//     request at a time); cycles/s and acquire p50/p99.
-// Not yet here: the margin sweep, the peers (Redis, etcd) and the plots.
+//     KeepAlive every --heartbeat, idle and then under a durable lock-cycle load. A KeepAlive
+//     unanswered within its timeout counts as an RTT of that timeout. p50 to max, a histogram,
+//     and ADR-006 6.5's verdict: p99 against lease x margin / 3;
+//   - lock cycles: acquire + release in a closed loop at each of --cycle-clients, through the
+//     client library and a raw protocol driver (each client on its own lock, and all on one),
+//     and the same cycle on the peers: Redis 7 (appendfsync always, and no persistence; SET NX
+//     PX + compare-and-delete, with and without an INCR token) and etcd 3.4 (lease,
+//     create-if-absent transaction, delete). Rounds are interleaved (A B C A B C ...) and each
+//     figure is the min / median / max over --rounds;
+//   - margin sweep: the payout demo's processes at each margin and TTL (margin_sweep.h).
+// Progress goes to stderr (workload, elapsed, current rate). With --out, DIR gets results.json,
+// summary.md and the PNG plots (gnuplot); the summary also goes to stdout.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <type_traits>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -38,12 +42,17 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "clock/clock.h"
 #include "fencelock/wire.pb.h"
 #include "lock-client/client.h"
+#include "metrics/metrics.h"
 #include "lock-server/blocking_connection.h"
+#include "common.h"
+#include "margin_sweep.h"
+#include "peers.h"
 #include "process/flags.h"
 #include "process/process.h"
 
@@ -52,49 +61,37 @@ ABSL_FLAG(std::string, out, "", "folder for results.json and summary.md (default
 ABSL_FLAG(std::string, sessions, "1000,10000", "session counts of the heartbeat workload");
 ABSL_FLAG(double, seconds, 20.0, "measuring time of each heartbeat variant");
 ABSL_FLAG(absl::Duration, heartbeat, absl::Milliseconds(3500),
-          "heartbeat period (the client's default: session TTL x (1 - margin) / 3)");
+          "the raw driver's heartbeat period (the library's own: a third of the session TTL, or "
+          "less when a declared step needs it)");
 ABSL_FLAG(absl::Duration, session_ttl, absl::Seconds(15), "session and lock TTL");
 ABSL_FLAG(double, margin, 0.30, "lock.client.safety-margin, for the 6.5 verdict");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5), "a KeepAlive's timeout");
 ABSL_FLAG(int, load_clients, 8, "connections of the durable lock-cycle load");
+ABSL_FLAG(int, library_sessions, 1000,
+          "clients of the heartbeat workload through the client library (0: none)");
+ABSL_FLAG(absl::Duration, library_heartbeat, absl::ZeroDuration(),
+          "their heartbeat period (0: the library's own, a third of the shortest TTL)");
 ABSL_FLAG(std::string, cycle_clients, "1,8,64", "client counts of the lock-cycle workload");
-ABSL_FLAG(double, cycle_seconds, 3.0, "measuring time of each lock-cycle variant");
+ABSL_FLAG(double, cycle_seconds, 2.0, "measuring time of each lock-cycle run");
+ABSL_FLAG(int, rounds, 3, "interleaved rounds of the lock-cycle workload (min/median/max over them)");
+ABSL_FLAG(std::string, peers, "redis,etcd", "peers measured beside lockd: redis, etcd (empty: none)");
+ABSL_FLAG(std::string, redis, "/usr/bin/redis-server", "the redis-server binary (Debian's redis-server)");
+ABSL_FLAG(std::string, etcd, "/usr/bin/etcd", "the etcd binary (Debian's etcd-server)");
+ABSL_FLAG(std::string, rail, "", "the payout-rail binary, for the margin sweep (empty: no sweep)");
+ABSL_FLAG(std::string, worker, "", "the payout-worker binary, for the margin sweep");
+ABSL_FLAG(std::string, margins, "0.1,0.2,0.3,0.4,0.45,0.48,0.5,0.6", "margins of the sweep");
+ABSL_FLAG(std::string, margin_ttls, "5s,15s", "TTLs of the sweep (session = lock TTL)");
+ABSL_FLAG(double, margin_seconds, 4.0, "capacity phase of each margin-sweep point (a backlog)");
+ABSL_FLAG(double, margin_arrival_seconds, 5.0, "arrivals phase of each margin-sweep point");
+ABSL_FLAG(double, margin_arrival_rate, 100.0, "payouts arriving per second in the arrivals phase");
+ABSL_FLAG(int, margin_workers, 4, "payout workers at each margin-sweep point");
+ABSL_FLAG(std::string, gnuplot, "/usr/bin/gnuplot", "gnuplot, for the PNG plots (empty: none)");
 
 namespace fencelock::bench {
 namespace {
 
 using server::BlockingConnection;
 using fencelock::Client;
-
-MonoTime Now() { return Clock::Real()->Now(); }
-
-struct Percentiles {
-  size_t samples = 0;
-  double p50 = 0, p90 = 0, p99 = 0, p999 = 0, max = 0;  // milliseconds
-};
-
-Percentiles Summarize(std::vector<int64_t> ns) {
-  Percentiles p;
-  p.samples = ns.size();
-  if (ns.empty()) return p;
-  std::sort(ns.begin(), ns.end());
-  auto at = [&](double q) {
-    const size_t i = std::min(ns.size() - 1, static_cast<size_t>(q * static_cast<double>(ns.size())));
-    return static_cast<double>(ns[i]) / 1e6;
-  };
-  p.p50 = at(0.50);
-  p.p90 = at(0.90);
-  p.p99 = at(0.99);
-  p.p999 = at(0.999);
-  p.max = static_cast<double>(ns.back()) / 1e6;
-  return p;
-}
-
-std::string Json(const Percentiles& p) {
-  return absl::StrCat("{\"samples\": ", p.samples, ", \"p50_ms\": ", p.p50, ", \"p90_ms\": ",
-                      p.p90, ", \"p99_ms\": ", p.p99, ", \"p999_ms\": ", p.p999,
-                      ", \"max_ms\": ", p.max, "}");
-}
 
 // --- floors ------------------------------------------------------------------------------
 
@@ -230,6 +227,7 @@ absl::Status OpenSessions(Heartbeater& h, const std::string& address, size_t cou
 
 struct HeartbeatResult {
   Percentiles rtt;
+  std::vector<int64_t> rtt_ns;  // every sample, for the histogram
   size_t timeouts = 0;
   size_t failures = 0;
   double cycles_per_second = 0;  // of the load, when loaded
@@ -318,147 +316,500 @@ HeartbeatResult RunHeartbeats(std::vector<Heartbeater>& hs, double seconds, cons
     });
   }
   size_t last_done = 0;
-  const bool tty = isatty(STDERR_FILENO) == 1;
   for (MonoTime t = Now(); t < end; t = Now()) {
-    absl::SleepFor(std::min(absl::Seconds(1), end - t));
+    const absl::Duration step = std::min(absl::Seconds(1), end - t);
+    absl::SleepFor(step);
     const size_t d = done.load();
-    // On a terminal one line that updates; in a log a line every 5 s.
-    const double elapsed = absl::ToDoubleSeconds(Now() - start);
-    if (tty || static_cast<int>(elapsed + 0.5) % 5 == 0) {
-      std::fprintf(stderr, "%s  %-28s %5.1fs  %8zu heartbeats/s  %8lu load cycles%s",
-                   tty ? "\r" : "", label.c_str(), elapsed, d - last_done,
-                   static_cast<unsigned long>(cycles.load()), tty ? "   " : "\n");
-    }
+    Progress(absl::StrFormat("  %-32s %5.1fs  %7.0f heartbeats/s  %8lu load cycles", label,
+                             absl::ToDoubleSeconds(Now() - start),
+                             static_cast<double>(d - last_done) / absl::ToDoubleSeconds(step),
+                             static_cast<unsigned long>(cycles.load())),
+             absl::ToDoubleSeconds(Now() - start));
     last_done = d;
   }
   stop = true;
   for (std::thread& t : threads) t.join();
-  if (tty) std::fprintf(stderr, "\n");
+  EndProgress();
   HeartbeatResult r;
-  r.rtt = Summarize(std::move(all));
+  r.rtt = Summarize(all);
+  r.rtt_ns = std::move(all);
   r.timeouts = timeouts;
   r.failures = failures;
   r.cycles_per_second = static_cast<double>(cycles.load()) / seconds;
   return r;
 }
 
-// --- lock cycles ---------------------------------------------------------------------------
+// --- heartbeat RTT through the client library -----------------------------------------------
 
-struct CycleResult {
-  double cycles_per_second = 0;
-  Percentiles acquire;
-  size_t errors = 0;
+// The cumulative bucket counts of lock_heartbeat_rtt_seconds in a registry's exposition, by
+// upper bound (seconds; +Inf as infinity), and the heartbeats that failed.
+struct RttBuckets {
+  std::vector<std::pair<double, double>> cumulative;
+  double failures = 0;
 };
 
-// `clients` threads, each acquiring and releasing (its own lock, or with `contended` all the
-// same one, waiting for it) through the client library (`library`) or the raw protocol.
-CycleResult RunCycles(const std::string& address, int clients, bool contended, bool library,
-                      double seconds, const std::string& label) {
-  std::atomic<bool> go{false}, stop{false};
-  std::atomic<uint64_t> cycles{0};
-  std::atomic<size_t> errors{0}, ready{0};
-  std::mutex mu;
-  std::vector<int64_t> all;
-  std::vector<std::thread> threads;
-  for (int c = 0; c < clients; ++c) {
-    threads.emplace_back([&, c] {
-      const std::string lock = contended ? std::string("cycle") : absl::StrCat("cycle/", c);
-      std::vector<int64_t> mine;
-      std::unique_ptr<Client> client;
-      std::unique_ptr<BlockingConnection> conn;
-      uint64_t session = 0;
-      if (library) {
-        auto created = Client::Create({.server = address});
-        if (created.ok()) client = std::move(*created);
-      } else if (auto connected = Connect(address); connected.ok()) {
-        conn = std::move(*connected);
-        wire::Request open;
-        open.mutable_open_session()->set_ttl_ms(60'000);
-        auto opened = conn->Call(open);
-        if (opened.ok() && opened->code() == wire::OK) session = opened->open_session().session_id();
-      }
-      if (client == nullptr && session == 0) ++errors;
-      ++ready;
-      while (!go.load()) std::this_thread::yield();
-      while (!stop.load() && (client != nullptr || session != 0)) {
-        const MonoTime start = Now();
-        if (library) {
-          auto h = client->acquire(lock, absl::Seconds(10));
-          if (!h.ok()) {
-            ++errors;
-            break;
-          }
-          mine.push_back((Now() - start) / absl::Nanoseconds(1));
-          if (!client->release(*h).ok()) ++errors;
-        } else {
-          wire::Request a;
-          a.mutable_acquire()->set_session_id(session);
-          a.mutable_acquire()->set_lock(lock);
-          a.mutable_acquire()->set_wait_timeout_ms(contended ? 10'000 : 0);
-          auto g = conn->Call(a);
-          if (!g.ok() || g->code() != wire::OK || !g->acquire().granted()) {
-            ++errors;
-            break;
-          }
-          mine.push_back((Now() - start) / absl::Nanoseconds(1));
-          wire::Request r;
-          r.mutable_release()->set_session_id(session);
-          r.mutable_release()->set_lock(lock);
-          r.mutable_release()->set_token(g->acquire().token());
-          if (auto rel = conn->Call(r); !rel.ok() || rel->code() != wire::OK) ++errors;
-        }
-        ++cycles;
-      }
-      std::lock_guard<std::mutex> guard(mu);
-      all.insert(all.end(), mine.begin(), mine.end());
-    });
+RttBuckets ReadBuckets(const metrics::Registry& registry) {
+  RttBuckets b;
+  for (absl::string_view line : absl::StrSplit(registry.TextExposition(), '\n')) {
+    if (absl::ConsumePrefix(&line, "lock_heartbeat_failures_total ")) {
+      (void)absl::SimpleAtod(line, &b.failures);
+      continue;
+    }
+    if (!absl::ConsumePrefix(&line, "lock_heartbeat_rtt_seconds_bucket{le=\"")) continue;
+    const size_t quote = line.find('"');
+    const size_t space = line.rfind(' ');
+    if (quote == absl::string_view::npos || space == absl::string_view::npos) continue;
+    double le = 0, n = 0;
+    const absl::string_view bound = line.substr(0, quote);
+    if (bound == "+Inf") {
+      le = std::numeric_limits<double>::infinity();
+    } else if (!absl::SimpleAtod(bound, &le)) {
+      continue;
+    }
+    if (absl::SimpleAtod(line.substr(space + 1), &n)) b.cumulative.emplace_back(le, n);
   }
-  while (ready.load() < static_cast<size_t>(clients)) absl::SleepFor(absl::Milliseconds(5));
-  const MonoTime start = Now();
-  go = true;
-  absl::SleepFor(absl::Seconds(seconds));
-  const uint64_t counted = cycles.load();
-  const double elapsed = absl::ToDoubleSeconds(Now() - start);
-  stop = true;
-  for (std::thread& t : threads) t.join();
-  CycleResult r;
-  r.cycles_per_second = static_cast<double>(counted) / elapsed;
-  r.acquire = Summarize(std::move(all));
-  r.errors = errors;
-  std::fprintf(stderr, "  %-44s %9.0f cycles/s  acquire p50 %.3f ms  p99 %.3f ms\n",
-               label.c_str(), r.cycles_per_second, r.acquire.p50, r.acquire.p99);
-  return r;
+  return b;
+}
+
+// The q-quantile in milliseconds of the heartbeats between two readings, interpolated inside
+// its bucket as Prometheus' histogram_quantile() does (an operator's dashboard shows this).
+double BucketQuantile(const RttBuckets& before, const RttBuckets& after, double q) {
+  const size_t n = std::min(before.cumulative.size(), after.cumulative.size());
+  if (n == 0) return 0;
+  const double total = after.cumulative[n - 1].second - before.cumulative[n - 1].second;
+  if (total <= 0) return 0;
+  const double rank = q * total;
+  double lower_bound = 0, lower_count = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double le = after.cumulative[i].first;
+    const double count = after.cumulative[i].second - before.cumulative[i].second;
+    if (count >= rank) {
+      if (std::isinf(le)) return lower_bound * 1000;  // above the last bound: its bound, at least
+      return 1000 * (lower_bound + (le - lower_bound) * (rank - lower_count) /
+                                       std::max(1e-12, count - lower_count));
+    }
+    lower_bound = le;
+    lower_count = count;
+  }
+  return lower_bound * 1000;
+}
+
+struct LibraryHeartbeatResult {
+  double heartbeats = 0, failures = 0;
+  double p50 = 0, p90 = 0, p99 = 0, p999 = 0;  // milliseconds, from the histogram's buckets
+  double cycles_per_second = 0;
+};
+
+// Clients of the library, each holding one lock and renewing it on the library's own heartbeat
+// (its default period), all counting into one registry; read over `seconds`, idle then loaded.
+std::vector<LibraryHeartbeatResult> RunLibraryHeartbeats(const std::string& address, size_t n,
+                                                         double seconds, int load_clients,
+                                                         std::string* error) {
+  auto registry = std::make_shared<metrics::Registry>();
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<LockHandle> handles;
+  std::fprintf(stderr, "heartbeat through the library: %zu clients, each with a session and a lock\n", n);
+  for (size_t i = 0; i < n; ++i) {
+    auto c = Client::Create({.server = address,
+                             .heartbeat_interval = absl::GetFlag(FLAGS_library_heartbeat),
+                             .metrics = registry});
+    if (!c.ok()) {
+      *error = absl::StrCat("library client ", i, ": ", c.status().ToString());
+      return {};
+    }
+    auto h = (*c)->acquire(absl::StrCat("lib-hb/", i), absl::Seconds(10));
+    if (!h.ok()) {
+      *error = absl::StrCat("library client ", i, ": ", h.status().ToString());
+      return {};
+    }
+    handles.push_back(*std::move(h));
+    clients.push_back(*std::move(c));
+  }
+  std::vector<LibraryHeartbeatResult> results;
+  for (int loaded = 0; loaded <= 1; ++loaded) {
+    const RttBuckets before = ReadBuckets(*registry);
+    std::vector<Heartbeater> none;
+    const HeartbeatResult load =
+        RunHeartbeats(none, seconds, absl::StrCat(n, " library clients, ", loaded ? "loaded" : "idle"),
+                      address, loaded ? load_clients : 0);
+    const RttBuckets after = ReadBuckets(*registry);
+    LibraryHeartbeatResult r;
+    if (!after.cumulative.empty() && !before.cumulative.empty()) {
+      r.heartbeats = after.cumulative.back().second - before.cumulative.back().second;
+    }
+    r.failures = after.failures - before.failures;
+    r.p50 = BucketQuantile(before, after, 0.50);
+    r.p90 = BucketQuantile(before, after, 0.90);
+    r.p99 = BucketQuantile(before, after, 0.99);
+    r.p999 = BucketQuantile(before, after, 0.999);
+    r.cycles_per_second = load.cycles_per_second;
+    results.push_back(r);
+  }
+  for (size_t i = 0; i < clients.size(); ++i) (void)clients[i]->release(handles[i]);
+  return results;
+}
+
+// --- lock cycles ---------------------------------------------------------------------------
+
+// acquire (waiting up to 10 s) + release through fencelock::Client: what worker code sees.
+class LibraryCycler : public Cycler {
+ public:
+  LibraryCycler(std::unique_ptr<Client> client, std::string lock)
+      : client_(std::move(client)), lock_(std::move(lock)) {}
+  absl::StatusOr<int64_t> Cycle() override {
+    const MonoTime start = Now();
+    auto handle = client_->acquire(lock_, absl::Seconds(10));
+    if (!handle.ok()) return handle.status();
+    const int64_t took = NanosSince(start);
+    if (absl::Status s = client_->release(*handle); !s.ok()) return s;
+    return took;
+  }
+
+ private:
+  std::unique_ptr<Client> client_;
+  const std::string lock_;
+};
+
+// The same two requests over a BlockingConnection, without the client's lease bookkeeping:
+// what lockd can do.
+class RawCycler : public Cycler {
+ public:
+  RawCycler(std::unique_ptr<BlockingConnection> conn, uint64_t session, std::string lock,
+            bool wait)
+      : conn_(std::move(conn)), session_(session), lock_(std::move(lock)), wait_(wait) {}
+  absl::StatusOr<int64_t> Cycle() override {
+    const MonoTime start = Now();
+    wire::Request a;
+    a.mutable_acquire()->set_session_id(session_);
+    a.mutable_acquire()->set_lock(lock_);
+    a.mutable_acquire()->set_wait_timeout_ms(wait_ ? 10'000 : 0);
+    auto g = conn_->Call(a);
+    if (!g.ok()) return g.status();
+    if (g->code() != wire::OK || !g->acquire().granted()) {
+      return absl::FailedPreconditionError(absl::StrCat("acquire: ", g->message()));
+    }
+    const int64_t took = NanosSince(start);
+    wire::Request r;
+    r.mutable_release()->set_session_id(session_);
+    r.mutable_release()->set_lock(lock_);
+    r.mutable_release()->set_token(g->acquire().token());
+    auto rel = conn_->Call(r);
+    if (!rel.ok()) return rel.status();
+    if (rel->code() != wire::OK) return absl::FailedPreconditionError(absl::StrCat("release: ", rel->message()));
+    return took;
+  }
+
+ private:
+  std::unique_ptr<BlockingConnection> conn_;
+  const uint64_t session_;
+  const std::string lock_;
+  const bool wait_;
+};
+
+std::string CycleLock(int client, bool contended) {
+  return contended ? std::string("cycle") : absl::StrCat("cycle/", client);
+}
+
+CyclerFactory LibraryCyclers(const std::string& address, bool contended) {
+  return [address, contended](int client) -> absl::StatusOr<std::unique_ptr<Cycler>> {
+    auto c = Client::Create({.server = address});
+    if (!c.ok()) return c.status();
+    return std::make_unique<LibraryCycler>(std::move(*c), CycleLock(client, contended));
+  };
+}
+
+CyclerFactory RawCyclers(const std::string& address, bool contended) {
+  return [address, contended](int client) -> absl::StatusOr<std::unique_ptr<Cycler>> {
+    auto conn = Connect(address);
+    if (!conn.ok()) return conn.status();
+    wire::Request open;
+    open.mutable_open_session()->set_ttl_ms(60'000);
+    auto opened = (*conn)->Call(open);
+    if (!opened.ok()) return opened.status();
+    if (opened->code() != wire::OK) return absl::UnavailableError(opened->message());
+    return std::make_unique<RawCycler>(std::move(*conn), opened->open_session().session_id(),
+                                       CycleLock(client, contended), contended);
+  };
+}
+
+// One system of the lock-cycle comparison.
+struct System {
+  std::string key;   // in results.json and the plot's data
+  std::string name;  // in the tables and the plot
+  CyclerFactory make;
+  bool fencelock = false;
+};
+
+// One system at one client count, over the rounds.
+struct Runs {
+  std::vector<double> rates;
+  std::vector<int64_t> acquire_ns;
+  size_t errors = 0;
+  std::string first_error;
+  double min() const { return rates.empty() ? 0 : *std::min_element(rates.begin(), rates.end()); }
+  double max() const { return rates.empty() ? 0 : *std::max_element(rates.begin(), rates.end()); }
+  double median() const {
+    if (rates.empty()) return 0;
+    std::vector<double> r = rates;
+    std::sort(r.begin(), r.end());
+    return r.size() % 2 == 1 ? r[r.size() / 2] : (r[r.size() / 2 - 1] + r[r.size() / 2]) / 2;
+  }
+};
+
+// --- plots ---------------------------------------------------------------------------------
+
+// Writes DIR/NAME.gp and runs gnuplot on it; the script writes DIR/NAME.png.
+absl::Status Gnuplot(const std::string& gnuplot, const std::string& dir, const std::string& name,
+                     const std::string& body) {
+  const std::string png = dir + "/" + name + ".png";
+  const std::string script = dir + "/" + name + ".gp";
+  std::ofstream(script) << "set terminal pngcairo size 1100," << (name == "margin_sweep" ? 1100 : 650) << " font 'Sans,11'\nset output '"
+                        << png << "'\nset grid\nset key outside right top\n"
+                        << body;
+  auto child = process::Child::Spawn(gnuplot, {script}, {.stdout_file = dir + "/gnuplot.log",
+                                                         .stderr_file = dir + "/gnuplot.log"});
+  if (!child.ok()) return child.status();
+  const std::optional<int> status = child->Wait(absl::Seconds(60));
+  if (!status.has_value()) {
+    (void)child->Stop();
+    return absl::DeadlineExceededError(absl::StrCat("gnuplot ", script, " took over 60 s"));
+  }
+  if (*status != 0 || !std::filesystem::exists(png) || std::filesystem::file_size(png) == 0) {
+    return absl::InternalError(absl::StrCat("gnuplot ", script, " failed (",
+                                            process::DescribeStatus(*status), "); see ", dir,
+                                            "/gnuplot.log"));
+  }
+  return absl::OkStatus();
+}
+
+// Colours that stay apart on a white page, one per line of a plot.
+const char* Colour(size_t i) {
+  static constexpr const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                             "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"};
+  return kColours[i % (sizeof(kColours) / sizeof(kColours[0]))];
+}
+
+// gnuplot reads its data from a file; a title inside double quotes must not hold one.
+std::string Quoted(const std::string& s) { return absl::StrCat("\"", s, "\""); }
+
+struct HeartbeatVariant {
+  size_t sessions;
+  bool loaded;
+  HeartbeatResult result;
+};
+
+// The share of heartbeats per RTT bucket, 10 buckets a decade from 10 us to 10 s.
+std::string HeartbeatPlot(const std::vector<HeartbeatVariant>& variants, double threshold_ms,
+                          const std::string& data_path) {
+  std::string data = "rtt_ms";
+  for (const HeartbeatVariant& v : variants) {
+    absl::StrAppend(&data, " ", Quoted(absl::StrCat(v.sessions, " sessions, ", v.loaded ? "loaded" : "idle")));
+  }
+  data += "\n";
+  constexpr int kPerDecade = 10;
+  for (int b = 0; b < 6 * kPerDecade; ++b) {
+    const double lo = 0.01 * std::pow(10.0, static_cast<double>(b) / kPerDecade);
+    const double hi = 0.01 * std::pow(10.0, static_cast<double>(b + 1) / kPerDecade);
+    absl::StrAppend(&data, absl::StrFormat("%.5f", lo));
+    for (const HeartbeatVariant& v : variants) {
+      size_t n = 0;
+      for (int64_t ns : v.result.rtt_ns) {
+        const double ms = static_cast<double>(ns) / 1e6;
+        if (ms >= lo && ms < hi) ++n;
+      }
+      const double share = v.result.rtt_ns.empty() ? 0 : 100.0 * static_cast<double>(n) /
+                                                             static_cast<double>(v.result.rtt_ns.size());
+      absl::StrAppend(&data, " ", share > 0 ? absl::StrFormat("%.5f", share) : std::string("NaN"));
+    }
+    data += "\n";
+  }
+  std::ofstream(data_path) << data;
+  return absl::StrCat(
+      "set title 'Heartbeat RTT (KeepAlive round trip), share of heartbeats per bucket'\n"
+      "set xlabel 'RTT (ms, log scale; 10 buckets a decade)'\nset ylabel 'heartbeats (%, log scale)'\n"
+      "set logscale xy\nset xrange [0.01:", std::max(10'000.0, threshold_ms * 2), "]\n",
+      "set arrow from ", threshold_ms, ", graph 0 to ", threshold_ms,
+      ", graph 1 nohead dt 2 lw 2 lc rgb 'red'\n",
+      "set label 'ADR-006 6.5 threshold: lease x margin / 3 = ", absl::StrFormat("%.0f", threshold_ms),
+      " ms' at ", threshold_ms, ", graph 0.95 right offset -1,0 tc rgb 'red'\n",
+      "plot for [i=2:", variants.size() + 1, "] '", data_path,
+      "' using 1:i with steps lw 2 title columnheader(i)\n");
+}
+
+std::string CyclesPlot(const std::vector<System>& systems, const std::vector<int>& clients,
+                       const std::vector<std::vector<Runs>>& runs, const std::string& data_path) {
+  std::string data;
+  for (size_t c = 0; c < clients.size(); ++c) {
+    absl::StrAppend(&data, clients[c]);
+    for (size_t s = 0; s < systems.size(); ++s) {
+      absl::StrAppend(&data, absl::StrFormat(" %.1f %.1f %.1f", runs[s][c].median(), runs[s][c].min(),
+                                             runs[s][c].max()));
+    }
+    data += "\n";
+  }
+  std::ofstream(data_path) << data;
+  std::string plot = absl::StrCat(
+      "set title 'Lock cycles (acquire + release, closed loop): median of the rounds, bars min to max'\n"
+      "set xlabel 'clients (log scale)'\nset ylabel 'cycles per second (log scale)'\n"
+      "set logscale xy\nset xrange [0.7:", clients.empty() ? 100 : clients.back() * 1.5, "]\n",
+      "set xtics (", absl::StrJoin(clients, ", "), ")\nplot ");
+  for (size_t s = 0; s < systems.size(); ++s) {
+    absl::StrAppend(&plot, s == 0 ? "" : ", \\\n     ", "'", data_path, "' using 1:", 2 + 3 * s,
+                    ":", 3 + 3 * s, ":", 4 + 3 * s, " with yerrorlines lw ",
+                    systems[s].fencelock ? 3 : 2, " dt ", systems[s].fencelock ? 1 : 2, " lc rgb '",
+                    Colour(s), "' title ", Quoted(systems[s].name));
+  }
+  return plot + "\n";
+}
+
+std::string MarginPlot(const std::vector<MarginPoint>& points, const std::string& data_path) {
+  std::string data;
+  std::vector<absl::Duration> ttls;
+  for (const MarginPoint& p : points) {
+    if (ttls.empty() || ttls.back() != p.ttl) {
+      if (!ttls.empty()) data += "\n\n";
+      ttls.push_back(p.ttl);
+    }
+    absl::StrAppend(&data, absl::StrFormat("%.2f %.2f %.3f %d %.3f\n", p.margin, p.payouts_per_second,
+                                           p.refused ? NAN : p.renewals_per_second,
+                                           static_cast<int>(p.abandoned_total), p.backlog_age_seconds));
+  }
+  std::ofstream(data_path) << data;
+  std::string marks;
+  for (size_t t = 0; t < ttls.size(); ++t) {
+    const double cost = absl::ToDoubleSeconds(points.front().submit_cost);
+    const double limit = 1.0 - cost / absl::ToDoubleSeconds(ttls[t]);
+    if (limit > 0 && limit < 1) {
+      absl::StrAppend(&marks, "set arrow from ", limit, ", graph 0 to ", limit,
+                      ", graph 1 nohead dt 2 lw 2 lc ", t + 1, "\n", "set label 'TTL ",
+                      absl::FormatDuration(ttls[t]), ": lease x (1 - m) = submit cost (",
+                      absl::StrFormat("%.0f", cost * 1000), " ms) at m = ", absl::StrFormat("%.3f", limit),
+                      "' at ", limit, ", graph ", 0.9 - 0.08 * static_cast<double>(t),
+                      " right offset -1,0 tc lt ", t + 1, "\n");
+    }
+  }
+  // One panel: column `column` of the data against the margin, a line per TTL.
+  auto panel = [&](const std::string& settings, int column) {
+    std::string p = settings + "plot ";
+    for (size_t t = 0; t < ttls.size(); ++t) {
+      absl::StrAppend(&p, t == 0 ? "" : ", ", "'", data_path, "' index ", t, " using 1:", column,
+                      " with linespoints lw 2 lc ", t + 1, " title 'TTL ",
+                      absl::FormatDuration(ttls[t]), "'");
+    }
+    return p + "\n";
+  };
+  std::string plot = absl::StrCat(
+      "set multiplot layout 3,1\nset xrange [0:0.9]\nset xlabel 'safety margin'\n", marks,
+      panel("set title 'Margin sweep, the payout workload: capacity (dashed: where lease x "
+            "(1 - margin) no longer covers one submit)'\nset ylabel 'payouts per second'\n"
+            "set yrange [0:*]\n",
+            2),
+      panel("set title 'Backlog age: the oldest unpaid payout as the arrivals end'\n"
+            "set ylabel 'seconds'\nset yrange [0:*]\n",
+            5),
+      panel("set title 'Lease renewals (heartbeats of all workers)'\n"
+            "set ylabel 'renewals per second (log scale)'\nset logscale y\nset yrange [*:*]\n",
+            3));
+  return plot + "unset multiplot\n";
+}
+
+// --- the run -------------------------------------------------------------------------------
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "fencelock-bench: %s\n", message.c_str());
+  return 2;
+}
+
+template <typename T>
+bool ParseList(const std::string& flag, const std::string& text, T lo, T hi, std::vector<T>* out,
+               std::string* error) {
+  for (absl::string_view s : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    T v{};
+    bool ok;
+    if constexpr (std::is_same_v<T, absl::Duration>) {
+      ok = absl::ParseDuration(s, &v);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      ok = absl::SimpleAtod(s, &v);
+    } else {
+      ok = absl::SimpleAtoi(s, &v);
+    }
+    if (!ok || !(v >= lo && v <= hi)) {
+      auto show = [](T x) {
+        if constexpr (std::is_same_v<T, absl::Duration>) {
+          return absl::FormatDuration(x);
+        } else {
+          return absl::StrCat(x);
+        }
+      };
+      *error = absl::StrCat("--", flag, " wants a comma-separated list of values from ", show(lo),
+                            " to ", show(hi), ", got \"", std::string(s), "\"");
+      return false;
+    }
+    out->push_back(v);
+  }
+  return true;
 }
 
 int Main() {
   const std::string binary = absl::GetFlag(FLAGS_lockd);
-  if (binary.empty()) {
-    std::fprintf(stderr, "fencelock-bench: --lockd=PATH is required\n");
-    return 2;
-  }
+  if (binary.empty()) return Fail("--lockd=PATH is required");
   const double seconds = absl::GetFlag(FLAGS_seconds);
-  if (!(seconds > 0 && seconds <= 3600)) {
-    std::fprintf(stderr, "fencelock-bench: --seconds must be in (0, 3600]\n");
-    return 2;
-  }
+  if (!(seconds > 0 && seconds <= 3600)) return Fail("--seconds must be in (0, 3600]");
+  const double cycle_seconds = absl::GetFlag(FLAGS_cycle_seconds);
+  if (!(cycle_seconds > 0 && cycle_seconds <= 600)) return Fail("--cycle-seconds must be in (0, 600]");
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  if (rounds < 1 || rounds > 20) return Fail("--rounds must be 1 to 20");
+  const double margin_seconds = absl::GetFlag(FLAGS_margin_seconds);
+  if (!(margin_seconds > 0 && margin_seconds <= 600)) return Fail("--margin-seconds must be in (0, 600]");
+  const double arrival_seconds = absl::GetFlag(FLAGS_margin_arrival_seconds);
+  if (!(arrival_seconds > 0 && arrival_seconds <= 600)) return Fail("--margin-arrival-seconds must be in (0, 600]");
+  const double arrival_rate = absl::GetFlag(FLAGS_margin_arrival_rate);
+  if (!(arrival_rate > 0 && arrival_rate <= 10'000)) return Fail("--margin-arrival-rate must be in (0, 10000]");
+  const int margin_workers = absl::GetFlag(FLAGS_margin_workers);
+  if (margin_workers < 1 || margin_workers > 64) return Fail("--margin-workers must be 1 to 64");
+  const int load_clients = absl::GetFlag(FLAGS_load_clients);
+  if (load_clients < 0 || load_clients > 1024) return Fail("--load-clients must be 0 to 1024");
+  std::string error;
   std::vector<size_t> counts;
-  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_sessions), ',', absl::SkipEmpty())) {
-    size_t n = 0;
-    if (!absl::SimpleAtoi(s, &n) || n == 0 || n > 100'000) {
-      std::fprintf(stderr, "fencelock-bench: --sessions wants counts of 1 to 100000, got \"%s\"\n",
-                   std::string(s).c_str());
-      return 2;
-    }
-    counts.push_back(n);
+  std::vector<int> clients;
+  std::vector<double> margins;
+  std::vector<absl::Duration> margin_ttls;
+  if (!ParseList<size_t>("sessions", absl::GetFlag(FLAGS_sessions), 1, 100'000, &counts, &error) ||
+      !ParseList<int>("cycle-clients", absl::GetFlag(FLAGS_cycle_clients), 1, 1024, &clients, &error) ||
+      !ParseList<double>("margins", absl::GetFlag(FLAGS_margins), 0.0, 0.95, &margins, &error) ||
+      !ParseList<absl::Duration>("margin-ttls", absl::GetFlag(FLAGS_margin_ttls), absl::Seconds(1),
+                                 absl::Minutes(10), &margin_ttls, &error)) {
+    return Fail(error);
   }
+  bool want_redis = false, want_etcd = false;
+  for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_peers), ',', absl::SkipEmpty())) {
+    if (p == "redis") {
+      want_redis = true;
+    } else if (p == "etcd") {
+      want_etcd = true;
+    } else {
+      return Fail(absl::StrCat("--peers knows redis and etcd, not \"", std::string(p), "\""));
+    }
+  }
+  const std::string rail = absl::GetFlag(FLAGS_rail), worker = absl::GetFlag(FLAGS_worker);
+  if (rail.empty() != worker.empty()) return Fail("--rail and --worker go together (the margin sweep)");
+  const std::string out = absl::GetFlag(FLAGS_out);
+  const std::string gnuplot = out.empty() ? "" : absl::GetFlag(FLAGS_gnuplot);
+  if (!gnuplot.empty() && access(gnuplot.c_str(), X_OK) != 0) {
+    return Fail(absl::StrCat("--gnuplot=", gnuplot, " is not an executable (Debian: gnuplot-nox; "
+                             "--gnuplot= for no plots)"));
+  }
+  if (!out.empty()) std::filesystem::create_directories(out);
+
   const char* tmp = std::getenv("TMPDIR");
   const std::string root = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/fencelock-bench-", getpid());
-
+  const MonoTime run_start = Now();
   std::fprintf(stderr, "floors: fdatasync of 4 KiB in %s, loopback TCP round trip\n", root.c_str());
   std::filesystem::create_directories(root);
   const Percentiles fsync = FsyncFloor(root);
   const Percentiles loopback = LoopbackFloor();
 
+  // --- heartbeat RTT
   const absl::Duration ttl = absl::GetFlag(FLAGS_session_ttl);
   const double margin = absl::GetFlag(FLAGS_margin);
   const double threshold_ms = absl::ToDoubleMilliseconds(ttl) * margin / 3;
@@ -470,14 +821,11 @@ int Main() {
   std::string table =
       "| sessions | load | samples | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | timeouts | "
       "load cycles/s | 6.5 verdict |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
-  bool first = true;
-  bool broken = false;  // a heartbeat lockd refused, or a variant with no samples at all
+  std::vector<HeartbeatVariant> variants;
+  bool broken = false;  // a refusal or error anywhere: the figures are not to be trusted
   for (size_t n : counts) {
     auto lockd = Lockd::Start(binary, absl::StrCat(root, "/lockd-", n));
-    if (!lockd.ok()) {
-      std::fprintf(stderr, "fencelock-bench: %s\n", lockd.status().ToString().c_str());
-      return 1;
-    }
+    if (!lockd.ok()) return Fail(lockd.status().ToString());
     std::fprintf(stderr, "heartbeat: opening %zu sessions, each with a lock\n", n);
     const size_t per = 64;
     std::vector<Heartbeater> hs((n + per - 1) / per);
@@ -495,96 +843,247 @@ int Main() {
     for (std::thread& t : openers) t.join();
     if (failed) return 1;
     for (int loaded = 0; loaded <= 1; ++loaded) {
-      const HeartbeatResult r =
+      HeartbeatResult r =
           RunHeartbeats(hs, seconds, absl::StrCat(n, " sessions, ", loaded ? "loaded" : "idle"),
-                        (*lockd)->address(), loaded ? absl::GetFlag(FLAGS_load_clients) : 0);
+                        (*lockd)->address(), loaded ? load_clients : 0);
       const bool ok = r.rtt.p99 <= threshold_ms;
       if (r.failures > 0 || r.rtt.samples == 0) broken = true;
-      absl::StrAppend(&json, first ? "" : ",\n", "    {\"sessions\": ", n, ", \"loaded\": ",
+      absl::StrAppend(&json, variants.empty() ? "" : ",\n", "    {\"sessions\": ", n, ", \"loaded\": ",
                       loaded ? "true" : "false", ", \"rtt\": ", Json(r.rtt), ", \"timeouts\": ",
                       r.timeouts, ", \"failures\": ", r.failures, ", \"load_cycles_per_s\": ",
                       r.cycles_per_second, ", \"p99_within_threshold\": ", ok ? "true" : "false",
                       "}");
-      first = false;
-      absl::StrAppend(&table, "| ", n, " | ", loaded ? absl::StrCat(absl::GetFlag(FLAGS_load_clients), " clients") : "idle",
-                      " | ", r.rtt.samples, " | ", absl::StrFormat("%.3f", r.rtt.p50), " | ",
-                      absl::StrFormat("%.3f", r.rtt.p90), " | ", absl::StrFormat("%.3f", r.rtt.p99),
-                      " | ", absl::StrFormat("%.3f", r.rtt.p999), " | ",
-                      absl::StrFormat("%.3f", r.rtt.max), " | ", r.timeouts, " | ",
-                      absl::StrFormat("%.0f", r.cycles_per_second), " | ",
+      absl::StrAppend(&table, "| ", n, " | ", loaded ? absl::StrCat(load_clients, " clients") : "idle",
+                      " | ", r.rtt.samples, " | ", Ms(r.rtt.p50), " | ", Ms(r.rtt.p90), " | ",
+                      Ms(r.rtt.p99), " | ", Ms(r.rtt.p999), " | ", Ms(r.rtt.max), " | ", r.timeouts,
+                      " | ", absl::StrFormat("%.0f", r.cycles_per_second), " | ",
                       ok ? "p99 within" : "p99 ABOVE", " ", absl::StrFormat("%.0f", threshold_ms),
                       " ms |\n");
+      variants.push_back({n, loaded == 1, std::move(r)});
     }
   }
-  absl::StrAppend(&json, "\n  ]},\n  \"lock_cycles\": [\n");
+  absl::StrAppend(&json, "\n  ], \"library\": [\n");
+  std::string library_table;
+  if (const int n = absl::GetFlag(FLAGS_library_sessions); n > 0) {
+    auto lockd = Lockd::Start(binary, absl::StrCat(root, "/lockd-library"));
+    if (!lockd.ok()) return Fail(lockd.status().ToString());
+    std::string library_error;
+    const std::vector<LibraryHeartbeatResult> lib = RunLibraryHeartbeats(
+        (*lockd)->address(), static_cast<size_t>(n), seconds, load_clients, &library_error);
+    if (!library_error.empty()) {
+      std::fprintf(stderr, "fencelock-bench: %s\n", library_error.c_str());
+      broken = true;
+    }
+    library_table =
+        "| clients | load | heartbeats | p50 ms | p90 ms | p99 ms | p99.9 ms | failed or timed out | "
+        "load cycles/s | 6.5 verdict |\n|---|---|---|---|---|---|---|---|---|---|\n";
+    for (size_t i = 0; i < lib.size(); ++i) {
+      const LibraryHeartbeatResult& r = lib[i];
+      const bool ok = r.p99 <= threshold_ms;
+      if (r.heartbeats == 0) broken = true;
+      absl::StrAppend(&json, i == 0 ? "" : ",\n", "    {\"clients\": ", n, ", \"loaded\": ",
+                      i == 1 ? "true" : "false", ", \"heartbeats\": ", r.heartbeats,
+                      ", \"p50_ms\": ", r.p50, ", \"p90_ms\": ", r.p90, ", \"p99_ms\": ", r.p99,
+                      ", \"p999_ms\": ", r.p999, ", \"failures\": ", r.failures,
+                      ", \"load_cycles_per_s\": ", r.cycles_per_second, "}");
+      absl::StrAppend(&library_table, "| ", n, " | ", i == 1 ? absl::StrCat(load_clients, " clients") : "idle",
+                      " | ", absl::StrFormat("%.0f", r.heartbeats), " | ", Ms(r.p50), " | ", Ms(r.p90),
+                      " | ", Ms(r.p99), " | ", Ms(r.p999), " | ", absl::StrFormat("%.0f", r.failures),
+                      " | ", absl::StrFormat("%.0f", r.cycles_per_second), " | ",
+                      ok ? "p99 within" : "p99 ABOVE", " ", absl::StrFormat("%.0f", threshold_ms), " ms |\n");
+    }
+  }
+  absl::StrAppend(&json, "\n  ]},\n");
+
+  // --- lock cycles: lockd and the peers, all started before the first round
+  auto lockd = Lockd::Start(binary, absl::StrCat(root, "/lockd-cycles"));
+  if (!lockd.ok()) return Fail(lockd.status().ToString());
+  const std::string address = (*lockd)->address();
+  std::vector<System> systems = {
+      {"fencelock_library", "fencelock, library", LibraryCyclers(address, false), true},
+      {"fencelock_raw", "fencelock, raw driver", RawCyclers(address, false), true},
+      {"fencelock_library_one_lock", "fencelock, library, one lock", LibraryCyclers(address, true), true},
+      {"fencelock_raw_one_lock", "fencelock, raw driver, one lock", RawCyclers(address, true), true},
+  };
+  std::unique_ptr<RedisPeer> redis_always, redis_none;
+  std::unique_ptr<EtcdPeer> etcd;
+  std::string versions;
+  if (want_redis) {
+    std::fprintf(stderr, "peers: starting Redis (appendfsync always, and no persistence)\n");
+    auto a = RedisPeer::Start(absl::GetFlag(FLAGS_redis), root + "/redis-always",
+                              RedisPeer::Persistence::kAppendFsyncAlways);
+    if (!a.ok()) return Fail(absl::StrCat("redis: ", a.status().ToString()));
+    auto b = RedisPeer::Start(absl::GetFlag(FLAGS_redis), root + "/redis-none", RedisPeer::Persistence::kNone);
+    if (!b.ok()) return Fail(absl::StrCat("redis: ", b.status().ToString()));
+    redis_always = std::move(*a);
+    redis_none = std::move(*b);
+    absl::StrAppend(&versions, "Redis ", redis_always->version(), "; ");
+    systems.push_back({"redis_fsync_always", "Redis, appendfsync always", redis_always->Cyclers(false)});
+    systems.push_back({"redis_fsync_always_incr", "Redis, appendfsync always, INCR token", redis_always->Cyclers(true)});
+    systems.push_back({"redis_no_persistence", "Redis, no persistence", redis_none->Cyclers(false)});
+    systems.push_back({"redis_no_persistence_incr", "Redis, no persistence, INCR token", redis_none->Cyclers(true)});
+  }
+  if (want_etcd) {
+    std::fprintf(stderr, "peers: starting etcd (one member)\n");
+    auto e = EtcdPeer::Start(absl::GetFlag(FLAGS_etcd), root + "/etcd");
+    if (!e.ok()) return Fail(absl::StrCat("etcd: ", e.status().ToString()));
+    etcd = std::move(*e);
+    absl::StrAppend(&versions, "etcd ", etcd->version(), "; ");
+    systems.push_back({"etcd", "etcd, one member", etcd->Cyclers()});
+  }
+  std::fprintf(stderr, "lock cycles: %zu systems x %zu client counts x %d rounds, %.1f s each\n",
+               systems.size(), clients.size(), rounds, cycle_seconds);
+  // A fresh lockd writes into its first WAL segment for the first time: one untimed run first,
+  // so that the first measured one does not pay for that.
+  (void)RunCycles(RawCyclers(address, false), 8, std::min(1.0, cycle_seconds), "warm-up (not reported)");
+  std::vector<std::vector<Runs>> runs(systems.size(), std::vector<Runs>(clients.size()));
+  for (size_t c = 0; c < clients.size(); ++c) {
+    for (int round = 1; round <= rounds; ++round) {
+      for (size_t s = 0; s < systems.size(); ++s) {
+        CycleResult r = RunCycles(systems[s].make, clients[c], cycle_seconds,
+                                  absl::StrCat(clients[c], " clients, round ", round, ": ", systems[s].name));
+        Runs& into = runs[s][c];
+        into.rates.push_back(r.cycles_per_second);
+        into.acquire_ns.insert(into.acquire_ns.end(), r.acquire_ns.begin(), r.acquire_ns.end());
+        into.errors += r.errors;
+        if (into.first_error.empty()) into.first_error = r.first_error;
+        if (r.errors > 0) broken = true;
+      }
+    }
+  }
+  lockd->reset();
+  redis_always.reset();
+  redis_none.reset();
+  etcd.reset();
+  absl::StrAppend(&json, "  \"lock_cycles\": {\"rounds\": ", rounds, ", \"seconds\": ", cycle_seconds,
+                  ", \"runs\": [\n");
   std::string cycles_table =
-      "| clients | lock | library cycles/s | raw cycles/s | library / raw | library acquire p50 / "
-      "p99 ms | raw acquire p50 / p99 ms |\n|---|---|---|---|---|---|---|\n";
-  {
-    auto lockd = Lockd::Start(binary, absl::StrCat(root, "/lockd-cycles"));
-    if (!lockd.ok()) {
-      std::fprintf(stderr, "fencelock-bench: %s\n", lockd.status().ToString().c_str());
-      return 1;
-    }
-    std::fprintf(stderr, "lock cycles: acquire + release, through the library and raw\n");
-    // A fresh lockd writes into its first WAL segment for the first time: one untimed variant
-    // first, so that the first measured one does not pay for that.
-    (void)RunCycles((*lockd)->address(), 8, false, false, std::min(1.0, absl::GetFlag(FLAGS_cycle_seconds)),
-                    "warm-up (not reported)");
-    bool first_cycle = true;
-    for (absl::string_view text :
-         absl::StrSplit(absl::GetFlag(FLAGS_cycle_clients), ',', absl::SkipEmpty())) {
-      int clients = 0;
-      if (!absl::SimpleAtoi(text, &clients) || clients < 1 || clients > 1024) {
-        std::fprintf(stderr, "fencelock-bench: --cycle-clients wants 1 to 1024, got \"%s\"\n",
-                     std::string(text).c_str());
-        return 2;
-      }
-      for (bool contended : {false, true}) {
-        const double secs = absl::GetFlag(FLAGS_cycle_seconds);
-        const std::string what = absl::StrCat(clients, " clients, ", contended ? "one lock" : "own locks");
-        const CycleResult lib = RunCycles((*lockd)->address(), clients, contended, true, secs,
-                                          what + ", library");
-        const CycleResult raw = RunCycles((*lockd)->address(), clients, contended, false, secs,
-                                          what + ", raw");
-        if (lib.errors + raw.errors > 0) broken = true;
-        absl::StrAppend(&json, first_cycle ? "" : ",\n", "    {\"clients\": ", clients,
-                        ", \"contended\": ", contended ? "true" : "false",
-                        ", \"library\": {\"cycles_per_s\": ", lib.cycles_per_second,
-                        ", \"acquire\": ", Json(lib.acquire), ", \"errors\": ", lib.errors,
-                        "}, \"raw\": {\"cycles_per_s\": ", raw.cycles_per_second,
-                        ", \"acquire\": ", Json(raw.acquire), ", \"errors\": ", raw.errors, "}}");
-        first_cycle = false;
-        absl::StrAppend(&cycles_table, "| ", clients, " | ", contended ? "one, shared" : "own", " | ",
-                        absl::StrFormat("%.0f", lib.cycles_per_second), " | ",
-                        absl::StrFormat("%.0f", raw.cycles_per_second), " | ",
-                        absl::StrFormat("%.2f", raw.cycles_per_second > 0
-                                                    ? lib.cycles_per_second / raw.cycles_per_second
-                                                    : 0.0),
-                        " | ", absl::StrFormat("%.3f / %.3f", lib.acquire.p50, lib.acquire.p99),
-                        " | ", absl::StrFormat("%.3f / %.3f", raw.acquire.p50, raw.acquire.p99),
-                        " |\n");
-      }
+      "| clients | system | cycles/s min | median | max | median / fencelock library | acquire p50 / "
+      "p99 ms | errors |\n|---|---|---|---|---|---|---|---|\n";
+  for (size_t c = 0; c < clients.size(); ++c) {
+    const double library = runs[0][c].median();
+    for (size_t s = 0; s < systems.size(); ++s) {
+      const Runs& r = runs[s][c];
+      const Percentiles acquire = Summarize(r.acquire_ns);
+      absl::StrAppend(&json, c == 0 && s == 0 ? "" : ",\n", "    {\"clients\": ", clients[c],
+                      ", \"system\": \"", systems[s].key, "\", \"cycles_per_s\": [",
+                      absl::StrJoin(r.rates, ", "), "], \"median\": ", r.median(), ", \"acquire\": ",
+                      Json(acquire), ", \"errors\": ", r.errors, "}");
+      absl::StrAppend(&cycles_table, "| ", clients[c], " | ", systems[s].name, " | ",
+                      absl::StrFormat("%.0f | %.0f | %.0f", r.min(), r.median(), r.max()), " | ",
+                      absl::StrFormat("%.2f", library > 0 ? r.median() / library : 0.0), " | ",
+                      Ms(acquire.p50), " / ", Ms(acquire.p99), " | ",
+                      r.errors == 0 ? std::string("0") : absl::StrCat(r.errors, ": ", r.first_error), " |\n");
     }
   }
-  absl::StrAppend(&json, "\n  ]\n}\n");
-  const std::string summary = absl::StrCat(
-      "floors: fdatasync 4 KiB p50 ", absl::StrFormat("%.3f", fsync.p50), " ms, p99 ",
-      absl::StrFormat("%.3f", fsync.p99), " ms; loopback round trip p50 ",
-      absl::StrFormat("%.3f", loopback.p50), " ms, p99 ", absl::StrFormat("%.3f", loopback.p99),
+  absl::StrAppend(&json, "\n  ]},\n");
+
+  // --- the margin sweep
+  std::vector<MarginPoint> points;
+  std::string margin_table;
+  if (!rail.empty()) {
+    std::fprintf(stderr, "margin sweep: %zu TTLs x %zu margins, %d workers, %.1f s each\n",
+                 margin_ttls.size(), margins.size(), margin_workers, margin_seconds);
+    std::string sweep_error;
+    points = RunMarginSweep({.dir = root + "/margin",
+                             .lockd_binary = binary,
+                             .rail_binary = rail,
+                             .worker_binary = worker,
+                             .ttls = margin_ttls,
+                             .margins = margins,
+                             .arrival_seconds = arrival_seconds,
+                             .arrival_rate = arrival_rate,
+                             .seconds = margin_seconds,
+                             .workers = margin_workers},
+                            &sweep_error);
+    if (!sweep_error.empty()) {
+      std::fprintf(stderr, "fencelock-bench: %s\n", sweep_error.c_str());
+      broken = true;
+    }
+    margin_table =
+        "| TTL | margin | usable lease | capacity payouts/s | of the TTL's best | arrivals paid | "
+        "backlog age s | abandoned | renewals/s | paid twice |\n|---|---|---|---|---|---|---|---|---|---|\n";
+    absl::StrAppend(&json, "  \"margin_sweep\": {\"submit_cost_ms\": ",
+                    points.empty() ? 0.0 : absl::ToDoubleMilliseconds(points[0].submit_cost),
+                    ", \"workers\": ", margin_workers, ", \"capacity_seconds\": ", margin_seconds,
+                    ", \"arrival_seconds\": ", arrival_seconds, ", \"arrival_rate\": ", arrival_rate,
+                    ", \"points\": [\n");
+    for (size_t i = 0; i < points.size(); ++i) {
+      const MarginPoint& p = points[i];
+      double best = 0;
+      for (const MarginPoint& q : points) {
+        if (q.ttl == p.ttl) best = std::max(best, q.payouts_per_second);
+      }
+      if (p.paid_twice > 0 || p.rail_duplicates > 0 || p.lock_fenced_out != 0) broken = true;
+      std::string reasons;
+      for (const auto& [reason, n] : p.abandoned) absl::StrAppend(&reasons, reasons.empty() ? "" : ", ", reason, " ", n);
+      absl::StrAppend(&json, i == 0 ? "" : ",\n", "    {\"ttl_s\": ", absl::ToDoubleSeconds(p.ttl),
+                      ", \"margin\": ", p.margin, ", \"usable_s\": ", absl::ToDoubleSeconds(p.usable),
+                      ", \"refused\": ", p.refused ? "true" : "false", ", \"payouts_per_s\": ",
+                      p.payouts_per_second, ", \"arrived\": ", p.arrived, ", \"paid_of_arrivals\": ",
+                      p.paid_of_arrivals, ", \"backlog_age_s\": ", p.backlog_age_seconds,
+                      ", \"abandoned\": ", p.abandoned_total, ", \"renewals_per_s\": ",
+                      p.renewals_per_second, ", \"paid_twice\": ", p.paid_twice,
+                      ", \"rail_duplicates\": ", p.rail_duplicates, "}");
+      absl::StrAppend(&margin_table, "| ", absl::FormatDuration(p.ttl), " | ", absl::StrFormat("%.2f", p.margin),
+                      " | ", absl::StrFormat("%.2f s", absl::ToDoubleSeconds(p.usable)), " | ",
+                      p.refused ? std::string("0 (workers refuse: usable < submit cost)")
+                                : absl::StrFormat("%.1f", p.payouts_per_second),
+                      " | ", absl::StrFormat("%.2f", best > 0 ? p.payouts_per_second / best : 0.0), " | ",
+                      p.paid_of_arrivals, " of ", p.arrived, " | ",
+                      absl::StrFormat("%.2f", p.backlog_age_seconds), " | ", p.abandoned_total,
+                      reasons.empty() ? "" : absl::StrCat(" (", reasons, ")"), " | ",
+                      p.refused ? "-" : absl::StrFormat("%.2f", p.renewals_per_second), " | ",
+                      p.paid_twice, " |\n");
+    }
+    absl::StrAppend(&json, "\n  ]},\n");
+  }
+  absl::StrAppend(&json, "  \"versions\": \"", versions, "\", \"total_seconds\": ",
+                  absl::ToDoubleSeconds(Now() - run_start), "\n}\n");
+
+  std::string summary = absl::StrCat(
+      "floors: fdatasync 4 KiB p50 ", Ms(fsync.p50), " ms, p99 ", Ms(fsync.p99),
+      " ms; loopback round trip p50 ", Ms(loopback.p50), " ms, p99 ", Ms(loopback.p99),
       " ms\n\nheartbeat RTT (period ", absl::FormatDuration(absl::GetFlag(FLAGS_heartbeat)),
       "; ADR-006 6.5 threshold lease x margin / 3 = ", absl::StrFormat("%.0f", threshold_ms),
-      " ms)\n\n", table, "\nlock cycles (acquire + release; durable: each is two fdatasynced "
-      "mutations, shared by group commit)\n\n", cycles_table);
+      " ms)\n\n", table,
+      library_table.empty() ? "" : absl::StrCat("\nheartbeat RTT through the client library (its own "
+                                                "period; percentiles interpolated in its histogram's "
+                                                "buckets, as histogram_quantile does)\n\n", library_table),
+      "\nlock cycles (acquire + release; ", rounds, " interleaved rounds of ",
+      cycle_seconds, " s; ", versions, "peers' data on the same disk)\n\n", cycles_table);
+  if (!rail.empty()) {
+    absl::StrAppend(&summary, "\nmargin sweep (payout workload, ", margin_workers,
+                    " workers, rail latency 20 ms, submit cost ",
+                    points.empty() ? std::string("?") : absl::FormatDuration(points[0].submit_cost),
+                    "; each point: ", arrival_seconds, " s of ", arrival_rate,
+                    " arrivals/s onto an empty store, then ", margin_seconds,
+                    " s paying a backlog)\n\n", margin_table);
+  }
   std::printf("%s", summary.c_str());
-  if (const std::string out = absl::GetFlag(FLAGS_out); !out.empty()) {
-    std::filesystem::create_directories(out);
+  if (!out.empty()) {
     std::ofstream(out + "/results.json") << json;
     std::ofstream(out + "/summary.md") << "# fencelock-bench\n\n" << summary;
+    if (!gnuplot.empty()) {
+      std::fprintf(stderr, "plots: gnuplot into %s\n", out.c_str());
+      std::vector<std::pair<std::string, std::string>> plots;
+      if (!variants.empty()) {
+        plots.emplace_back("heartbeat_rtt", HeartbeatPlot(variants, threshold_ms, out + "/heartbeat_rtt.dat"));
+      }
+      plots.emplace_back("lock_cycles", CyclesPlot(systems, clients, runs, out + "/lock_cycles.dat"));
+      if (!points.empty()) plots.emplace_back("margin_sweep", MarginPlot(points, out + "/margin_sweep.dat"));
+      for (const auto& [name, body] : plots) {
+        if (absl::Status s = Gnuplot(gnuplot, out, name, body); !s.ok()) {
+          std::fprintf(stderr, "fencelock-bench: %s\n", s.ToString().c_str());
+          broken = true;
+        }
+      }
+    }
   }
   std::filesystem::remove_all(root);
+  std::fprintf(stderr, "fencelock-bench: done in %.0f s\n", absl::ToDoubleSeconds(Now() - run_start));
   if (broken) {
-    std::fprintf(stderr, "fencelock-bench: some heartbeats failed (see failures in results)\n");
+    std::fprintf(stderr, "fencelock-bench: some requests failed or were refused (see errors above)\n");
     return 1;
   }
   return 0;
@@ -595,8 +1094,8 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "the M7 benchmark: floors and heartbeat RTT against a lockd it starts\n"
-      "  fencelock-bench --lockd=PATH [--out=DIR] [--sessions=1000,10000] [--seconds=20]");
+      "the M7 benchmark: floors, heartbeat RTT, lock cycles against Redis and etcd, the margin sweep\n"
+      "  fencelock-bench --lockd=PATH --rail=PATH --worker=PATH [--out=DIR] [--peers=redis,etcd]");
   fencelock::process::ParseFlags(argc, argv);
   return fencelock::bench::Main();
 }

@@ -10,22 +10,24 @@ FENCELOCK_PACKAGES=(
   libabsl-dev libboost-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev
   prometheus faketime openssl libssl-dev
-  etcd-server etcd-client libgrpc++-dev protobuf-compiler-grpc
+  etcd-server etcd-client libgrpc++-dev protobuf-compiler-grpc libhiredis-dev
   clang libclang-rt-14-dev
   python3
 )
 
 say() { printf '\n==> %s\n' "$*"; }
 
-# Installs whatever in FENCELOCK_PACKAGES is missing; does nothing when all are present.
+# Installs whatever in FENCELOCK_PACKAGES, and the packages named as arguments, is missing;
+# does nothing when all are present.
 ensure_packages() {
+  local wanted=("${FENCELOCK_PACKAGES[@]}" "$@")
   local missing=()
-  for p in "${FENCELOCK_PACKAGES[@]}"; do
+  for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
       missing+=("$p")
   done
   if [ ${#missing[@]} -eq 0 ]; then
-    say "all ${#FENCELOCK_PACKAGES[@]} Debian packages already installed"
+    say "all ${#wanted[@]} Debian packages already installed"
     return
   fi
   say "installing missing Debian packages: ${missing[*]}"

@@ -41,6 +41,9 @@ ABSL_FLAG(double, margin, fencelock::defaults::kSafetyMargin,
           "lock.client.safety-margin, in (0, 1)");
 ABSL_FLAG(absl::Duration, poll, absl::Milliseconds(20),
           "pause when every unpaid payout is locked by another worker");
+ABSL_FLAG(bool, wait_for_work, false,
+          "when no payout is left unpaid, poll the store (every --poll) for new ones instead of "
+          "exiting; the worker then runs until a stop signal");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(30),
           "keep trying to reach lockd at startup for this long before giving up");
 ABSL_FLAG(int, metrics_port, -1, "serve /metrics on this port; 0 picks one, -1 disables");
@@ -70,7 +73,8 @@ class Worker {
         paid_(client_->metrics()->GetCounter("payouts_paid_total",
                                              "payouts this worker saw paid (by it or found paid)")) {}
 
-  // Works until no payout is left unpaid (0) or a stop signal arrives (1 if work was left).
+  // Works until no payout is left unpaid (0; with --wait-for-work it waits for more instead) or
+  // a stop signal arrives (1 if work was left).
   int Run() {
     size_t offset = std::hash<std::string>()(name_);
     while (!g_stop.load()) {
@@ -83,7 +87,11 @@ class Worker {
       if (auto age = store_->OldestUnpaidAge(); age.ok()) {
         backlog_.Set(absl::ToDoubleSeconds(*age));
       }
-      if (unpaid->empty()) return 0;
+      if (unpaid->empty()) {
+        if (!absl::GetFlag(FLAGS_wait_for_work)) return 0;
+        absl::SleepFor(absl::GetFlag(FLAGS_poll));
+        continue;
+      }
       bool worked = false;
       // Workers start at different places in the list so that they rarely race for a lock.
       for (size_t i = 0; i < unpaid->size() && !g_stop.load(); ++i) {
