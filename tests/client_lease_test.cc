@@ -2,6 +2,8 @@
 // in between, and a simulated client clock that moves only when the test moves it. The
 // server keeps real time; its TTLs here are long unless a test is about the server's expiry.
 #include <atomic>
+#include <future>
+#include <mutex>
 #include <cstdlib>
 #include <new>
 #include <thread>
@@ -52,9 +54,11 @@ class ClientLeaseTest : public ::testing::Test {
   std::unique_ptr<Client> NewClient(absl::Duration session_ttl = absl::Seconds(60),
                                     absl::Duration request_timeout = absl::Seconds(10),
                                     absl::Duration heartbeat_interval = absl::Hours(1),
-                                    std::vector<StepCost> steps = {}) {
+                                    std::vector<StepCost> steps = {},
+                                    std::function<void(const std::string&)> log = nullptr) {
     ClientOptions options;
     options.steps = std::move(steps);
+    options.log = std::move(log);
     options.server = "127.0.0.1:" + std::to_string(proxy_.port());
     options.clock = &clock_;
     options.session_ttl = session_ttl;
@@ -364,6 +368,157 @@ TEST_F(ClientLeaseTest, C27AHandleIsTheSameOnEveryThreadAndNothingIsAmbient) {
   std::thread([&] { after_deadline = ReasonThrown(*client, *a); }).join();
   EXPECT_EQ(after_deadline, LossReason::kDeadlinePassed);
   EXPECT_EQ(ReasonThrown(*client, *a), LossReason::kDeadlinePassed);
+}
+
+}  // namespace
+}  // namespace fencelock
+
+namespace fencelock {
+namespace {
+
+// Waits (real time, up to 10 s) for `done`.
+bool Eventually(const std::function<bool()>& done) {
+  for (int i = 0; i < 10'000; ++i) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return done();
+}
+
+// Loss notification through the real client: the heartbeat never runs in these tests (its
+// period is an hour of real time), so what fires at the deadline is the client's own timer.
+TEST_F(ClientLeaseTest, OnLostFiresAtTheDeadlineWithoutWaitingForAHeartbeat) {
+  auto client = NewClient();
+  const MonoTime t_send = clock_.Now();
+  auto lock = client->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  std::atomic<int> calls{0};
+  std::atomic<LossReason> reason{LossReason::kNone};
+  std::atomic<int64_t> fired_at{0};
+  ASSERT_TRUE(client
+                  ->onLost(*lock,
+                           [&](LossReason r) {
+                             reason = r;
+                             fired_at = clock_.Now().nanos();
+                             ++calls;
+                           })
+                  .ok());
+  std::future<LossReason> lost = client->whenLost(*lock);
+  clock_.Set(t_send + kUsable - absl::Nanoseconds(1));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(calls.load(), 0);
+  EXPECT_EQ(lost.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  clock_.Set(t_send + kUsable);
+  ASSERT_TRUE(Eventually([&] { return calls.load() == 1; }));
+  EXPECT_EQ(reason.load(), LossReason::kDeadlinePassed);
+  EXPECT_EQ(fired_at.load(), (t_send + kUsable).nanos());
+  ASSERT_EQ(lost.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(lost.get(), LossReason::kDeadlinePassed);
+  clock_.Advance(absl::Hours(1));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(calls.load(), 1);
+}
+
+TEST_F(ClientLeaseTest, OnLostNeverFiresForAReleasedLock) {
+  auto client = NewClient();
+  auto lock = client->acquire("x", absl::Seconds(5));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  std::atomic<int> calls{0};
+  ASSERT_TRUE(client->onLost(*lock, [&](LossReason) { ++calls; }).ok());
+  std::future<LossReason> lost = client->whenLost(*lock);
+  ASSERT_TRUE(client->release(*lock).ok());
+  clock_.Advance(kUsable * 2);
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(calls.load(), 0);
+  ASSERT_EQ(lost.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_THROW(lost.get(), std::future_error);  // no reason: the release ended the watch
+  EXPECT_FALSE(client->onLost(LockHandle(), [](LossReason) {}).ok());
+  EXPECT_EQ(client->whenLost(LockHandle()).get(), LossReason::kEmptyHandle);
+}
+
+TEST_F(ClientLeaseTest, OnLostFiresWhenLockdSaysTheTokenIsFencedOut) {
+  auto client = NewClient();
+  auto lock = client->acquire("x", absl::Seconds(5), absl::Milliseconds(300));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  std::future<LossReason> lost = client->whenLost(*lock);
+  auto other = DirectRealClient();
+  ASSERT_TRUE(other->acquire("x", absl::Seconds(10)).ok());  // lockd expired the 300 ms lease
+  EXPECT_EQ(client->renewNow().code(), absl::StatusCode::kAborted);
+  ASSERT_EQ(lost.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(lost.get(), LossReason::kFencedOut);  // simulated time stood still
+}
+
+TEST_F(ClientLeaseTest, AScopedLockReleasesAtTheEndOfItsScope) {
+  auto client = NewClient();
+  auto other = DirectRealClient();
+  {
+    auto guard = client->acquireScoped("x", absl::Seconds(5));
+    ASSERT_TRUE(guard.ok()) << guard.status();
+    EXPECT_TRUE(guard->owns());
+    EXPECT_EQ(guard->lock(), "x");
+    EXPECT_GT(guard->token(), 0u);
+    EXPECT_NO_THROW(guard->checkStillHeld());
+    EXPECT_NO_THROW(guard->beginIrreversibleStep({"step", absl::Seconds(1)}));
+    EXPECT_EQ(guard->remaining(), kUsable);
+    auto taken = other->tryAcquire("x");
+    ASSERT_TRUE(taken.ok());
+    EXPECT_FALSE(taken->has_value());  // held by the guard
+    auto none = client->tryAcquireScoped("y");
+    ASSERT_TRUE(none.ok() && none->has_value());
+    auto busy = other->tryAcquire("y");
+    ASSERT_TRUE(busy.ok());
+    EXPECT_FALSE(busy->has_value());
+  }
+  auto x = other->tryAcquire("x");
+  ASSERT_TRUE(x.ok()) << x.status();
+  EXPECT_TRUE(x->has_value()) << "the guard's scope ended without a release";
+  auto y = other->tryAcquire("y");
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_TRUE(y->has_value());
+}
+
+TEST_F(ClientLeaseTest, AMovedScopedLockReleasesOnceAndAnEarlyReleaseReports) {
+  auto client = NewClient();
+  auto guard = client->acquireScoped("x", absl::Seconds(5));
+  ASSERT_TRUE(guard.ok()) << guard.status();
+  const LockHandle copy = guard->handle();
+  ScopedLock moved = *std::move(guard);
+  EXPECT_FALSE(guard->owns());
+  EXPECT_EQ(guard->release().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THROW(guard->checkStillHeld(), LockLostException);
+  EXPECT_EQ(guard->remaining(), absl::ZeroDuration());
+  ASSERT_TRUE(moved.owns());
+  EXPECT_TRUE(moved.release().ok());
+  EXPECT_FALSE(moved.owns());
+  EXPECT_EQ(ReasonThrown(*client, copy), LossReason::kReleased);
+  // Assigning over a guard releases what it held first.
+  auto a = client->acquireScoped("a", absl::Seconds(5));
+  auto b = client->acquireScoped("b", absl::Seconds(5));
+  ASSERT_TRUE(a.ok() && b.ok());
+  const LockHandle a_handle = a->handle();
+  *a = *std::move(b);
+  EXPECT_EQ(ReasonThrown(*client, a_handle), LossReason::kReleased);
+  EXPECT_EQ(a->lock(), "b");
+}
+
+TEST_F(ClientLeaseTest, AScopedLockReportsAFailedReleaseToTheLogAndNeverThrows) {
+  std::mutex mu;
+  std::vector<std::string> logged;
+  auto client = NewClient(absl::Seconds(60), absl::Seconds(10), absl::Hours(1), {},
+                          [&](const std::string& line) {
+                            std::lock_guard<std::mutex> lock(mu);
+                            logged.push_back(line);
+                          });
+  {
+    auto guard = client->acquireScoped("x", absl::Seconds(5));
+    ASSERT_TRUE(guard.ok()) << guard.status();
+    clock_.Advance(kUsable);  // the client's deadline passes inside the scope
+    EXPECT_THROW(guard->checkStillHeld(), LockLostException);
+  }  // the release at scope exit answers kAborted (lost before release): logged, not thrown
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(logged.size(), 1u);
+  EXPECT_THAT(logged[0], ::testing::HasSubstr("could not release lock \"x\""));
+  EXPECT_THAT(logged[0], ::testing::HasSubstr("deadline_passed"));
 }
 
 }  // namespace

@@ -31,6 +31,7 @@ void SimulatedClock::Advance(absl::Duration d) {
     std::abort();
   }
   now_ns_.fetch_add(absl::ToInt64Nanoseconds(d), std::memory_order_acq_rel);
+  Moved();
 }
 
 void SimulatedClock::Set(MonoTime t) {
@@ -40,6 +41,24 @@ void SimulatedClock::Set(MonoTime t) {
     std::abort();
   }
   now_ns_.store(t.nanos(), std::memory_order_release);
+  Moved();
+}
+
+uint64_t SimulatedClock::Subscribe(std::function<void()> moved) {
+  std::lock_guard<std::mutex> lock(subscribers_mu_);
+  const uint64_t id = next_subscriber_++;
+  subscribers_.emplace(id, std::move(moved));
+  return id;
+}
+
+void SimulatedClock::Unsubscribe(uint64_t id) {
+  std::lock_guard<std::mutex> lock(subscribers_mu_);
+  subscribers_.erase(id);
+}
+
+void SimulatedClock::Moved() {
+  std::lock_guard<std::mutex> lock(subscribers_mu_);
+  for (const auto& [id, moved] : subscribers_) moved();
 }
 
 }  // namespace fencelock

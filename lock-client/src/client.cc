@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdio>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -13,12 +14,14 @@
 #include "clock/monotonic_event.h"
 #include "channel.h"
 #include "lease.h"
+#include "loss_watcher.h"
 #include "protocol/codes.h"
 
 namespace fencelock {
 
 using client_internal::Channel;
 using client_internal::LeaseState;
+using client_internal::LossWatcher;
 using client_internal::Reply;
 
 const char* LossReasonName(LossReason reason) {
@@ -50,6 +53,64 @@ uint64_t Millis(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Mi
 
 const std::string& LockHandle::lock() const { return state_ ? state_->lock() : kNoLock; }
 uint64_t LockHandle::token() const { return state_ ? state_->token() : 0; }
+
+ScopedLock::ScopedLock(ScopedLock&& other) noexcept
+    : client_(std::exchange(other.client_, nullptr)), handle_(std::move(other.handle_)) {}
+
+ScopedLock& ScopedLock::operator=(ScopedLock&& other) noexcept {
+  if (this != &other) {
+    if (client_ != nullptr) (void)release();
+    client_ = std::exchange(other.client_, nullptr);
+    handle_ = std::move(other.handle_);
+  }
+  return *this;
+}
+
+ScopedLock::~ScopedLock() {
+  if (client_ == nullptr) return;
+  Client* client = client_;
+  const LockHandle handle = handle_;
+  if (absl::Status s = release(); !s.ok()) client->reportScopedReleaseFailure(handle, s);
+}
+
+void ScopedLock::checkStillHeld() const {
+  if (client_ == nullptr) {
+    throw LockLostException(handle_.lock(), handle_.token(),
+                            handle_.token() == 0 ? LossReason::kEmptyHandle : LossReason::kReleased,
+                            "checkStillHeld on a ScopedLock that owns no lock");
+  }
+  client_->checkStillHeld(handle_);
+}
+
+void ScopedLock::beginIrreversibleStep(const StepCost& step) const {
+  checkStillHeld();
+  client_->beginIrreversibleStep(handle_, step);
+}
+
+absl::Duration ScopedLock::remaining() const {
+  return client_ == nullptr ? absl::ZeroDuration() : client_->remaining(handle_);
+}
+
+absl::Status ScopedLock::release() {
+  if (client_ == nullptr) return absl::FailedPreconditionError("the ScopedLock owns no lock");
+  Client* client = std::exchange(client_, nullptr);
+  return client->release(handle_);
+}
+
+absl::StatusOr<ScopedLock> Client::acquireScoped(std::string_view lock, absl::Duration wait,
+                                                 absl::Duration ttl) {
+  auto handle = acquire(lock, wait, ttl);
+  if (!handle.ok()) return handle.status();
+  return ScopedLock(this, *std::move(handle));
+}
+
+absl::StatusOr<std::optional<ScopedLock>> Client::tryAcquireScoped(std::string_view lock,
+                                                                   absl::Duration ttl) {
+  auto handle = tryAcquire(lock, ttl);
+  if (!handle.ok()) return handle.status();
+  if (!handle->has_value()) return std::optional<ScopedLock>();
+  return std::optional<ScopedLock>(ScopedLock(this, **std::move(handle)));
+}
 
 class ClientImpl final : public Client {
  public:
@@ -103,6 +164,14 @@ class ClientImpl final : public Client {
   absl::Duration heartbeat_rtt_p99() const override;
   std::shared_ptr<metrics::Registry> metrics() const override { return metrics_; }
   absl::Status renewNow() override;
+  absl::Status onLost(const LockHandle& handle,
+                      std::function<void(LossReason)> on_lost) override;
+  std::future<LossReason> whenLost(const LockHandle& handle) override;
+  void reportScopedReleaseFailure(const LockHandle& handle,
+                                  const absl::Status& status) const override {
+    Warn(absl::StrCat("a ScopedLock could not release lock \"", handle.lock(), "\" (token ",
+                      handle.token(), "): ", status.ToString()));
+  }
   uint64_t session_id() const override {
     absl::MutexLock lock(&mu_);
     return session_id_;
@@ -207,6 +276,9 @@ class ClientImpl final : public Client {
   bool revisit_warned_ ABSL_GUARDED_BY(mu_) = false;
 
   std::thread heartbeat_thread_;
+  // Behind onLost and whenLost; stopped first in the destructor, so that no callback runs
+  // while the client is taken apart.
+  std::unique_ptr<LossWatcher> watcher_ = std::make_unique<LossWatcher>(clock_);
 };
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
@@ -279,6 +351,7 @@ absl::Status ClientImpl::Start() {
 }
 
 ClientImpl::~ClientImpl() {
+  watcher_.reset();
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -451,6 +524,7 @@ absl::Status ClientImpl::HeartbeatLocked() {
       fenced_out_.Increment();
       if (still_ours) CountLoss(LossReason::kFencedOut);
       state->MarkLost(LossReason::kFencedOut);
+      watcher_->Poke();
       if (still_ours) held_.erase(it);
       result = absl::AbortedError(
           absl::StrCat("lock \"", state->lock(), "\" token ", state->token(), " was fenced out"));
@@ -536,6 +610,7 @@ void ClientImpl::LoseSession(LossReason reason) {
   session_id_ = 0;
   session_secret_.clear();
   session_deadline_ = MonoTime::Min();
+  watcher_->Poke();
 }
 
 bool ClientImpl::SessionDeadlinePassed() const {
@@ -621,6 +696,25 @@ void ClientImpl::HeartbeatThread() {
 absl::Status ClientImpl::renewNow() {
   absl::MutexLock lock(&heartbeat_mu_);
   return HeartbeatLocked();
+}
+
+absl::Status ClientImpl::onLost(const LockHandle& handle,
+                                std::function<void(LossReason)> on_lost) {
+  if (handle.state_ == nullptr) return absl::InvalidArgumentError("onLost on an empty handle");
+  if (!on_lost) return absl::InvalidArgumentError("onLost without a callback");
+  watcher_->Watch(handle.state_, std::move(on_lost));
+  return absl::OkStatus();
+}
+
+std::future<LossReason> ClientImpl::whenLost(const LockHandle& handle) {
+  auto promise = std::make_shared<std::promise<LossReason>>();
+  std::future<LossReason> future = promise->get_future();
+  if (handle.state_ == nullptr) {
+    promise->set_value(LossReason::kEmptyHandle);
+    return future;
+  }
+  watcher_->Watch(handle.state_, [promise](LossReason reason) { promise->set_value(reason); });
+  return future;
 }
 
 absl::StatusOr<std::optional<LockHandle>> ClientImpl::AcquireImpl(std::string_view lock,
@@ -762,6 +856,7 @@ absl::Status ClientImpl::release(const LockHandle& handle) {
                                            LossReasonName(lost)));
   }
   state.MarkLost(LossReason::kReleased);
+  watcher_->Poke();  // its watches end without a call
   wire::Request request;
   request.mutable_release()->set_session_id(session);
   request.mutable_release()->set_lock(state.lock());
@@ -824,6 +919,7 @@ void ClientImpl::checkStillHeld(const LockHandle& handle, Confirm confirm) const
     fenced_out_.Increment();
     if (state->Check(end) == LossReason::kNone) CountLoss(LossReason::kFencedOut);
     state->MarkLost(LossReason::kFencedOut);
+    watcher_->Poke();
     ThrowLost(*state, LossReason::kFencedOut);
   }
   reason = state->Check(end);

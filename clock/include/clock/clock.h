@@ -11,6 +11,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <cstdint>
 
 #include "absl/time/time.h"
 
@@ -56,6 +60,17 @@ class Clock {
   virtual ~Clock() = default;
   virtual MonoTime Now() const = 0;
 
+  // For a thread that sleeps until a time on this clock (the client's loss timer): `moved` is
+  // called after every move of the clock that is not time passing, that is, every
+  // SimulatedClock::Advance() and Set(), until Unsubscribe(id) returns. It runs on the thread
+  // that moved the clock and must not block. The real clock never calls it (its time only
+  // passes), so a sleeper on it just waits on the monotonic clock. Returns the id.
+  virtual uint64_t Subscribe(std::function<void()> moved) {
+    (void)moved;
+    return 0;
+  }
+  virtual void Unsubscribe(uint64_t id) { (void)id; }
+
   // The real boot-time clock (CLOCK_BOOTTIME). Never null; lives for the whole process.
   static Clock* Real();
 };
@@ -74,8 +89,16 @@ class SimulatedClock : public Clock {
   // Moves the clock to `t`, which must not be earlier than Now().
   void Set(MonoTime t);
 
+  uint64_t Subscribe(std::function<void()> moved) override;
+  void Unsubscribe(uint64_t id) override;
+
  private:
+  void Moved();
+
   std::atomic<int64_t> now_ns_;
+  std::mutex subscribers_mu_;
+  std::map<uint64_t, std::function<void()>> subscribers_;  // guarded by subscribers_mu_
+  uint64_t next_subscriber_ = 1;                           // guarded by subscribers_mu_
 };
 
 }  // namespace fencelock

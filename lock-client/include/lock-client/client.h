@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -191,6 +192,46 @@ struct ClientOptions {
 
 enum class Confirm { kLocal, kWithServer };
 
+class Client;
+
+// A lock held for a scope. Move-only; destroying it releases the lock if this guard still
+// holds it, and a release that fails is reported to the client's log sink (ClientOptions::log),
+// never thrown. A lock already lost (deadline passed, fenced out) is given back the same way
+// release() gives it back. The guard must not outlive its Client. Get one from
+// Client::acquireScoped or Client::tryAcquireScoped.
+class ScopedLock {
+ public:
+  ScopedLock() = default;  // holds nothing
+  ScopedLock(ScopedLock&& other) noexcept;
+  // Releases what this guard held, then takes over `other`'s lock.
+  ScopedLock& operator=(ScopedLock&& other) noexcept;
+  ScopedLock(const ScopedLock&) = delete;
+  ScopedLock& operator=(const ScopedLock&) = delete;
+  ~ScopedLock();
+
+  // True until release() or a move: the guard will release on destruction. The lock itself
+  // may already be lost; checkStillHeld says.
+  bool owns() const { return client_ != nullptr; }
+  // The handle, for the calls that take one (copies of it see the guard's release).
+  const LockHandle& handle() const { return handle_; }
+  const std::string& lock() const { return handle_.lock(); }
+  uint64_t token() const { return handle_.token(); }
+  // Client::checkStillHeld, beginIrreversibleStep and remaining for this lock. On a guard that
+  // owns nothing they behave as for an empty handle.
+  void checkStillHeld() const;
+  void beginIrreversibleStep(const StepCost& step) const;
+  absl::Duration remaining() const;
+  // Releases now and returns the outcome (Client::release); the destructor then does nothing.
+  // kFailedPrecondition on a guard that owns nothing.
+  absl::Status release();
+
+ private:
+  friend class Client;
+  ScopedLock(Client* client, LockHandle handle) : client_(client), handle_(std::move(handle)) {}
+  Client* client_ = nullptr;
+  LockHandle handle_;
+};
+
 // A connection to lockd with one session. All methods are thread-safe. Blocking methods block
 // the calling thread only; the heartbeat runs on the client's own threads.
 class Client {
@@ -217,6 +258,13 @@ class Client {
   // Like acquire() without waiting: std::nullopt when another session holds the lock.
   virtual absl::StatusOr<std::optional<LockHandle>> tryAcquire(
       std::string_view lock, absl::Duration ttl = absl::ZeroDuration()) = 0;
+
+  // acquire() and tryAcquire() returning a ScopedLock, which releases the lock at the end of
+  // its scope.
+  absl::StatusOr<ScopedLock> acquireScoped(std::string_view lock, absl::Duration wait,
+                                           absl::Duration ttl = absl::ZeroDuration());
+  absl::StatusOr<std::optional<ScopedLock>> tryAcquireScoped(
+      std::string_view lock, absl::Duration ttl = absl::ZeroDuration());
 
   // Releases the lock. The handle is lost from this call on, whatever the answer. If a
   // heartbeat carrying this lock is in flight, waits for its answer first (at most one request
@@ -257,12 +305,37 @@ class Client {
   // The registry holding this client's metrics.
   virtual std::shared_ptr<metrics::Registry> metrics() const = 0;
 
+  // Loss notification. Calls `on_lost(reason)` once when `handle`'s lock stops being held for
+  // any reason but its release by this client:
+  //   - kDeadlinePassed: the client's deadline for it passed. A timer on the client's clock
+  //     fires at that moment, not at the next heartbeat or checkStillHeld;
+  //   - kFencedOut: lockd answered that its token no longer holds the lock;
+  //   - kSessionLost: lockd answered that the session is gone.
+  // Never for a lock released through release() or a ScopedLock (even if the deadline passes
+  // afterwards), never twice. A handle already lost gets its call at once. The call runs on the
+  // client's own loss-watcher thread, one at a time: it must not block for long, and must not
+  // destroy the client. Callbacks still pending when the client is destroyed are dropped
+  // without a call. kInvalidArgument for an empty handle or an empty callback.
+  virtual absl::Status onLost(const LockHandle& handle,
+                              std::function<void(LossReason)> on_lost) = 0;
+  // onLost as a future: ready with the reason when the lock is lost. For a lock that is
+  // released instead, or when the client is destroyed first, the future ends with
+  // std::future_error (broken_promise) rather than a reason. An empty handle gives a future
+  // that is ready at once with kEmptyHandle.
+  virtual std::future<LossReason> whenLost(const LockHandle& handle) = 0;
+
   // Runs one heartbeat exchange now (renews the session and every held lock) and blocks until
   // it is answered or times out. Deadlines move only on success, measured from this send.
   virtual absl::Status renewNow() = 0;
 
   // The current session's id on the server (0 while there is none).
   virtual uint64_t session_id() const = 0;
+
+ private:
+  friend class ScopedLock;
+  // A ScopedLock's release at destruction failed: tell the client's log sink.
+  virtual void reportScopedReleaseFailure(const LockHandle& handle,
+                                          const absl::Status& status) const = 0;
 };
 
 }  // namespace fencelock

@@ -1,0 +1,159 @@
+// The loss timer on simulated time: it fires exactly at the deadline (never a nanosecond
+// before), once, never for a released lease, at once for a lease already lost, and when the
+// client marks a lease lost on lockd's word.
+#include "loss_watcher.h"
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace fencelock::client_internal {
+namespace {
+
+constexpr absl::Duration kUsable = absl::Seconds(21);
+
+class LossWatcherTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<LeaseState> NewLease(const std::string& name) {
+    return std::make_shared<LeaseState>(name, ++token_, absl::Seconds(30), clock_.Now() + kUsable);
+  }
+  // Watches `lease`, recording each call with the clock's time then.
+  void Watch(const std::shared_ptr<LeaseState>& lease) {
+    watcher_.Watch(lease, [this, name = lease->lock()](LossReason reason) {
+      std::lock_guard<std::mutex> lock(mu_);
+      calls_.push_back({name, reason, clock_.Now()});
+    });
+  }
+  struct Call {
+    std::string lock;
+    LossReason reason;
+    MonoTime at;
+  };
+  std::vector<Call> Calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
+  }
+  // Waits (real time, up to 10 s) until `n` calls were made.
+  std::vector<Call> AwaitCalls(size_t n) {
+    for (int i = 0; i < 10'000 && Calls().size() < n; ++i) absl::SleepFor(absl::Milliseconds(1));
+    return Calls();
+  }
+  // Lets the watcher's thread run, so that a call that should not happen has had its chance.
+  static void Settle() { absl::SleepFor(absl::Milliseconds(50)); }
+
+  SimulatedClock clock_;
+  LossWatcher watcher_{&clock_};
+  uint64_t token_ = 0;
+  std::mutex mu_;
+  std::vector<Call> calls_;
+};
+
+TEST_F(LossWatcherTest, FiresExactlyAtTheDeadlineAndOnce) {
+  auto lease = NewLease("x");
+  const MonoTime deadline = lease->deadline();
+  Watch(lease);
+  clock_.Set(deadline - absl::Nanoseconds(1));
+  Settle();
+  EXPECT_TRUE(Calls().empty()) << "fired before the deadline";
+  clock_.Set(deadline);
+  auto calls = AwaitCalls(1);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].reason, LossReason::kDeadlinePassed);
+  EXPECT_EQ(calls[0].at, deadline);  // the clock stood at the deadline when it fired
+  clock_.Advance(absl::Hours(1));
+  Settle();
+  EXPECT_EQ(Calls().size(), 1u) << "fired twice";
+  EXPECT_EQ(watcher_.pending(), 0u);
+}
+
+TEST_F(LossWatcherTest, AnExtendedDeadlineMovesTheTimer) {
+  auto lease = NewLease("x");
+  const MonoTime first = lease->deadline();
+  Watch(lease);
+  ASSERT_TRUE(lease->Extend(first + absl::Seconds(10), clock_.Now()));  // a heartbeat renewed it
+  clock_.Set(first);
+  Settle();
+  EXPECT_TRUE(Calls().empty());
+  clock_.Set(first + absl::Seconds(10));
+  ASSERT_EQ(AwaitCalls(1).size(), 1u);
+}
+
+TEST_F(LossWatcherTest, NeverForAReleasedLease) {
+  auto lease = NewLease("x");
+  Watch(lease);
+  lease->MarkLost(LossReason::kReleased);
+  watcher_.Poke();
+  clock_.Advance(kUsable * 2);
+  Settle();
+  EXPECT_TRUE(Calls().empty());
+  EXPECT_EQ(watcher_.pending(), 0u);
+}
+
+TEST_F(LossWatcherTest, ALeaseLostOnLockdsWordFiresAtOnceWithItsReason) {
+  auto fenced = NewLease("fenced");
+  auto session = NewLease("session");
+  Watch(fenced);
+  Watch(session);
+  fenced->MarkLost(LossReason::kFencedOut);
+  session->MarkLost(LossReason::kSessionLost);
+  watcher_.Poke();  // the clock does not move: only the marks end them
+  auto calls = AwaitCalls(2);
+  ASSERT_EQ(calls.size(), 2u);
+  for (const Call& c : calls) {
+    EXPECT_EQ(c.reason, c.lock == "fenced" ? LossReason::kFencedOut : LossReason::kSessionLost);
+  }
+}
+
+TEST_F(LossWatcherTest, WatchingALeaseAlreadyLostFiresAtOnce) {
+  auto lease = NewLease("x");
+  clock_.Set(lease->deadline() + absl::Seconds(1));
+  Watch(lease);
+  auto calls = AwaitCalls(1);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].reason, LossReason::kDeadlinePassed);
+}
+
+TEST_F(LossWatcherTest, ADeadlineThatFiredStaysLostAndCannotBeReleasedAfter) {
+  auto lease = NewLease("x");
+  Watch(lease);
+  clock_.Set(lease->deadline());
+  ASSERT_EQ(AwaitCalls(1).size(), 1u);
+  // The watcher recorded the loss: a later release cannot turn it into a release.
+  lease->MarkLost(LossReason::kReleased);
+  EXPECT_EQ(lease->Check(clock_.Now()), LossReason::kDeadlinePassed);
+}
+
+TEST_F(LossWatcherTest, ManyLeasesEachFireAtTheirOwnDeadline) {
+  std::vector<std::shared_ptr<LeaseState>> leases;
+  std::vector<MonoTime> deadlines;  // a lost lease's deadline() reads as already passed
+  for (int i = 0; i < 5; ++i) {
+    leases.push_back(NewLease("l" + std::to_string(i)));
+    deadlines.push_back(leases.back()->deadline());
+    Watch(leases.back());
+    clock_.Advance(absl::Seconds(1));  // lease i ends 1 s after lease i - 1
+  }
+  for (size_t i = 0; i < leases.size(); ++i) {
+    clock_.Set(std::max(clock_.Now(), deadlines[i]));
+    auto calls = AwaitCalls(i + 1);
+    ASSERT_EQ(calls.size(), i + 1);
+    EXPECT_EQ(calls[i].lock, leases[i]->lock());
+    EXPECT_EQ(calls[i].at, deadlines[i]);
+  }
+}
+
+TEST(LossWatcherStopTest, DestroyingTheWatcherDropsPendingWatchesWithoutACall) {
+  SimulatedClock clock;
+  std::atomic<int> calls{0};
+  {
+    LossWatcher watcher(&clock);
+    auto lease = std::make_shared<LeaseState>("x", 1, absl::Seconds(30), clock.Now() + kUsable);
+    watcher.Watch(lease, [&](LossReason) { ++calls; });
+  }
+  clock.Advance(kUsable * 2);  // no subscriber left to hear it
+  EXPECT_EQ(calls.load(), 0);
+}
+
+}  // namespace
+}  // namespace fencelock::client_internal
