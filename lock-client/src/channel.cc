@@ -24,6 +24,18 @@
 #include "protocol/version.h"
 
 namespace fencelock::client_internal {
+
+struct PendingCall {
+  uint64_t id = 0;  // the request id, set by Send before anyone waits
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  Reply reply ABSL_GUARDED_BY(mu);
+  // Set once `done` is: the caller waits on it, not on `mu`, so that a wall-clock step does not
+  // change how long it waits (Debian Abseil's timed waits are on the wall clock).
+  MonotonicEvent finished;
+};
+
 namespace {
 
 using asio::awaitable;
@@ -53,16 +65,6 @@ struct Connection {
   }
 };
 
-
-struct PendingCall {
-  absl::Mutex mu;
-  bool done ABSL_GUARDED_BY(mu) = false;
-  absl::Status status ABSL_GUARDED_BY(mu);
-  Reply reply ABSL_GUARDED_BY(mu);
-  // Set once `done` is: the caller waits on it, not on `mu`, so that a wall-clock step does not
-  // change how long it waits (Debian Abseil's timed waits are on the wall clock).
-  MonotonicEvent finished;
-};
 
 absl::StatusOr<Endpoint> ResolveAddress(asio::io_context& io, const std::string& address) {
   if (address.rfind("unix:", 0) == 0) {
@@ -132,6 +134,9 @@ class AsioChannel final : public Channel {
     return connected_;
   }
   absl::StatusOr<Reply> Call(wire::Request request, absl::Duration timeout) override;
+  absl::StatusOr<std::shared_ptr<PendingCall>> Send(wire::Request request) override;
+  absl::StatusOr<Reply> Await(const std::shared_ptr<PendingCall>& call,
+                              absl::Duration timeout) override;
   absl::StatusOr<uint64_t> Post(wire::Request request) override;
   void set_unmatched_reply_handler(std::function<void(const wire::Response&)> handler) override {
     unmatched_ = std::move(handler);
@@ -355,13 +360,25 @@ absl::StatusOr<uint64_t> AsioChannel::Submit(wire::Request& request,
 }
 
 absl::StatusOr<Reply> AsioChannel::Call(wire::Request request, absl::Duration timeout) {
+  auto call = Send(std::move(request));
+  if (!call.ok()) return call.status();
+  return Await(*call, timeout);
+}
+
+absl::StatusOr<std::shared_ptr<PendingCall>> AsioChannel::Send(wire::Request request) {
   auto call = std::make_shared<PendingCall>();
   auto id = Submit(request, call);
   if (!id.ok()) return id.status();
+  call->id = *id;
+  return call;
+}
+
+absl::StatusOr<Reply> AsioChannel::Await(const std::shared_ptr<PendingCall>& call,
+                                         absl::Duration timeout) {
   call->finished.WaitFor(timeout);
   {
     absl::MutexLock lock(&mu_);
-    pending_.erase(*id);  // a reply arriving from now on is unmatched
+    pending_.erase(call->id);  // a reply arriving from now on is unmatched
   }
   absl::MutexLock lock(&call->mu);
   if (!call->done) {

@@ -23,6 +23,8 @@
 
 namespace fencelock::client_internal {
 
+struct PendingCall;  // a request sent and not yet awaited
+
 struct Reply {
   wire::Response response;
   MonoTime sent_at;  // read just before the request was written
@@ -54,6 +56,13 @@ class Channel {
   // connection fails (kUnavailable), or `timeout` passes (kDeadlineExceeded). A reply is
   // returned whatever its code; callers interpret the code.
   virtual absl::StatusOr<Reply> Call(wire::Request request, absl::Duration timeout) = 0;
+
+  // Call() in two halves. Send() hands the request to the connection and returns at once: a
+  // request sent later by any thread is written after it. Await() then waits for its reply as
+  // Call() does; call it exactly once per sent request.
+  virtual absl::StatusOr<std::shared_ptr<PendingCall>> Send(wire::Request request) = 0;
+  virtual absl::StatusOr<Reply> Await(const std::shared_ptr<PendingCall>& call,
+                                      absl::Duration timeout) = 0;
 
   // Sends `request` without waiting; its reply goes to the unmatched-reply handler.
   // Returns the request id. kUnavailable when not connected (nothing is sent). An id means

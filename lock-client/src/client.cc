@@ -185,11 +185,20 @@ class ClientImpl final : public Client {
 
   // Connects (again) and reopens the session if needed. Serialized by heartbeat_mu_.
   absl::Status EnsureSessionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(heartbeat_mu_);
-  // One KeepAlive for the session and `locks` (name, token). On an OK answer the session's
-  // deadline moves (measured from this send) and the reply is returned for the caller to
-  // apply to the locks; an answer that the session is gone loses every held lock.
-  absl::StatusOr<Reply> KeepAliveLocked(
-      const std::vector<std::pair<std::string, uint64_t>>& locks)
+  // The locks (name, token) one KeepAlive renews, read when it is about to be sent.
+  using LockRefs = std::vector<std::pair<std::string, uint64_t>>;
+  // One KeepAlive for the session and the locks `gather` returns (called under send_mu_, right
+  // before the request is handed to the connection, again if it is sent again). On an OK
+  // answer the session's deadline moves (measured from this send) and the reply is returned
+  // for the caller to apply to the locks; an answer that the session is gone loses every held
+  // lock. heartbeat_mu_ is let go while the reply is awaited: acquire and release never wait
+  // for a heartbeat's answer.
+  absl::StatusOr<Reply> KeepAliveLocked(const std::function<LockRefs()>& gather)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heartbeat_mu_);
+  // Sends `request` with the locks of `gather` and awaits its reply without heartbeat_mu_.
+  absl::StatusOr<Reply> SendAndAwaitLocked(wire::Request request,
+                                           const std::function<LockRefs()>& gather,
+                                           absl::Duration timeout, size_t* sent_locks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(heartbeat_mu_);
   // One heartbeat: drops lost locks, renews the session and every held lock.
   absl::Status HeartbeatLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(heartbeat_mu_);
@@ -250,8 +259,12 @@ class ClientImpl final : public Client {
   std::array<metrics::Counter*, 8> lease_lost_{};
   std::unique_ptr<Channel> channel_;
 
-  // Serializes heartbeats (background and renewNow) and reconnection.
-  absl::Mutex heartbeat_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Serializes reconnection and the start of heartbeats (background and renewNow). Not held
+  // while a heartbeat's reply is awaited.
+  absl::Mutex heartbeat_mu_ ABSL_ACQUIRED_BEFORE(send_mu_, mu_);
+  // Held from reading a heartbeat's locks until its KeepAlive is handed to the connection: a
+  // release that waits for it knows that any KeepAlive naming its token is written first.
+  absl::Mutex send_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 
   mutable absl::Mutex mu_;
   uint64_t session_id_ ABSL_GUARDED_BY(mu_) = 0;
@@ -426,8 +439,30 @@ absl::Status ClientImpl::EnsureSessionLocked() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Reply> ClientImpl::KeepAliveLocked(
-    const std::vector<std::pair<std::string, uint64_t>>& locks) {
+absl::StatusOr<Reply> ClientImpl::SendAndAwaitLocked(wire::Request request,
+                                                     const std::function<LockRefs()>& gather,
+                                                     absl::Duration timeout, size_t* sent_locks) {
+  absl::StatusOr<std::shared_ptr<client_internal::PendingCall>> sent;
+  {
+    absl::MutexLock send(&send_mu_);
+    auto* ka = request.mutable_keep_alive();
+    ka->clear_locks();
+    for (const auto& [name, token] : gather()) {
+      auto* ref = ka->add_locks();
+      ref->set_lock(name);
+      ref->set_token(token);
+    }
+    *sent_locks = static_cast<size_t>(ka->locks_size());
+    sent = channel_->Send(std::move(request));
+  }
+  if (!sent.ok()) return sent.status();
+  heartbeat_mu_.Unlock();
+  auto reply = channel_->Await(*sent, timeout);
+  heartbeat_mu_.Lock();
+  return reply;
+}
+
+absl::StatusOr<Reply> ClientImpl::KeepAliveLocked(const std::function<LockRefs()>& gather) {
   absl::Status ensured = EnsureSessionLocked();
   if (!ensured.ok()) return ensured;
   wire::Request request;
@@ -435,11 +470,6 @@ absl::StatusOr<Reply> ClientImpl::KeepAliveLocked(
   {
     absl::MutexLock lock(&mu_);
     ka->set_session_id(session_id_);
-  }
-  for (const auto& [name, token] : locks) {
-    auto* ref = ka->add_locks();
-    ref->set_lock(name);
-    ref->set_token(token);
   }
   // With a list of replicas, a renewal unanswered for half a heartbeat period means its lockd
   // fell silent (frozen, cut off from its clients, or held up by its store) while another may
@@ -456,9 +486,10 @@ absl::StatusOr<Reply> ClientImpl::KeepAliveLocked(
                : options_.request_timeout;
   // A renewal that timed out took at least its timeout: it counts as a round trip of that
   // much (ADR-006 6.5 is about exactly that slow tail), though it extends no deadline.
-  auto call = [&](wire::Request r) {
+  size_t sent_locks = 0;  // of the request last sent
+  auto call = [&](wire::Request r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(heartbeat_mu_) {
     const MonoTime started = clock_->Now();
-    auto reply = channel_->Call(std::move(r), timeout);
+    auto reply = SendAndAwaitLocked(std::move(r), gather, timeout, &sent_locks);
     if (absl::IsDeadlineExceeded(reply.status())) {
       RecordRtt(std::max(timeout, clock_->Now() - started));
       if (replicas) channel_->Abandon(timeout);
@@ -469,7 +500,7 @@ absl::StatusOr<Reply> ClientImpl::KeepAliveLocked(
   if (!reply.ok() && reply.status().code() == absl::StatusCode::kUnavailable) {
     // The connection turned out to be dead (the request was never answered, so nothing
     // changed on the server for it): reconnect and send once more, as a new exchange with
-    // its own t_send.
+    // its own t_send, naming the locks held then.
     ensured = EnsureSessionLocked();
     if (!ensured.ok()) return ensured;
     reply = call(std::move(request));
@@ -489,7 +520,7 @@ absl::StatusOr<Reply> ClientImpl::KeepAliveLocked(
     heartbeat_failures_.Increment();
     return protocol::StatusFromCode(r.code(), r.message());
   }
-  if (r.keep_alive().lock_codes_size() != static_cast<int>(locks.size())) {
+  if (r.keep_alive().lock_codes_size() != static_cast<int>(sent_locks)) {
     return absl::UnavailableError("lockd answered KeepAlive with the wrong number of locks");
   }
   absl::MutexLock lock(&mu_);
@@ -500,16 +531,19 @@ absl::StatusOr<Reply> ClientImpl::KeepAliveLocked(
 
 absl::Status ClientImpl::HeartbeatLocked() {
   SweepLost();
+  // The locks are read right before the KeepAlive is handed to the connection (send_mu_): a
+  // lock released before that is not in it, and a release after it waits until it is written.
   std::vector<std::shared_ptr<LeaseState>> sent;
-  std::vector<std::pair<std::string, uint64_t>> refs;
-  {
+  auto reply = KeepAliveLocked([&] {
+    LockRefs refs;
+    sent.clear();
     absl::MutexLock lock(&mu_);
     for (auto& [name, held] : held_) {
       refs.emplace_back(name, held.state->token());
       sent.push_back(held.state);
     }
-  }
-  auto reply = KeepAliveLocked(refs);
+    return refs;
+  });
   if (!reply.ok()) return reply.status();
   const MonoTime t_send = reply->sent_at;
   const MonoTime now = clock_->Now();
@@ -779,7 +813,7 @@ absl::StatusOr<std::optional<LockHandle>> ClientImpl::AcquireImpl(std::string_vi
     // the client's arithmetic). The handle is not published yet: renew the session and this
     // lock now and measure from the renewal's send, never from a reply's arrival.
     absl::MutexLock hb(&heartbeat_mu_);
-    auto renewal = KeepAliveLocked({{name, token}});
+    auto renewal = KeepAliveLocked([&] { return LockRefs{{name, token}}; });
     const bool renewed = renewal.ok() && renewal->response.keep_alive().lock_codes(0) == wire::OK;
     if (!renewed) {
       Relinquish(session, name, token);
@@ -838,9 +872,10 @@ absl::Status ClientImpl::release(const LockHandle& handle) {
   if (was_held) {
     // A heartbeat may already carry this lock's token. Its KeepAlive must reach lockd before
     // the Release (or Relinquish) does: arriving after, it would present a released token and
-    // be counted as fenced out. Heartbeats from now on no longer include the lock, so waiting
-    // for the one in flight is enough.
-    absl::MutexLock barrier(&heartbeat_mu_);
+    // be counted as fenced out. Heartbeats from now on no longer include the lock, and one
+    // that read it is handed to the connection before send_mu_ is let go; requests are written
+    // in the order they are handed over. So this waits for no reply, only for that hand-over.
+    absl::MutexLock barrier(&send_mu_);
   }
   if (const LossReason lost = state.Check(clock_->Now()); lost != LossReason::kNone) {
     // Already lost: nothing may be done under this token any more, so this is a clean-up, not

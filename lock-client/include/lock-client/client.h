@@ -266,9 +266,10 @@ class Client {
   absl::StatusOr<std::optional<ScopedLock>> tryAcquireScoped(
       std::string_view lock, absl::Duration ttl = absl::ZeroDuration());
 
-  // Releases the lock. The handle is lost from this call on, whatever the answer. If a
-  // heartbeat carrying this lock is in flight, waits for its answer first (at most one request
-  // timeout), so that lockd never sees a renewal of a released token. Returns
+  // Releases the lock. The handle is lost from this call on, whatever the answer. A heartbeat
+  // that already names this lock is written to the connection before the Release, so that
+  // lockd never sees a renewal of a released token; release waits for that write, never for
+  // the heartbeat's answer. Returns
   // kAborted (FENCED_OUT) when the token no longer held the lock, kUnavailable when lockd could
   // not be reached (the server then frees it when the lease runs out). A handle the client
   // already knows is lost (deadline passed, fenced out, session lost) gets kAborted naming the
