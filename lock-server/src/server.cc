@@ -22,6 +22,7 @@
 #include "lock-server/server_core.h"
 #include "lock-server/storage.h"
 #include "listener.h"
+#include "metrics/exposer.h"
 #include "metrics/metrics.h"
 #include "metrics_export.h"
 #include "net/asio.h"

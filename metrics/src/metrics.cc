@@ -1,178 +1,179 @@
 #include "metrics/metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <sstream>
-#include <thread>
+#include <algorithm>
+#include <charconv>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
-#include "prometheus/counter.h"
-#include "prometheus/exposer.h"
-#include "prometheus/family.h"
-#include "prometheus/gauge.h"
-#include "prometheus/histogram.h"
-#include "prometheus/registry.h"
-#include "prometheus/text_serializer.h"
 
 namespace fencelock::metrics {
 
-void Counter::Increment(double by) { c_->Increment(by); }
-double Counter::value() const { return c_->Value(); }
-void Gauge::Set(double v) { g_->Set(v); }
-double Gauge::value() const { return g_->Value(); }
-void Histogram::Observe(double v) { h_->Observe(v); }
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
 
-struct Registry::Impl {
-  absl::Mutex mu;
-  std::map<std::string, prometheus::Family<prometheus::Counter>*> counter_families
-      ABSL_GUARDED_BY(mu);
-  std::map<std::string, prometheus::Family<prometheus::Gauge>*> gauge_families ABSL_GUARDED_BY(mu);
-  std::map<std::string, prometheus::Family<prometheus::Histogram>*> histogram_families
-      ABSL_GUARDED_BY(mu);
-  std::map<std::string, std::unique_ptr<Counter>> counters ABSL_GUARDED_BY(mu);
-  std::map<std::string, std::unique_ptr<Gauge>> gauges ABSL_GUARDED_BY(mu);
-  std::map<std::string, std::unique_ptr<Histogram>> histograms ABSL_GUARDED_BY(mu);
-};
+void Histogram::Observe(double v) {
+  const size_t i = static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) -
+                                       bounds_.begin());
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counts_[i];
+  sum_ += v;
+}
+
+Histogram::Snapshot Histogram::Read() const {
+  Snapshot s;
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t running = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    running += counts_[i];
+    s.cumulative.emplace_back(bounds_[i], running);
+  }
+  s.count = running + counts_.back();
+  s.sum = sum_;
+  return s;
+}
 
 namespace {
-std::string Key(const std::string& name, const Labels& labels) {
-  return absl::StrCat(name, "{", absl::StrJoin(labels, ",", absl::PairFormatter("=")), "}");
+
+using Kind = FamilySnapshot::Kind;
+
+struct Family {
+  std::string help;
+  Kind kind;
+  std::map<Labels, std::unique_ptr<Counter>> counters;
+  std::map<Labels, std::unique_ptr<Gauge>> gauges;
+  std::map<Labels, std::unique_ptr<Histogram>> histograms;
+};
+
+// A sample value as the text format writes it: the shortest form that reads back the same
+// double, and NaN, +Inf and -Inf by name.
+std::string Number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  return ec == std::errc() ? std::string(buf, end) : absl::StrCat(v);
 }
+
+// A label value escaped for the text format: backslash, double quote and newline.
+std::string Escape(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string LabelText(const Labels& labels, const std::string& extra_name = "",
+                      const std::string& extra_value = "") {
+  std::string out;
+  for (const auto& [name, value] : labels) {
+    absl::StrAppend(&out, out.empty() ? "" : ",", name, "=\"", Escape(value), "\"");
+  }
+  if (!extra_name.empty()) {
+    absl::StrAppend(&out, out.empty() ? "" : ",", extra_name, "=\"", extra_value, "\"");
+  }
+  return out.empty() ? out : absl::StrCat("{", out, "}");
+}
+
 }  // namespace
 
-Registry::Registry()
-    : registry_(std::make_shared<prometheus::Registry>()), impl_(std::make_unique<Impl>()) {}
+struct Registry::Impl {
+  mutable std::mutex mu;
+  std::map<std::string, Family> families;  // guarded by mu, by name
+
+  Family& FamilyFor(const std::string& name, const std::string& help, Kind kind) {
+    auto [it, inserted] = families.try_emplace(name);
+    if (inserted) {
+      it->second.help = help;
+      it->second.kind = kind;
+    }
+    return it->second;
+  }
+};
+
+Registry::Registry() : impl_(std::make_unique<Impl>()) {}
 Registry::~Registry() = default;
 
 Counter& Registry::GetCounter(const std::string& name, const std::string& help,
                               const Labels& labels) {
-  absl::MutexLock lock(&impl_->mu);
-  auto& slot = impl_->counters[Key(name, labels)];
-  if (slot == nullptr) {
-    auto*& family = impl_->counter_families[name];
-    if (family == nullptr) {
-      family = &prometheus::BuildCounter().Name(name).Help(help).Register(*registry_);
-    }
-    slot = std::make_unique<Counter>(&family->Add(labels));
-  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto& slot = impl_->FamilyFor(name, help, Kind::kCounter).counters[labels];
+  if (slot == nullptr) slot = std::make_unique<Counter>();
   return *slot;
 }
 
 Gauge& Registry::GetGauge(const std::string& name, const std::string& help,
                           const Labels& labels) {
-  absl::MutexLock lock(&impl_->mu);
-  auto& slot = impl_->gauges[Key(name, labels)];
-  if (slot == nullptr) {
-    auto*& family = impl_->gauge_families[name];
-    if (family == nullptr) {
-      family = &prometheus::BuildGauge().Name(name).Help(help).Register(*registry_);
-    }
-    slot = std::make_unique<Gauge>(&family->Add(labels));
-  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto& slot = impl_->FamilyFor(name, help, Kind::kGauge).gauges[labels];
+  if (slot == nullptr) slot = std::make_unique<Gauge>();
   return *slot;
 }
 
 Histogram& Registry::GetHistogram(const std::string& name, const std::string& help,
                                   const std::vector<double>& bounds, const Labels& labels) {
-  absl::MutexLock lock(&impl_->mu);
-  auto& slot = impl_->histograms[Key(name, labels)];
-  if (slot == nullptr) {
-    auto*& family = impl_->histogram_families[name];
-    if (family == nullptr) {
-      family = &prometheus::BuildHistogram().Name(name).Help(help).Register(*registry_);
-    }
-    slot = std::make_unique<Histogram>(
-        &family->Add(labels, prometheus::Histogram::BucketBoundaries(bounds)));
-  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto& slot = impl_->FamilyFor(name, help, Kind::kHistogram).histograms[labels];
+  if (slot == nullptr) slot = std::make_unique<Histogram>(bounds);
   return *slot;
 }
 
-std::string Registry::TextExposition() const {
-  std::ostringstream out;
-  prometheus::TextSerializer().Serialize(out, registry_->Collect());
-  return out.str();
-}
-
-namespace {
-// Connects to `host:port` and hangs up at once. Reaching the listener is what wakes civetweb's
-// accept loop; an unreachable one (already closed, or a host this cannot parse) is fine.
-void Poke(const std::string& host, int port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (host.empty() || host == "0.0.0.0") {
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  } else if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-    return;
-  }
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return;
-  connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
-  close(fd);
-}
-
-class CivetExposer final : public Exposer {
- public:
-  CivetExposer(std::unique_ptr<prometheus::Exposer> exposer, std::string host,
-               std::shared_ptr<Registry> registry)
-      : exposer_(std::move(exposer)), host_(std::move(host)), registry_(std::move(registry)) {
-    exposer_->RegisterCollectable(registry_->prometheus_registry());
-  }
-  ~CivetExposer() override {
-    // civetweb's accept loop checks its stop flag only between polls of 2 s, so a plain stop
-    // takes up to 2 s. Stop it on a helper thread and, until that returns, connect to the
-    // listener every few milliseconds: the first connection after the flag is set wakes the
-    // loop, and the stop takes about 10 ms. The helper is joined, so no civetweb thread
-    // outlives this object (an exiting process would otherwise leave one behind).
-    const int port = this->port();
-    std::atomic<bool> stopped{false};
-    std::thread stopper([&] {
-      exposer_.reset();
-      stopped.store(true);
-    });
-    while (port > 0 && !stopped.load()) {
-      Poke(host_, port);
-      absl::SleepFor(absl::Milliseconds(5));
+std::vector<FamilySnapshot> Registry::Collect() const {
+  std::vector<FamilySnapshot> out;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (const auto& [name, family] : impl_->families) {
+    FamilySnapshot f;
+    f.name = name;
+    f.help = family.help;
+    f.kind = family.kind;
+    // A name asked for as two kinds keeps the series of the kind it was first asked for.
+    switch (family.kind) {
+      case Kind::kCounter:
+        for (const auto& [labels, c] : family.counters) f.series.push_back({labels, c->value(), {}});
+        break;
+      case Kind::kGauge:
+        for (const auto& [labels, g] : family.gauges) f.series.push_back({labels, g->value(), {}});
+        break;
+      case Kind::kHistogram:
+        for (const auto& [labels, h] : family.histograms) f.series.push_back({labels, 0, h->Read()});
+        break;
     }
-    stopper.join();
+    out.push_back(std::move(f));
   }
-  int port() const override {
-    auto ports = exposer_->GetListeningPorts();
-    return ports.empty() ? 0 : ports.front();
-  }
+  return out;
+}
 
- private:
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  const std::string host_;
-  std::shared_ptr<Registry> registry_;  // keeps the collectable alive
-};
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Start(const std::string& host, int port,
-                                                        std::shared_ptr<Registry> registry) {
-  in_addr parsed{};
-  if (inet_pton(AF_INET, host.c_str(), &parsed) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot serve metrics on \"", host, "\": the metrics endpoint needs an IPv4 address"));
+std::string Registry::TextExposition() const {
+  std::string out;
+  for (const FamilySnapshot& f : Collect()) {
+    const char* type = f.kind == Kind::kCounter ? "counter"
+                       : f.kind == Kind::kGauge ? "gauge"
+                                                : "histogram";
+    absl::StrAppend(&out, "# HELP ", f.name, " ", f.help, "\n# TYPE ", f.name, " ", type, "\n");
+    for (const FamilySnapshot::Series& s : f.series) {
+      if (f.kind != Kind::kHistogram) {
+        absl::StrAppend(&out, f.name, LabelText(s.labels), " ", Number(s.value), "\n");
+        continue;
+      }
+      absl::StrAppend(&out, f.name, "_count", LabelText(s.labels), " ", s.histogram.count, "\n");
+      absl::StrAppend(&out, f.name, "_sum", LabelText(s.labels), " ", Number(s.histogram.sum), "\n");
+      for (const auto& [bound, count] : s.histogram.cumulative) {
+        absl::StrAppend(&out, f.name, "_bucket", LabelText(s.labels, "le", Number(bound)), " ",
+                        count, "\n");
+      }
+      absl::StrAppend(&out, f.name, "_bucket", LabelText(s.labels, "le", "+Inf"), " ",
+                      s.histogram.count, "\n");
+    }
   }
-  if (port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("metrics port ", port, " is not 0 to 65535"));
-  }
-  try {
-    auto exposer = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port));
-    return std::unique_ptr<Exposer>(
-        std::make_unique<CivetExposer>(std::move(exposer), host, std::move(registry)));
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", host, ":", port, ": ", e.what()));
-  }
+  return out;
 }
 
 std::vector<double> LatencyBuckets() {

@@ -1,4 +1,5 @@
 #include "metrics/metrics.h"
+#include "metrics/exposer.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -11,6 +11,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "metrics/exposer.h"
 #include "metrics/metrics.h"
 #include "net/asio.h"
 #include "payout-demo/rail.h"

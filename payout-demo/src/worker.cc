@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "lock-client/client.h"
+#include "metrics/exposer.h"
 #include "metrics/metrics.h"
 #include "payout-demo/rail.h"
 #include "payout-demo/store.h"

@@ -1,26 +1,21 @@
-// Counters, gauges and histograms for fencelock processes, and the HTTP endpoint that serves
-// them to Prometheus. This is the only module that includes prometheus-cpp; everything else
-// uses these small wrappers.
+// Counters, gauges and histograms for fencelock processes and the client library, and their
+// Prometheus text exposition. Self-contained: nothing here needs prometheus-cpp, so a program
+// that links the client library for its locks does not link prometheus-cpp. Serving the
+// metrics over HTTP is metrics/exposer.h (target metrics_http), which does.
 //
 // Names follow Prometheus conventions (docs/metrics.md maps the seed's dotted names onto them).
 // Every type here is thread-safe; metric objects live as long as their Registry.
 #ifndef FENCELOCK_METRICS_METRICS_H_
 #define FENCELOCK_METRICS_METRICS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
-
-#include "absl/status/statusor.h"
-
-namespace prometheus {
-class Counter;
-class Gauge;
-class Histogram;
-class Registry;
-}  // namespace prometheus
 
 namespace fencelock::metrics {
 
@@ -28,31 +23,54 @@ using Labels = std::map<std::string, std::string>;
 
 class Counter {
  public:
-  explicit Counter(prometheus::Counter* c) : c_(c) {}
-  void Increment(double by = 1.0);
-  double value() const;
+  void Increment(double by = 1.0) { value_.fetch_add(by, std::memory_order_relaxed); }
+  double value() const { return value_.load(std::memory_order_relaxed); }
 
  private:
-  prometheus::Counter* c_;
+  std::atomic<double> value_{0};
 };
 
 class Gauge {
  public:
-  explicit Gauge(prometheus::Gauge* g) : g_(g) {}
-  void Set(double v);
-  double value() const;
+  void Set(double v) { value_.store(v, std::memory_order_relaxed); }
+  double value() const { return value_.load(std::memory_order_relaxed); }
 
  private:
-  prometheus::Gauge* g_;
+  std::atomic<double> value_{0};
 };
 
 class Histogram {
  public:
-  explicit Histogram(prometheus::Histogram* h) : h_(h) {}
+  // `bounds`: the buckets' upper bounds, ascending; a +Inf bucket is always added.
+  explicit Histogram(std::vector<double> bounds);
+  // Counts `v` in the first bucket whose bound is at least `v`.
   void Observe(double v);
 
+  struct Snapshot {
+    std::vector<std::pair<double, uint64_t>> cumulative;  // (bound, count <= bound), no +Inf
+    uint64_t count = 0;
+    double sum = 0;
+  };
+  Snapshot Read() const;
+
  private:
-  prometheus::Histogram* h_;
+  const std::vector<double> bounds_;
+  mutable std::mutex mu_;
+  std::vector<uint64_t> counts_;  // guarded by mu_; one per bound, then +Inf
+  double sum_ = 0;                // guarded by mu_
+};
+
+// A metric family as read at one moment, for an exposer.
+struct FamilySnapshot {
+  enum class Kind { kCounter, kGauge, kHistogram };
+  std::string name, help;
+  Kind kind = Kind::kCounter;
+  struct Series {
+    Labels labels;
+    double value = 0;              // counter, gauge
+    Histogram::Snapshot histogram;  // histogram
+  };
+  std::vector<Series> series;
 };
 
 class Registry {
@@ -69,27 +87,14 @@ class Registry {
   Histogram& GetHistogram(const std::string& name, const std::string& help,
                           const std::vector<double>& bounds, const Labels& labels = {});
 
+  // Every family and series, by name.
+  std::vector<FamilySnapshot> Collect() const;
   // Everything in the Prometheus text exposition format.
   std::string TextExposition() const;
 
-  std::shared_ptr<prometheus::Registry> prometheus_registry() const { return registry_; }
-
  private:
   struct Impl;
-  std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Impl> impl_;
-};
-
-// Serves GET /metrics for a registry over HTTP. Destroying it closes the listener and ends its
-// threads before returning (about 10 ms).
-class Exposer {
- public:
-  // Listens on `host:port`, `host` an IPv4 address (port 0 picks a free one).
-  // kInvalidArgument for another host or port, kUnavailable if it cannot bind.
-  static absl::StatusOr<std::unique_ptr<Exposer>> Start(const std::string& host, int port,
-                                                        std::shared_ptr<Registry> registry);
-  virtual ~Exposer() = default;
-  virtual int port() const = 0;
 };
 
 // Seconds-scale latency buckets from 50 µs to 10 s.
