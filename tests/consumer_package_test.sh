@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Issue 19: a separate project builds against the installed package and runs a lock cycle.
+#   consumer_package_test.sh BUILD_DIR SOURCE_DIR LOCKD
+# Installs BUILD_DIR into a fresh prefix, builds examples/consumer with find_package from that
+# prefix and, as a non-CMake user would, with g++ and pkg-config; runs both against a real
+# lockd on a free loopback port; and checks that neither links prometheus-cpp.
+set -euo pipefail
+build="$1" src="$2" lockd="$3"
+work="$(mktemp -d)"
+lockd_pid=""
+cleanup() {
+  [ -n "$lockd_pid" ] && kill "$lockd_pid" 2>/dev/null && wait "$lockd_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+echo "== installing $build into $work/prefix"
+cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
+for f in include/fencelock/lock-client/client.h lib/cmake/fencelock/fencelockConfig.cmake \
+         lib/pkgconfig/fencelock-client.pc lib/libfencelock-client.so lib/libfencelock-fence.so; do
+  [ -e "$work/prefix/$f" ] || fail "the install has no $f"
+done
+# A worker includes client.h to lock: nothing of Asio, protobuf or prometheus-cpp comes with it.
+if grep -rlE 'boost/|google/protobuf|prometheus/' "$work/prefix/include"; then
+  fail "an installed header includes Asio, protobuf or prometheus-cpp"
+fi
+
+echo "== building examples/consumer with find_package(fencelock)"
+cmake -S "$src/examples/consumer" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$work/prefix" \
+  > "$work/configure.log" || { cat "$work/configure.log"; fail "configuring the consumer"; }
+cmake --build "$work/consumer" > "$work/build.log" || { cat "$work/build.log"; fail "building the consumer"; }
+
+echo "== building it again with g++ and pkg-config"
+export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig"
+# shellcheck disable=SC2046
+g++ -o "$work/consumer-pc" "$src/examples/consumer/main.cc" \
+  $(pkg-config --cflags --libs fencelock-client fencelock-fence) -Wl,-rpath,"$work/prefix/lib" \
+  || fail "building with pkg-config"
+
+for exe in "$work/consumer/consumer" "$work/consumer-pc"; do
+  if ldd "$exe" | grep -i prometheus; then fail "$exe loads prometheus-cpp"; fi
+  if nm -D --undefined-only "$exe" | grep -i prometheus; then fail "$exe needs a prometheus-cpp symbol"; fi
+done
+
+echo "== running both against a real lockd"
+"$lockd" init --data-dir="$work/state" > /dev/null
+"$lockd" serve --data-dir="$work/state" --port=0 --port-file="$work/port" --metrics-port=-1 \
+  > "$work/lockd.log" 2>&1 &
+lockd_pid=$!
+for _ in $(seq 1 300); do [ -s "$work/port" ] && break; sleep 0.1; done
+[ -s "$work/port" ] || { cat "$work/lockd.log"; fail "lockd did not start"; }
+port="$(cat "$work/port")"
+for exe in "$work/consumer/consumer" "$work/consumer-pc"; do
+  "$exe" "127.0.0.1:$port" || fail "$exe failed its lock cycle"
+done
+echo "PASS: installed, built with CMake and with pkg-config, a lock cycle each, no prometheus-cpp"
