@@ -1,0 +1,69 @@
+// The examples of docs/client.md, compiled and run by client_guide_test against a real lockd.
+// doc_snippets_test checks that every C++ block of the guide appears here word for word, so
+// the guide cannot show code that does not build.
+#include "guide_examples.h"
+
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <string>
+
+#include "fence/fence.h"
+#include "lock-client/client.h"
+
+namespace guide {
+
+using fencelock::Client;
+using fencelock::ClientOptions;
+using fencelock::LockLostException;
+using fencelock::LossReason;
+using fencelock::StepCost;
+using fencelock::StepRefusedException;
+
+std::unique_ptr<Client> Connect(const std::string& server) {
+  ClientOptions options;
+  options.server = server;  // "host:port", "unix:/path", or "a:7420,b:7420,c:7420"
+  options.client_name = "payments-worker";
+  // The one irreversible step this worker takes, and its worst case: the rail's read timeout
+  // plus 2 s. Create() refuses TTLs and a margin that could never cover it.
+  options.steps = {StepCost{"rail_submit", absl::Seconds(3)}};
+  auto client = Client::Create(options);
+  if (!client.ok()) {
+    std::fprintf(stderr, "cannot start: %s\n", client.status().ToString().c_str());
+    return nullptr;
+  }
+  return std::move(*client);
+}
+
+bool PayUnderAScopedLock(Client& client, fencelock::fence::TokenFence& rail) {
+  auto lock = client.acquireScoped("payout-42", absl::Seconds(10));
+  if (!lock.ok()) return false;  // kDeadlineExceeded: someone else held it for 10 s
+  try {
+    lock->checkStillHeld();  // local and cheap: call it before each step
+    lock->beginIrreversibleStep(StepCost{"rail_submit", absl::Seconds(3)});
+    // The resource checks the token itself (fence 2): a stale holder is refused there.
+    if (!rail.Admit("payout-42", lock->token()).ok()) return false;
+    return true;
+  } catch (const StepRefusedException& e) {
+    return false;  // too little lease left to finish: abandon before acting (D4)
+  } catch (const LockLostException& e) {
+    return false;  // e.reason(): deadline_passed, fenced_out, session_lost, ...
+  }
+}  // the ScopedLock releases payout-42 here, whatever happened
+
+bool ReactToLoss(Client& client) {
+  auto lock = client.acquire("report-7", absl::Seconds(10));
+  if (!lock.ok()) return false;
+  // Called once, on the client's loss-watcher thread, the moment the lease is gone: at its
+  // deadline (a timer) or when lockd says so. Never for a lock released below.
+  absl::Status watched = client.onLost(*lock, [](LossReason reason) {
+    std::fprintf(stderr, "report-7 lost: %s; stopping its work\n",
+                 fencelock::LossReasonName(reason));
+  });
+  // The same as a future, for code that would rather wait on it.
+  std::future<LossReason> lost = client.whenLost(*lock);
+  const bool still_held = lost.wait_for(std::chrono::milliseconds(0)) == std::future_status::timeout;
+  return watched.ok() && still_held && client.release(*lock).ok();
+}
+
+}  // namespace guide

@@ -1,0 +1,25 @@
+#!/usr/bin/env python3
+"""Every ```cpp block of a guide appears word for word in a source that the tests compile.
+
+    doc_snippets_test.py GUIDE.md SOURCE.cc [SOURCE.cc ...]
+"""
+import re
+import sys
+
+
+def main() -> int:
+    guide, sources = sys.argv[1], sys.argv[2:]
+    text = "".join(open(s, encoding="utf-8").read() for s in sources)
+    blocks = re.findall(r"```cpp\n(.*?)```", open(guide, encoding="utf-8").read(), re.S)
+    if not blocks:
+        print(f"FAIL: {guide} has no C++ blocks")
+        return 1
+    missing = [b for b in blocks if b not in text]
+    for b in missing:
+        print(f"FAIL: this block of {guide} is in none of {sources}:\n{b}")
+    print(f"{len(blocks) - len(missing)} of {len(blocks)} C++ blocks of {guide} are compiled code")
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
