@@ -238,11 +238,11 @@ TEST_F(ClientLeaseTest, AcquireAfterTheSessionDeadlinePassedRenewsFirst) {
                           /*heartbeat_interval=*/absl::Seconds(20));
   auto first = client->acquire("x", absl::Seconds(5));
   ASSERT_TRUE(first.ok()) << first.status();
-  const uint64_t session = client->session_id();
+  const uint64_t session = client->sessionId();
   clock_.Advance(absl::Seconds(50));  // the client's clock only: lockd's session lives on
   auto next = client->acquire("y", absl::Seconds(5));
   ASSERT_TRUE(next.ok()) << next.status();
-  EXPECT_EQ(client->session_id(), session);  // renewed, not replaced
+  EXPECT_EQ(client->sessionId(), session);  // renewed, not replaced
   EXPECT_NO_THROW(client->checkStillHeld(*next));
   EXPECT_EQ(ReasonThrown(*client, *first), LossReason::kDeadlinePassed);
 }
@@ -256,11 +256,11 @@ TEST_F(ClientLeaseTest, AcquireRenewsFirstWhenTheSessionLeaseNoLongerCoversAStep
                           /*heartbeat_interval=*/absl::Seconds(2), {submit});
   auto first = client->acquire("x", absl::Seconds(5));
   ASSERT_TRUE(first.ok()) << first.status();
-  const uint64_t session = client->session_id();
+  const uint64_t session = client->sessionId();
   clock_.Advance(absl::Seconds(30));
   auto next = client->acquire("y", absl::Seconds(5));
   ASSERT_TRUE(next.ok()) << next.status();
-  EXPECT_EQ(client->session_id(), session);  // renewed, not replaced
+  EXPECT_EQ(client->sessionId(), session);  // renewed, not replaced
   EXPECT_EQ(client->remaining(*next), kUsable);  // the lock's own lease, not the old session's
   EXPECT_NO_THROW(client->beginIrreversibleStep(*next, submit));
 }

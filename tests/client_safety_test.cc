@@ -217,7 +217,7 @@ TEST_F(ClientSafetyTest, SlowHeartbeatsRaiseTheRevisitGaugeAndWarnOnce) {
     heartbeat.join();
     ASSERT_TRUE(renewed.ok()) << renewed;
   }
-  EXPECT_EQ(client->heartbeat_rtt_p99(), absl::Seconds(2));
+  EXPECT_EQ(client->heartbeatRttP99(), absl::Seconds(2));
   EXPECT_EQ(revisit(), 1);
   ASSERT_EQ(warnings_.size(), 1u);
   EXPECT_THAT(warnings_[0], HasSubstr("heartbeat RTT p99 2s exceeds a third of lease x margin (1.5s)"));
@@ -230,10 +230,10 @@ TEST_F(ClientSafetyTest, ATimedOutHeartbeatCountsAsAnRttOfItsTimeout) {
   options.request_timeout = absl::Milliseconds(300);
   auto client = NewClient(options);
   ASSERT_TRUE(client->renewNow().ok());
-  EXPECT_EQ(client->heartbeat_rtt_p99(), absl::ZeroDuration());  // simulated time stood still
+  EXPECT_EQ(client->heartbeatRttP99(), absl::ZeroDuration());  // simulated time stood still
   proxy_.Set(Dir::kToClient, Mode::kHold);
   EXPECT_EQ(client->renewNow().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(client->heartbeat_rtt_p99(), absl::Milliseconds(300));
+  EXPECT_EQ(client->heartbeatRttP99(), absl::Milliseconds(300));
   EXPECT_EQ(client->metrics()->GetCounter("lock_heartbeat_failures_total", "").value(), 1);
 }
 

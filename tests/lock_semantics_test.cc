@@ -225,7 +225,7 @@ TEST_P(LockSemanticsTest, ReleasingALockAlreadyLostIsNotCountedAsFencedOut) {
   RawConnection stranger = Raw();
   stranger.Hello();
   wire::Request release;
-  release.mutable_release()->set_session_id(paused->session_id());
+  release.mutable_release()->set_session_id(paused->sessionId());
   release.mutable_release()->set_lock("p");
   release.mutable_release()->set_token(lost->token());
   EXPECT_EQ(stranger.Call(release).code(), wire::PERMISSION_DENIED);

@@ -139,22 +139,22 @@ Outcome ThroughLibrary(PoolClient& c, const Step& s) {
     for (const std::string& text : std::vector<std::string>(absl::StrSplit(Arg(s, "profiles"), ','))) {
       defs.push_back(PoolProfileDef::Parse(text).value());
     }
-    auto g = c.Publish(pool, Num(s, "generation"), Num(s, "budget"), defs);
+    auto g = c.publish(pool, Num(s, "generation"), Num(s, "budget"), defs);
     status = g.status();
     if (g.ok()) out["generation"] = absl::StrCat(*g);
   } else if (s.op == "claim") {
-    auto o = c.Claim(pool, profile, Num(s, "generation"));
+    auto o = c.claim(pool, profile, Num(s, "generation"));
     status = o.status();
     if (o.ok()) {
       out["owner"] = o->ToString();
       out["epoch"] = absl::StrCat(o->epoch);
     }
   } else if (s.op == "ack") {
-    status = c.Ack(pool, profile, owner(), Num(s, "generation"));
+    status = c.ack(pool, profile, owner(), Num(s, "generation"));
   } else if (s.op == "set-demand") {
-    status = c.SetDemand(pool, profile, owner(), Num(s, "slots"));
+    status = c.setDemand(pool, profile, owner(), Num(s, "slots"));
   } else if (s.op == "acquire") {
-    auto g = c.Acquire(pool, profile, slot, owner(), absl::ZeroDuration());
+    auto g = c.acquire(pool, profile, slot, owner(), absl::ZeroDuration());
     status = g.status();
     if (g.ok()) {
       out["granted"] = Bool(g->granted);
@@ -166,19 +166,19 @@ Outcome ThroughLibrary(PoolClient& c, const Step& s) {
       }
     }
   } else if (s.op == "renew") {
-    status = c.Renew(pool, profile, slot, Num(s, "token"), owner()).status();
+    status = c.renew(pool, profile, slot, Num(s, "token"), owner()).status();
   } else if (s.op == "activate" || s.op == "release" || s.op == "recover") {
-    auto d = s.op == "activate"  ? c.Activate(pool, profile, slot, Num(s, "token"), owner())
-             : s.op == "release" ? c.Release(pool, profile, slot, Num(s, "token"), owner())
-                                 : c.Recover(pool, profile, slot, Num(s, "token"), Arg(s, "evidence"));
+    auto d = s.op == "activate"  ? c.activate(pool, profile, slot, Num(s, "token"), owner())
+             : s.op == "release" ? c.release(pool, profile, slot, Num(s, "token"), owner())
+                                 : c.recover(pool, profile, slot, Num(s, "token"), Arg(s, "evidence"));
     status = d.status();
     if (d.ok()) out["decision"] = absl::StrCat(*d);
   } else if (s.op == "drain") {
-    status = c.Drain(pool, true);
+    status = c.drain(pool, true);
   } else if (s.op == "stop") {
-    status = c.Stop();
+    status = c.stop();
   } else if (s.op == "status") {
-    auto v = c.Status(pool);
+    auto v = c.status(pool);
     status = v.status();
     if (v.ok()) {
       out["generation"] = absl::StrCat(v->generation);

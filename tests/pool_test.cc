@@ -73,27 +73,27 @@ TEST(PoolFaultTest, ADiskFaultBlocksAdmissionKeepsLeasesAndRestartRestoresThem) 
   {
     InProcessLockd lockd(dir, &disk);
     auto c = Client(lockd.address());
-    ASSERT_TRUE(c->Publish("p", 1, 4, {{.id = "a"}}).ok());
-    auto claimed = c->Claim("p", "a", 1);
+    ASSERT_TRUE(c->publish("p", 1, 4, {{.id = "a"}}).ok());
+    auto claimed = c->claim("p", "a", 1);
     ASSERT_TRUE(claimed.ok()) << claimed.status();
     owner = *claimed;
-    auto g = c->Acquire("p", "a", "s1", owner, absl::Seconds(30));
+    auto g = c->acquire("p", "a", "s1", owner, absl::Seconds(30));
     ASSERT_TRUE(g.ok() && g->granted) << g.status();
     active = g->token;
-    auto d = c->Activate("p", "a", "s1", active, owner);
+    auto d = c->activate("p", "a", "s1", active, owner);
     ASSERT_TRUE(d.ok()) << d.status();
     decision = *d;
 
     disk.SetDiskFull(true);
-    auto refused = c->Acquire("p", "a", "s2", owner, absl::Seconds(30));
+    auto refused = c->acquire("p", "a", "s2", owner, absl::Seconds(30));
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
     disk.SetDiskFull(false);
     // The fault stays until a restart: no new admission, the lease still granted and shown.
-    EXPECT_EQ(c->Acquire("p", "a", "s3", owner, absl::Seconds(30)).status().code(),
+    EXPECT_EQ(c->acquire("p", "a", "s3", owner, absl::Seconds(30)).status().code(),
               absl::StatusCode::kUnavailable);
-    EXPECT_EQ(c->Release("p", "a", "s1", active, owner).status().code(),
+    EXPECT_EQ(c->release("p", "a", "s1", active, owner).status().code(),
               absl::StatusCode::kUnavailable);
-    auto view = c->Status("p");
+    auto view = c->status("p");
     ASSERT_TRUE(view.ok()) << view.status();
     EXPECT_THAT(view->degraded, HasSubstr("no new admission"));
     ASSERT_GE(view->leases.size(), 1u);
@@ -102,14 +102,14 @@ TEST(PoolFaultTest, ADiskFaultBlocksAdmissionKeepsLeasesAndRestartRestoresThem) 
   }
   InProcessLockd restarted(dir, Env::Posix());
   auto c = Client(restarted.address());
-  auto view = c->Status("p");
+  auto view = c->status("p");
   ASSERT_TRUE(view.ok()) << view.status();
   EXPECT_TRUE(view->degraded.empty());
   ASSERT_EQ(view->leases.size(), 1u);  // s2's grant was never durable, never acknowledged
   EXPECT_EQ(view->leases[0].token, active);
   EXPECT_TRUE(view->leases[0].active);
   EXPECT_EQ(view->decision, decision);
-  auto g = c->Acquire("p", "a", "s2", owner, absl::Seconds(30));
+  auto g = c->acquire("p", "a", "s2", owner, absl::Seconds(30));
   ASSERT_TRUE(g.ok() && g->granted) << g.status();
   EXPECT_GT(g->token, active);
 }
@@ -148,18 +148,18 @@ TEST_F(PoolProtocolTest, AVersionOneClientKeepsItsLocksAndIsToldPoolsNeedVersion
 
 TEST_F(PoolProtocolTest, AStrangerWithTheEpochButNotTheKeyIsRefused) {
   auto c = Client("127.0.0.1:" + std::to_string(lockd_->port()));
-  ASSERT_TRUE(c->Publish("p", 1, 4, {{.id = "a"}}).ok());
-  auto owner = c->Claim("p", "a", 1);
+  ASSERT_TRUE(c->publish("p", 1, 4, {{.id = "a"}}).ok());
+  auto owner = c->claim("p", "a", 1);
   ASSERT_TRUE(owner.ok());
-  auto g = c->Acquire("p", "a", "s1", *owner, absl::ZeroDuration());
+  auto g = c->acquire("p", "a", "s1", *owner, absl::ZeroDuration());
   ASSERT_TRUE(g.ok() && g->granted);
   PoolOwnerId guess{owner->epoch, std::string(16, '\0')};
   auto stranger = Client("127.0.0.1:" + std::to_string(lockd_->port()));
-  EXPECT_EQ(stranger->Release("p", "a", "s1", g->token, guess).status().code(),
+  EXPECT_EQ(stranger->release("p", "a", "s1", g->token, guess).status().code(),
             absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(stranger->Activate("p", "a", "s1", g->token, guess).status().code(),
+  EXPECT_EQ(stranger->activate("p", "a", "s1", g->token, guess).status().code(),
             absl::StatusCode::kPermissionDenied);
-  auto view = c->Status("p");
+  auto view = c->status("p");
   ASSERT_TRUE(view.ok());
   ASSERT_EQ(view->leases.size(), 1u);
   EXPECT_FALSE(view->leases[0].active);
@@ -167,13 +167,13 @@ TEST_F(PoolProtocolTest, AStrangerWithTheEpochButNotTheKeyIsRefused) {
 
 TEST_F(PoolProtocolTest, MetricsShowEachPoolAndProfileAndUnknownDemandAsNaN) {
   auto c = Client("127.0.0.1:" + std::to_string(lockd_->port()));
-  ASSERT_TRUE(c->Publish("p", 1, 4, {{.id = "a", .cost = 2}, {.id = "b"}}).ok());
-  auto a = c->Claim("p", "a", 1);
+  ASSERT_TRUE(c->publish("p", 1, 4, {{.id = "a", .cost = 2}, {.id = "b"}}).ok());
+  auto a = c->claim("p", "a", 1);
   ASSERT_TRUE(a.ok());
-  ASSERT_TRUE(c->SetDemand("p", "a", *a, 1).ok());
-  auto g = c->Acquire("p", "a", "s1", *a, absl::ZeroDuration());
+  ASSERT_TRUE(c->setDemand("p", "a", *a, 1).ok());
+  auto g = c->acquire("p", "a", "s1", *a, absl::ZeroDuration());
   ASSERT_TRUE(g.ok() && g->granted);
-  ASSERT_TRUE(c->Activate("p", "a", "s1", g->token, *a).ok());
+  ASSERT_TRUE(c->activate("p", "a", "s1", g->token, *a).ok());
   std::string page;
   for (int i = 0; i < 100; ++i) {  // lockd exports its figures every 250 ms
     auto got = metrics::HttpGet("127.0.0.1", lockd_->metrics_port(), "/metrics");
@@ -234,14 +234,14 @@ TEST(PoolPermissionsTest, ManageAndOperatorRightsAreEnforced) {
   auto lockd = std::make_unique<LockdProcess>(
       LockdProcess::Options{.unix_socket = true, .extra_args = {"--permissions=" + file}});
   auto c = Client("unix:" + lockd->unix_path());
-  auto publish = c->Publish("p", 1, 4, {{.id = "a"}, {.id = "b"}});
+  auto publish = c->publish("p", 1, 4, {{.id = "a"}, {.id = "b"}});
   EXPECT_EQ(publish.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(publish.status().message(), HasSubstr("no \"operator\" rule"));
   std::ofstream(file) << me << " manage p/a\n" << me << " operator\n";
   kill(lockd->pid(), SIGHUP);
   absl::Status published = absl::UnknownError("not yet");
   for (int i = 0; i < 200 && !published.ok(); ++i) {
-    published = c->Publish("p", 1, 4, {{.id = "a"}, {.id = "b"}}).status();
+    published = c->publish("p", 1, 4, {{.id = "a"}, {.id = "b"}}).status();
     if (!published.ok()) usleep(10'000);
   }
   ASSERT_TRUE(published.ok()) << published;
@@ -249,13 +249,13 @@ TEST(PoolPermissionsTest, ManageAndOperatorRightsAreEnforced) {
   kill(lockd->pid(), SIGHUP);
   absl::Status recover = absl::OkStatus();
   for (int i = 0; i < 200; ++i) {
-    recover = c->Recover("p", "a", "s", 1, "gone").status();
+    recover = c->recover("p", "a", "s", 1, "gone").status();
     if (recover.code() == absl::StatusCode::kPermissionDenied) break;
     usleep(10'000);
   }
   EXPECT_EQ(recover.code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_TRUE(c->Claim("p", "a", 1).ok());
-  auto b = c->Claim("p", "b", 1);
+  EXPECT_TRUE(c->claim("p", "a", 1).ok());
+  auto b = c->claim("p", "b", 1);
   EXPECT_EQ(b.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(b.status().message(), HasSubstr("may not manage p/b"));
 }

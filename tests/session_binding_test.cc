@@ -131,13 +131,13 @@ TEST_F(SessionBindingTest, TheClientResumesItsSessionAfterLockdRestarts) {
   ASSERT_TRUE(client.ok()) << client.status();
   auto lock = (*client)->acquire("payout/5", absl::Seconds(5), absl::Seconds(30));
   ASSERT_TRUE(lock.ok()) << lock.status();
-  const uint64_t session = (*client)->session_id();
+  const uint64_t session = (*client)->sessionId();
   lockd_.Restart();
   // The first heartbeat meets the closed connection, reconnects, resumes and renews.
   absl::Status renewed = (*client)->renewNow();
   if (!renewed.ok()) renewed = (*client)->renewNow();
   ASSERT_TRUE(renewed.ok()) << renewed;
-  EXPECT_EQ((*client)->session_id(), session);
+  EXPECT_EQ((*client)->sessionId(), session);
   EXPECT_NO_THROW((*client)->checkStillHeld(*lock));
   EXPECT_TRUE((*client)->release(*lock).ok());
   EXPECT_EQ(Stats().permission_denied_total(), 0u);

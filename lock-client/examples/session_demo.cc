@@ -23,7 +23,7 @@ std::unique_ptr<fencelock::Client> Connect(const std::string& server, const char
     std::exit(1);
   }
   std::printf("%-8s opened session %lu\n", name,
-              static_cast<unsigned long>((*client)->session_id()));
+              static_cast<unsigned long>((*client)->sessionId()));
   return std::move(*client);
 }
 

@@ -161,7 +161,7 @@ class ClientImpl final : public Client {
   void checkStillHeld(const LockHandle& handle, Confirm confirm) const override;
   void beginIrreversibleStep(const LockHandle& handle, const StepCost& step) const override;
   absl::Duration remaining(const LockHandle& handle) const override;
-  absl::Duration heartbeat_rtt_p99() const override;
+  absl::Duration heartbeatRttP99() const override;
   std::shared_ptr<metrics::Registry> metrics() const override { return metrics_; }
   absl::Status renewNow() override;
   absl::Status onLost(const LockHandle& handle,
@@ -172,7 +172,7 @@ class ClientImpl final : public Client {
     Warn(absl::StrCat("a ScopedLock could not release lock \"", handle.lock(), "\" (token ",
                       handle.token(), "): ", status.ToString()));
   }
-  uint64_t session_id() const override {
+  uint64_t sessionId() const override {
     absl::MutexLock lock(&mu_);
     return session_id_;
   }
@@ -605,7 +605,7 @@ void ClientImpl::RecordRtt(absl::Duration rtt) {
   }
 }
 
-absl::Duration ClientImpl::heartbeat_rtt_p99() const {
+absl::Duration ClientImpl::heartbeatRttP99() const {
   absl::MutexLock lock(&mu_);
   return RttP99Locked();
 }

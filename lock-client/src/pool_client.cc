@@ -80,7 +80,7 @@ class PoolClientImpl final : public PoolClient {
                                                     options.tls_server_name)) {}
   ~PoolClientImpl() override { channel_->Close(); }
 
-  absl::StatusOr<uint64_t> Publish(const std::string& pool, uint64_t generation, uint64_t budget,
+  absl::StatusOr<uint64_t> publish(const std::string& pool, uint64_t generation, uint64_t budget,
                                    const std::vector<PoolProfileDef>& profiles) override {
     wire::Request req;
     auto* r = req.mutable_pool_publish();
@@ -100,7 +100,7 @@ class PoolClientImpl final : public PoolClient {
     return reply->pool_publish().generation();
   }
 
-  absl::StatusOr<PoolOwnerId> Claim(const std::string& pool, const std::string& profile,
+  absl::StatusOr<PoolOwnerId> claim(const std::string& pool, const std::string& profile,
                                     uint64_t generation) override {
     wire::Request req;
     req.mutable_pool_claim()->set_pool(pool);
@@ -111,7 +111,7 @@ class PoolClientImpl final : public PoolClient {
     return PoolOwnerId{reply->pool_claim().owner().epoch(), reply->pool_claim().owner().key()};
   }
 
-  absl::Status Ack(const std::string& pool, const std::string& profile, const PoolOwnerId& owner,
+  absl::Status ack(const std::string& pool, const std::string& profile, const PoolOwnerId& owner,
                    uint64_t generation) override {
     wire::Request req;
     auto* r = req.mutable_pool_ack();
@@ -122,7 +122,7 @@ class PoolClientImpl final : public PoolClient {
     return Call(std::move(req)).status();
   }
 
-  absl::Status SetDemand(const std::string& pool, const std::string& profile,
+  absl::Status setDemand(const std::string& pool, const std::string& profile,
                          const PoolOwnerId& owner, uint64_t slots) override {
     wire::Request req;
     auto* r = req.mutable_pool_set_demand();
@@ -133,7 +133,7 @@ class PoolClientImpl final : public PoolClient {
     return Call(std::move(req)).status();
   }
 
-  absl::StatusOr<PoolLeaseGrant> Acquire(const std::string& pool, const std::string& profile,
+  absl::StatusOr<PoolLeaseGrant> acquire(const std::string& pool, const std::string& profile,
                                          const std::string& slot, const PoolOwnerId& owner,
                                          absl::Duration ttl) override {
     wire::Request req;
@@ -150,7 +150,7 @@ class PoolClientImpl final : public PoolClient {
                           a.refusal()};
   }
 
-  absl::StatusOr<absl::Duration> Renew(const std::string& pool, const std::string& profile,
+  absl::StatusOr<absl::Duration> renew(const std::string& pool, const std::string& profile,
                                        const std::string& slot, uint64_t token,
                                        const PoolOwnerId& owner) override {
     wire::Request req;
@@ -160,7 +160,7 @@ class PoolClientImpl final : public PoolClient {
     return FromMillis(reply->pool_lease().ttl_ms());
   }
 
-  absl::StatusOr<uint64_t> Activate(const std::string& pool, const std::string& profile,
+  absl::StatusOr<uint64_t> activate(const std::string& pool, const std::string& profile,
                                     const std::string& slot, uint64_t token,
                                     const PoolOwnerId& owner) override {
     wire::Request req;
@@ -168,7 +168,7 @@ class PoolClientImpl final : public PoolClient {
     return Decision(std::move(req));
   }
 
-  absl::StatusOr<uint64_t> Release(const std::string& pool, const std::string& profile,
+  absl::StatusOr<uint64_t> release(const std::string& pool, const std::string& profile,
                                    const std::string& slot, uint64_t token,
                                    const PoolOwnerId& owner) override {
     wire::Request req;
@@ -176,7 +176,7 @@ class PoolClientImpl final : public PoolClient {
     return Decision(std::move(req));
   }
 
-  absl::StatusOr<uint64_t> Recover(const std::string& pool, const std::string& profile,
+  absl::StatusOr<uint64_t> recover(const std::string& pool, const std::string& profile,
                                    const std::string& slot, uint64_t token,
                                    const std::string& evidence) override {
     wire::Request req;
@@ -189,14 +189,14 @@ class PoolClientImpl final : public PoolClient {
     return Decision(std::move(req));
   }
 
-  absl::Status Drain(const std::string& pool, bool draining) override {
+  absl::Status drain(const std::string& pool, bool draining) override {
     wire::Request req;
     req.mutable_pool_drain()->set_pool(pool);
     req.mutable_pool_drain()->set_draining(draining);
     return Call(std::move(req)).status();
   }
 
-  absl::StatusOr<PoolView> Status(const std::string& pool) override {
+  absl::StatusOr<PoolView> status(const std::string& pool) override {
     wire::Request req;
     req.mutable_pool_status()->set_pool(pool);
     auto reply = Call(std::move(req));
@@ -204,7 +204,7 @@ class PoolClientImpl final : public PoolClient {
     return ViewOf(reply->pool_status());
   }
 
-  absl::Status Stop() override {
+  absl::Status stop() override {
     wire::Request req;
     req.mutable_pool_stop();
     return Call(std::move(req)).status();

@@ -445,28 +445,28 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
   Json out = Json::Object();
   auto& f = out;
   if (sub == "publish") {
-    auto g = c.Publish(pool, absl::GetFlag(FLAGS_generation), absl::GetFlag(FLAGS_budget), profiles);
+    auto g = c.publish(pool, absl::GetFlag(FLAGS_generation), absl::GetFlag(FLAGS_budget), profiles);
     if (!g.ok()) return cmd.Failed(g.status());
     f["generation"] = Num(*g);
     return cmd.Done(out, std::to_string(*g));
   }
   if (sub == "claim") {
-    auto o = c.Claim(pool, profile, absl::GetFlag(FLAGS_generation));
+    auto o = c.claim(pool, profile, absl::GetFlag(FLAGS_generation));
     if (!o.ok()) return cmd.Failed(o.status());
     f["owner"] = Str(o->ToString());
     f["epoch"] = Num(o->epoch);
     return cmd.Done(out, o->ToString());
   }
   if (sub == "ack") {
-    absl::Status s = c.Ack(pool, profile, *who, absl::GetFlag(FLAGS_generation));
+    absl::Status s = c.ack(pool, profile, *who, absl::GetFlag(FLAGS_generation));
     return s.ok() ? cmd.Done(out, "") : cmd.Failed(s);
   }
   if (sub == "set-demand") {
-    absl::Status s = c.SetDemand(pool, profile, *who, absl::GetFlag(FLAGS_slots));
+    absl::Status s = c.setDemand(pool, profile, *who, absl::GetFlag(FLAGS_slots));
     return s.ok() ? cmd.Done(out, "") : cmd.Failed(s);
   }
   if (sub == "acquire") {
-    auto g = c.Acquire(pool, profile, slot, *who, absl::GetFlag(FLAGS_ttl));
+    auto g = c.acquire(pool, profile, slot, *who, absl::GetFlag(FLAGS_ttl));
     if (!g.ok()) return cmd.Failed(g.status());
     f["granted"] = Bool(g->granted);
     if (!g->granted) {
@@ -485,31 +485,31 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
     return cmd.Done(out, std::to_string(g->token));
   }
   if (sub == "renew") {
-    auto ttl = c.Renew(pool, profile, slot, token, *who);
+    auto ttl = c.renew(pool, profile, slot, token, *who);
     if (!ttl.ok()) return cmd.Failed(ttl.status());
     f["ttl_ms"] = Num(Ms(*ttl));
     return cmd.Done(out, absl::FormatDuration(*ttl));
   }
   if (sub == "activate" || sub == "release" || sub == "recover") {
-    auto d = sub == "activate"  ? c.Activate(pool, profile, slot, token, *who)
-             : sub == "release" ? c.Release(pool, profile, slot, token, *who)
-                                : c.Recover(pool, profile, slot, token, absl::GetFlag(FLAGS_evidence));
+    auto d = sub == "activate"  ? c.activate(pool, profile, slot, token, *who)
+             : sub == "release" ? c.release(pool, profile, slot, token, *who)
+                                : c.recover(pool, profile, slot, token, absl::GetFlag(FLAGS_evidence));
     if (!d.ok()) return cmd.Failed(d.status());
     f["decision"] = Num(*d);
     return cmd.Done(out, std::to_string(*d));
   }
   if (sub == "drain") {
-    absl::Status s = c.Drain(pool, !absl::GetFlag(FLAGS_off));
+    absl::Status s = c.drain(pool, !absl::GetFlag(FLAGS_off));
     return s.ok() ? cmd.Done(out, "") : cmd.Failed(s);
   }
   if (sub == "status") {
-    auto v = c.Status(pool);
+    auto v = c.status(pool);
     if (!v.ok()) return cmd.Failed(v.status());
     if (json) return cmd.Done(StatusJson(*v), "");
     PrintStatus(*v);
     return 0;
   }
-  absl::Status s = c.Stop();  // "stop"
+  absl::Status s = c.stop();  // "stop"
   return s.ok() ? cmd.Done(out, "lockd stops") : cmd.Failed(s);
 }
 

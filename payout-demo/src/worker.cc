@@ -364,7 +364,7 @@ int Main(FaultPoints* faults) {
     }
   }
   std::printf("%s started session %lu, rail read timeout %s, submit needs %s of lease\n", name.c_str(),
-              static_cast<unsigned long>((*client)->session_id()),
+              static_cast<unsigned long>((*client)->sessionId()),
               absl::FormatDuration((*rail)->read_timeout()).c_str(),
               absl::FormatDuration(StepCost::RailSubmit((*rail)->read_timeout()).worst_case).c_str());
   std::fflush(stdout);

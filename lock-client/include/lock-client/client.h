@@ -301,7 +301,7 @@ class Client {
   virtual absl::Duration remaining(const LockHandle& handle) const = 0;
 
   // The 99th percentile of the last 128 heartbeat round trips (zero before the first).
-  virtual absl::Duration heartbeat_rtt_p99() const = 0;
+  virtual absl::Duration heartbeatRttP99() const = 0;
 
   // The registry holding this client's metrics.
   virtual std::shared_ptr<metrics::Registry> metrics() const = 0;
@@ -330,7 +330,7 @@ class Client {
   virtual absl::Status renewNow() = 0;
 
   // The current session's id on the server (0 while there is none).
-  virtual uint64_t session_id() const = 0;
+  virtual uint64_t sessionId() const = 0;
 
  private:
   friend class ScopedLock;

@@ -128,42 +128,42 @@ class PoolClient {
   virtual ~PoolClient() = default;
 
   // Operator: publishes a policy generation; returns the generation lockd acknowledged.
-  virtual absl::StatusOr<uint64_t> Publish(const std::string& pool, uint64_t generation,
+  virtual absl::StatusOr<uint64_t> publish(const std::string& pool, uint64_t generation,
                                            uint64_t budget,
                                            const std::vector<PoolProfileDef>& profiles) = 0;
   // Manager: takes `profile` of `pool` at policy `generation` (the current one).
-  virtual absl::StatusOr<PoolOwnerId> Claim(const std::string& pool, const std::string& profile,
+  virtual absl::StatusOr<PoolOwnerId> claim(const std::string& pool, const std::string& profile,
                                             uint64_t generation) = 0;
-  virtual absl::Status Ack(const std::string& pool, const std::string& profile,
+  virtual absl::Status ack(const std::string& pool, const std::string& profile,
                            const PoolOwnerId& owner, uint64_t generation) = 0;
-  virtual absl::Status SetDemand(const std::string& pool, const std::string& profile,
+  virtual absl::Status setDemand(const std::string& pool, const std::string& profile,
                                  const PoolOwnerId& owner, uint64_t slots) = 0;
   // `ttl` zero: lockd's default provisional TTL.
-  virtual absl::StatusOr<PoolLeaseGrant> Acquire(const std::string& pool,
+  virtual absl::StatusOr<PoolLeaseGrant> acquire(const std::string& pool,
                                                  const std::string& profile,
                                                  const std::string& slot,
                                                  const PoolOwnerId& owner,
                                                  absl::Duration ttl) = 0;
   // Returns the lease's TTL, renewed from when lockd received the request.
-  virtual absl::StatusOr<absl::Duration> Renew(const std::string& pool,
+  virtual absl::StatusOr<absl::Duration> renew(const std::string& pool,
                                                const std::string& profile,
                                                const std::string& slot, uint64_t token,
                                                const PoolOwnerId& owner) = 0;
   // Returns the decision number. Only after OK may the worker start.
-  virtual absl::StatusOr<uint64_t> Activate(const std::string& pool, const std::string& profile,
+  virtual absl::StatusOr<uint64_t> activate(const std::string& pool, const std::string& profile,
                                             const std::string& slot, uint64_t token,
                                             const PoolOwnerId& owner) = 0;
-  virtual absl::StatusOr<uint64_t> Release(const std::string& pool, const std::string& profile,
+  virtual absl::StatusOr<uint64_t> release(const std::string& pool, const std::string& profile,
                                            const std::string& slot, uint64_t token,
                                            const PoolOwnerId& owner) = 0;
   // Operator: the fenced recovery of an active lease whose worker is proved gone.
-  virtual absl::StatusOr<uint64_t> Recover(const std::string& pool, const std::string& profile,
+  virtual absl::StatusOr<uint64_t> recover(const std::string& pool, const std::string& profile,
                                            const std::string& slot, uint64_t token,
                                            const std::string& evidence) = 0;
-  virtual absl::Status Drain(const std::string& pool, bool draining) = 0;
-  virtual absl::StatusOr<PoolView> Status(const std::string& pool) = 0;
+  virtual absl::Status drain(const std::string& pool, bool draining) = 0;
+  virtual absl::StatusOr<PoolView> status(const std::string& pool) = 0;
   // Operator: stops lockd once every pool drains and holds no lease.
-  virtual absl::Status Stop() = 0;
+  virtual absl::Status stop() = 0;
 };
 
 }  // namespace fencelock
