@@ -1,5 +1,6 @@
 // A worker's lock cycle through the installed fencelock package: connect, lock for a scope,
-// check the lease, fence the resource with the token, and let the scope release the lock.
+// check the lease, have a step the lease cannot cover refused, fence the resource with the
+// token, and let the scope release the lock.
 //
 //   consumer HOST:PORT
 #include <cstdio>
@@ -27,6 +28,15 @@ int main(int argc, char** argv) {
     }
     lock->checkStillHeld();  // throws fencelock::LockLostException if the lease may be gone
     token = lock->token();
+    // D4 across the library boundary: a step costlier than the lease left is refused with an
+    // exception the consumer catches by its type.
+    try {
+      lock->beginIrreversibleStep(fencelock::StepCost{"a_day_long_step", absl::Hours(24)});
+      std::fprintf(stderr, "consumer: a step longer than the lease was allowed\n");
+      return 1;
+    } catch (const fencelock::StepRefusedException& e) {
+      std::printf("consumer: refused as it should be: %s\n", e.what());
+    }
     if (absl::Status admitted = fence->Admit("the-resource", token); !admitted.ok()) {
       std::fprintf(stderr, "consumer: fence: %s\n", admitted.ToString().c_str());
       return 1;
