@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <type_traits>
 #include <atomic>
 #include <chrono>
@@ -767,6 +768,21 @@ int Main() {
   if (!(arrival_rate > 0 && arrival_rate <= 10'000)) return Fail("--margin-arrival-rate must be in (0, 10000]");
   const int margin_workers = absl::GetFlag(FLAGS_margin_workers);
   if (margin_workers < 1 || margin_workers > 64) return Fail("--margin-workers must be 1 to 64");
+  for (const auto& [flag, d, lo, hi] :
+       {std::tuple{"--heartbeat", absl::GetFlag(FLAGS_heartbeat), absl::Milliseconds(1), absl::Minutes(10)},
+        std::tuple{"--timeout", absl::GetFlag(FLAGS_timeout), absl::Milliseconds(1), absl::Minutes(10)},
+        std::tuple{"--session-ttl", absl::GetFlag(FLAGS_session_ttl), absl::Seconds(1), absl::Hours(1)},
+        std::tuple{"--library-heartbeat", absl::GetFlag(FLAGS_library_heartbeat), absl::ZeroDuration(),
+                   absl::Minutes(10)}}) {
+    // A period of zero or less would never move the raw driver's schedule: it would spin.
+    if (d < lo || d > hi) {
+      return Fail(absl::StrCat(flag, " must be from ", absl::FormatDuration(lo), " to ",
+                               absl::FormatDuration(hi), ", got ", absl::FormatDuration(d)));
+    }
+  }
+  if (const int n = absl::GetFlag(FLAGS_library_sessions); n < 0 || n > 20'000) {
+    return Fail("--library-sessions must be 0 to 20000");
+  }
   const int load_clients = absl::GetFlag(FLAGS_load_clients);
   if (load_clients < 0 || load_clients > 1024) return Fail("--load-clients must be 0 to 1024");
   std::string error;
@@ -947,7 +963,7 @@ int Main() {
         into.acquire_ns.insert(into.acquire_ns.end(), r.acquire_ns.begin(), r.acquire_ns.end());
         into.errors += r.errors;
         if (into.first_error.empty()) into.first_error = r.first_error;
-        if (r.errors > 0) broken = true;
+        if (r.errors > 0 || r.cycles_per_second == 0) broken = true;
       }
     }
   }
@@ -1014,7 +1030,11 @@ int Main() {
       for (const MarginPoint& q : points) {
         if (q.ttl == p.ttl) best = std::max(best, q.payouts_per_second);
       }
-      if (p.paid_twice > 0 || p.rail_duplicates > 0 || p.lock_fenced_out != 0) broken = true;
+      // A point whose workers started and paid nothing measured nothing.
+      if (p.paid_twice > 0 || p.rail_duplicates > 0 || p.lock_fenced_out != 0 ||
+          (!p.refused && p.paid == 0)) {
+        broken = true;
+      }
       std::string reasons;
       for (const auto& [reason, n] : p.abandoned) absl::StrAppend(&reasons, reasons.empty() ? "" : ", ", reason, " ", n);
       absl::StrAppend(&json, i == 0 ? "" : ",\n", "    {\"ttl_s\": ", absl::ToDoubleSeconds(p.ttl),

@@ -290,7 +290,7 @@ class ClientImpl final : public Client {
 
   std::thread heartbeat_thread_;
   // Behind onLost and whenLost; stopped first in the destructor, so that no callback runs
-  // while the client is taken apart.
+  // while the client is taken apart, and destroyed after the threads that Poke() it.
   std::unique_ptr<LossWatcher> watcher_ = std::make_unique<LossWatcher>(clock_);
 };
 
@@ -364,7 +364,9 @@ absl::Status ClientImpl::Start() {
 }
 
 ClientImpl::~ClientImpl() {
-  watcher_.reset();
+  // No callback runs from here on; the heartbeat, still running until it is joined below, may
+  // still Poke() the stopped watcher (a fenced-out or session-lost answer).
+  watcher_->Stop();
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;

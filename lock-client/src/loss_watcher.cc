@@ -6,19 +6,30 @@
 namespace fencelock::client_internal {
 
 LossWatcher::~LossWatcher() {
+  Stop();
   clock_->Unsubscribe(subscription_);  // returns once no Poke() from the clock is running
+}
+
+void LossWatcher::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  std::vector<Entry> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dropped.swap(entries_);
+  }
+  // Destroyed outside mu_: a dropped whenLost promise wakes its future's waiter.
 }
 
 void LossWatcher::Watch(std::shared_ptr<LeaseState> state,
                         std::function<void(LossReason)> on_lost) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;  // stopped: dropped without a call
     entries_.push_back({std::move(state), std::move(on_lost)});
     poked_ = true;
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });

@@ -27,7 +27,7 @@ class LossWatcher {
   // Poke() while holding its own lock.
   explicit LossWatcher(Clock* clock)
       : clock_(clock), subscription_(clock->Subscribe([this] { Poke(); })) {}
-  // Stops the thread. Watches still pending are dropped without a call.
+  // Stop(), then ends the subscription to the clock.
   ~LossWatcher();
   LossWatcher(const LossWatcher&) = delete;
   LossWatcher& operator=(const LossWatcher&) = delete;
@@ -35,8 +35,13 @@ class LossWatcher {
   // Calls `on_lost(reason)` once, on the watcher's thread, when `state` is lost for any reason
   // but kReleased. At once (on that thread) if it already is. The first call starts the thread.
   void Watch(std::shared_ptr<LeaseState> state, std::function<void(LossReason)> on_lost);
-  // Something may have been lost or released: look at every watch again now.
+  // Something may have been lost or released: look at every watch again now. Harmless after
+  // Stop().
   void Poke();
+  // Stops and joins the thread (waiting for a callback that is running) and drops the watches
+  // still pending without a call; a Watch() after it is dropped too. The object stays usable,
+  // so a client that stops its watcher first may still Poke() it while it shuts down.
+  void Stop();
   // Watches not yet fired or dropped.
   size_t pending() const;
 

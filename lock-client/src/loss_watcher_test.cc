@@ -157,3 +157,30 @@ TEST(LossWatcherStopTest, DestroyingTheWatcherDropsPendingWatchesWithoutACall) {
 
 }  // namespace
 }  // namespace fencelock::client_internal
+
+namespace fencelock::client_internal {
+namespace {
+
+// The client stops its watcher first when it is destroyed, while its heartbeat may still mark
+// leases lost and Poke(): after Stop() nothing is called, and nothing breaks.
+TEST(LossWatcherStopTest, AfterStopPokesAndWatchesAreHarmlessAndCallNothing) {
+  SimulatedClock clock;
+  LossWatcher watcher(&clock);
+  std::atomic<int> calls{0};
+  auto pending = std::make_shared<LeaseState>("x", 1, absl::Seconds(30), clock.Now() + kUsable);
+  watcher.Watch(pending, [&](LossReason) { ++calls; });
+  watcher.Stop();
+  EXPECT_EQ(watcher.pending(), 0u);  // dropped without a call
+  pending->MarkLost(LossReason::kFencedOut);
+  watcher.Poke();
+  auto late = std::make_shared<LeaseState>("y", 2, absl::Seconds(30), clock.Now());  // lost already
+  watcher.Watch(late, [&](LossReason) { ++calls; });
+  clock.Advance(kUsable * 2);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(calls.load(), 0);
+  EXPECT_EQ(watcher.pending(), 0u);
+  watcher.Stop();  // twice is fine
+}
+
+}  // namespace
+}  // namespace fencelock::client_internal
