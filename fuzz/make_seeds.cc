@@ -139,6 +139,23 @@ int main(int argc, char** argv) {
             Step(0, Acquire(4, 1, "q", 0)) + Step(0, Acquire(5, 2, "q", 4000)) +
             Step(200, KeepAlive(6, 2, "q", 1)) + Step(1, Release(7, 1, "q", 1)));
   Write(root / "dispatch_fuzz", "no-hello", Step(0, Open(1, 1000)));
+  // Withdrawals: session 2 queues on "q" (request 5) and withdraws it; connection 1 names the
+  // same request id for session 2 (not its session) and for a session of its own, which it has
+  // no such Acquire for; then a withdrawal of an Acquire already granted.
+  auto withdraw = [](uint64_t id, uint64_t session, uint64_t acquire_id) {
+    wire::Request r;
+    r.set_request_id(id);
+    r.mutable_withdraw_acquire()->set_session_id(session);
+    r.mutable_withdraw_acquire()->set_acquire_request_id(acquire_id);
+    return r;
+  };
+  Write(root / "dispatch_fuzz", "withdraw",
+        Step(0, Hello()) + Step(0, Open(2, 3000)) + Step(0, Open(3, 3000)) +
+            Step(0, Acquire(4, 1, "q", 0)) + Step(0, Acquire(5, 2, "q", 4000)) +
+            Step(0, Hello(), 1) + Step(0, Open(2, 3000), 1) + Step(1, withdraw(3, 2, 5), 1) +
+            Step(1, withdraw(4, 3, 5), 1) + Step(1, withdraw(6, 2, 5)) +
+            Step(1, withdraw(7, 2, 5)) + Step(1, Acquire(8, 2, "q", 4000)) +
+            Step(1, Release(9, 1, "q", 1)) + Step(1, withdraw(10, 2, 8)));
   // Connection 1 drives connection 0's session: refused until it resumes it with its secret
   // (dispatch_fuzz's first is "fuzz-secret-0001"), after which connection 0 is refused.
   wire::Request validate_as_holder = validate;

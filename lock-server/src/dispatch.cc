@@ -182,6 +182,7 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
         // Answered by a push when the wait is settled.
         out.then = Dispatched::Then::kQueued;
         out.waiter = waiter_id;
+        conn.queued[req.request_id()] = waiter_id;
         return out;
       }
       auto* reply = resp.mutable_acquire();
@@ -192,6 +193,23 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
         reply->set_ttl_ms(ToMillis(result->ttl));
       }
       return finish(absl::OkStatus());
+    }
+    case wire::Request::kWithdrawAcquire: {
+      const auto& w = req.withdraw_acquire();
+      if (!RequireVersion(conn, protocol::kWithdrawProtocolVersion, "WithdrawAcquire needs",
+                          host, resp)) {
+        return out;
+      }
+      if (absl::Status s = authorize(w.session_id()); !s.ok()) return finish(s);
+      // Only this connection's own Acquires can be named: request ids are the connection's.
+      auto queued = conn.queued.find(w.acquire_request_id());
+      absl::StatusOr<bool> withdrawn = false;
+      if (queued != conn.queued.end()) {
+        withdrawn = service.Withdraw(queued->second, w.session_id(), now);
+        if (withdrawn.ok()) conn.queued.erase(queued);
+      }
+      if (withdrawn.ok()) resp.mutable_withdraw_acquire()->set_withdrawn(*withdrawn);
+      return finish(withdrawn.status());
     }
     case wire::Request::kRelease: {
       const auto& r = req.release();

@@ -88,18 +88,23 @@ bool IsPoolRequest(const wire::Request& req) {
   }
 }
 
+bool RequireVersion(const ConnectionState& conn, uint32_t needed, const char* what,
+                    DispatchHost& host, wire::Response& resp) {
+  if (conn.version >= needed) return true;
+  host.CountProtocolError();
+  resp.set_code(wire::UNSUPPORTED_VERSION);
+  resp.set_message(absl::StrCat(what, " protocol version ", needed,
+                                "; this connection negotiated version ", conn.version));
+  return false;
+}
+
 void DispatchPool(const wire::Request& req, ConnectionState& conn, DispatchHost& host,
                   MonoTime now, wire::Response& resp) {
   auto finish = [&](const absl::Status& s) {
     resp.set_code(protocol::PoolCodeFromStatus(s));
     if (!s.ok()) resp.set_message(std::string(s.message()));
   };
-  if (conn.version < protocol::kPoolProtocolVersion) {
-    host.CountProtocolError();
-    resp.set_code(wire::UNSUPPORTED_VERSION);
-    resp.set_message(absl::StrCat("pool requests need protocol version ",
-                                  protocol::kPoolProtocolVersion,
-                                  "; this connection negotiated version ", conn.version));
+  if (!RequireVersion(conn, protocol::kPoolProtocolVersion, "pool requests need", host, resp)) {
     return;
   }
   LockService& service = host.service();

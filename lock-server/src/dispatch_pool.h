@@ -6,6 +6,11 @@
 
 namespace fencelock::server {
 
+// False, with `resp` answered UNSUPPORTED_VERSION (a protocol error; the connection stays
+// open), if `conn` negotiated a version older than `needed`, which `what` needs.
+bool RequireVersion(const ConnectionState& conn, uint32_t needed, const char* what,
+                    DispatchHost& host, wire::Response& resp);
+
 // True for the Pool* request bodies (protocol version 2).
 bool IsPoolRequest(const wire::Request& req);
 

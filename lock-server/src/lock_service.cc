@@ -331,6 +331,20 @@ void LockService::Unqueued(SessionId session) {
 
 void LockService::CancelWaiter(WaiterId waiter) { RemoveWaiter(waiter, absl::OkStatus()); }
 
+absl::StatusOr<bool> LockService::Withdraw(WaiterId waiter, SessionId session, MonoTime now) {
+  Advance(now);  // a wait already settled by `now` (granted, or run out) is not withdrawn
+  auto place = waiter_index_.find(waiter);
+  if (place == waiter_index_.end()) return false;
+  if (place->second.session != session) {
+    return absl::InvalidArgumentError(absl::StrCat("that Acquire waits for session ",
+                                                   place->second.session, ", not ", session));
+  }
+  const std::string lock = place->second.lock;
+  RemoveWaiter(waiter, absl::CancelledError(absl::StrCat(
+                           "the wait for lock \"", lock, "\" was withdrawn by its client")));
+  return true;
+}
+
 void LockService::Advance(MonoTime now) {
   // Settle events in the order they happened, so that a lock that expired before a waiter
   // gave up is still handed to that waiter.

@@ -275,6 +275,46 @@ TEST_F(LockServiceTest, LockExpiringBeforeWaitRunsOutIsHandedOverEvenIfSettledLa
   EXPECT_TRUE(out[0].status.ok());
 }
 
+TEST_F(LockServiceTest, AWithdrawnWaiterLeavesTheQueueAndIsNeverGranted) {
+  SessionId a = Open(0), b = Open(0), c = Open(0);
+  FenceToken ta = Grant(a, "x", 0);
+  ASSERT_TRUE(service_.Acquire(b, "x", {}, absl::Seconds(50), 1, At(0)).ok());
+  ASSERT_TRUE(service_.Acquire(c, "x", {}, absl::Seconds(50), 2, At(0)).ok());
+  // Another session cannot withdraw b's wait, and nothing changes.
+  auto foreign = service_.Withdraw(1, c, At(1));
+  EXPECT_EQ(foreign.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_.waiter_count(), 2u);
+  auto withdrawn = service_.Withdraw(1, b, At(2));
+  ASSERT_TRUE(withdrawn.ok()) << withdrawn.status();
+  EXPECT_TRUE(*withdrawn);
+  auto out = service_.TakeWaiterOutcomes();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].waiter, 1u);
+  EXPECT_EQ(out[0].status.code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(out[0].status.message(), HasSubstr("withdrawn by its client"));
+  EXPECT_EQ(service_.waiters_for("x"), 1u);
+  // Twice is no error, and no second outcome.
+  EXPECT_FALSE(*service_.Withdraw(1, b, At(3)));
+  EXPECT_TRUE(service_.TakeWaiterOutcomes().empty());
+  ASSERT_TRUE(service_.Release(a, "x", ta, At(4)).ok());
+  out = service_.TakeWaiterOutcomes();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].waiter, 2u);  // c, not b
+  // A waiter already granted is not withdrawn: the grant stands.
+  EXPECT_FALSE(*service_.Withdraw(2, c, At(5)));
+  EXPECT_EQ(service_.state().FindHolder("x")->session, c);
+}
+
+TEST_F(LockServiceTest, AWaitThatRanOutBeforeTheWithdrawalIsNotWithdrawn) {
+  SessionId a = Open(0), b = Open(0);
+  Grant(a, "x", 0);
+  ASSERT_TRUE(service_.Acquire(b, "x", {}, absl::Milliseconds(100), 7, At(0)).ok());
+  EXPECT_FALSE(*service_.Withdraw(7, b, At(200)));  // settled first, by the same clock
+  auto out = service_.TakeWaiterOutcomes();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+}
+
 TEST_F(LockServiceTest, CloseSessionCancelsWaitersAndReleasesLocks) {
   SessionId a = Open(0), b = Open(0);
   Grant(a, "x", 0);

@@ -381,6 +381,10 @@ void ServerCore::Impl::AfterRequest() {
     auto c = connections_.find(route.connection);
     if (c == connections_.end()) continue;
     c->second.waiters.erase(o.waiter);
+    if (auto q = c->second.state.queued.find(route.request_id);
+        q != c->second.state.queued.end() && q->second == o.waiter) {
+      c->second.state.queued.erase(q);
+    }
     wire::Response resp;
     resp.set_request_id(route.request_id);
     resp.set_code(protocol::CodeFromStatus(o.status));

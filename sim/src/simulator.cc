@@ -21,6 +21,7 @@
 #include "lock-server/server_core.h"
 #include "lock-server/storage.h"
 #include "protocol/frame.h"
+#include "protocol/version.h"
 #include "sim_disk.h"
 
 namespace fencelock::sim {
@@ -261,13 +262,17 @@ struct Connection {
 
 // A request in flight, as the client remembers it.
 struct Pending {
-  enum class Kind { kHello, kOpen, kResume, kKeepAlive, kAcquire, kRelease, kClose } kind;
+  enum class Kind { kHello, kOpen, kResume, kKeepAlive, kAcquire, kRelease, kClose, kWithdraw } kind;
   MonoTime t_send;
   absl::Duration timeout;
   std::string lock;
   FenceToken token = 0;
   absl::Duration ttl;
   std::vector<std::pair<std::string, FenceToken>> renewed;
+  // kAcquire: the client withdrew it (WithdrawAcquire) and no longer waits for it.
+  bool withdrawn = false;
+  // kWithdraw: the request id of the Acquire it withdraws.
+  uint64_t acquire_id = 0;
 };
 
 class SimClient {
@@ -308,6 +313,9 @@ class SimClient {
   std::map<std::string, std::shared_ptr<LeaseState>> held_;
   std::map<uint64_t, Pending> pending_;
   bool acquiring_ = false;
+  uint64_t acquire_id_ = 0;  // of the Acquire in flight, while acquiring_
+  // Acquires on this connection that lockd said it withdrew: none of them may be granted.
+  std::set<uint64_t> withdrawn_;
   std::unique_ptr<Timer> work_, heartbeat_, timeouts_, reconnect_;
 };
 
@@ -353,6 +361,7 @@ class Simulation {
     }
   }
   void CountFencedOut() { ++result_.fenced_out; }
+  void CountWithdrawal() { ++result_.withdrawals; }
   // Whether a lock renewal or release with `token` was stale when lockd received it.
   bool WasStale(uint64_t conn, uint64_t request_id, const std::string& lock) const {
     return stale_.contains({conn, request_id, lock});
@@ -852,7 +861,7 @@ void SimClient::Connect() {
   conn_ = sim_->OpenConnection(node_);
   wire::Request hello;
   hello.mutable_hello()->set_min_version(1);
-  hello.mutable_hello()->set_max_version(1);
+  hello.mutable_hello()->set_max_version(protocol::kWithdrawProtocolVersion);
   Send(Pending{.kind = Pending::Kind::kHello, .timeout = kRequestTimeout}, hello);
   if (session_ != 0) {
     // lockd lets only the connection a session is bound to drive it: resume it here first.
@@ -886,6 +895,7 @@ void SimClient::OnDisconnected(int conn) {
     if (p.kind == Pending::Kind::kAcquire) acquiring_ = false;
   }
   pending_.clear();
+  withdrawn_.clear();  // request ids are the connection's
   reconnect_->ArmAt(time_.Now() + rng_->Between(absl::Milliseconds(20), absl::Milliseconds(300)),
                     [this] { Connect(); });
 }
@@ -951,6 +961,18 @@ void SimClient::Work() {
                    .token = lease->token()},
            r);
       Drop(lock);  // the caller gave it up at once
+    } else if (acquiring_ && pending_.contains(acquire_id_) &&
+               !pending_.at(acquire_id_).withdrawn && rng_->Chance(0.05)) {
+      // The caller gives up waiting: withdraw the Acquire from the lock's queue. A grant that
+      // crosses it is given back.
+      pending_.at(acquire_id_).withdrawn = true;
+      acquiring_ = false;
+      wire::Request r;
+      r.mutable_withdraw_acquire()->set_session_id(session_);
+      r.mutable_withdraw_acquire()->set_acquire_request_id(acquire_id_);
+      Send(Pending{.kind = Pending::Kind::kWithdraw, .timeout = kRequestTimeout,
+                   .acquire_id = acquire_id_},
+           r);
     } else if (held_.empty() && !acquiring_ && rng_->Chance(0.5)) {
       const std::string lock = absl::StrCat("lock-", rng_->Below(sim_->options().locks));
       const absl::Duration ttl = rng_->Between(absl::Seconds(1), absl::Seconds(4));
@@ -965,6 +987,7 @@ void SimClient::Work() {
       Send(Pending{.kind = Pending::Kind::kAcquire, .timeout = wait + kRequestTimeout, .lock = lock,
                    .ttl = ttl},
            r);
+      acquire_id_ = next_request_;
     } else if (held_.empty() && !acquiring_ && rng_->Chance(0.01)) {
       wire::Request r;
       r.mutable_close_session()->set_session_id(session_);
@@ -1003,6 +1026,12 @@ void SimClient::OnResponse(int conn, const wire::Response& r) {
     case Pending::Kind::kResume:
     case Pending::Kind::kClose:
       break;
+    case Pending::Kind::kWithdraw:
+      if (r.code() == wire::OK && r.withdraw_acquire().withdrawn()) {
+        withdrawn_.insert(p.acquire_id);
+        sim_->CountWithdrawal();
+      }
+      break;
     case Pending::Kind::kOpen:
       opening_ = false;
       if (r.code() == wire::OK) {
@@ -1012,11 +1041,28 @@ void SimClient::OnResponse(int conn, const wire::Response& r) {
       }
       break;
     case Pending::Kind::kAcquire: {
-      acquiring_ = false;
+      if (!p.withdrawn) acquiring_ = false;
+      if (withdrawn_.erase(r.request_id()) > 0 && r.code() != wire::CANCELLED) {
+        sim_->Fail(absl::StrCat("lockd answered Acquire ", r.request_id(), " of client ", node_,
+                                " with ", wire::Code_Name(r.code()),
+                                " after it said it had withdrawn it"));
+      }
       if (r.code() != wire::OK || !r.acquire().granted()) break;
       const FenceToken token = r.acquire().token();
       sim_->CountGrant(token);
       if (session_ == 0) break;
+      if (p.withdrawn) {
+        // The grant crossed the withdrawal: nobody waits for it, so give it back.
+        wire::Request back;
+        back.mutable_release()->set_session_id(session_);
+        back.mutable_release()->set_lock(p.lock);
+        back.mutable_release()->set_token(token);
+        back.mutable_release()->set_relinquish(true);
+        Send(Pending{.kind = Pending::Kind::kRelease, .timeout = kRequestTimeout, .lock = p.lock,
+                     .token = token},
+             back);
+        break;
+      }
       // The lease runs from the acquire's send, never from the reply (D1), and ends no later
       // than the session's own estimate would.
       auto lease = std::make_shared<LeaseState>(

@@ -46,7 +46,7 @@ TEST(SimulatorTest, TenThousandSeedsKeepEveryProperty) {
   SimOptions options;
   options.duration = absl::Seconds(10);
   const uint64_t seeds = SeedCount();
-  uint64_t failed = 0, grants = 0, checks = 0, crashes = 0, faults = 0, fenced = 0;
+  uint64_t failed = 0, grants = 0, checks = 0, crashes = 0, faults = 0, fenced = 0, withdrawals = 0;
   for (uint64_t seed = 1; seed <= seeds; ++seed) {
     options.seed = seed;
     const SimResult r = Simulate(options);
@@ -56,18 +56,21 @@ TEST(SimulatorTest, TenThousandSeedsKeepEveryProperty) {
     crashes += r.crashes;
     faults += r.disk_faults;
     fenced += r.fenced_out;
+    withdrawals += r.withdrawals;
   }
   std::printf("%lu seeds: %lu failed, %lu grants, %lu checks, %lu crashes, %lu disk faults, "
-              "%lu fenced out\n",
+              "%lu fenced out, %lu withdrawals\n",
               static_cast<unsigned long>(seeds), static_cast<unsigned long>(failed),
               static_cast<unsigned long>(grants),
               static_cast<unsigned long>(checks), static_cast<unsigned long>(crashes),
-              static_cast<unsigned long>(faults), static_cast<unsigned long>(fenced));
+              static_cast<unsigned long>(faults), static_cast<unsigned long>(fenced),
+              static_cast<unsigned long>(withdrawals));
   EXPECT_EQ(failed, 0u);
   // The runs did what they are for.
   EXPECT_GT(grants, seeds);
   EXPECT_GT(crashes, seeds / 10);
   EXPECT_GT(faults, seeds / 100);
+  EXPECT_GT(withdrawals, seeds / 10);
 }
 
 TEST(SimulatorTest, ABrokenClockBoundShowsOverlapsButTheFencesHold) {

@@ -187,6 +187,12 @@ wire::Request Resume(uint64_t session, const std::string& secret) {
   r.mutable_resume_session()->set_secret(secret);
   return r;
 }
+wire::Request WithdrawAcquire(uint64_t session, uint64_t acquire_request_id) {
+  wire::Request r;
+  r.mutable_withdraw_acquire()->set_session_id(session);
+  r.mutable_withdraw_acquire()->set_acquire_request_id(acquire_request_id);
+  return r;
+}
 wire::Request GetStats() {
   wire::Request r;
   r.mutable_get_stats();

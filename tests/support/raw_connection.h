@@ -38,6 +38,8 @@ wire::Request Close(uint64_t session);
 // A resource's check of `token`; with `as_holder`, the holder's own confirmation (FR-13).
 wire::Request Validate(const std::string& lock, uint64_t token, uint64_t as_holder = 0);
 wire::Request Resume(uint64_t session, const std::string& secret);
+// Takes the Acquire this connection sent with `acquire_request_id` out of its queue (v3).
+wire::Request WithdrawAcquire(uint64_t session, uint64_t acquire_request_id);
 wire::Request GetStats();
 wire::Request ListLocks(uint32_t limit);
 }  // namespace request

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "clock/clock.h"
 #include "fencelock/wire.pb.h"
@@ -29,6 +30,9 @@ struct ConnectionState {
   // Sessions opened elsewhere and resumed on this connection (a client that reconnected),
   // at most max_sessions_per_connection, the newest last.
   std::vector<SessionId> renewed;
+  // This connection's Acquires that wait in a queue, by request id (WithdrawAcquire names them
+  // so). Dispatch adds them; whoever answers a waiter removes it.
+  absl::flat_hash_map<uint64_t, WaiterId> queued;
 };
 
 // What a request may need from the server around the lock service.

@@ -197,6 +197,10 @@ class LockService {
 
   // Forgets a queued waiter whose requester went away. No outcome is produced for it.
   void CancelWaiter(WaiterId waiter);
+  // Takes `session`'s queued `waiter` out of its queue at its requester's asking: its outcome
+  // is kCancelled. False if it no longer waits (granted, timed out, never queued);
+  // kInvalidArgument if it waits for another session.
+  absl::StatusOr<bool> Withdraw(WaiterId waiter, SessionId session, MonoTime now);
 
   // Expires sessions, lock leases, provisional pool leases and waits that have run out by
   // `now`.

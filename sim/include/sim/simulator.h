@@ -67,6 +67,7 @@ struct SimResult {
   uint64_t disk_faults = 0;
   uint64_t pauses = 0;
   uint64_t cuts = 0;
+  uint64_t withdrawals = 0;           // queued Acquires lockd said it withdrew
 };
 
 // Empty if `options` can be simulated; otherwise what is wrong with them.
