@@ -10,7 +10,7 @@ FENCELOCK_PACKAGES=(
   libabsl-dev libboost-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev
   prometheus faketime openssl libssl-dev
-  etcd-server etcd-client libgrpc++-dev protobuf-compiler-grpc libhiredis-dev
+  etcd-server etcd-client libgrpc++-dev protobuf-compiler-grpc libhiredis-dev libspdlog-dev
   clang libclang-rt-14-dev
   python3
 )

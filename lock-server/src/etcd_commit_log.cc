@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "logging/logging.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -205,7 +206,7 @@ class EtcdCommitLog final : public CommitLog {
     if (options_.log) {
       options_.log(line);
     } else {
-      std::fprintf(stderr, "lockd: %s\n", line.c_str());
+      logging::Lockd().Warning(line);
     }
   }
   // Writer: one transaction of `ops`, guarded by our ownership of P/owner. Fails (for good)

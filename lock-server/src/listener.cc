@@ -19,6 +19,7 @@
 #include <optional>
 #include <vector>
 
+#include "logging/logging.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "fencelock/wire.pb.h"
@@ -116,7 +117,7 @@ Listener::Listener(asio::io_context& io, ServerCore* core, TimeSource* time,
                                                          2 * options.max_frame_bytes),
               .slow_reader_timeout = options.slow_reader_timeout},
       log_(time, kLogInterval,
-           [](const std::string& line) { std::fprintf(stderr, "lockd: %s\n", line.c_str()); }),
+           [](const std::string& line) { logging::Lockd().Warning(line); }),
       tls_(std::move(tls)),
       tcp_acceptor_(io),
       unix_acceptor_(io),

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "logging/logging.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -274,7 +275,7 @@ absl::Status LocalCommitLog::RunJob(Job& job) {
     if (options_.log) {
       options_.log(line);
     } else {
-      std::fprintf(stderr, "lockd: %s\n", line.c_str());
+      logging::Lockd().Error(line);
     }
   }
   return s;

@@ -25,6 +25,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "lock-server/env.h"
 #include "lock-server/etcd_commit_log.h"
@@ -33,6 +34,7 @@
 #include "process/process.h"
 #include "protocol/defaults.h"
 #include "lock-server/storage.h"
+#include "logging/logging.h"
 
 ABSL_FLAG(std::string, data_dir, "", "state directory (created by lockd init)");
 ABSL_FLAG(std::string, etcd, "",
@@ -97,6 +99,10 @@ ABSL_FLAG(absl::Duration, stall_threshold, absl::Seconds(1),
           "when lockd itself did not run for longer than this, extend every lease by the time "
           "it lost; 0 disables");
 ABSL_FLAG(std::string, port_file, "", "write the bound TCP port to this file");
+ABSL_FLAG(std::string, log_level, "info",
+          "the least level of lockd's log lines: debug, info, warning or error (each line is "
+          "timestamped in UTC; debug and info go to standard output, warnings and errors to "
+          "standard error)");
 ABSL_FLAG(int, metrics_port, 9420,
           "serve Prometheus metrics at this port of --metrics-listen; 0 picks a free one, -1 "
           "disables");
@@ -115,6 +121,8 @@ ABSL_FLAG(absl::Duration, pool_provisional_ttl, absl::Seconds(30),
 
 namespace {
 
+const fencelock::logging::Logger& Log() { return fencelock::logging::Lockd(); }
+
 // "1000" or "alice" to a user id; "staff" or "50" to a group id.
 std::optional<uint32_t> ResolveId(const std::string& text, bool group) {
   uint32_t id = 0;
@@ -132,14 +140,14 @@ int Serve() {
   using fencelock::server::ServerOptions;
   const int port = absl::GetFlag(FLAGS_port);
   if (port < 0 || port > 65535) {
-    std::fprintf(stderr, "lockd: --port=%d is not a TCP port (0 to 65535)\n", port);
+    Log().Error(absl::StrCat("--port=", port, " is not a TCP port (0 to 65535)"));
     return 1;
   }
   if (absl::GetFlag(FLAGS_allow_remote)) {
-    std::fprintf(stderr,
-                 "lockd: --allow-remote is no longer accepted: anyone on the network could read and "
-                 "forge plaintext TCP, so lockd serves it on loopback only; to serve other "
-                 "machines, give --tls-ca, --tls-cert and --tls-key (docs/security.md)\n");
+    Log().Error(
+        "--allow-remote is no longer accepted: anyone on the network could read and forge "
+        "plaintext TCP, so lockd serves it on loopback only; to serve other machines, give "
+        "--tls-ca, --tls-cert and --tls-key (docs/security.md)");
     return 1;
   }
   ServerOptions options;
@@ -158,7 +166,7 @@ int Serve() {
   if (const std::string etcd = absl::GetFlag(FLAGS_etcd); !etcd.empty()) {
     auto endpoints = fencelock::server::ParseEtcdEndpoints(etcd);
     if (!endpoints.ok()) {
-      std::fprintf(stderr, "lockd: %s\n", std::string(endpoints.status().message()).c_str());
+      Log().Error(std::string(endpoints.status().message()));
       return 1;
     }
     options.etcd_endpoints = *endpoints;
@@ -189,8 +197,8 @@ int Serve() {
     char* end = nullptr;
     const unsigned long bits = std::strtoul(mode.c_str(), &end, 8);
     if (mode.empty() || *end != '\0' || bits > 0777) {
-      std::fprintf(stderr, "lockd: --unix-socket-mode=%s is not an octal permission mode (0 to 0777)\n",
-                   mode.c_str());
+      Log().Error(absl::StrCat("--unix-socket-mode=", mode,
+                               " is not an octal permission mode (0 to 0777)"));
       return 1;
     }
     options.unix_socket_mode = static_cast<uint32_t>(bits);
@@ -198,7 +206,7 @@ int Serve() {
   if (const std::string group = absl::GetFlag(FLAGS_unix_socket_group); !group.empty()) {
     auto gid = ResolveId(group, /*group=*/true);
     if (!gid) {
-      std::fprintf(stderr, "lockd: --unix-socket-group=%s names no group\n", group.c_str());
+      Log().Error(absl::StrCat("--unix-socket-group=", group, " names no group"));
       return 1;
     }
     options.unix_socket_gid = *gid;
@@ -206,19 +214,18 @@ int Serve() {
   for (absl::string_view user : absl::StrSplit(absl::GetFlag(FLAGS_allowed_uids), ',', absl::SkipEmpty())) {
     auto uid = ResolveId(std::string(user), /*group=*/false);
     if (!uid) {
-      std::fprintf(stderr, "lockd: --allowed-uids: \"%s\" is neither a user id nor a user name\n",
-                   std::string(user).c_str());
+      Log().Error(absl::StrCat("--allowed-uids: \"", user, "\" is neither a user id nor a user name"));
       return 1;
     }
     options.allowed_uids.push_back(*uid);
   }
   if (!options.allowed_uids.empty() && options.unix_socket_path.empty()) {
-    std::fprintf(stderr, "lockd: --allowed-uids applies to the Unix socket; give --unix-socket too\n");
+    Log().Error("--allowed-uids applies to the Unix socket; give --unix-socket too");
     return 1;
   }
   if (options.data_dir.empty() && options.etcd_endpoints.empty()) {
-    std::fprintf(stderr, "lockd: serve needs --data-dir, or --etcd and --etcd-prefix (create "
-                         "either with lockd init)\n");
+    Log().Error(
+        "serve needs --data-dir, or --etcd and --etcd-prefix (create either with lockd init)");
     return 1;
   }
 
@@ -239,8 +246,7 @@ int Serve() {
     while (starting) {
       const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
       if (sig == SIGINT || sig == SIGTERM) {
-        std::printf("lockd: signal %d before serving, exiting\n", sig);
-        std::fflush(stdout);
+        Log().Info(absl::StrCat("signal ", sig, " before serving, exiting"));
         std::_Exit(0);
       }
     }
@@ -249,11 +255,11 @@ int Serve() {
   starting = false;
   startup_signals.join();
   if (!server.ok()) {
-    std::fprintf(stderr, "lockd: %s\n", server.status().ToString().c_str());
+    Log().Error(server.status().ToString());
     return 1;
   }
   for (const std::string& line : (*server)->recovery_summary()) {
-    std::printf("lockd: %s\n", line.c_str());
+    Log().Info(line);
   }
   const uint16_t bound = (*server)->tcp_port();
   // The metrics port first: a waiter on the TCP port file can then read both.
@@ -261,22 +267,21 @@ int Serve() {
                                               static_cast<int>((*server)->metrics_port())},
                                     std::pair{absl::GetFlag(FLAGS_port_file), static_cast<int>(bound)}}) {
     if (absl::Status s = fencelock::process::WritePortFile(file, port); !s.ok()) {
-      std::fprintf(stderr, "lockd: %s\n", s.ToString().c_str());
+      Log().Error(s.ToString());
       return 1;
     }
   }
   if (options.tcp) {
-    std::printf("lockd: listening on %s %s:%u\n", options.tls.enabled() ? "tls" : "tcp",
-                options.tcp_host.c_str(), bound);
+    Log().Info(absl::StrCat("listening on ", options.tls.enabled() ? "tls " : "tcp ",
+                            options.tcp_host, ":", bound));
   }
   if (!options.unix_socket_path.empty()) {
-    std::printf("lockd: listening on unix %s\n", options.unix_socket_path.c_str());
+    Log().Info(absl::StrCat("listening on unix ", options.unix_socket_path));
   }
   if ((*server)->metrics_port() > 0) {
-    std::printf("lockd: serving metrics on http://%s:%d/metrics\n", options.metrics_host.c_str(),
-                (*server)->metrics_port());
+    Log().Info(absl::StrCat("serving metrics on http://", options.metrics_host, ":",
+                            (*server)->metrics_port(), "/metrics"));
   }
-  std::fflush(stdout);
 
   std::thread signal_thread([&] {
     for (;;) {
@@ -286,16 +291,15 @@ int Serve() {
         // A bad file changes nothing: the permissions in force stay.
         auto reloaded = (*server)->ReloadPermissions();
         if (reloaded.ok()) {
-          std::printf("lockd: SIGHUP: %s\n", reloaded->c_str());
+          Log().Info(absl::StrCat("SIGHUP: ", *reloaded));
         } else {
-          std::printf("lockd: SIGHUP: %s; the permissions in force are unchanged\n",
-                      std::string(reloaded.status().message()).c_str());
+          // Beside the successful reloads, on standard output: one stream tells the outcomes.
+          Log().Info(absl::StrCat("SIGHUP: ", reloaded.status().message(),
+                                  "; the permissions in force are unchanged"));
         }
-        std::fflush(stdout);
         continue;
       }
-      std::printf("lockd: signal %d, shutting down\n", sig);
-      std::fflush(stdout);
+      Log().Info(absl::StrCat("signal ", sig, ", shutting down"));
       (*server)->Shutdown();
       return;
     }
@@ -309,8 +313,8 @@ int Serve() {
     // The etcd backend after a fault: this lockd may no longer own the prefix. It has given
     // up its lease, so that a standby takes over now; a supervisor may start it again, as a
     // standby (--etcd-standby).
-    std::fprintf(stderr, "lockd: stopped serving: %s; exiting so that another replica takes over\n",
-                 std::string(ended.message()).c_str());
+    Log().Error(absl::StrCat("stopped serving: ", ended.message(),
+                             "; exiting so that another replica takes over"));
     return 3;
   }
   return 0;
@@ -320,7 +324,7 @@ int Init() {
   const std::string dir = absl::GetFlag(FLAGS_data_dir);
   const std::string etcd = absl::GetFlag(FLAGS_etcd);
   if (dir.empty() == etcd.empty()) {
-    std::fprintf(stderr, "lockd: init needs --data-dir, or --etcd and --etcd-prefix\n");
+    Log().Error("init needs --data-dir, or --etcd and --etcd-prefix");
     return 1;
   }
   if (!etcd.empty()) {
@@ -331,19 +335,19 @@ int Init() {
       s = fencelock::server::InitEtcdPrefix({.endpoints = *endpoints, .prefix = prefix});
     }
     if (!s.ok()) {
-      std::fprintf(stderr, "lockd: init: %s\n", s.ToString().c_str());
+      Log().Error(absl::StrCat("init: ", s.ToString()));
       return 1;
     }
-    std::printf("lockd: initialized etcd prefix %s on %s\n", prefix.c_str(), etcd.c_str());
+    Log().Info(absl::StrCat("initialized etcd prefix ", prefix, " on ", etcd));
     return 0;
   }
   absl::Status s = fencelock::server::InitDataDir(fencelock::server::Env::Posix(), dir,
                                                   absl::GetFlag(FLAGS_wal_segment_bytes));
   if (!s.ok()) {
-    std::fprintf(stderr, "lockd: init: %s\n", s.ToString().c_str());
+    Log().Error(absl::StrCat("init: ", s.ToString()));
     return 1;
   }
-  std::printf("lockd: initialized state directory %s\n", dir.c_str());
+  Log().Info(absl::StrCat("initialized state directory ", dir));
   return 0;
 }
 
@@ -364,6 +368,12 @@ int main(int argc, char** argv) {
       "              [--max-frame-bytes=N] [--hello-timeout=D]\n"
       "              [--pool-demand-ttl=D] [--pool-provisional-ttl=D]");
   const std::vector<std::string> args = fencelock::process::ParseFlags(argc, argv);
+  auto level = fencelock::logging::ParseLevel(absl::GetFlag(FLAGS_log_level));
+  if (!level.ok()) {
+    Log().Error(absl::StrCat("--log-level: ", level.status().message()));
+    return 1;
+  }
+  fencelock::logging::SetLockdThreshold(*level);
   const std::string command = args.size() == 2 ? args[1] : "";
   if (command == "init") return Init();
   if (command == "serve") return Serve();

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "logging/logging.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -26,7 +27,7 @@ namespace {
 
 uint64_t ToMillis(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
 
-void LogToStderr(const std::string& line) { std::fprintf(stderr, "lockd: %s\n", line.c_str()); }
+void LogToStderr(const std::string& line) { logging::Lockd().Warning(line); }
 
 std::string EncodeFrame(const wire::Response& response, size_t max_frame_bytes) {
   std::string frame;

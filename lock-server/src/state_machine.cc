@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "logging/logging.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -12,7 +13,7 @@ namespace fencelock::server {
 namespace {
 
 [[noreturn]] void InvariantBroken(const std::string& what) {
-  std::fprintf(stderr, "lockd: state machine invariant broken: %s\n", what.c_str());
+  logging::Lockd().Error(absl::StrCat("state machine invariant broken: ", what));
   std::abort();
 }
 

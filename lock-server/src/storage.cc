@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "logging/logging.h"
 #include "absl/strings/str_cat.h"
 #include "crc32c.h"
 #include "storage_internal.h"
@@ -160,7 +161,7 @@ state::LogRecord ToProto(uint64_t lsn, const Record& r) {
           p.mutable_pool_drain_set()->set_draining(rec.draining);
         } else {
           // Renewals only move expiry times, which a restart resets to a full TTL anyway.
-          std::fprintf(stderr, "lockd: renewal records are not logged\n");
+          logging::Lockd().Error("renewal records are not logged");
           std::abort();
         }
       },
