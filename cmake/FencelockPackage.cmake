@@ -10,7 +10,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set_target_properties(lock_client clock metrics protocol net_tls fence
+set_target_properties(lock_client clock metrics protocol net_tls logging fence
                       PROPERTIES POSITION_INDEPENDENT_CODE ON)
 
 set(FENCELOCK_INSTALL_INCLUDEDIR ${CMAKE_INSTALL_INCLUDEDIR}/fencelock)
@@ -33,8 +33,10 @@ set_target_properties(fencelock_fence PROPERTIES OUTPUT_NAME fencelock-fence EXP
 
 install(TARGETS fencelock_client fencelock_fence EXPORT fencelockTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
-# The headers a worker includes to lock: nothing of Asio, protobuf or prometheus-cpp.
+# The headers a worker includes to lock: nothing of Asio, protobuf or prometheus-cpp; and the
+# Asio adapter (async.h), which only a consumer that includes it needs Boost.Asio for.
 install(FILES lock-client/include/lock-client/client.h lock-client/include/lock-client/pool_client.h
+              lock-client/include/lock-client/async.h
         DESTINATION ${FENCELOCK_INSTALL_INCLUDEDIR}/lock-client)
 install(FILES clock/include/clock/clock.h DESTINATION ${FENCELOCK_INSTALL_INCLUDEDIR}/clock)
 install(FILES metrics/include/metrics/metrics.h DESTINATION ${FENCELOCK_INSTALL_INCLUDEDIR}/metrics)

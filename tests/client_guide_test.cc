@@ -1,4 +1,9 @@
 // docs/client.md's examples (lock-client/examples/guide_examples.cc) against a real lockd.
+#include <utility>  // before Asio (Boost 1.74 with GCC 12)
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/use_future.hpp>
+
 #include "gtest/gtest.h"
 #include "guide_examples.h"
 #include "lockd_process.h"
@@ -14,6 +19,21 @@ TEST(ClientGuideTest, TheGuidesExamplesRunAgainstARealLockd) {
   EXPECT_TRUE(guide::PayUnderAScopedLock(*client, *rail));
   EXPECT_TRUE(guide::PayUnderAScopedLock(*client, *rail));  // the first scope released it
   EXPECT_TRUE(guide::ReactToLoss(*client));
+
+  boost::asio::io_context io;
+  AsyncClient locks(io.get_executor(), *client);
+  std::future<bool> paid =
+      boost::asio::co_spawn(io, guide::PayFromACoroutine(locks, *rail), boost::asio::use_future);
+  io.run();
+  EXPECT_TRUE(paid.get());
+  // Someone else holds payout-44, so the wait is real until it is given up.
+  auto other = guide::Connect(lockd.tcp_address());
+  ASSERT_NE(other, nullptr);
+  auto held = other->acquire("payout-44", absl::Seconds(5));
+  ASSERT_TRUE(held.ok()) << held.status();
+  io.restart();
+  EXPECT_TRUE(guide::GiveUpWaiting(io, locks));
+  EXPECT_TRUE(other->release(*held).ok());
 }
 
 }  // namespace

@@ -55,7 +55,7 @@ class ClientLeaseTest : public ::testing::Test {
                                     absl::Duration request_timeout = absl::Seconds(10),
                                     absl::Duration heartbeat_interval = absl::Hours(1),
                                     std::vector<StepCost> steps = {},
-                                    std::function<void(const std::string&)> log = nullptr) {
+                                    std::function<void(LogLevel, const std::string&)> log = nullptr) {
     ClientOptions options;
     options.steps = std::move(steps);
     options.log = std::move(log);
@@ -505,9 +505,13 @@ TEST_F(ClientLeaseTest, AScopedLockReportsAFailedReleaseToTheLogAndNeverThrows) 
   std::mutex mu;
   std::vector<std::string> logged;
   auto client = NewClient(absl::Seconds(60), absl::Seconds(10), absl::Hours(1), {},
-                          [&](const std::string& line) {
+                          [&](LogLevel level, const std::string& line) {
                             std::lock_guard<std::mutex> lock(mu);
-                            logged.push_back(line);
+                            // The guard's own report; the loss itself is logged too.
+                            if (line.find("ScopedLock") != std::string::npos) {
+                              EXPECT_EQ(level, LogLevel::kWarning);
+                              logged.push_back(line);
+                            }
                           });
   {
     auto guard = client->acquireScoped("x", absl::Seconds(5));

@@ -32,7 +32,12 @@ class ClientSafetyTest : public ::testing::Test {
     options.session_ttl = absl::Seconds(60);
     options.default_lock_ttl = absl::Seconds(30);  // usable: 21 s
     options.heartbeat_interval = absl::Hours(1);   // the test drives every heartbeat
-    options.log = [this](const std::string& m) { warnings_.push_back(m); };
+    options.log = [this](LogLevel level, const std::string& m) {
+      if (m.find("heartbeat RTT p99") != std::string::npos) {
+        EXPECT_EQ(level, LogLevel::kWarning);
+        warnings_.push_back(m);
+      }
+    };
     return options;
   }
   std::unique_ptr<Client> NewClient(ClientOptions options) {

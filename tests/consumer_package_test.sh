@@ -22,8 +22,13 @@ for f in include/fencelock/lock-client/client.h lib/cmake/fencelock/fencelockCon
   [ -e "$work/prefix/$f" ] || fail "the install has no $f"
 done
 # A worker includes client.h to lock: nothing of Asio, protobuf or prometheus-cpp comes with it.
-if grep -rlE 'boost/|google/protobuf|prometheus/' "$work/prefix/include"; then
+# Only async.h, the Asio adapter that a consumer includes on purpose, includes Boost.Asio.
+[ -e "$work/prefix/include/fencelock/lock-client/async.h" ] || fail "the install has no async.h"
+if grep -rlE 'boost/|google/protobuf|prometheus/' --exclude=async.h "$work/prefix/include"; then
   fail "an installed header includes Asio, protobuf or prometheus-cpp"
+fi
+if grep -rlE '#include .*async\.h' --exclude=async.h "$work/prefix/include"; then
+  fail "an installed header other than async.h pulls in the Asio adapter"
 fi
 
 echo "== building examples/consumer with find_package(fencelock)"
@@ -38,7 +43,8 @@ g++ -o "$work/consumer-pc" "$src/examples/consumer/main.cc" \
   $(pkg-config --cflags --libs fencelock-client fencelock-fence) -Wl,-rpath,"$work/prefix/lib" \
   || fail "building with pkg-config"
 
-for exe in "$work/consumer/consumer" "$work/consumer-pc"; do
+[ -x "$work/consumer/consumer-async" ] || fail "the async consumer was not built (Boost not found?)"
+for exe in "$work/consumer/consumer" "$work/consumer-pc" "$work/consumer/consumer-async"; do
   if ldd "$exe" | grep -i prometheus; then fail "$exe loads prometheus-cpp"; fi
   if nm -D --undefined-only "$exe" | grep -i prometheus; then fail "$exe needs a prometheus-cpp symbol"; fi
 done
@@ -51,7 +57,7 @@ lockd_pid=$!
 for _ in $(seq 1 300); do [ -s "$work/port" ] && break; sleep 0.1; done
 [ -s "$work/port" ] || { cat "$work/lockd.log"; fail "lockd did not start"; }
 port="$(cat "$work/port")"
-for exe in "$work/consumer/consumer" "$work/consumer-pc"; do
+for exe in "$work/consumer/consumer" "$work/consumer-pc" "$work/consumer/consumer-async"; do
   "$exe" "127.0.0.1:$port" || fail "$exe failed its lock cycle"
 done
-echo "PASS: installed, built with CMake and with pkg-config, a lock cycle each, no prometheus-cpp"
+echo "PASS: installed, built with CMake (blocking and co_await) and with pkg-config, a lock cycle each, no prometheus-cpp"

@@ -8,7 +8,10 @@
 #include <future>
 #include <string>
 
+#include <boost/asio/use_awaitable.hpp>
+
 #include "fence/fence.h"
+#include "lock-client/async.h"
 #include "lock-client/client.h"
 
 namespace guide {
@@ -64,6 +67,35 @@ bool ReactToLoss(Client& client) {
   std::future<LossReason> lost = client.whenLost(*lock);
   const bool still_held = lost.wait_for(std::chrono::milliseconds(0)) == std::future_status::timeout;
   return watched.ok() && still_held && client.release(*lock).ok();
+}
+
+boost::asio::awaitable<bool> PayFromACoroutine(fencelock::AsyncClient& locks,
+                                               fencelock::fence::TokenFence& rail) {
+  absl::StatusOr<fencelock::LockHandle> lock = co_await locks.async_acquire(
+      "payout-43", absl::Seconds(10), boost::asio::use_awaitable);
+  if (!lock.ok()) co_return false;  // kDeadlineExceeded, kCancelled after locks.cancel(), ...
+  bool paid = false;
+  try {
+    locks.client().beginIrreversibleStep(*lock, StepCost{"rail_submit", absl::Seconds(3)});
+    paid = rail.Admit("payout-43", lock->token()).ok();
+  } catch (const LockLostException& e) {
+    paid = false;  // as in the blocking code: abandon, and still give the lock back
+  }
+  const absl::Status released = co_await locks.async_release(*lock, boost::asio::use_awaitable);
+  co_return paid && released.ok();
+}
+
+bool GiveUpWaiting(boost::asio::io_context& io, fencelock::AsyncClient& locks) {
+  bool gave_up = false;
+  locks.async_acquire("payout-44", absl::Seconds(30),
+                      [&](absl::StatusOr<fencelock::LockHandle> lock) {
+                        gave_up = absl::IsCancelled(lock.status());
+                      });
+  // The work went elsewhere: stop waiting. lockd takes the waiter out of the lock's queue, and
+  // the handler runs with kCancelled.
+  locks.cancel();
+  io.run();
+  return gave_up;
 }
 
 }  // namespace guide

@@ -5,7 +5,13 @@
 #include <memory>
 #include <string>
 
+#include <utility>  // before Asio (Boost 1.74 with GCC 12)
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+
 #include "fence/fence.h"
+#include "lock-client/async.h"
 #include "lock-client/client.h"
 
 namespace guide {
@@ -13,6 +19,9 @@ namespace guide {
 std::unique_ptr<fencelock::Client> Connect(const std::string& server);
 bool PayUnderAScopedLock(fencelock::Client& client, fencelock::fence::TokenFence& rail);
 bool ReactToLoss(fencelock::Client& client);
+boost::asio::awaitable<bool> PayFromACoroutine(fencelock::AsyncClient& locks,
+                                               fencelock::fence::TokenFence& rail);
+bool GiveUpWaiting(boost::asio::io_context& io, fencelock::AsyncClient& locks);
 
 }  // namespace guide
 

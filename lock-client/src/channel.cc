@@ -34,6 +34,8 @@ struct PendingCall {
   // Set once `done` is: the caller waits on it, not on `mu`, so that a wall-clock step does not
   // change how long it waits (Debian Abseil's timed waits are on the wall clock).
   MonotonicEvent finished;
+  // SendAsync's callback, called on the I/O thread instead of anyone waiting.
+  std::function<void(absl::StatusOr<Reply>)> on_done;
 };
 
 namespace {
@@ -137,6 +139,12 @@ class AsioChannel final : public Channel {
   absl::StatusOr<std::shared_ptr<PendingCall>> Send(wire::Request request) override;
   absl::StatusOr<Reply> Await(const std::shared_ptr<PendingCall>& call,
                               absl::Duration timeout) override;
+  absl::StatusOr<uint64_t> SendAsync(wire::Request request, absl::Duration timeout,
+                                     std::function<void(absl::StatusOr<Reply>)> on_done) override;
+  uint32_t version() const override {
+    absl::MutexLock lock(&mu_);
+    return version_;
+  }
   absl::StatusOr<uint64_t> Post(wire::Request request) override;
   void set_unmatched_reply_handler(std::function<void(const wire::Response&)> handler) override {
     unmatched_ = std::move(handler);
@@ -164,6 +172,10 @@ class AsioChannel final : public Channel {
   awaitable<void> ReadLoop(std::shared_ptr<Connection> connection, uint64_t generation);
   void FailConnection(uint64_t generation, const absl::Status& why);
   void Deliver(wire::Response response);
+  // Completes `call` with `result`: its callback, or whoever awaits it.
+  void Finish(const std::shared_ptr<PendingCall>& call, absl::StatusOr<Reply> result);
+  // A SendAsync call's timeout passed: fails it if it is still pending.
+  void Expire(uint64_t id, absl::Duration timeout);
 
   Clock* const clock_;
   const std::shared_ptr<net::TlsContext> tls_;
@@ -182,6 +194,7 @@ class AsioChannel final : public Channel {
   absl::Duration silent_timeout_ ABSL_GUARDED_BY(mu_);  // what it gets to answer a Hello
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::shared_ptr<PendingCall>> pending_ ABSL_GUARDED_BY(mu_);
 
@@ -191,6 +204,8 @@ class AsioChannel final : public Channel {
   std::string outbox_;
   std::vector<uint64_t> outbox_ids_;
   bool writing_ = false;
+  // The timeouts of SendAsync calls, by request id (a fired or cancelled one is erased).
+  absl::flat_hash_map<uint64_t, std::unique_ptr<asio::steady_timer>> timers_;
 
   std::thread thread_;  // last: starts after everything above is constructed
 };
@@ -332,6 +347,8 @@ absl::Status AsioChannel::ConnectOne(const std::string& address, const std::stri
     return absl::Status(status.code(),
                         absl::StrCat("lockd at ", address, " refused Hello: ", status.message()));
   }
+  absl::MutexLock lock(&mu_);
+  version_ = reply->response.hello().version();
   return absl::OkStatus();
 }
 
@@ -387,6 +404,66 @@ absl::StatusOr<Reply> AsioChannel::Await(const std::shared_ptr<PendingCall>& cal
   }
   if (!call->status.ok()) return call->status;
   return std::move(call->reply);
+}
+
+absl::StatusOr<uint64_t> AsioChannel::SendAsync(
+    wire::Request request, absl::Duration timeout,
+    std::function<void(absl::StatusOr<Reply>)> on_done) {
+  auto call = std::make_shared<PendingCall>();
+  call->on_done = std::move(on_done);
+  auto id = Submit(request, call);
+  if (!id.ok()) return id.status();
+  call->id = *id;
+  // Posted after the frame's Enqueue, so the timer is armed before any reply can be read.
+  asio::post(io_, [this, id = *id, timeout] {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!pending_.contains(id)) return;  // already answered or failed
+    }
+    auto timer = std::make_unique<asio::steady_timer>(io_);
+    timer->expires_after(absl::ToChronoNanoseconds(timeout));
+    timer->async_wait([this, id, timeout](boost::system::error_code ec) {
+      if (!ec) Expire(id, timeout);
+    });
+    timers_[id] = std::move(timer);
+  });
+  return *id;
+}
+
+void AsioChannel::Expire(uint64_t id, absl::Duration timeout) {
+  timers_.erase(id);
+  std::shared_ptr<PendingCall> call;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return;
+    call = std::move(it->second);
+    pending_.erase(it);  // a reply arriving from now on is unmatched
+  }
+  Finish(call, absl::DeadlineExceededError(
+                   absl::StrCat("no reply from lockd within ", absl::FormatDuration(timeout))));
+}
+
+void AsioChannel::Finish(const std::shared_ptr<PendingCall>& call, absl::StatusOr<Reply> result) {
+  if (call->on_done) {
+    timers_.erase(call->id);
+    if (result.ok()) {
+      absl::MutexLock lock(&call->mu);
+      result->sent_at = call->reply.sent_at;
+    }
+    call->on_done(std::move(result));
+    return;
+  }
+  {
+    absl::MutexLock lock(&call->mu);
+    if (result.ok()) {
+      call->reply.response = std::move(result->response);
+    } else {
+      call->status = result.status();
+    }
+    call->done = true;
+  }
+  call->finished.Notify();
 }
 
 absl::StatusOr<uint64_t> AsioChannel::Post(wire::Request request) {
@@ -483,12 +560,7 @@ void AsioChannel::Deliver(wire::Response response) {
     if (unmatched_) unmatched_(response);
     return;
   }
-  {
-    absl::MutexLock lock(&call->mu);
-    call->reply.response = std::move(response);
-    call->done = true;
-  }
-  call->finished.Notify();
+  Finish(call, Reply{.response = std::move(response)});
 }
 
 void AsioChannel::FailConnection(uint64_t generation, const absl::Status& why) {
@@ -505,14 +577,7 @@ void AsioChannel::FailConnection(uint64_t generation, const absl::Status& why) {
     if (generation_ == generation) connected_ = false;
     failed.swap(pending_);
   }
-  for (auto& [id, call] : failed) {
-    {
-      absl::MutexLock lock(&call->mu);
-      call->status = why;
-      call->done = true;
-    }
-    call->finished.Notify();
-  }
+  for (auto& [id, call] : failed) Finish(call, why);
 }
 
 void AsioChannel::Close() {

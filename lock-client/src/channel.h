@@ -64,6 +64,17 @@ class Channel {
   virtual absl::StatusOr<Reply> Await(const std::shared_ptr<PendingCall>& call,
                                       absl::Duration timeout) = 0;
 
+  // Call() without blocking: hands `request` to the connection and returns its request id;
+  // `on_done` gets the reply (whatever its code), kUnavailable when the connection fails, or
+  // kDeadlineExceeded once `timeout` passes, exactly once, on the I/O thread (it must not
+  // block), never from within SendAsync. If SendAsync returns an error, `on_done` is not called.
+  virtual absl::StatusOr<uint64_t> SendAsync(
+      wire::Request request, absl::Duration timeout,
+      std::function<void(absl::StatusOr<Reply>)> on_done) = 0;
+
+  // The protocol version negotiated by the last successful Connect() (0 before).
+  virtual uint32_t version() const = 0;
+
   // Sends `request` without waiting; its reply goes to the unmatched-reply handler.
   // Returns the request id. kUnavailable when not connected (nothing is sent). An id means
   // handed to the connection, not delivered: a connection that breaks at once may still lose it.

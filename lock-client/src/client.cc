@@ -14,8 +14,11 @@
 #include "clock/monotonic_event.h"
 #include "channel.h"
 #include "lease.h"
+#include "logging/logging.h"
 #include "loss_watcher.h"
 #include "protocol/codes.h"
+#include "protocol/version.h"
+#include "task_thread.h"
 
 namespace fencelock {
 
@@ -23,6 +26,11 @@ using client_internal::Channel;
 using client_internal::LeaseState;
 using client_internal::LossWatcher;
 using client_internal::Reply;
+using client_internal::TaskThread;
+
+// What an acquire gives its completion: a handle, no grant (a try that found the lock held),
+// or an error.
+using AcquireResult = absl::StatusOr<std::optional<LockHandle>>;
 
 const char* LossReasonName(LossReason reason) {
   switch (reason) {
@@ -44,6 +52,10 @@ const char* LossReasonName(LossReason reason) {
       return "unconfirmed";
   }
   return "unknown";
+}
+
+const char* LogLevelName(LogLevel level) {
+  return logging::LevelName(static_cast<logging::Level>(level));
 }
 
 namespace {
@@ -112,6 +124,37 @@ absl::StatusOr<std::optional<ScopedLock>> Client::tryAcquireScoped(std::string_v
   return std::optional<ScopedLock>(ScopedLock(this, **std::move(handle)));
 }
 
+// One acquire in flight. Its outcome is handed over exactly once, by whoever finishes it first:
+// the reply, a failure, or cancel(). Lock order: mu, then the client's mutexes.
+class ClientImpl;
+
+class AcquireOp final : public PendingAcquire {
+ public:
+  AcquireOp(ClientImpl* client, std::string lock, absl::Duration wait, absl::Duration ttl,
+            std::function<void(AcquireResult)> done)
+      : lock_(std::move(lock)), wait_(wait), ttl_(ttl), done_(std::move(done)), client_(client) {}
+
+  bool cancel() override;
+
+  const std::string& lock() const { return lock_; }
+  absl::Duration wait() const { return wait_; }
+  absl::Duration ttl() const { return ttl_; }
+
+ private:
+  friend class ClientImpl;
+  const std::string lock_;
+  const absl::Duration wait_;
+  const absl::Duration ttl_;
+  const std::function<void(AcquireResult)> done_;
+  absl::Mutex mu_;
+  ClientImpl* client_ ABSL_GUARDED_BY(mu_);  // nullptr once the client is being destroyed
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  // The Acquire sent, once it is: what a withdrawal names.
+  uint64_t session_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t request_id_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 class ClientImpl final : public Client {
  public:
   ClientImpl(const ClientOptions& options, Clock* clock, std::shared_ptr<net::TlsContext> tls)
@@ -169,15 +212,22 @@ class ClientImpl final : public Client {
   std::future<LossReason> whenLost(const LockHandle& handle) override;
   void reportScopedReleaseFailure(const LockHandle& handle,
                                   const absl::Status& status) const override {
-    Warn(absl::StrCat("a ScopedLock could not release lock \"", handle.lock(), "\" (token ",
+    Log(LogLevel::kWarning,
+        absl::StrCat("a ScopedLock could not release lock \"", handle.lock(), "\" (token ",
                       handle.token(), "): ", status.ToString()));
   }
   uint64_t sessionId() const override {
     absl::MutexLock lock(&mu_);
     return session_id_;
   }
+  std::shared_ptr<PendingAcquire> acquireAsync(
+      std::string_view lock, absl::Duration wait, absl::Duration ttl,
+      std::function<void(absl::StatusOr<LockHandle>)> done) override;
+  void releaseAsync(const LockHandle& handle, std::function<void(absl::Status)> done) override;
+  void renewAsync(const LockHandle& handle, std::function<void(absl::Status)> done) override;
 
  private:
+  friend class AcquireOp;
   struct HeldLock {
     std::shared_ptr<LeaseState> state;
     MonoTime lock_deadline;  // D1 for the lock's own lease
@@ -204,6 +254,44 @@ class ClientImpl final : public Client {
   absl::Status HeartbeatLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(heartbeat_mu_);
   absl::StatusOr<std::optional<LockHandle>> AcquireImpl(std::string_view lock,
                                                         absl::Duration wait, absl::Duration ttl);
+  // The acquire machinery, shared by the blocking and the asynchronous calls.
+  //
+  // kInvalidArgument for a bad wait or TTL.
+  static absl::Status CheckAcquireArgs(absl::Duration wait, absl::Duration ttl);
+  // A new acquire whose outcome goes to `done` (exactly once, with the op's mutex held: it must
+  // only hand the outcome over, never block or call the client).
+  std::shared_ptr<AcquireOp> NewAcquire(std::string lock, absl::Duration wait, absl::Duration ttl,
+                                        std::function<void(AcquireResult)> done);
+  // What must happen before an Acquire is sent: a session (reconnecting, renewing or replacing
+  // it when its lease ran short) and, if this client gave the lock up earlier, lockd's word that
+  // it heard. Blocks. Returns the session to acquire under.
+  absl::StatusOr<uint64_t> PrepareAcquire(const std::string& lock);
+  // The session to acquire `lock` under if PrepareAcquire would not need to block; nullopt
+  // otherwise.
+  std::optional<uint64_t> ReadyToAcquire(const std::string& lock) const;
+  // Sends the op's Acquire under `session` (unless it was cancelled meanwhile).
+  void SendAcquire(const std::shared_ptr<AcquireOp>& op, uint64_t session);
+  // The Acquire's reply (I/O thread).
+  void OnAcquireReply(const std::shared_ptr<AcquireOp>& op, uint64_t session,
+                      absl::StatusOr<Reply> reply);
+  // A grant that queued so long that its lease left would not last until the next heartbeat
+  // (or would not cover a declared step): renews it before publishing it. Blocks.
+  void RenewLateGrant(const std::shared_ptr<AcquireOp>& op, uint64_t session, uint64_t token,
+                      absl::Duration granted_ttl);
+  // Makes the grant the op's outcome (op mutex held).
+  void PublishGrant(AcquireOp& op, uint64_t session, uint64_t token, absl::Duration granted_ttl,
+                    MonoTime lock_deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op.mu_);
+  // The op's outcome (op mutex held): hands it to the op's completion, once.
+  void CompleteAcquire(AcquireOp& op, AcquireResult result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op.mu_);
+  // Asks lockd to withdraw the queued Acquire `request_id` of `session` (cancel()).
+  void Withdraw(uint64_t session, uint64_t request_id);
+  // What release() does before its request, and the request. A release settled without one
+  // (an empty handle, a lock already lost) is the returned status.
+  std::optional<absl::Status> PrepareRelease(const LockHandle& handle, wire::Request* request);
+  // Release's outcome from its reply.
+  absl::Status ReleaseOutcome(const absl::StatusOr<Reply>& reply);
+  // renewAsync's outcome for `handle` after a heartbeat that returned `beat`.
+  absl::Status RenewOutcome(const LockHandle& handle, const absl::Status& beat) const;
   // The session is gone on the server: every held lock is lost.
   void LoseSession(LossReason reason) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops held locks that are lost; releases on the server those whose deadline passed.
@@ -235,7 +323,8 @@ class ClientImpl final : public Client {
   void RecordRtt(absl::Duration rtt) ABSL_LOCKS_EXCLUDED(mu_);
   // The 99th percentile of the recorded round trips; zero before the first.
   absl::Duration RttP99Locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Warn(const std::string& message) const;
+  // One line to the injected log, or to the default one.
+  void Log(LogLevel level, const std::string& message) const;
   [[noreturn]] void ThrowLost(const LeaseState& state, LossReason reason) const;
 
   static absl::Duration CostliestStep(const std::vector<StepCost>& steps) {
@@ -258,6 +347,12 @@ class ClientImpl final : public Client {
   metrics::Histogram& confirm_cost_;
   std::array<metrics::Counter*, 8> lease_lost_{};
   std::unique_ptr<Channel> channel_;
+  // The log when none is injected (ClientOptions::log): spdlog, on standard error.
+  const std::unique_ptr<logging::Logger> default_log_ =
+      options_.log ? nullptr
+                   : std::make_unique<logging::Logger>(
+                         "fencelock-client", static_cast<logging::Level>(options_.log_level),
+                         logging::Streams::kStderr);
 
   // Serializes reconnection and the start of heartbeats (background and renewNow). Not held
   // while a heartbeat's reply is awaited.
@@ -289,10 +384,25 @@ class ClientImpl final : public Client {
   bool revisit_warned_ ABSL_GUARDED_BY(mu_) = false;
 
   std::thread heartbeat_thread_;
+  // Acquires started and not yet complete (a cancelled one is complete).
+  absl::flat_hash_map<AcquireOp*, std::shared_ptr<AcquireOp>> acquires_ ABSL_GUARDED_BY(mu_);
+  // The asynchronous calls' slow paths, and then their callbacks (both started on first use).
+  TaskThread slow_;
+  TaskThread callbacks_;
   // Behind onLost and whenLost; stopped first in the destructor, so that no callback runs
   // while the client is taken apart, and destroyed after the threads that Poke() it.
   std::unique_ptr<LossWatcher> watcher_ = std::make_unique<LossWatcher>(clock_);
 };
+
+bool AcquireOp::cancel() {
+  absl::MutexLock l(&mu_);
+  if (finished_ || client_ == nullptr) return false;
+  cancelled_ = true;
+  if (request_id_ != 0) client_->Withdraw(session_, request_id_);
+  client_->CompleteAcquire(
+      *this, absl::CancelledError(absl::StrCat("the acquire of \"", lock_, "\" was cancelled")));
+  return true;
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
   if (!(options.safety_margin > 0.0 && options.safety_margin < 1.0)) {
@@ -373,6 +483,22 @@ ClientImpl::~ClientImpl() {
   }
   stop_heartbeat_.Notify();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  // Acquires still pending complete with kCancelled; a grant that arrives for one from now on
+  // goes with the session, which is closed below.
+  absl::flat_hash_map<AcquireOp*, std::shared_ptr<AcquireOp>> acquires;
+  {
+    absl::MutexLock lock(&mu_);
+    acquires.swap(acquires_);
+  }
+  for (const auto& [ptr, op] : acquires) {
+    absl::MutexLock l(&op->mu_);
+    if (!op->finished_) {
+      op->cancelled_ = true;
+      CompleteAcquire(*op, absl::CancelledError("the client was destroyed"));
+    }
+    op->client_ = nullptr;
+  }
+  slow_.Stop();  // what it still runs sees the acquires cancelled and stopping_ set
   uint64_t session;
   {
     absl::MutexLock lock(&mu_);
@@ -385,7 +511,10 @@ ClientImpl::~ClientImpl() {
     close.mutable_close_session()->set_session_id(session);
     (void)channel_->Call(std::move(close), options_.request_timeout);
   }
-  // Stops the I/O thread before the members its callbacks touch are destroyed.
+  // Calls still in flight fail now, while everything their completions touch exists; then the
+  // callbacks they handed over run, and the I/O thread stops.
+  channel_->Close();
+  callbacks_.Stop();
   channel_.reset();
 }
 
@@ -405,6 +534,7 @@ absl::Status ClientImpl::EnsureSessionLocked() {
       }
     }
     if (resume.has_resume_session()) {
+      const uint64_t resumed = resume.resume_session().session_id();
       auto reply = channel_->Call(std::move(resume), options_.request_timeout);
       if (!reply.ok()) {
         channel_->Close();  // try the resume again with the next connection
@@ -421,6 +551,8 @@ absl::Status ClientImpl::EnsureSessionLocked() {
         channel_->Close();
         return protocol::StatusFromCode(r.code(), r.message());
       }
+      Log(LogLevel::kInfo,
+          absl::StrCat("session ", resumed, " resumed on a new connection to lockd"));
     }
   }
   {
@@ -433,11 +565,18 @@ absl::Status ClientImpl::EnsureSessionLocked() {
   if (!reply.ok()) return reply.status();
   const wire::Response& r = reply->response;
   if (r.code() != wire::OK) return protocol::StatusFromCode(r.code(), r.message());
-  absl::MutexLock lock(&mu_);
-  session_id_ = r.open_session().session_id();
-  session_secret_ = r.open_session().secret();
-  session_ttl_ = absl::Milliseconds(r.open_session().ttl_ms());
-  session_deadline_ = UsableDeadline(reply->sent_at, session_ttl_, options_.safety_margin);
+  {
+    absl::MutexLock lock(&mu_);
+    session_id_ = r.open_session().session_id();
+    session_secret_ = r.open_session().secret();
+    session_ttl_ = absl::Milliseconds(r.open_session().ttl_ms());
+    session_deadline_ = UsableDeadline(reply->sent_at, session_ttl_, options_.safety_margin);
+  }
+  Log(LogLevel::kInfo, absl::StrCat("session ", r.open_session().session_id(), " opened on ",
+                                    options_.server, " (TTL ",
+                                    absl::FormatDuration(absl::Milliseconds(
+                                        r.open_session().ttl_ms())),
+                                    ")"));
   return absl::OkStatus();
 }
 
@@ -550,31 +689,37 @@ absl::Status ClientImpl::HeartbeatLocked() {
   const MonoTime t_send = reply->sent_at;
   const MonoTime now = clock_->Now();
   absl::Status result = absl::OkStatus();
-  absl::MutexLock lock(&mu_);
-  for (size_t i = 0; i < sent.size(); ++i) {
-    const std::shared_ptr<LeaseState>& state = sent[i];
-    auto it = held_.find(state->lock());
-    const bool still_ours = it != held_.end() && it->second.state == state;
-    if (reply->response.keep_alive().lock_codes(i) != wire::OK) {
-      // The server says this token no longer holds the lock: lost at once.
-      fenced_out_.Increment();
-      if (still_ours) CountLoss(LossReason::kFencedOut);
-      state->MarkLost(LossReason::kFencedOut);
-      watcher_->Poke();
-      if (still_ours) held_.erase(it);
-      result = absl::AbortedError(
-          absl::StrCat("lock \"", state->lock(), "\" token ", state->token(), " was fenced out"));
-      continue;
+  std::vector<std::string> lines;  // logged once mu_ is let go
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < sent.size(); ++i) {
+      const std::shared_ptr<LeaseState>& state = sent[i];
+      auto it = held_.find(state->lock());
+      const bool still_ours = it != held_.end() && it->second.state == state;
+      if (reply->response.keep_alive().lock_codes(i) != wire::OK) {
+        // The server says this token no longer holds the lock: lost at once.
+        fenced_out_.Increment();
+        if (still_ours) CountLoss(LossReason::kFencedOut);
+        state->MarkLost(LossReason::kFencedOut);
+        watcher_->Poke();
+        if (still_ours) held_.erase(it);
+        result = absl::AbortedError(
+            absl::StrCat("lock \"", state->lock(), "\" token ", state->token(), " was fenced out"));
+        lines.push_back(absl::StrCat(result.message(), " (lockd answered its renewal FENCED_OUT)"));
+        continue;
+      }
+      if (!still_ours) continue;
+      HeldLock& held = it->second;
+      held.lock_deadline = std::max(held.lock_deadline,
+                                    UsableDeadline(t_send, state->ttl(), options_.safety_margin));
+      state->Extend(std::min(held.lock_deadline, session_deadline_), now);
     }
-    if (!still_ours) continue;
-    HeldLock& held = it->second;
-    held.lock_deadline = std::max(held.lock_deadline,
-                                  UsableDeadline(t_send, state->ttl(), options_.safety_margin));
-    state->Extend(std::min(held.lock_deadline, session_deadline_), now);
+    absl::Duration least = absl::InfiniteDuration();
+    for (const auto& [name, held] : held_) least = std::min(least, held.state->deadline() - now);
+    remaining_gauge_.Set(
+        held_.empty() ? 0.0 : absl::ToDoubleSeconds(std::max(least, absl::ZeroDuration())));
   }
-  absl::Duration least = absl::InfiniteDuration();
-  for (const auto& [name, held] : held_) least = std::min(least, held.state->deadline() - now);
-  remaining_gauge_.Set(held_.empty() ? 0.0 : absl::ToDoubleSeconds(std::max(least, absl::ZeroDuration())));
+  for (const std::string& line : lines) Log(LogLevel::kWarning, line);
   return result;
 }
 
@@ -599,7 +744,8 @@ void ClientImpl::RecordRtt(absl::Duration rtt) {
   }
   revisit_gauge_.Set(p99 > threshold ? 1.0 : 0.0);
   if (warn) {
-    Warn(absl::StrCat("heartbeat RTT p99 ", absl::FormatDuration(p99),
+    Log(LogLevel::kWarning,
+        absl::StrCat("heartbeat RTT p99 ", absl::FormatDuration(p99),
                       " exceeds a third of lease x margin (", absl::FormatDuration(threshold),
                       "): the safety margin ", options_.safety_margin,
                       " no longer covers observed jitter; raise it or shorten the heartbeat "
@@ -622,12 +768,9 @@ absl::Duration ClientImpl::RttP99Locked() const {
   return sorted[k];
 }
 
-void ClientImpl::Warn(const std::string& message) const {
-  if (options_.log) {
-    options_.log(message);
-  } else {
-    std::fprintf(stderr, "fencelock client: warning: %s\n", message.c_str());
-  }
+void ClientImpl::Log(LogLevel level, const std::string& message) const {
+  if (options_.log) return options_.log(level, message);
+  if (default_log_ != nullptr) default_log_->Log(static_cast<logging::Level>(level), message);
 }
 
 void ClientImpl::CountLoss(LossReason reason) const {
@@ -636,17 +779,25 @@ void ClientImpl::CountLoss(LossReason reason) const {
 }
 
 void ClientImpl::LoseSession(LossReason reason) {
-  absl::MutexLock lock(&mu_);
-  for (auto& [name, held] : held_) {
-    if (held.state->Check(clock_->Now()) == LossReason::kNone) CountLoss(reason);
-    held.state->MarkLost(reason);
+  std::string line;
+  {
+    absl::MutexLock lock(&mu_);
+    if (session_id_ != 0) {
+      line = absl::StrCat("session ", session_id_, " is gone on lockd (", LossReasonName(reason),
+                          "): ", held_.size(), " held lock(s) lost with it");
+    }
+    for (auto& [name, held] : held_) {
+      if (held.state->Check(clock_->Now()) == LossReason::kNone) CountLoss(reason);
+      held.state->MarkLost(reason);
+    }
+    held_.clear();
+    unsettled_.clear();  // the session's locks went with it
+    session_id_ = 0;
+    session_secret_.clear();
+    session_deadline_ = MonoTime::Min();
+    watcher_->Poke();
   }
-  held_.clear();
-  unsettled_.clear();  // the session's locks went with it
-  session_id_ = 0;
-  session_secret_.clear();
-  session_deadline_ = MonoTime::Min();
-  watcher_->Poke();
+  if (!line.empty()) Log(LogLevel::kWarning, line);
 }
 
 bool ClientImpl::SessionDeadlinePassed() const {
@@ -682,7 +833,11 @@ void ClientImpl::SweepLost() {
   }
   // The client gave these up at its deadline; tell the server so waiters need not wait for the
   // server's own expiry. A stale answer is expected and harmless, and not counted.
-  for (const auto& state : expired) Relinquish(session, state->lock(), state->token());
+  for (const auto& state : expired) {
+    Log(LogLevel::kWarning, absl::StrCat("lock \"", state->lock(), "\" (token ", state->token(),
+                                         ") lost: the client's deadline for it passed"));
+    Relinquish(session, state->lock(), state->token());
+  }
 }
 
 absl::Duration ClientImpl::HeartbeatInterval() const {
@@ -707,6 +862,7 @@ void ClientImpl::HeartbeatThread() {
   constexpr absl::Duration kRetryFirst = absl::Milliseconds(20);
   absl::Duration retry = kRetryFirst;
   bool failed = false;
+  uint64_t failures = 0;  // in a row
   for (;;) {
     const absl::Duration interval = HeartbeatInterval();
     absl::Duration wait = interval;
@@ -724,8 +880,21 @@ void ClientImpl::HeartbeatThread() {
     absl::MutexLock lock(&heartbeat_mu_);
     const absl::Status beat = HeartbeatLocked();
     // A fenced-out lock is an answer; only an exchange that got none is a failure.
+    const bool was_failing = failed;
     failed = !beat.ok() && !absl::IsAborted(beat) && !absl::IsNotFound(beat);
-    if (!failed) retry = kRetryFirst;
+    if (failed) ++failures;
+    if (failed && !was_failing) {
+      Log(LogLevel::kWarning, absl::StrCat("heartbeat failed (", beat.ToString(),
+                                           "); retrying from 20 ms, doubling up to the period"));
+    }
+    if (!failed && was_failing) {
+      Log(LogLevel::kInfo, absl::StrCat("heartbeat answered again after ", failures,
+                                        " failed exchange(s)"));
+    }
+    if (!failed) {
+      retry = kRetryFirst;
+      failures = 0;
+    }
   }
 }
 
@@ -753,12 +922,22 @@ std::future<LossReason> ClientImpl::whenLost(const LockHandle& handle) {
   return future;
 }
 
-absl::StatusOr<std::optional<LockHandle>> ClientImpl::AcquireImpl(std::string_view lock,
-                                                                 absl::Duration wait,
-                                                                 absl::Duration ttl) {
+absl::Status ClientImpl::CheckAcquireArgs(absl::Duration wait, absl::Duration ttl) {
   if (wait < absl::ZeroDuration()) return absl::InvalidArgumentError("wait must not be negative");
   if (ttl < absl::ZeroDuration()) return absl::InvalidArgumentError("ttl must not be negative");
-  const std::string name(lock);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<AcquireOp> ClientImpl::NewAcquire(std::string lock, absl::Duration wait,
+                                                  absl::Duration ttl,
+                                                  std::function<void(AcquireResult)> done) {
+  auto op = std::make_shared<AcquireOp>(this, std::move(lock), wait, ttl, std::move(done));
+  absl::MutexLock l(&mu_);
+  acquires_[op.get()] = op;
+  return op;
+}
+
+absl::StatusOr<uint64_t> ClientImpl::PrepareAcquire(const std::string& lock) {
   uint64_t session;
   {
     absl::MutexLock hb(&heartbeat_mu_);
@@ -781,31 +960,72 @@ absl::StatusOr<std::optional<LockHandle>> ClientImpl::AcquireImpl(std::string_vi
     absl::MutexLock l(&mu_);
     session = session_id_;
   }
-  if (absl::Status settled = SettleRelinquished(session, name); !settled.ok()) return settled;
+  if (absl::Status settled = SettleRelinquished(session, lock); !settled.ok()) return settled;
+  return session;
+}
+
+std::optional<uint64_t> ClientImpl::ReadyToAcquire(const std::string& lock) const {
+  if (!channel_->connected()) return std::nullopt;
+  absl::MutexLock l(&mu_);
+  if (session_id_ == 0 || session_deadline_ - clock_->Now() <= costliest_step_ ||
+      unsettled_.contains(lock)) {
+    return std::nullopt;
+  }
+  return session_id_;
+}
+
+void ClientImpl::SendAcquire(const std::shared_ptr<AcquireOp>& op, uint64_t session) {
   wire::Request request;
   auto* a = request.mutable_acquire();
   a->set_session_id(session);
-  a->set_lock(name);
-  a->set_ttl_ms(Millis(ttl == absl::ZeroDuration() ? options_.default_lock_ttl : ttl));
-  a->set_wait_timeout_ms(Millis(wait));
-  auto reply = channel_->Call(std::move(request), wait + options_.request_timeout);
-  if (!reply.ok()) return reply.status();
+  a->set_lock(op->lock());
+  a->set_ttl_ms(Millis(op->ttl() == absl::ZeroDuration() ? options_.default_lock_ttl : op->ttl()));
+  a->set_wait_timeout_ms(Millis(op->wait()));
+  // Held while sending, so that a cancel() knows the request id to withdraw. The reply cannot
+  // be handled before: its handler takes the same mutex.
+  absl::MutexLock l(&op->mu_);
+  if (op->finished_) return;  // cancelled while its session was prepared
+  auto id = channel_->SendAsync(
+      std::move(request), op->wait() + options_.request_timeout,
+      [this, op, session](absl::StatusOr<Reply> reply) {
+        OnAcquireReply(op, session, std::move(reply));
+      });
+  if (!id.ok()) return CompleteAcquire(*op, id.status());
+  op->session_ = session;
+  op->request_id_ = *id;
+}
+
+void ClientImpl::OnAcquireReply(const std::shared_ptr<AcquireOp>& op, uint64_t session,
+                                absl::StatusOr<Reply> reply) {
+  absl::MutexLock l(&op->mu_);
+  const bool granted = reply.ok() && reply->response.code() == wire::OK &&
+                       reply->response.acquire().granted();
+  if (op->cancelled_) {
+    // Nobody waits for it: a grant that crossed the cancellation is given back at once.
+    if (granted) Relinquish(session, op->lock(), reply->response.acquire().token());
+    return;
+  }
+  if (op->finished_) return;
+  if (!reply.ok()) return CompleteAcquire(*op, reply.status());
   const wire::Response& r = reply->response;
   if (r.code() == wire::SESSION_NOT_FOUND) {
     LoseSession(LossReason::kSessionLost);
-    return absl::UnavailableError(absl::StrCat("session ", session, " expired on lockd: ",
-                                               r.message(), "; retry to open a new one"));
+    return CompleteAcquire(*op, absl::UnavailableError(absl::StrCat(
+                                    "session ", session, " expired on lockd: ", r.message(),
+                                    "; retry to open a new one")));
   }
-  if (r.code() != wire::OK) return protocol::StatusFromCode(r.code(), r.message());
-  if (!r.acquire().granted()) return std::optional<LockHandle>();
+  if (r.code() != wire::OK) {
+    return CompleteAcquire(*op, protocol::StatusFromCode(r.code(), r.message()));
+  }
+  if (!granted) return CompleteAcquire(*op, std::optional<LockHandle>());
 
   // D1: the lease is measured from when the Acquire was written, however long it queued.
   const absl::Duration granted_ttl = absl::Milliseconds(r.acquire().ttl_ms());
   const uint64_t token = r.acquire().token();
-  MonoTime lock_deadline = UsableDeadline(reply->sent_at, granted_ttl, options_.safety_margin);
+  const MonoTime lock_deadline = UsableDeadline(reply->sent_at, granted_ttl, options_.safety_margin);
   MonoTime session_deadline;
   {
-    absl::MutexLock l(&mu_);
+    absl::MutexLock m(&mu_);
     session_deadline = session_deadline_;
   }
   if (std::min(lock_deadline, session_deadline) - clock_->Now() <=
@@ -813,30 +1033,93 @@ absl::StatusOr<std::optional<LockHandle>> ClientImpl::AcquireImpl(std::string_vi
     // The grant queued (or lockd stalled) so long that the lease left would run out before the
     // next regular heartbeat, or would not cover a declared step (or already has run out, by
     // the client's arithmetic). The handle is not published yet: renew the session and this
-    // lock now and measure from the renewal's send, never from a reply's arrival.
-    absl::MutexLock hb(&heartbeat_mu_);
-    auto renewal = KeepAliveLocked([&] { return LockRefs{{name, token}}; });
-    const bool renewed = renewal.ok() && renewal->response.keep_alive().lock_codes(0) == wire::OK;
-    if (!renewed) {
-      Relinquish(session, name, token);
-      return absl::UnavailableError(absl::StrCat(
-          "lock \"", name, "\" was granted after a long wait and its lease could not be renewed",
-          renewal.ok() ? ": fenced out" : ": ", renewal.ok() ? "" : renewal.status().message()));
-    }
-    lock_deadline = UsableDeadline(renewal->sent_at, granted_ttl, options_.safety_margin);
+    // lock first, off the I/O thread that must carry the renewal's reply.
+    slow_.Post([this, op, session, token, granted_ttl] {
+      RenewLateGrant(op, session, token, granted_ttl);
+    });
+    return;
   }
+  PublishGrant(*op, session, token, granted_ttl, lock_deadline);
+}
+
+void ClientImpl::RenewLateGrant(const std::shared_ptr<AcquireOp>& op, uint64_t session,
+                                uint64_t token, absl::Duration granted_ttl) {
+  bool renewed = false;
+  absl::StatusOr<Reply> renewal = absl::CancelledError("cancelled");
+  {
+    absl::MutexLock l(&op->mu_);
+    if (op->cancelled_) return Relinquish(session, op->lock(), token);
+  }
+  {
+    absl::MutexLock hb(&heartbeat_mu_);
+    const std::string& name = op->lock();
+    renewal = KeepAliveLocked([&] { return LockRefs{{name, token}}; });
+    renewed = renewal.ok() && renewal->response.keep_alive().lock_codes(0) == wire::OK;
+  }
+  absl::MutexLock l(&op->mu_);
+  if (op->cancelled_ || !renewed) {
+    Relinquish(session, op->lock(), token);
+    if (op->cancelled_) return;
+    return CompleteAcquire(
+        *op, absl::UnavailableError(absl::StrCat(
+                 "lock \"", op->lock(),
+                 "\" was granted after a long wait and its lease could not be renewed",
+                 renewal.ok() ? ": fenced out" : ": ",
+                 renewal.ok() ? "" : renewal.status().message())));
+  }
+  PublishGrant(*op, session, token, granted_ttl,
+               UsableDeadline(renewal->sent_at, granted_ttl, options_.safety_margin));
+}
+
+void ClientImpl::PublishGrant(AcquireOp& op, uint64_t session, uint64_t token,
+                              absl::Duration granted_ttl, MonoTime lock_deadline) {
   std::shared_ptr<LeaseState> state;
   {
     absl::MutexLock l(&mu_);
     if (session_id_ != session) {
-      return absl::UnavailableError("session was lost while the acquire was in flight");
+      return CompleteAcquire(
+          op, absl::UnavailableError("session was lost while the acquire was in flight"));
     }
-    state = std::make_shared<LeaseState>(name, token, granted_ttl,
+    state = std::make_shared<LeaseState>(op.lock(), token, granted_ttl,
                                          std::min(lock_deadline, session_deadline_));
-    held_[name] = HeldLock{state, lock_deadline};
+    held_[op.lock()] = HeldLock{state, lock_deadline};
   }
-  LockHandle handle(state);
-  return std::optional<LockHandle>(std::move(handle));
+  CompleteAcquire(op, std::optional<LockHandle>(LockHandle(std::move(state))));
+}
+
+void ClientImpl::CompleteAcquire(AcquireOp& op, AcquireResult result) {
+  if (op.finished_) return;
+  op.finished_ = true;
+  op.done_(std::move(result));
+  // Last, so that a destructor that no longer finds the op knows its completion was handed over.
+  absl::MutexLock l(&mu_);
+  acquires_.erase(&op);
+}
+
+void ClientImpl::Withdraw(uint64_t session, uint64_t request_id) {
+  // An older lockd does not know the request (it would close the connection): its waiter stays
+  // until its wait runs out, and a grant that comes is relinquished (OnAcquireReply).
+  if (channel_->version() < protocol::kWithdrawProtocolVersion) return;
+  wire::Request withdraw;
+  withdraw.mutable_withdraw_acquire()->set_session_id(session);
+  withdraw.mutable_withdraw_acquire()->set_acquire_request_id(request_id);
+  (void)channel_->Post(std::move(withdraw));  // its reply is unmatched, and ignored
+}
+
+absl::StatusOr<std::optional<LockHandle>> ClientImpl::AcquireImpl(std::string_view lock,
+                                                                 absl::Duration wait,
+                                                                 absl::Duration ttl) {
+  if (absl::Status s = CheckAcquireArgs(wait, ttl); !s.ok()) return s;
+  const std::string name(lock);
+  auto session = PrepareAcquire(name);
+  if (!session.ok()) return session.status();
+  // Shared: the completion may still be returning when this thread has the outcome.
+  auto outcome = std::make_shared<std::promise<AcquireResult>>();
+  std::future<AcquireResult> ready = outcome->get_future();
+  auto op = NewAcquire(name, wait, ttl,
+                       [outcome](AcquireResult result) { outcome->set_value(std::move(result)); });
+  SendAcquire(op, *session);
+  return ready.get();
 }
 
 absl::StatusOr<LockHandle> ClientImpl::acquire(std::string_view lock, absl::Duration wait,
@@ -857,7 +1140,47 @@ absl::StatusOr<std::optional<LockHandle>> ClientImpl::tryAcquire(std::string_vie
   return AcquireImpl(lock, absl::ZeroDuration(), ttl);
 }
 
-absl::Status ClientImpl::release(const LockHandle& handle) {
+std::shared_ptr<PendingAcquire> ClientImpl::acquireAsync(
+    std::string_view lock, absl::Duration wait, absl::Duration ttl,
+    std::function<void(absl::StatusOr<LockHandle>)> done) {
+  auto deliver = [this, done = std::move(done)](AcquireResult result) {
+    absl::StatusOr<LockHandle> outcome =
+        !result.ok()           ? absl::StatusOr<LockHandle>(result.status())
+        : result->has_value()  ? absl::StatusOr<LockHandle>(**std::move(result))
+                               : absl::UnavailableError("lockd answered a waiting acquire with no grant");
+    callbacks_.Post([done, outcome = std::move(outcome)]() mutable { done(std::move(outcome)); });
+  };
+  absl::Status args = CheckAcquireArgs(wait, ttl);
+  if (args.ok() && wait == absl::ZeroDuration()) {
+    args = absl::InvalidArgumentError("acquireAsync needs a positive wait");
+  }
+  auto op = NewAcquire(std::string(lock), wait, ttl, std::move(deliver));
+  if (!args.ok()) {
+    absl::MutexLock l(&op->mu_);
+    CompleteAcquire(*op, args);
+    return op;
+  }
+  if (std::optional<uint64_t> session = ReadyToAcquire(op->lock()); session.has_value()) {
+    SendAcquire(op, *session);
+    return op;
+  }
+  slow_.Post([this, op] {
+    {
+      absl::MutexLock l(&op->mu_);
+      if (op->finished_) return;
+    }
+    auto session = PrepareAcquire(op->lock());
+    if (!session.ok()) {
+      absl::MutexLock l(&op->mu_);
+      return CompleteAcquire(*op, session.status());
+    }
+    SendAcquire(op, *session);
+  });
+  return op;
+}
+
+std::optional<absl::Status> ClientImpl::PrepareRelease(const LockHandle& handle,
+                                                       wire::Request* request) {
   if (handle.state_ == nullptr) return absl::InvalidArgumentError("empty lock handle");
   LeaseState& state = *handle.state_;
   uint64_t session;
@@ -894,14 +1217,67 @@ absl::Status ClientImpl::release(const LockHandle& handle) {
   }
   state.MarkLost(LossReason::kReleased);
   watcher_->Poke();  // its watches end without a call
-  wire::Request request;
-  request.mutable_release()->set_session_id(session);
-  request.mutable_release()->set_lock(state.lock());
-  request.mutable_release()->set_token(state.token());
-  auto reply = channel_->Call(std::move(request), options_.request_timeout);
+  request->mutable_release()->set_session_id(session);
+  request->mutable_release()->set_lock(state.lock());
+  request->mutable_release()->set_token(state.token());
+  return std::nullopt;
+}
+
+absl::Status ClientImpl::ReleaseOutcome(const absl::StatusOr<Reply>& reply) {
   if (!reply.ok()) return reply.status();
   if (reply->response.code() == wire::FENCED_OUT) fenced_out_.Increment();
   return protocol::StatusFromCode(reply->response.code(), reply->response.message());
+}
+
+absl::Status ClientImpl::release(const LockHandle& handle) {
+  wire::Request request;
+  if (std::optional<absl::Status> settled = PrepareRelease(handle, &request)) return *settled;
+  return ReleaseOutcome(channel_->Call(std::move(request), options_.request_timeout));
+}
+
+void ClientImpl::releaseAsync(const LockHandle& handle, std::function<void(absl::Status)> done) {
+  auto deliver = [this, done = std::move(done)](absl::Status status) {
+    callbacks_.Post([done, status = std::move(status)] { done(status); });
+  };
+  wire::Request request;
+  if (std::optional<absl::Status> settled = PrepareRelease(handle, &request)) {
+    return deliver(*settled);
+  }
+  auto sent = channel_->SendAsync(std::move(request), options_.request_timeout,
+                                  [this, deliver](absl::StatusOr<Reply> reply) {
+                                    deliver(ReleaseOutcome(reply));
+                                  });
+  if (!sent.ok()) deliver(sent.status());
+}
+
+absl::Status ClientImpl::RenewOutcome(const LockHandle& handle, const absl::Status& beat) const {
+  const LeaseState* state = handle.state_.get();
+  const LossReason lost = state->Check(clock_->Now());
+  if (lost != LossReason::kNone) {
+    return absl::AbortedError(absl::StrCat("lock \"", state->lock(), "\" (token ", state->token(),
+                                           ") is no longer held: ", LossReasonName(lost)));
+  }
+  // Held: a heartbeat that failed for another lock (fenced out) still renewed this one.
+  if (!beat.ok() && !absl::IsAborted(beat)) return beat;
+  return absl::OkStatus();
+}
+
+void ClientImpl::renewAsync(const LockHandle& handle, std::function<void(absl::Status)> done) {
+  auto deliver = [this, done = std::move(done)](absl::Status status) {
+    callbacks_.Post([done, status = std::move(status)] { done(status); });
+  };
+  if (handle.state_ == nullptr) {
+    return deliver(absl::InvalidArgumentError("renewAsync on an empty handle"));
+  }
+  slow_.Post([this, handle, deliver] {
+    bool stopping;
+    {
+      absl::MutexLock l(&mu_);
+      stopping = stopping_;
+    }
+    if (stopping) return deliver(absl::CancelledError("the client was destroyed"));
+    deliver(RenewOutcome(handle, renewNow()));
+  });
 }
 
 void ClientImpl::ThrowLost(const LeaseState& state, LossReason reason) const {

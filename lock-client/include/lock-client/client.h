@@ -67,6 +67,11 @@ enum class LossReason : uint8_t {
 // The name of a LossReason, for messages and logs ("deadline_passed", ...).
 const char* LossReasonName(LossReason reason);
 
+// The level of one of the client's log lines (ClientOptions::log).
+enum class LogLevel : uint8_t { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
+// "debug", "info", "warning", "error".
+const char* LogLevelName(LogLevel level);
+
 // Thrown by Client::checkStillHeld when the caller may no longer hold the lock. Deliberately an
 // exception: losing the lock must unwind the critical section and must not be ignorable.
 class LockLostException : public std::runtime_error {
@@ -185,14 +190,33 @@ struct ClientOptions {
   // Where the client records its metrics (docs/metrics.md). Default: nullptr, a registry of
   // the client's own, available from Client::metrics() to serve or read.
   std::shared_ptr<metrics::Registry> metrics;
-  // Receives the client's warnings (the margin-revisit trigger). Default: nullptr, standard
-  // error. Called from the client's threads; must not block.
-  std::function<void(const std::string&)> log;
+  // Receives the client's log lines with their level. kInfo: a session opened, resumed on a
+  // new connection, or renewed again after failed heartbeats. kWarning: heartbeats started to
+  // fail, a session or a lock was lost (and why), the margin-revisit trigger (ADR-006 6.5), a
+  // ScopedLock's failed release. Called from the client's threads, every line whatever
+  // `log_level` says; must not block. Default: nullptr, timestamped lines through spdlog on
+  // standard error ("2026-12-01T19:30:00.123456Z warning fencelock-client: ...").
+  std::function<void(LogLevel, const std::string&)> log;
+  // The least level the default log writes. Default: kInfo.
+  LogLevel log_level = LogLevel::kInfo;
 };
 
 enum class Confirm { kLocal, kWithServer };
 
 class Client;
+
+// An acquire started with Client::acquireAsync. Thread-safe; may outlive the client (cancel()
+// then does nothing).
+class PendingAcquire {
+ public:
+  virtual ~PendingAcquire() = default;
+  // Gives up the acquire. If it waits in the lock's queue, lockd takes it out (WithdrawAcquire;
+  // a lockd older than protocol version 3 keeps it until its wait runs out). Its callback gets
+  // kCancelled. A grant that crosses the cancellation on the wire is released by the client,
+  // never handed to the callback. Returns false, and does nothing, if the acquire has already
+  // completed or been cancelled.
+  virtual bool cancel() = 0;
+};
 
 // A lock held for a scope. Move-only; destroying it releases the lock if this guard still
 // holds it, and a release that fails is reported to the client's log sink (ClientOptions::log),
@@ -331,6 +355,29 @@ class Client {
 
   // The current session's id on the server (0 while there is none).
   virtual uint64_t sessionId() const = 0;
+
+  // The asynchronous forms, for event loops; lock-client/async.h adapts them to Asio completion
+  // tokens (coroutines, callbacks, futures). The blocking calls above are built on the same
+  // requests, reply handling and lease arithmetic. None of these blocks the calling thread:
+  // what may block (reconnecting, renewing a session whose lease ran short, renewing a grant
+  // that queued for so long that less than a heartbeat period of lease is left) runs on a
+  // thread of the client's. `done` is called exactly once, on the client's callback thread, one
+  // callback at a time, never from within the call that started or cancelled the operation; it
+  // should not block for long. Operations still pending when the client is destroyed complete
+  // with kCancelled before the destructor returns.
+  //
+  // acquire() without blocking: `done` gets the handle, or acquire's errors, or kCancelled
+  // after PendingAcquire::cancel(). `wait` must be positive (kInvalidArgument otherwise).
+  virtual std::shared_ptr<PendingAcquire> acquireAsync(
+      std::string_view lock, absl::Duration wait, absl::Duration ttl,
+      std::function<void(absl::StatusOr<LockHandle>)> done) = 0;
+  // release() without blocking: `done` gets release's outcome.
+  virtual void releaseAsync(const LockHandle& handle, std::function<void(absl::Status)> done) = 0;
+  // One heartbeat now, as renewNow() does, then whether `handle` is still held: OK; kAborted
+  // naming why it is not (fenced out, deadline passed, released); or the heartbeat's error
+  // (kUnavailable, kDeadlineExceeded) while it is held but lockd did not answer.
+  // kInvalidArgument for an empty handle.
+  virtual void renewAsync(const LockHandle& handle, std::function<void(absl::Status)> done) = 0;
 
  private:
   friend class ScopedLock;

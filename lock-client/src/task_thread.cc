@@ -1,0 +1,47 @@
+#include "task_thread.h"
+
+#include <utility>
+
+namespace fencelock::client_internal {
+
+void TaskThread::Post(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopped_ && !stopping_) {
+      tasks_.push_back(std::move(task));
+      if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+      wake_.notify_one();
+      return;
+    }
+  }
+  task();
+}
+
+void TaskThread::Stop() {
+  std::thread thread;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopping_ = true;
+    wake_.notify_one();
+    thread = std::move(thread_);
+  }
+  if (thread.joinable()) thread.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  stopped_ = true;
+}
+
+void TaskThread::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    wake_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+    if (tasks_.empty()) return;  // stopping, and everything posted has run
+    std::function<void()> task = std::move(tasks_.front());
+    tasks_.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
+  }
+}
+
+}  // namespace fencelock::client_internal

@@ -1,0 +1,44 @@
+// One thread that runs posted tasks in order, started by the first Post. The client runs on it
+// what must not run on its I/O thread or on a caller's: the user's callbacks of the callback API,
+// and the slow paths of asynchronous calls (reconnecting, renewing) that block.
+//
+// Waits without a timeout, so a wall-clock step changes nothing.
+#ifndef FENCELOCK_LOCK_CLIENT_TASK_THREAD_H_
+#define FENCELOCK_LOCK_CLIENT_TASK_THREAD_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace fencelock::client_internal {
+
+class TaskThread {
+ public:
+  TaskThread() = default;
+  TaskThread(const TaskThread&) = delete;
+  TaskThread& operator=(const TaskThread&) = delete;
+  ~TaskThread() { Stop(); }
+
+  // Runs `task` on the thread after every task posted before it. After Stop(), runs it on the
+  // calling thread instead, so that nothing posted is ever dropped.
+  void Post(std::function<void()> task);
+
+  // Runs every task posted so far, then ends the thread. Must not be called from a task.
+  void Stop();
+
+ private:
+  void Run();
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> tasks_;
+  bool stopping_ = false;
+  bool stopped_ = false;
+  std::thread thread_;
+};
+
+}  // namespace fencelock::client_internal
+
+#endif  // FENCELOCK_LOCK_CLIENT_TASK_THREAD_H_
