@@ -26,7 +26,7 @@
 namespace fencelock::client_internal {
 
 struct PendingCall {
-  uint64_t id = 0;  // the request id, set by Send before anyone waits
+  uint64_t id = 0;  // the request id, set by Submit before the call is registered
   absl::Mutex mu;
   bool done ABSL_GUARDED_BY(mu) = false;
   absl::Status status ABSL_GUARDED_BY(mu);
@@ -361,7 +361,10 @@ absl::StatusOr<uint64_t> AsioChannel::Submit(wire::Request& request,
     id = ++next_request_id_;
     generation = generation_;
     request.set_request_id(id);
-    if (call != nullptr) pending_[id] = call;
+    if (call != nullptr) {
+      call->id = id;  // before the call is published: the I/O thread may finish it at once
+      pending_[id] = call;
+    }
   }
   std::string frame;
   absl::Status framed = protocol::AppendFrame(request.SerializeAsString(), &frame);
@@ -386,7 +389,6 @@ absl::StatusOr<std::shared_ptr<PendingCall>> AsioChannel::Send(wire::Request req
   auto call = std::make_shared<PendingCall>();
   auto id = Submit(request, call);
   if (!id.ok()) return id.status();
-  call->id = *id;
   return call;
 }
 
@@ -413,7 +415,6 @@ absl::StatusOr<uint64_t> AsioChannel::SendAsync(
   call->on_done = std::move(on_done);
   auto id = Submit(request, call);
   if (!id.ok()) return id.status();
-  call->id = *id;
   // Posted after the frame's Enqueue, so the timer is armed before any reply can be read.
   asio::post(io_, [this, id = *id, timeout] {
     {
