@@ -158,7 +158,16 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
       if (results.ok()) {
         auto* reply = resp.mutable_keep_alive();
         reply->set_session_ttl_ms(ToMillis(service.state().FindSession(ka.session_id())->ttl));
-        for (const absl::Status& s : *results) reply->add_lock_codes(protocol::CodeFromStatus(s));
+        Dispatched::Reflects reflects{.session = ka.session_id()};
+        bool all_renewed = true;
+        for (size_t i = 0; i < results->size(); ++i) {
+          reply->add_lock_codes(protocol::CodeFromStatus((*results)[i]));
+          all_renewed = all_renewed && (*results)[i].ok();
+          reflects.grants.push_back(refs[i].token);
+        }
+        // A FENCED_OUT reflects a release or an expiry, which may still be on its way to the
+        // disk: such a reply waits for every record applied before it, as any other reply does.
+        if (all_renewed) out.reflects = std::move(reflects);
       }
       return finish(results.status());
     }

@@ -4,7 +4,9 @@ namespace fencelock::server {
 
 void ReplyGate::Submit(ConnectionId c, uint64_t batch, uint64_t committed, uint64_t request_id,
                        std::string frame) {
-  if (batch <= committed && !held_.contains(c)) {
+  // Committed already: out now, even ahead of replies of this connection that still wait
+  // (replies to different requests may arrive in any order).
+  if (batch <= committed) {
     deliver_(c, std::move(frame));
     return;
   }
@@ -15,9 +17,15 @@ void ReplyGate::Committed(uint64_t batch) {
   for (auto it = held_.begin(); it != held_.end();) {
     auto& queue = it->second;
     std::string frames;
-    while (!queue.empty() && queue.front().batch <= batch) {
-      frames += queue.front().frame;
-      queue.pop_front();
+    // Tags are not in order (a KeepAlive's reply waits only for its own facts): every reply
+    // whose batch is committed goes, the others keep their order.
+    for (auto h = queue.begin(); h != queue.end();) {
+      if (h->batch <= batch) {
+        frames += h->frame;
+        h = queue.erase(h);
+      } else {
+        ++h;
+      }
     }
     const ConnectionId c = it->first;
     it = queue.empty() ? held_.erase(it) : std::next(it);

@@ -1,9 +1,12 @@
 // The reply gate: holds each reply until the commit-log batch it may reflect is committed, so
 // that nothing is acknowledged, and no state is shown, before it is committed.
 //
-// Every reply may reflect any record applied before it was produced (a grant, another client's
-// release, an expiry), so it is tagged with the log's newest batch at that moment. Replies of one
-// connection leave in the order they were produced: a later reply never has an older batch.
+// A reply may reflect any record applied before it was produced (a grant, another client's
+// release, an expiry), so it is tagged with the log's newest batch at that moment, unless it
+// reflects only records known to be in an older batch (a KeepAlive that renewed its session and
+// locks: their opening and grants). A reply leaves as soon as its batch is committed, so replies
+// of one connection may leave in another order than they were produced; those that wait leave
+// in the order they were produced.
 //
 // Not thread-safe: the core's thread.
 #ifndef FENCELOCK_LOCK_SERVER_REPLY_GATE_H_

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <deque>
 #include <map>
 #include <optional>
 #include <random>
@@ -105,6 +106,12 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
         log_->ReserveFor(service_.state().last_token(), service_.state().last_session_id());
       }
       log_->Append(r);
+      // Where the facts a KeepAlive's reply may reflect are, until they are committed.
+      if (const auto* opened = std::get_if<record::SessionOpened>(&r)) {
+        NotePending(opened->session, log_->newest_batch(), opened_in_, opened_order_);
+      } else if (const auto* granted = std::get_if<record::LockGranted>(&r)) {
+        NotePending(granted->token, log_->newest_batch(), granted_in_, granted_order_);
+      }
     });
   }
 
@@ -147,7 +154,11 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
       }
       switch (d.then) {
         case Dispatched::Then::kReply:
-          Reply(id, d.response);
+          if (d.reflects.has_value()) {
+            Reply(id, d.response, BatchOf(*d.reflects));
+          } else {
+            Reply(id, d.response);
+          }
           break;
         case Dispatched::Then::kReplyAndClose:
           ReplyAndClose(id, d.response);
@@ -263,6 +274,8 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
       OnCommitFault(*fault);
       return;
     }
+    ForgetCommitted(batch, opened_in_, opened_order_);
+    ForgetCommitted(batch, granted_in_, granted_order_);
     gate_.Committed(batch);
   }
   void OnCommitFault(const absl::Status& status) override;
@@ -286,9 +299,43 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
     uint64_t request_id;
   };
 
-  // Sends `response` on `id` once every record it may reflect is committed. After a fault
+  // Notes that the record of `key` is in `batch`, until that batch is committed.
+  template <typename Key>
+  static void NotePending(Key key, uint64_t batch, absl::flat_hash_map<Key, uint64_t>& in,
+                          std::deque<std::pair<uint64_t, Key>>& order) {
+    in[key] = batch;
+    order.emplace_back(batch, key);
+  }
+  // Forgets what batches up to `batch` hold: it is committed.
+  template <typename Key>
+  static void ForgetCommitted(uint64_t batch, absl::flat_hash_map<Key, uint64_t>& in,
+                              std::deque<std::pair<uint64_t, Key>>& order) {
+    while (!order.empty() && order.front().first <= batch) {
+      auto it = in.find(order.front().second);
+      if (it != in.end() && it->second <= batch) in.erase(it);
+      order.pop_front();
+    }
+  }
+  // The newest batch that holds what a reply reflecting `facts` depends on; 0 once all of it
+  // is committed.
+  uint64_t BatchOf(const Dispatched::Reflects& facts) const {
+    uint64_t batch = 0;
+    if (auto it = opened_in_.find(facts.session); it != opened_in_.end()) batch = it->second;
+    for (FenceToken token : facts.grants) {
+      if (auto it = granted_in_.find(token); it != granted_in_.end()) {
+        batch = std::max(batch, it->second);
+      }
+    }
+    return batch;
+  }
+
+  // Sends `response` on `id` once every record it may reflect is committed: by default every
+  // record applied before it (the newest batch), or those in `batch` and before. After a fault
   // nothing becomes committed again; replies then carry no mutation and go at once.
   void Reply(ConnectionId id, const wire::Response& response) {
+    Reply(id, response, log_->newest_batch());
+  }
+  void Reply(ConnectionId id, const wire::Response& response, uint64_t batch) {
     std::optional<Act::Kind> kind = ActOf(response);
     const MonoTime until = kind ? log_->OwnedUntil() : MonoTime::Max();
     // A local log's ownership is not leased and only the event loop changes its fault, which
@@ -325,7 +372,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
     std::string frame = EncodeFrame(response, options_.max_frame_bytes);
     const uint64_t committed =
         log_->fault() != nullptr ? UINT64_MAX : log_->committed_batch();
-    gate_.Submit(id, log_->newest_batch(), committed, response.request_id(), std::move(frame));
+    gate_.Submit(id, batch, committed, response.request_id(), std::move(frame));
   }
   void ReplyAndClose(ConnectionId id, const wire::Response& response) {
     Reply(id, response);
@@ -371,6 +418,12 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   CoreStats stats_;  // the connection counters
   std::map<ConnectionId, Conn> connections_;
   absl::flat_hash_map<WaiterId, WaiterRoute> waiters_;
+  // Sessions opened and locks granted (by token) in batches not yet committed, with the batch,
+  // and the same in the order they were appended (for forgetting them once committed).
+  absl::flat_hash_map<SessionId, uint64_t> opened_in_;
+  std::deque<std::pair<uint64_t, SessionId>> opened_order_;
+  absl::flat_hash_map<FenceToken, uint64_t> granted_in_;
+  std::deque<std::pair<uint64_t, FenceToken>> granted_order_;
 };
 
 void ServerCore::Impl::AfterRequest() {

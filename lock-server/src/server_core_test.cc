@@ -130,6 +130,69 @@ TEST_F(ServerCoreTest, AGrantIsAnsweredOnlyOnceItsRecordIsCommitted) {
   EXPECT_NE(recovered->state.FindHolder("payout/1"), nullptr);
 }
 
+TEST_F(ServerCoreTest, AKeepAliveWaitsOnlyForTheRecordsItReflects) {
+  Start(&mem_);
+  Sink a_sink, b_sink;
+  ConnectionId a, b;
+  const uint64_t sa = Session(&a_sink, &a, absl::Seconds(10));
+  const uint64_t sb = Session(&b_sink, &b, absl::Seconds(10));
+  Acquire(a, sa, "held", absl::Seconds(30));
+  time_.Advance(kSyncTime * 4);
+  auto granted = a_sink.Take();
+  ASSERT_EQ(granted.size(), 1u);
+  const uint64_t token = granted[0].acquire().token();
+  auto keep_alive = [&](uint64_t session, std::vector<std::pair<std::string, uint64_t>> locks) {
+    wire::Request r;
+    r.mutable_keep_alive()->set_session_id(session);
+    for (const auto& [lock, t] : locks) {
+      auto* ref = r.mutable_keep_alive()->add_locks();
+      ref->set_lock(lock);
+      ref->set_token(t);
+    }
+    return r;
+  };
+
+  // Another session's grant is on its way to the disk. A's renewal of its committed session
+  // and grant reflects neither, and is answered at once, before that batch is synced.
+  Acquire(b, sb, "pending", absl::Seconds(30));
+  time_.RunDue();
+  Send(a, keep_alive(sa, {{"held", token}}));
+  auto renewed = a_sink.Take();
+  ASSERT_EQ(renewed.size(), 1u) << "a renewal of committed facts waited for another's batch";
+  EXPECT_EQ(renewed[0].keep_alive().lock_codes(0), wire::OK);
+  EXPECT_TRUE(b_sink.Take().empty()) << "the grant left before its batch was committed";
+
+  // B's renewal of its committed session alone passes B's own grant, still held; a renewal
+  // naming that grant (tokens are consecutive: the next one) waits for its batch.
+  Send(b, keep_alive(sb, {}));
+  auto passed = b_sink.Take();
+  ASSERT_EQ(passed.size(), 1u);
+  EXPECT_TRUE(passed[0].has_keep_alive());
+  const uint64_t pending_token = token + 1;
+  Send(b, keep_alive(sb, {{"pending", pending_token}}));
+  EXPECT_TRUE(b_sink.Take().empty()) << "a renewal of a pending grant left before the grant";
+  time_.Advance(kSyncTime * 4);
+  auto replies = b_sink.Take();
+  ASSERT_EQ(replies.size(), 2u);  // the grant, and the renewal after it
+  EXPECT_EQ(replies[0].acquire().token(), pending_token);
+  EXPECT_EQ(replies[1].keep_alive().lock_codes(0), wire::OK);
+
+  // A renewal that answers FENCED_OUT reflects a release that may not be durable yet: it
+  // waits for every record applied before it.
+  wire::Request release;
+  release.mutable_release()->set_session_id(sb);
+  release.mutable_release()->set_lock("pending");
+  release.mutable_release()->set_token(pending_token);
+  Send(b, release);
+  time_.RunDue();
+  Send(b, keep_alive(sb, {{"pending", pending_token}}));
+  EXPECT_TRUE(b_sink.Take().empty()) << "a FENCED_OUT left before the release was committed";
+  time_.Advance(kSyncTime * 4);
+  replies = b_sink.Take();
+  ASSERT_EQ(replies.size(), 2u);
+  EXPECT_EQ(replies[1].keep_alive().lock_codes(0), wire::FENCED_OUT);
+}
+
 TEST_F(ServerCoreTest, LeasesExpireOnTheInjectedClockAndTheWaiterIsPushed) {
   Start(&mem_, CoreOptions{.stall_threshold = absl::ZeroDuration()});
   Sink holder_sink, waiter_sink;

@@ -7,6 +7,7 @@
 #ifndef FENCELOCK_LOCK_SERVER_DISPATCH_H_
 #define FENCELOCK_LOCK_SERVER_DISPATCH_H_
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,6 +75,16 @@ struct Dispatched {
   Then then = Then::kReply;
   wire::Response response;  // request_id set whenever the request parsed
   WaiterId waiter = 0;
+  // Set when the reply reflects nothing but these facts, each already in the state: the
+  // session's opening and the grants of these tokens (a KeepAlive that renewed its session and
+  // every lock it named). Renewals are never logged, so such a reply needs only those records
+  // committed, not every record applied before it (docs/durability.md, "What a reply waits
+  // for").
+  struct Reflects {
+    SessionId session = 0;
+    std::vector<FenceToken> grants;
+  };
+  std::optional<Reflects> reflects;
 };
 
 // `now` is when the frame was received: every lease it touches is measured from it.
