@@ -379,7 +379,7 @@ class Simulation {
   void DeliverToLockd(int conn, std::string payload, wire::Request request);
   // Runs one lockd event with the FIFO check around it.
   void RunLockdEvent(const std::function<void()>& fn);
-  void CheckReplyGate(std::string_view frames);
+  void CheckReplyGate(int conn, std::string_view frames);
 
   SimOptions options_;
   Rng rng_;
@@ -399,6 +399,9 @@ class Simulation {
   FenceToken max_token_sent_ = 0;      // the highest token in any reply that left lockd
   std::map<FenceToken, uint64_t> grant_lsn_;      // token -> lsn of its grant
   std::map<SessionId, uint64_t> session_lsn_;     // session -> lsn of its opening
+  // KeepAlives lockd received and has not answered, by (connection, request id): the session
+  // and the tokens an OK answer asserts.
+  std::map<std::pair<int, uint64_t>, std::pair<SessionId, std::vector<FenceToken>>> renewals_;
   std::set<FenceToken> acked_tokens_;
   std::set<std::tuple<uint64_t, uint64_t, std::string>> stale_;  // conn, request, lock
   std::vector<std::pair<std::string, SessionId>> grants_this_event_;
@@ -498,7 +501,12 @@ void Simulation::DeliverToLockd(int conn, std::string payload, wire::Request req
     if (h == nullptr || h->token != token) stale_.insert({conn, request.request_id(), lock});
   };
   if (request.has_keep_alive()) {
-    for (const auto& l : request.keep_alive().locks()) note(l.lock(), l.token());
+    auto& renewal = renewals_[{conn, request.request_id()}];
+    renewal.first = request.keep_alive().session_id();
+    for (const auto& l : request.keep_alive().locks()) {
+      note(l.lock(), l.token());
+      renewal.second.push_back(l.token());
+    }
   } else if (request.has_release()) {
     note(request.release().lock(), request.release().token());
   }
@@ -507,7 +515,7 @@ void Simulation::DeliverToLockd(int conn, std::string payload, wire::Request req
 
 void Simulation::Sink::Send(std::string_view frames) {
   Simulation* sim = sim_;
-  sim->CheckReplyGate(frames);
+  sim->CheckReplyGate(conn_, frames);
   Connection& c = *sim->conns_[conn_];
   if (!c.open) return;
   const int64_t at =
@@ -625,6 +633,7 @@ void Simulation::Crash() {
   lockd_up_ = false;
   world_.Restart(kLockd);  // every pending lockd event (timers, disk steps, deliveries) is gone
   core_.reset();
+  renewals_.clear();  // none of them will be answered
   for (size_t i = 0; i < conns_.size(); ++i) {
     if (conns_[i]->open) {
       conns_[i]->server_id = 0;
@@ -661,7 +670,7 @@ void Simulation::OnAppended(uint64_t lsn, const Record& r) {
   }
 }
 
-void Simulation::CheckReplyGate(std::string_view frames) {
+void Simulation::CheckReplyGate(int conn, std::string_view frames) {
   protocol::FrameDecoder decoder;
   decoder.Feed(frames);
   std::string payload;
@@ -683,6 +692,22 @@ void Simulation::CheckReplyGate(std::string_view frames) {
     };
     if (r.has_acquire() && r.acquire().granted()) committed(grant_lsn_, r.acquire().token(), "grant of token");
     if (r.has_open_session()) committed(session_lsn_, r.open_session().session_id(), "session");
+    if (r.has_keep_alive()) {
+      // A renewal is answered without waiting for other batches; what it asserts (its session
+      // and tokens) must be committed all the same.
+      auto renewal = renewals_.find({conn, r.request_id()});
+      if (renewal == renewals_.end()) continue;
+      const bool all_ok = std::all_of(r.keep_alive().lock_codes().begin(),
+                                      r.keep_alive().lock_codes().end(),
+                                      [](int code) { return code == wire::OK; });
+      if (all_ok) {
+        committed(session_lsn_, renewal->second.first, "renewal of session");
+        for (FenceToken token : renewal->second.second) {
+          committed(grant_lsn_, token, "renewal of token");
+        }
+      }
+      renewals_.erase(renewal);
+    }
   }
 }
 
