@@ -107,7 +107,9 @@ class AsyncClient {
 
  private:
   // The Client's callback for `handler`: posts the outcome to the handler's executor, and keeps
-  // that executor's work count up until then. std::function wants a copyable callable; the
+  // that executor's work count up until the post has returned. Reset in the handler instead,
+  // run() could return, and the io_context be destroyed, while the client's thread is still
+  // inside post() (TSan saw exactly that). std::function wants a copyable callable; the
   // handler (move-only for coroutines) lives behind a shared_ptr.
   template <typename Handler>
   auto Completion(Handler handler) {
@@ -123,9 +125,9 @@ class AsyncClient {
       Executor target = state->work.get_executor();
       boost::asio::post(target, [state, result = std::move(result)]() mutable {
         auto h = std::move(state->handler);
-        state->work.reset();
         std::move(h)(std::move(result));
       });
+      state->work.reset();
     };
   }
 
