@@ -54,6 +54,13 @@ const char* LossReasonName(LossReason reason) {
   return "unknown";
 }
 
+// The public LogLevel is the logging library's Level, value for value (Log() casts one to the
+// other).
+static_assert(static_cast<int>(LogLevel::kDebug) == static_cast<int>(logging::Level::kDebug) &&
+              static_cast<int>(LogLevel::kInfo) == static_cast<int>(logging::Level::kInfo) &&
+              static_cast<int>(LogLevel::kWarning) == static_cast<int>(logging::Level::kWarning) &&
+              static_cast<int>(LogLevel::kError) == static_cast<int>(logging::Level::kError));
+
 const char* LogLevelName(LogLevel level) {
   return logging::LevelName(static_cast<logging::Level>(level));
 }
