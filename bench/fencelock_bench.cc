@@ -453,22 +453,25 @@ std::vector<LibraryHeartbeatResult> RunLibraryHeartbeats(const std::string& addr
 // --- lock cycles ---------------------------------------------------------------------------
 
 // acquire (waiting up to 10 s) + release through fencelock::Client: what worker code sees.
+// Pipelined, the release is releaseWithNextRequest(): it travels with the next cycle's acquire.
 class LibraryCycler : public Cycler {
  public:
-  LibraryCycler(std::unique_ptr<Client> client, std::string lock)
-      : client_(std::move(client)), lock_(std::move(lock)) {}
+  LibraryCycler(std::unique_ptr<Client> client, std::string lock, bool pipelined)
+      : client_(std::move(client)), lock_(std::move(lock)), pipelined_(pipelined) {}
   absl::StatusOr<int64_t> Cycle() override {
     const MonoTime start = Now();
     auto handle = client_->acquire(lock_, absl::Seconds(10));
     if (!handle.ok()) return handle.status();
     const int64_t took = NanosSince(start);
-    if (absl::Status s = client_->release(*handle); !s.ok()) return s;
+    absl::Status s = pipelined_ ? client_->releaseWithNextRequest(*handle) : client_->release(*handle);
+    if (!s.ok()) return s;
     return took;
   }
 
  private:
   std::unique_ptr<Client> client_;
   const std::string lock_;
+  const bool pipelined_;
 };
 
 // The same two requests over a BlockingConnection, without the client's lease bookkeeping:
@@ -507,20 +510,78 @@ class RawCycler : public Cycler {
   const bool wait_;
 };
 
+// The raw driver pipelined: each cycle's Release goes out, unanswered, right before the next
+// cycle's Acquire, and both answers are read then.
+class PipelinedRawCycler : public Cycler {
+ public:
+  PipelinedRawCycler(std::unique_ptr<BlockingConnection> conn, uint64_t session, std::string lock)
+      : conn_(std::move(conn)), session_(session), lock_(std::move(lock)) {}
+  ~PipelinedRawCycler() override {
+    // The last cycle's lock, so that the next run's sessions find it free.
+    if (token_ == 0) return;
+    wire::Request r;
+    r.mutable_release()->set_session_id(session_);
+    r.mutable_release()->set_lock(lock_);
+    r.mutable_release()->set_token(token_);
+    (void)conn_->Call(r);
+  }
+  absl::StatusOr<int64_t> Cycle() override {
+    const MonoTime start = Now();
+    std::optional<uint64_t> release_id;
+    if (token_ != 0) {
+      wire::Request r;
+      r.mutable_release()->set_session_id(session_);
+      r.mutable_release()->set_lock(lock_);
+      r.mutable_release()->set_token(token_);
+      auto sent = conn_->Send(r);
+      if (!sent.ok()) return sent.status();
+      release_id = *sent;
+    }
+    wire::Request a;
+    a.mutable_acquire()->set_session_id(session_);
+    a.mutable_acquire()->set_lock(lock_);
+    a.mutable_acquire()->set_wait_timeout_ms(10'000);
+    auto acquire_id = conn_->Send(a);
+    if (!acquire_id.ok()) return acquire_id.status();
+    for (;;) {
+      auto reply = conn_->Receive(absl::Seconds(10));
+      if (!reply.ok()) return reply.status();
+      if (release_id.has_value() && reply->request_id() == *release_id) {
+        if (reply->code() != wire::OK) {
+          return absl::FailedPreconditionError(absl::StrCat("release: ", reply->message()));
+        }
+        continue;
+      }
+      if (reply->request_id() != *acquire_id) continue;
+      if (reply->code() != wire::OK || !reply->acquire().granted()) {
+        return absl::FailedPreconditionError(absl::StrCat("acquire: ", reply->message()));
+      }
+      token_ = reply->acquire().token();
+      return NanosSince(start);
+    }
+  }
+
+ private:
+  std::unique_ptr<BlockingConnection> conn_;
+  const uint64_t session_;
+  const std::string lock_;
+  uint64_t token_ = 0;  // held since the last cycle, released by the next
+};
+
 std::string CycleLock(int client, bool contended) {
   return contended ? std::string("cycle") : absl::StrCat("cycle/", client);
 }
 
-CyclerFactory LibraryCyclers(const std::string& address, bool contended) {
-  return [address, contended](int client) -> absl::StatusOr<std::unique_ptr<Cycler>> {
+CyclerFactory LibraryCyclers(const std::string& address, bool contended, bool pipelined = false) {
+  return [address, contended, pipelined](int client) -> absl::StatusOr<std::unique_ptr<Cycler>> {
     auto c = Client::Create({.server = address});
     if (!c.ok()) return c.status();
-    return std::make_unique<LibraryCycler>(std::move(*c), CycleLock(client, contended));
+    return std::make_unique<LibraryCycler>(std::move(*c), CycleLock(client, contended), pipelined);
   };
 }
 
-CyclerFactory RawCyclers(const std::string& address, bool contended) {
-  return [address, contended](int client) -> absl::StatusOr<std::unique_ptr<Cycler>> {
+CyclerFactory RawCyclers(const std::string& address, bool contended, bool pipelined = false) {
+  return [address, contended, pipelined](int client) -> absl::StatusOr<std::unique_ptr<Cycler>> {
     auto conn = Connect(address);
     if (!conn.ok()) return conn.status();
     wire::Request open;
@@ -528,8 +589,13 @@ CyclerFactory RawCyclers(const std::string& address, bool contended) {
     auto opened = (*conn)->Call(open);
     if (!opened.ok()) return opened.status();
     if (opened->code() != wire::OK) return absl::UnavailableError(opened->message());
-    return std::make_unique<RawCycler>(std::move(*conn), opened->open_session().session_id(),
-                                       CycleLock(client, contended), contended);
+    const uint64_t session = opened->open_session().session_id();
+    if (pipelined) {
+      return std::make_unique<PipelinedRawCycler>(std::move(*conn), session,
+                                                  CycleLock(client, contended));
+    }
+    return std::make_unique<RawCycler>(std::move(*conn), session, CycleLock(client, contended),
+                                       contended);
   };
 }
 
@@ -918,6 +984,10 @@ int Main() {
   std::vector<System> systems = {
       {"fencelock_library", "fencelock, library", LibraryCyclers(address, false), true},
       {"fencelock_raw", "fencelock, raw driver", RawCyclers(address, false), true},
+      {"fencelock_library_pipelined", "fencelock, library, pipelined",
+       LibraryCyclers(address, false, true), true},
+      {"fencelock_raw_pipelined", "fencelock, raw driver, pipelined",
+       RawCyclers(address, false, true), true},
       {"fencelock_library_one_lock", "fencelock, library, one lock", LibraryCyclers(address, true), true},
       {"fencelock_raw_one_lock", "fencelock, raw driver, one lock", RawCyclers(address, true), true},
   };

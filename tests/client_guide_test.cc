@@ -18,6 +18,12 @@ TEST(ClientGuideTest, TheGuidesExamplesRunAgainstARealLockd) {
   auto rail = fence::TokenFence::InMemory();
   EXPECT_TRUE(guide::PayUnderAScopedLock(*client, *rail));
   EXPECT_TRUE(guide::PayUnderAScopedLock(*client, *rail));  // the first scope released it
+  EXPECT_EQ(guide::PayEach(*client, *rail, {"payout-50", "payout-51", "payout-52"}), 3);
+  EXPECT_TRUE(client->renewNow().ok());  // carries the last held-back Release
+  auto again = client->tryAcquire("payout-52");  // free again
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(again->has_value());
+  EXPECT_TRUE(client->release(**again).ok());
   EXPECT_TRUE(guide::ReactToLoss(*client));
 
   boost::asio::io_context io;

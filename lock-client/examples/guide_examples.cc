@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <future>
 #include <string>
+#include <vector>
 
 #include <boost/asio/use_awaitable.hpp>
 
@@ -53,6 +54,18 @@ bool PayUnderAScopedLock(Client& client, fencelock::fence::TokenFence& rail) {
     return false;  // e.reason(): deadline_passed, fenced_out, session_lost, ...
   }
 }  // the ScopedLock releases payout-42 here, whatever happened
+
+int PayEach(Client& client, fencelock::fence::TokenFence& rail,
+            const std::vector<std::string>& keys) {
+  int paid = 0;
+  for (const std::string& key : keys) {
+    auto lock = client.acquire(key, absl::Seconds(10));
+    if (!lock.ok()) break;
+    if (rail.Admit(key, lock->token()).ok()) ++paid;
+    (void)client.releaseWithNextRequest(*lock);  // goes out with the next acquire
+  }
+  return paid;
+}
 
 bool ReactToLoss(Client& client) {
   auto lock = client.acquire("report-7", absl::Seconds(10));

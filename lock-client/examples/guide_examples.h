@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <utility>  // before Asio (Boost 1.74 with GCC 12)
 
@@ -18,6 +19,8 @@ namespace guide {
 
 std::unique_ptr<fencelock::Client> Connect(const std::string& server);
 bool PayUnderAScopedLock(fencelock::Client& client, fencelock::fence::TokenFence& rail);
+int PayEach(fencelock::Client& client, fencelock::fence::TokenFence& rail,
+            const std::vector<std::string>& keys);
 bool ReactToLoss(fencelock::Client& client);
 boost::asio::awaitable<bool> PayFromACoroutine(fencelock::AsyncClient& locks,
                                                fencelock::fence::TokenFence& rail);

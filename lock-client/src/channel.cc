@@ -1,9 +1,14 @@
 #include "channel.h"
 
 #include <openssl/ssl.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <charconv>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <future>
 #include <optional>
 #include <thread>
@@ -12,6 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -26,16 +32,23 @@
 namespace fencelock::client_internal {
 
 struct PendingCall {
-  uint64_t id = 0;  // the request id, set by Submit before the call is registered
+  uint64_t id = 0;          // the request id, set by Submit before the call is registered
+  uint64_t generation = 0;  // of the connection it was sent on, set with the id
   absl::Mutex mu;
   bool done ABSL_GUARDED_BY(mu) = false;
   absl::Status status ABSL_GUARDED_BY(mu);
   Reply reply ABSL_GUARDED_BY(mu);
-  // Set once `done` is: the caller waits on it, not on `mu`, so that a wall-clock step does not
-  // change how long it waits (Debian Abseil's timed waits are on the wall clock).
+  // Set once `done` is: a caller that does not read the socket itself waits on it, not on `mu`,
+  // so that a wall-clock step does not change how long it waits (Debian Abseil's timed waits
+  // are on the wall clock).
   MonotonicEvent finished;
   // SendAsync's callback, called on the I/O thread instead of anyone waiting.
   std::function<void(absl::StatusOr<Reply>)> on_done;
+
+  bool Done() {
+    absl::MutexLock lock(&mu);
+    return done;
+  }
 };
 
 namespace {
@@ -45,12 +58,36 @@ using asio::use_awaitable;
 using Socket = asio::generic::stream_protocol::socket;
 using Endpoint = asio::generic::stream_protocol::endpoint;
 
-// One connection's socket, and the TLS session over it when there is one: all bytes go
-// through `tls` then.
+// Who reads a connection's socket at the moment.
+enum class Reader { kNone, kIo, kCaller };
+
+// One connection: its socket, the TLS session over it when there is one (all bytes go through
+// `tls` then), and what its reader and writer keep. It closes its descriptor when the last
+// reference goes, never earlier: a caller may still be reading it when the connection fails,
+// and a descriptor number reused by the next connection must not reach that caller.
 struct Connection {
-  explicit Connection(asio::io_context& io) : socket(io) {}
+  Connection(asio::io_context& io, uint64_t generation) : socket(io), generation(generation) {}
   Socket socket;
   std::unique_ptr<asio::ssl::stream<Socket&>> tls;
+  const uint64_t generation;
+  int fd = -1;  // the socket's descriptor, once connected
+
+  // Guarded by the channel's mu_. Over a plain socket (`direct`), callers write and read it
+  // themselves; over TLS only the I/O thread touches it.
+  bool direct = false;
+  bool failed = false;
+  Reader reader = Reader::kNone;
+  bool io_armed = false;  // the I/O thread waits to read it (or reads it)
+
+  // Guarded by the channel's wr_mu_.
+  std::string outbox;            // bytes for the I/O thread's write loop
+  std::vector<uint64_t> outbox_ids;
+  bool writing = false;          // the write loop runs: new frames queue behind it
+  std::string held;              // PostWithNext's frames, written with the next one
+
+  // The reader's: only whoever `reader` names touches them.
+  protocol::FrameDecoder decoder;
+  std::string chunk;
 
   template <typename Buffer>
   awaitable<size_t> ReadSome(const Buffer& buffer, boost::system::error_code& ec) {
@@ -66,7 +103,6 @@ struct Connection {
     }
   }
 };
-
 
 absl::StatusOr<Endpoint> ResolveAddress(asio::io_context& io, const std::string& address) {
   if (address.rfind("unix:", 0) == 0) {
@@ -131,10 +167,7 @@ class AsioChannel final : public Channel {
   // replica it names.
   absl::Status ConnectOne(const std::string& address, const std::string& client_name,
                           absl::Duration timeout, std::string* leader = nullptr);
-  bool connected() const override {
-    absl::MutexLock lock(&mu_);
-    return connected_;
-  }
+  bool connected() override;
   absl::StatusOr<Reply> Call(wire::Request request, absl::Duration timeout) override;
   absl::StatusOr<std::shared_ptr<PendingCall>> Send(wire::Request request) override;
   absl::StatusOr<Reply> Await(const std::shared_ptr<PendingCall>& call,
@@ -146,6 +179,7 @@ class AsioChannel final : public Channel {
     return version_;
   }
   absl::StatusOr<uint64_t> Post(wire::Request request) override;
+  absl::StatusOr<uint64_t> PostWithNext(wire::Request request) override;
   void set_unmatched_reply_handler(std::function<void(const wire::Response&)> handler) override {
     unmatched_ = std::move(handler);
   }
@@ -163,16 +197,47 @@ class AsioChannel final : public Channel {
   }
 
  private:
-  // Registers a pending call (or none, for Post) and queues its frame. Returns the id, or an
-  // error if not connected or the request is too large.
-  absl::StatusOr<uint64_t> Submit(wire::Request& request, std::shared_ptr<PendingCall> call);
-  // I/O thread only.
-  void Enqueue(std::string frame, uint64_t id, uint64_t generation);
-  awaitable<void> WriteLoop(std::shared_ptr<Connection> connection, uint64_t generation);
-  awaitable<void> ReadLoop(std::shared_ptr<Connection> connection, uint64_t generation);
-  void FailConnection(uint64_t generation, const absl::Status& why);
+  using Conn = std::shared_ptr<Connection>;
+
+  bool OnIoThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  // Registers a pending call (or, for Post, the reply expected for nobody) and writes its
+  // frame, or queues it behind frames not yet written. Returns the id, or an error if not
+  // connected or the request is too large; a write that fails later fails the connection.
+  absl::StatusOr<uint64_t> Submit(wire::Request& request, std::shared_ptr<PendingCall> call,
+                                  bool with_next = false);
+  // Writes `frame` (after any frames held for the next write), or, `with_next`, holds it.
+  void Write(const Conn& conn, std::string frame, uint64_t id, PendingCall* call,
+             bool with_next);
+  awaitable<void> WriteLoop(Conn conn);
+
+  // Reading. Over a plain socket nobody reads while nothing is due: a caller awaiting its
+  // reply reads the socket itself (the reader token, Connection::reader), and the I/O thread
+  // reads only for replies no caller is reading for (SendAsync's, Post's, and those of calls
+  // given up), or while a caller waits behind another reader. Over TLS the I/O thread reads
+  // all the time (TlsReadLoop).
+  awaitable<void> IoReadLoop(Conn conn);
+  awaitable<void> TlsReadLoop(Conn conn);
+  // One non-blocking read, and the replies it completes. `*drained`: nothing was there.
+  absl::Status ReadOnce(Connection& conn, bool* drained);
+  // Parses and delivers every whole frame `conn`'s decoder holds.
+  absl::Status DeliverFrames(Connection& conn);
+  // Reads as `call`'s caller until it is answered or `deadline` passes.
+  void ReadFor(const Conn& conn, PendingCall& call, std::chrono::steady_clock::time_point deadline);
+  // Gives back the reader token; hands the reading to the I/O thread if replies are still due.
+  void ReleaseReader(const Conn& conn);
+  // Starts the I/O thread reading `conn` if replies are due that no caller reads for.
+  void EnsureReading(const Conn& conn);
+  bool RepliesDue() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !pending_.empty() || !given_up_.empty();
+  }
+  // Arms the I/O thread's reading of `conn`, with mu_ held; false if it was armed already.
+  bool ArmLocked(const Conn& conn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SpawnIoReader(const Conn& conn);
+
   void Deliver(wire::Response response);
-  // Completes `call` with `result`: its callback, or whoever awaits it.
+  // Fails `conn`: every call pending on it fails with `why`. Any thread; once per connection.
+  void Fail(const Conn& conn, const absl::Status& why);
+  // Completes `call` with `result`: its callback (on the I/O thread), or whoever awaits it.
   void Finish(const std::shared_ptr<PendingCall>& call, absl::StatusOr<Reply> result);
   // A SendAsync call's timeout passed: fails it if it is still pending.
   void Expire(uint64_t id, absl::Duration timeout);
@@ -185,6 +250,9 @@ class AsioChannel final : public Channel {
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::function<void(const wire::Response&)> unmatched_;
 
+  // Taken before mu_: the order in which frames reach the socket.
+  absl::Mutex wr_mu_;
+
   mutable absl::Mutex mu_;
   // Of the address list: the replica that answered last, how many there are, and one that fell
   // silent (Abandon), tried last until a replica answers; SIZE_MAX for none.
@@ -196,15 +264,14 @@ class AsioChannel final : public Channel {
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  Conn conn_ ABSL_GUARDED_BY(mu_);  // the connection calls are sent on; null when there is none
   absl::flat_hash_map<uint64_t, std::shared_ptr<PendingCall>> pending_ ABSL_GUARDED_BY(mu_);
+  // Calls whose caller stopped waiting, with their replies still due: they go to the
+  // unmatched-reply handler (a late grant is given back), so the I/O thread reads for them.
+  absl::flat_hash_set<uint64_t> given_up_ ABSL_GUARDED_BY(mu_);
 
-  // I/O thread only.
-  std::shared_ptr<Connection> socket_;
-  uint64_t socket_generation_ = 0;
-  std::string outbox_;
-  std::vector<uint64_t> outbox_ids_;
-  bool writing_ = false;
-  // The timeouts of SendAsync calls, by request id (a fired or cancelled one is erased).
+  // I/O thread only: the timeouts of SendAsync calls, by request id (a fired or cancelled one
+  // is erased).
   absl::flat_hash_map<uint64_t, std::unique_ptr<asio::steady_timer>> timers_;
 
   std::thread thread_;  // last: starts after everything above is constructed
@@ -271,64 +338,60 @@ absl::Status AsioChannel::ConnectOne(const std::string& address, const std::stri
   auto endpoint = ResolveAddress(io_, address);
   if (!endpoint.ok()) return endpoint.status();
 
-  uint64_t generation;
+  Conn conn;
   {
     absl::MutexLock lock(&mu_);
-    generation = ++generation_;
+    conn = std::make_shared<Connection>(io_, ++generation_);
   }
   const bool use_tls = tls_ != nullptr && address.rfind("unix:", 0) != 0;
   const std::string server_name = tls_server_name_.empty() ? net::ServerNameOf(address) : tls_server_name_;
   // The connect's (and the TLS handshake's) outcome: empty when connected.
   auto connected = std::make_shared<std::promise<std::string>>();
   auto result = connected->get_future();
-  asio::post(io_, [this, generation, ep = *endpoint, connected, use_tls, server_name] {
-    socket_ = std::make_shared<Connection>(io_);
-    socket_generation_ = generation;
-    outbox_.clear();
-    outbox_ids_.clear();
-    auto connection = socket_;
-    connection->socket.async_connect(ep, [this, connection, connected, use_tls, server_name](
-                                             boost::system::error_code ec) {
+  asio::post(io_, [this, ep = *endpoint, conn, connected, use_tls, server_name] {
+    conn->socket.async_connect(ep, [this, conn, connected, use_tls, server_name](
+                                       boost::system::error_code ec) {
       if (ec) return connected->set_value(ec.message());
+      if (conn->socket.local_endpoint(ec).protocol().family() != AF_UNIX) {
+        conn->socket.set_option(asio::ip::tcp::no_delay(true), ec);
+      }
       if (!use_tls) return connected->set_value("");
-      connection->tls = std::make_unique<asio::ssl::stream<Socket&>>(connection->socket,
-                                                                     *tls_context_);
-      if (absl::Status s = net::ExpectServerName(connection->tls->native_handle(), server_name);
+      conn->tls = std::make_unique<asio::ssl::stream<Socket&>>(conn->socket, *tls_context_);
+      if (absl::Status s = net::ExpectServerName(conn->tls->native_handle(), server_name);
           !s.ok()) {
         return connected->set_value(std::string(s.message()));
       }
-      connection->tls->async_handshake(
+      conn->tls->async_handshake(
           asio::ssl::stream_base::client, [connected](boost::system::error_code ec) {
             connected->set_value(ec ? absl::StrCat("TLS handshake failed: ", ec.message()) : "");
           });
     });
   });
+  std::string error = "";
   if (result.wait_for(absl::ToChronoNanoseconds(timeout)) != std::future_status::ready) {
-    asio::post(io_, [this, generation] {
-      FailConnection(generation, absl::UnavailableError("connect timed out"));
-    });
-    return absl::UnavailableError(absl::StrCat("cannot connect to lockd at ", address,
-                                               ": no answer within ",
-                                               absl::FormatDuration(timeout)));
+    error = absl::StrCat("no answer within ", absl::FormatDuration(timeout));
+  } else {
+    error = result.get();
   }
-  if (std::string error = result.get(); !error.empty()) {
-    asio::post(io_, [this, generation] {
-      FailConnection(generation, absl::UnavailableError("connect failed"));
+  if (!error.empty()) {
+    // The socket is the I/O thread's until the connect completed: close it there.
+    asio::post(io_, [conn] {
+      boost::system::error_code ec;
+      conn->socket.close(ec);
     });
     return absl::UnavailableError(absl::StrCat("cannot connect to lockd at ", address, ": ", error));
   }
-  asio::post(io_, [this, generation] {
-    if (generation != socket_generation_) return;
-    boost::system::error_code ec;
-    if (socket_->socket.local_endpoint(ec).protocol().family() != AF_UNIX) {
-      socket_->socket.set_option(asio::ip::tcp::no_delay(true), ec);
-    }
-    asio::co_spawn(io_, ReadLoop(socket_, generation), asio::detached);
-  });
   {
     absl::MutexLock lock(&mu_);
-    if (generation_ != generation) return absl::UnavailableError("connection replaced");
+    if (generation_ != conn->generation) return absl::UnavailableError("connection replaced");
+    conn->fd = conn->socket.native_handle();
+    conn->direct = !use_tls;
+    conn_ = conn;
     connected_ = true;
+    if (use_tls) conn->io_armed = true;  // for good: TlsReadLoop reads until the connection ends
+  }
+  if (use_tls) {
+    asio::post(io_, [this, conn] { asio::co_spawn(io_, TlsReadLoop(conn), asio::detached); });
   }
 
   wire::Request hello;
@@ -352,17 +415,46 @@ absl::Status AsioChannel::ConnectOne(const std::string& address, const std::stri
   return absl::OkStatus();
 }
 
+bool AsioChannel::connected() {
+  Conn conn;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!connected_) return false;
+    // Someone reads it: they would have seen it end.
+    if (!conn_->direct || conn_->reader != Reader::kNone || conn_->io_armed) return true;
+    conn = conn_;
+    conn->reader = Reader::kCaller;
+  }
+  // Nobody reads an idle connection: look whether lockd closed it (restarted, or failed over)
+  // before a request is sent on it that could only fail.
+  absl::Status s;
+  for (;;) {
+    pollfd p{.fd = conn->fd, .events = POLLIN | POLLRDHUP, .revents = 0};
+    if (::poll(&p, 1, 0) <= 0) break;
+    bool drained = false;
+    s = ReadOnce(*conn, &drained);
+    if (!s.ok() || drained) break;
+  }
+  if (!s.ok()) Fail(conn, s);
+  ReleaseReader(conn);
+  absl::MutexLock lock(&mu_);
+  return connected_;
+}
+
 absl::StatusOr<uint64_t> AsioChannel::Submit(wire::Request& request,
-                                             std::shared_ptr<PendingCall> call) {
-  uint64_t id, generation;
+                                             std::shared_ptr<PendingCall> call, bool with_next) {
+  uint64_t id;
+  Conn conn;
   {
     absl::MutexLock lock(&mu_);
     if (!connected_) return absl::UnavailableError("not connected to lockd");
     id = ++next_request_id_;
-    generation = generation_;
+    conn = conn_;
     request.set_request_id(id);
     if (call != nullptr) {
-      call->id = id;  // before the call is published: the I/O thread may finish it at once
+      // Before the call is published: a reader may finish it at once.
+      call->id = id;
+      call->generation = conn->generation;
       pending_[id] = call;
     }
   }
@@ -373,10 +465,100 @@ absl::StatusOr<uint64_t> AsioChannel::Submit(wire::Request& request,
     pending_.erase(id);
     return framed;
   }
-  asio::post(io_, [this, frame = std::move(frame), id, generation]() mutable {
-    Enqueue(std::move(frame), id, generation);
-  });
+  // A Post's reply is read with whatever is read next (the next call's reply, a heartbeat's):
+  // nothing reads for it alone.
+  Write(conn, std::move(frame), id, call.get(), with_next);
   return id;
+}
+
+void AsioChannel::Write(const Conn& conn, std::string frame, uint64_t id, PendingCall* call,
+                        bool with_next) {
+  absl::Status failed;
+  {
+    absl::MutexLock lock(&wr_mu_);
+    if (with_next) {
+      conn->held.append(frame);
+      return;
+    }
+    if (!conn->held.empty()) {
+      frame.insert(0, conn->held);
+      conn->held.clear();
+    }
+    bool direct;
+    {
+      absl::MutexLock l(&mu_);
+      direct = conn->direct;
+    }
+    size_t sent = 0;
+    if (direct && !conn->writing) {
+      // Written by the caller: no hand-over to the I/O thread. D2: t_send is read here,
+      // immediately before the bytes go to the socket.
+      const MonoTime t_send = clock_->Now();
+      if (call != nullptr) {
+        absl::MutexLock call_lock(&call->mu);
+        call->reply.sent_at = t_send;
+      }
+      while (sent < frame.size()) {
+        const ssize_t n = ::send(conn->fd, frame.data() + sent, frame.size() - sent,
+                                 MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) {
+          sent += static_cast<size_t>(n);
+        } else if (n < 0 && errno == EINTR) {
+          continue;
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+          break;  // the socket buffer is full: the rest goes to the write loop
+        } else {
+          failed = absl::UnavailableError(
+              absl::StrCat("write to lockd failed: ", std::strerror(n < 0 ? errno : EPIPE)));
+          break;
+        }
+      }
+      if (failed.ok() && sent < frame.size()) {
+        conn->outbox.append(frame, sent);  // its t_send is already set
+      }
+    } else {
+      conn->outbox.append(frame);
+      conn->outbox_ids.push_back(id);
+    }
+    if (failed.ok() && !conn->outbox.empty() && !conn->writing) {
+      conn->writing = true;
+      asio::post(io_, [this, conn] { asio::co_spawn(io_, WriteLoop(conn), asio::detached); });
+    }
+  }
+  if (!failed.ok()) Fail(conn, failed);
+}
+
+awaitable<void> AsioChannel::WriteLoop(Conn conn) {
+  boost::system::error_code ec;
+  for (;;) {
+    std::string batch;
+    std::vector<uint64_t> ids;
+    {
+      absl::MutexLock lock(&wr_mu_);
+      if (conn->outbox.empty()) {
+        conn->writing = false;
+        co_return;
+      }
+      batch.swap(conn->outbox);
+      ids.swap(conn->outbox_ids);
+    }
+    // D2: t_send is read here, immediately before the bytes go to the socket.
+    const MonoTime t_send = clock_->Now();
+    {
+      absl::MutexLock lock(&mu_);
+      for (uint64_t id : ids) {
+        auto it = pending_.find(id);
+        if (it == pending_.end()) continue;
+        absl::MutexLock call_lock(&it->second->mu);
+        it->second->reply.sent_at = t_send;
+      }
+    }
+    co_await conn->WriteAll(asio::buffer(batch), ec);
+    if (ec) {
+      Fail(conn, absl::UnavailableError(absl::StrCat("write to lockd failed: ", ec.message())));
+      co_return;  // `writing` stays set: nothing more is written to a failed connection
+    }
+  }
 }
 
 absl::StatusOr<Reply> AsioChannel::Call(wire::Request request, absl::Duration timeout) {
@@ -394,10 +576,42 @@ absl::StatusOr<std::shared_ptr<PendingCall>> AsioChannel::Send(wire::Request req
 
 absl::StatusOr<Reply> AsioChannel::Await(const std::shared_ptr<PendingCall>& call,
                                          absl::Duration timeout) {
-  call->finished.WaitFor(timeout);
+  // Measured on the monotonic clock, as every wait here is: a wall-clock step moves nothing.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration()));
+  Conn reading;
   {
     absl::MutexLock lock(&mu_);
-    pending_.erase(call->id);  // a reply arriving from now on is unmatched
+    if (conn_ != nullptr && conn_->generation == call->generation && conn_->direct &&
+        !conn_->failed && conn_->reader == Reader::kNone) {
+      reading = conn_;
+      reading->reader = Reader::kCaller;
+    }
+  }
+  if (reading != nullptr) {
+    ReadFor(reading, *call, deadline);
+    ReleaseReader(reading);
+  } else {
+    // Another reads (a caller, or the I/O thread), or the call already failed: whoever reads
+    // finishes it, and a reader that stops before its reply hands the reading on.
+    call->finished.WaitFor(absl::FromChrono(deadline - std::chrono::steady_clock::now()));
+  }
+  bool given_up = false;
+  {
+    absl::MutexLock lock(&mu_);
+    // A reply arriving from now on is unmatched (a grant goes back through the handler).
+    if (pending_.erase(call->id) > 0) {
+      given_up_.insert(call->id);
+      given_up = conn_ != nullptr && conn_->generation == call->generation;
+    }
+  }
+  if (given_up) {
+    Conn conn;
+    {
+      absl::MutexLock lock(&mu_);
+      conn = conn_;
+    }
+    if (conn != nullptr) EnsureReading(conn);
   }
   absl::MutexLock lock(&call->mu);
   if (!call->done) {
@@ -408,6 +622,153 @@ absl::StatusOr<Reply> AsioChannel::Await(const std::shared_ptr<PendingCall>& cal
   return std::move(call->reply);
 }
 
+void AsioChannel::ReadFor(const Conn& conn, PendingCall& call,
+                          std::chrono::steady_clock::time_point deadline) {
+  while (!call.Done()) {
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) return;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    const timespec wait{.tv_sec = static_cast<time_t>(ns / 1'000'000'000),
+                        .tv_nsec = static_cast<long>(ns % 1'000'000'000)};
+    // ppoll's timeout is an interval on the monotonic clock.
+    pollfd p{.fd = conn->fd, .events = POLLIN, .revents = 0};
+    const int ready = ::ppoll(&p, 1, &wait, nullptr);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) continue;  // the loop's deadline check decides
+    bool drained = false;
+    absl::Status s = ready < 0 ? absl::UnavailableError(absl::StrCat(
+                                     "waiting for lockd failed: ", std::strerror(errno)))
+                               : ReadOnce(*conn, &drained);
+    if (!s.ok()) return Fail(conn, s);
+  }
+}
+
+absl::Status AsioChannel::ReadOnce(Connection& conn, bool* drained) {
+  *drained = false;
+  if (conn.chunk.empty()) conn.chunk.resize(64 * 1024);
+  ssize_t n;
+  do {
+    n = ::recv(conn.fd, conn.chunk.data(), conn.chunk.size(), MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    *drained = true;
+    return absl::OkStatus();
+  }
+  if (n < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("connection to lockd lost: ", std::strerror(errno)));
+  }
+  if (n == 0) return absl::UnavailableError("connection to lockd lost: End of file");
+  conn.decoder.Feed(std::string_view(conn.chunk.data(), static_cast<size_t>(n)));
+  return DeliverFrames(conn);
+}
+
+absl::Status AsioChannel::DeliverFrames(Connection& conn) {
+  std::string payload;
+  for (;;) {
+    const auto result = conn.decoder.Next(&payload);
+    if (result == protocol::FrameDecoder::Result::kNeedMore) return absl::OkStatus();
+    wire::Response response;
+    if (result == protocol::FrameDecoder::Result::kTooLarge ||
+        !response.ParseFromString(payload)) {
+      return absl::UnavailableError("lockd sent a frame that does not parse");
+    }
+    if (response.request_id() == 0 && response.code() != wire::OK) {
+      // About the whole connection (refused at admission, a frame lockd could not parse):
+      // every pending call fails with lockd's reason (kUnavailable, as for any lost
+      // connection).
+      return absl::UnavailableError(
+          absl::StrCat("lockd closed the connection: ", response.message()));
+    }
+    Deliver(std::move(response));
+  }
+}
+
+void AsioChannel::ReleaseReader(const Conn& conn) {
+  bool arm = false;
+  {
+    absl::MutexLock lock(&mu_);
+    conn->reader = Reader::kNone;
+    // Replies are still due that this caller did not wait for: the I/O thread reads them.
+    if (conn == conn_ && !conn->failed && RepliesDue()) arm = ArmLocked(conn);
+  }
+  if (arm) SpawnIoReader(conn);
+}
+
+void AsioChannel::EnsureReading(const Conn& conn) {
+  bool arm = false;
+  {
+    absl::MutexLock lock(&mu_);
+    // A caller reading hands on to the I/O thread when it stops, if anything is still due.
+    if (conn == conn_ && !conn->failed && conn->reader != Reader::kCaller) arm = ArmLocked(conn);
+  }
+  if (arm) SpawnIoReader(conn);
+}
+
+void AsioChannel::SpawnIoReader(const Conn& conn) {
+  // Started on the I/O thread: the socket's operations all begin there.
+  asio::post(io_, [this, conn] { asio::co_spawn(io_, IoReadLoop(conn), asio::detached); });
+}
+
+bool AsioChannel::ArmLocked(const Conn& conn) {
+  if (conn->io_armed) return false;
+  conn->io_armed = true;
+  return true;
+}
+
+awaitable<void> AsioChannel::IoReadLoop(Conn conn) {
+  boost::system::error_code ec;
+  for (;;) {
+    co_await conn->socket.async_wait(Socket::wait_read, asio::redirect_error(use_awaitable, ec));
+    bool read = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (conn->failed || conn != conn_) {
+        conn->io_armed = false;
+      } else if (!ec && conn->reader == Reader::kCaller) {
+        // A caller took over: it hands back when it stops, if replies are still due.
+        conn->io_armed = false;
+      } else if (!ec) {
+        conn->reader = Reader::kIo;
+        read = true;
+      }
+    }
+    if (ec) {
+      Fail(conn, absl::UnavailableError(absl::StrCat("connection to lockd lost: ", ec.message())));
+      co_return;
+    }
+    if (!read) co_return;
+    bool drained = false;
+    absl::Status s = ReadOnce(*conn, &drained);
+    if (!s.ok()) Fail(conn, s);
+    {
+      absl::MutexLock lock(&mu_);
+      conn->reader = Reader::kNone;
+      if (!s.ok() || conn->failed || conn != conn_ || !RepliesDue()) {
+        conn->io_armed = false;
+        co_return;
+      }
+    }
+  }
+}
+
+awaitable<void> AsioChannel::TlsReadLoop(Conn conn) {
+  std::string chunk(64 * 1024, '\0');
+  boost::system::error_code ec;
+  for (;;) {
+    const size_t n = co_await conn->ReadSome(asio::buffer(chunk), ec);
+    if (ec) {
+      Fail(conn, absl::UnavailableError(absl::StrCat("connection to lockd lost: ", ec.message())));
+      co_return;
+    }
+    conn->decoder.Feed(std::string_view(chunk.data(), n));
+    if (absl::Status s = DeliverFrames(*conn); !s.ok()) {
+      Fail(conn, s);
+      co_return;
+    }
+  }
+}
+
 absl::StatusOr<uint64_t> AsioChannel::SendAsync(
     wire::Request request, absl::Duration timeout,
     std::function<void(absl::StatusOr<Reply>)> on_done) {
@@ -415,7 +776,14 @@ absl::StatusOr<uint64_t> AsioChannel::SendAsync(
   call->on_done = std::move(on_done);
   auto id = Submit(request, call);
   if (!id.ok()) return id.status();
-  // Posted after the frame's Enqueue, so the timer is armed before any reply can be read.
+  {
+    Conn conn;
+    {
+      absl::MutexLock lock(&mu_);
+      conn = conn_;
+    }
+    if (conn != nullptr) EnsureReading(conn);  // nobody waits: the I/O thread reads its reply
+  }
   asio::post(io_, [this, id = *id, timeout] {
     {
       absl::MutexLock lock(&mu_);
@@ -439,7 +807,8 @@ void AsioChannel::Expire(uint64_t id, absl::Duration timeout) {
     auto it = pending_.find(id);
     if (it == pending_.end()) return;
     call = std::move(it->second);
-    pending_.erase(it);  // a reply arriving from now on is unmatched
+    pending_.erase(it);
+    given_up_.insert(id);  // a reply arriving from now on is unmatched
   }
   Finish(call, absl::DeadlineExceededError(
                    absl::StrCat("no reply from lockd within ", absl::FormatDuration(timeout))));
@@ -447,6 +816,12 @@ void AsioChannel::Expire(uint64_t id, absl::Duration timeout) {
 
 void AsioChannel::Finish(const std::shared_ptr<PendingCall>& call, absl::StatusOr<Reply> result) {
   if (call->on_done) {
+    if (!OnIoThread()) {
+      asio::post(io_, [this, call, result = std::move(result)]() mutable {
+        Finish(call, std::move(result));
+      });
+      return;
+    }
     timers_.erase(call->id);
     if (result.ok()) {
       absl::MutexLock lock(&call->mu);
@@ -471,80 +846,8 @@ absl::StatusOr<uint64_t> AsioChannel::Post(wire::Request request) {
   return Submit(request, nullptr);
 }
 
-void AsioChannel::Enqueue(std::string frame, uint64_t id, uint64_t generation) {
-  if (generation != socket_generation_ || socket_ == nullptr) return;
-  outbox_.append(frame);
-  outbox_ids_.push_back(id);
-  if (!writing_) {
-    writing_ = true;
-    asio::co_spawn(io_, WriteLoop(socket_, generation), asio::detached);
-  }
-}
-
-awaitable<void> AsioChannel::WriteLoop(std::shared_ptr<Connection> connection,
-                                       uint64_t generation) {
-  boost::system::error_code ec;
-  while (!outbox_.empty() && generation == socket_generation_) {
-    std::string batch;
-    std::vector<uint64_t> ids;
-    batch.swap(outbox_);
-    ids.swap(outbox_ids_);
-    // D2: t_send is read here, immediately before the bytes go to the socket.
-    const MonoTime t_send = clock_->Now();
-    {
-      absl::MutexLock lock(&mu_);
-      for (uint64_t id : ids) {
-        auto it = pending_.find(id);
-        if (it == pending_.end()) continue;
-        absl::MutexLock call_lock(&it->second->mu);
-        it->second->reply.sent_at = t_send;
-      }
-    }
-    co_await connection->WriteAll(asio::buffer(batch), ec);
-    if (ec) {
-      FailConnection(generation, absl::UnavailableError(
-                                     absl::StrCat("write to lockd failed: ", ec.message())));
-      break;
-    }
-  }
-  if (generation == socket_generation_) writing_ = false;
-}
-
-awaitable<void> AsioChannel::ReadLoop(std::shared_ptr<Connection> connection,
-                                      uint64_t generation) {
-  protocol::FrameDecoder decoder;
-  std::string chunk(64 * 1024, '\0');
-  std::string payload;
-  boost::system::error_code ec;
-  for (;;) {
-    const size_t n = co_await connection->ReadSome(asio::buffer(chunk), ec);
-    if (ec) {
-      FailConnection(generation, absl::UnavailableError(
-                                     absl::StrCat("connection to lockd lost: ", ec.message())));
-      co_return;
-    }
-    decoder.Feed(std::string_view(chunk.data(), n));
-    for (;;) {
-      const auto result = decoder.Next(&payload);
-      if (result == protocol::FrameDecoder::Result::kNeedMore) break;
-      wire::Response response;
-      if (result == protocol::FrameDecoder::Result::kTooLarge ||
-          !response.ParseFromString(payload)) {
-        FailConnection(generation,
-                       absl::UnavailableError("lockd sent a frame that does not parse"));
-        co_return;
-      }
-      if (response.request_id() == 0 && response.code() != wire::OK) {
-        // About the whole connection (refused at admission, a frame lockd could not parse):
-        // every pending call fails with lockd's reason (kUnavailable, as for any lost
-        // connection).
-        FailConnection(generation, absl::UnavailableError(absl::StrCat(
-                                       "lockd closed the connection: ", response.message())));
-        co_return;
-      }
-      Deliver(std::move(response));
-    }
-  }
+absl::StatusOr<uint64_t> AsioChannel::PostWithNext(wire::Request request) {
+  return Submit(request, nullptr, /*with_next=*/true);
 }
 
 void AsioChannel::Deliver(wire::Response response) {
@@ -555,45 +858,49 @@ void AsioChannel::Deliver(wire::Response response) {
     if (it != pending_.end()) {
       call = std::move(it->second);
       pending_.erase(it);
+    } else {
+      given_up_.erase(response.request_id());
     }
   }
-  if (call == nullptr) {
-    if (unmatched_) unmatched_(response);
-    return;
-  }
-  Finish(call, Reply{.response = std::move(response)});
+  if (call != nullptr) return Finish(call, Reply{.response = std::move(response)});
+  if (unmatched_) unmatched_(response);
 }
 
-void AsioChannel::FailConnection(uint64_t generation, const absl::Status& why) {
-  if (generation != socket_generation_ || socket_ == nullptr) return;
-  boost::system::error_code ec;
-  socket_->socket.close(ec);
-  socket_.reset();
-  outbox_.clear();
-  outbox_ids_.clear();
-  writing_ = false;
+void AsioChannel::Fail(const Conn& conn, const absl::Status& why) {
   absl::flat_hash_map<uint64_t, std::shared_ptr<PendingCall>> failed;
   {
     absl::MutexLock lock(&mu_);
-    if (generation_ == generation) connected_ = false;
-    failed.swap(pending_);
+    if (conn->failed) return;
+    conn->failed = true;
+    if (conn == conn_) {
+      conn_.reset();
+      connected_ = false;
+      failed.swap(pending_);
+      given_up_.clear();
+    }
   }
+  // Wakes a caller blocked reading it; the descriptor itself stays open while anyone holds the
+  // connection.
+  if (conn->fd >= 0) ::shutdown(conn->fd, SHUT_RDWR);
+  asio::post(io_, [conn] {
+    boost::system::error_code ec;
+    conn->socket.cancel(ec);  // the I/O thread's waits end, and with them its references
+  });
   for (auto& [id, call] : failed) Finish(call, why);
 }
 
 void AsioChannel::Close() {
-  if (std::this_thread::get_id() == thread_.get_id()) {
-    FailConnection(socket_generation_, absl::UnavailableError("channel closed"));
-    return;
+  Conn conn;
+  {
+    absl::MutexLock lock(&mu_);
+    conn = conn_;
   }
+  if (conn != nullptr) Fail(conn, absl::UnavailableError("channel closed"));
+  if (OnIoThread()) return;
+  // The completions Fail handed to the I/O thread have run when this returns.
   std::promise<void> done;
-  asio::post(io_, [this, &done] {
-    FailConnection(socket_generation_, absl::UnavailableError("channel closed"));
-    done.set_value();
-  });
+  asio::post(io_, [&done] { done.set_value(); });
   done.get_future().wait();
-  absl::MutexLock lock(&mu_);
-  connected_ = false;
 }
 
 }  // namespace

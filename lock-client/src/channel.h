@@ -1,13 +1,18 @@
 // One connection from the client to lockd: framing, request ids, and t_send.
 //
 // Call() writes a request and waits for the reply with the same request id. The time the
-// client measures leases from, Reply::sent_at, is read from the injected clock on the I/O
-// thread immediately before the bytes are handed to the socket (ADR-006 D2): never at the
+// client measures leases from, Reply::sent_at, is read from the injected clock by whichever
+// thread writes, immediately before the bytes are handed to the socket (ADR-006 D2): never at the
 // reply. Replies nobody waits for any more (their caller timed out) go to the unmatched-reply
 // handler, so the client can give back a grant that arrived too late.
 //
-// Thread-safe: Call(), Post() and Close() may be used from any thread; the socket lives on the
-// channel's own I/O thread.
+// Over a plain socket (TCP or unix), a caller writes its request itself and, while it waits,
+// reads the socket itself: a blocking call costs no hand-over between threads. The channel's
+// I/O thread reads only the replies no caller is reading for (SendAsync's and Post's, those of
+// calls given up, and a caller's that waits behind another reader). Over TLS the I/O thread
+// does all reading and writing.
+//
+// Thread-safe: every method may be used from any thread.
 #ifndef FENCELOCK_LOCK_CLIENT_CHANNEL_H_
 #define FENCELOCK_LOCK_CLIENT_CHANNEL_H_
 
@@ -50,7 +55,9 @@ class Channel {
   virtual absl::Status Connect(const std::string& address, const std::string& client_name,
                                absl::Duration timeout) = 0;
 
-  virtual bool connected() const = 0;
+  // Whether the connection is up. Nobody reads an idle connection, so this looks (without
+  // blocking) whether lockd closed it since.
+  virtual bool connected() = 0;
 
   // Sends `request` (the channel sets its request_id) and blocks until its reply arrives, the
   // connection fails (kUnavailable), or `timeout` passes (kDeadlineExceeded). A reply is
@@ -75,13 +82,18 @@ class Channel {
   // The protocol version negotiated by the last successful Connect() (0 before).
   virtual uint32_t version() const = 0;
 
-  // Sends `request` without waiting; its reply goes to the unmatched-reply handler.
+  // Sends `request` without waiting; its reply goes to the unmatched-reply handler when it is
+  // read, with the next reply anyone reads (nothing reads for it alone).
   // Returns the request id. kUnavailable when not connected (nothing is sent). An id means
   // handed to the connection, not delivered: a connection that breaks at once may still lose it.
   virtual absl::StatusOr<uint64_t> Post(wire::Request request) = 0;
+  // Post() that writes nothing yet: the request goes out in one write with the next request
+  // sent (so that lockd reads, and commits, the two together). Until then it is in no
+  // socket; it is lost if the connection closes first.
+  virtual absl::StatusOr<uint64_t> PostWithNext(wire::Request request) = 0;
 
-  // Called on the I/O thread for replies no caller waits for. Must not block. Set before
-  // Connect().
+  // Called for replies no caller waits for, on whichever thread read them (a caller's, or the
+  // I/O thread), with none of the channel's locks held. Must not block. Set before Connect().
   virtual void set_unmatched_reply_handler(
       std::function<void(const wire::Response&)> handler) = 0;
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -231,6 +232,7 @@ class ClientImpl final : public Client {
       std::string_view lock, absl::Duration wait, absl::Duration ttl,
       std::function<void(absl::StatusOr<LockHandle>)> done) override;
   void releaseAsync(const LockHandle& handle, std::function<void(absl::Status)> done) override;
+  absl::Status releaseWithNextRequest(const LockHandle& handle) override;
   void renewAsync(const LockHandle& handle, std::function<void(absl::Status)> done) override;
 
  private:
@@ -275,16 +277,39 @@ class ClientImpl final : public Client {
   absl::StatusOr<uint64_t> PrepareAcquire(const std::string& lock);
   // The session to acquire `lock` under if PrepareAcquire would not need to block; nullopt
   // otherwise.
-  std::optional<uint64_t> ReadyToAcquire(const std::string& lock) const;
+  std::optional<uint64_t> ReadyToAcquire(const std::string& lock);
+  // The Acquire request for `lock` under `session`.
+  wire::Request AcquireRequest(uint64_t session, const std::string& lock, absl::Duration wait,
+                               absl::Duration ttl) const;
   // Sends the op's Acquire under `session` (unless it was cancelled meanwhile).
   void SendAcquire(const std::shared_ptr<AcquireOp>& op, uint64_t session);
   // The Acquire's reply (I/O thread).
   void OnAcquireReply(const std::shared_ptr<AcquireOp>& op, uint64_t session,
                       absl::StatusOr<Reply> reply);
-  // A grant that queued so long that its lease left would not last until the next heartbeat
-  // (or would not cover a declared step): renews it before publishing it. Blocks.
+  // A grant as its reply has it, not yet published.
+  struct Grant {
+    uint64_t token = 0;
+    absl::Duration ttl;
+    MonoTime deadline;  // the lock's usable deadline, from the Acquire's t_send (D1)
+    // It queued so long that the lease left would not last until the next heartbeat (or would
+    // not cover a declared step): it must be renewed before it is published.
+    bool late = false;
+  };
+  // What an Acquire's reply means: an outcome to hand over as it is (an error, or no grant), or
+  // a grant.
+  std::variant<AcquireResult, Grant> ReadAcquireReply(uint64_t session,
+                                                      const absl::StatusOr<Reply>& reply);
+  // Renews a late grant of `lock`; its new usable deadline, or why it could not be renewed
+  // (then the caller gives it back). Blocks.
+  absl::StatusOr<MonoTime> RenewGrant(const std::string& lock, uint64_t token,
+                                      absl::Duration granted_ttl);
+  // The op's late grant, renewed before it is published (RenewGrant). Blocks.
   void RenewLateGrant(const std::shared_ptr<AcquireOp>& op, uint64_t session, uint64_t token,
                       absl::Duration granted_ttl);
+  // Records the grant as held and returns its handle; an error if the session it came under
+  // was lost meanwhile.
+  absl::StatusOr<LockHandle> Publish(const std::string& lock, uint64_t session, uint64_t token,
+                                     absl::Duration granted_ttl, MonoTime lock_deadline);
   // Makes the grant the op's outcome (op mutex held).
   void PublishGrant(AcquireOp& op, uint64_t session, uint64_t token, absl::Duration granted_ttl,
                     MonoTime lock_deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op.mu_);
@@ -383,6 +408,8 @@ class ClientImpl final : public Client {
   };
   static constexpr size_t kMaxUnsettled = 4096;
   absl::flat_hash_map<std::string, Unsettled> unsettled_ ABSL_GUARDED_BY(mu_);
+  // releaseWithNextRequest's requests not answered yet: request id to lock.
+  absl::flat_hash_map<uint64_t, std::string> unawaited_releases_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   MonotonicEvent stop_heartbeat_;  // set with stopping_
   // The last 128 heartbeat round trips, for the p99 (ring buffer).
@@ -971,7 +998,7 @@ absl::StatusOr<uint64_t> ClientImpl::PrepareAcquire(const std::string& lock) {
   return session;
 }
 
-std::optional<uint64_t> ClientImpl::ReadyToAcquire(const std::string& lock) const {
+std::optional<uint64_t> ClientImpl::ReadyToAcquire(const std::string& lock) {
   if (!channel_->connected()) return std::nullopt;
   absl::MutexLock l(&mu_);
   if (session_id_ == 0 || session_deadline_ - clock_->Now() <= costliest_step_ ||
@@ -981,13 +1008,19 @@ std::optional<uint64_t> ClientImpl::ReadyToAcquire(const std::string& lock) cons
   return session_id_;
 }
 
-void ClientImpl::SendAcquire(const std::shared_ptr<AcquireOp>& op, uint64_t session) {
+wire::Request ClientImpl::AcquireRequest(uint64_t session, const std::string& lock,
+                                         absl::Duration wait, absl::Duration ttl) const {
   wire::Request request;
   auto* a = request.mutable_acquire();
   a->set_session_id(session);
-  a->set_lock(op->lock());
-  a->set_ttl_ms(Millis(op->ttl() == absl::ZeroDuration() ? options_.default_lock_ttl : op->ttl()));
-  a->set_wait_timeout_ms(Millis(op->wait()));
+  a->set_lock(lock);
+  a->set_ttl_ms(Millis(ttl == absl::ZeroDuration() ? options_.default_lock_ttl : ttl));
+  a->set_wait_timeout_ms(Millis(wait));
+  return request;
+}
+
+void ClientImpl::SendAcquire(const std::shared_ptr<AcquireOp>& op, uint64_t session) {
+  wire::Request request = AcquireRequest(session, op->lock(), op->wait(), op->ttl());
   // Held while sending, so that a cancel() knows the request id to withdraw. The reply cannot
   // be handled before: its handler takes the same mutex.
   absl::MutexLock l(&op->mu_);
@@ -1002,96 +1035,109 @@ void ClientImpl::SendAcquire(const std::shared_ptr<AcquireOp>& op, uint64_t sess
   op->request_id_ = *id;
 }
 
-void ClientImpl::OnAcquireReply(const std::shared_ptr<AcquireOp>& op, uint64_t session,
-                                absl::StatusOr<Reply> reply) {
-  absl::MutexLock l(&op->mu_);
-  const bool granted = reply.ok() && reply->response.code() == wire::OK &&
-                       reply->response.acquire().granted();
-  if (op->cancelled_) {
-    // Nobody waits for it: a grant that crossed the cancellation is given back at once.
-    if (granted) Relinquish(session, op->lock(), reply->response.acquire().token());
-    return;
-  }
-  if (op->finished_) return;
-  if (!reply.ok()) return CompleteAcquire(*op, reply.status());
+std::variant<AcquireResult, ClientImpl::Grant> ClientImpl::ReadAcquireReply(
+    uint64_t session, const absl::StatusOr<Reply>& reply) {
+  if (!reply.ok()) return AcquireResult(reply.status());
   const wire::Response& r = reply->response;
   if (r.code() == wire::SESSION_NOT_FOUND) {
     LoseSession(LossReason::kSessionLost);
-    return CompleteAcquire(*op, absl::UnavailableError(absl::StrCat(
-                                    "session ", session, " expired on lockd: ", r.message(),
-                                    "; retry to open a new one")));
+    return AcquireResult(absl::UnavailableError(absl::StrCat(
+        "session ", session, " expired on lockd: ", r.message(), "; retry to open a new one")));
   }
-  if (r.code() != wire::OK) {
-    return CompleteAcquire(*op, protocol::StatusFromCode(r.code(), r.message()));
-  }
-  if (!granted) return CompleteAcquire(*op, std::optional<LockHandle>());
+  if (r.code() != wire::OK) return AcquireResult(protocol::StatusFromCode(r.code(), r.message()));
+  if (!r.acquire().granted()) return AcquireResult(std::optional<LockHandle>());
 
   // D1: the lease is measured from when the Acquire was written, however long it queued.
-  const absl::Duration granted_ttl = absl::Milliseconds(r.acquire().ttl_ms());
-  const uint64_t token = r.acquire().token();
-  const MonoTime lock_deadline = UsableDeadline(reply->sent_at, granted_ttl, options_.safety_margin);
+  Grant grant{.token = r.acquire().token(), .ttl = absl::Milliseconds(r.acquire().ttl_ms())};
+  grant.deadline = UsableDeadline(reply->sent_at, grant.ttl, options_.safety_margin);
   MonoTime session_deadline;
   {
     absl::MutexLock m(&mu_);
     session_deadline = session_deadline_;
   }
-  if (std::min(lock_deadline, session_deadline) - clock_->Now() <=
-      std::max(HeartbeatInterval(), costliest_step_)) {
-    // The grant queued (or lockd stalled) so long that the lease left would run out before the
-    // next regular heartbeat, or would not cover a declared step (or already has run out, by
-    // the client's arithmetic). The handle is not published yet: renew the session and this
-    // lock first, off the I/O thread that must carry the renewal's reply.
-    slow_.Post([this, op, session, token, granted_ttl] {
-      RenewLateGrant(op, session, token, granted_ttl);
+  // The grant queued (or lockd stalled) so long that the lease left would run out before the
+  // next regular heartbeat, or would not cover a declared step (or already has run out, by the
+  // client's arithmetic).
+  grant.late = std::min(grant.deadline, session_deadline) - clock_->Now() <=
+               std::max(HeartbeatInterval(), costliest_step_);
+  return grant;
+}
+
+void ClientImpl::OnAcquireReply(const std::shared_ptr<AcquireOp>& op, uint64_t session,
+                                absl::StatusOr<Reply> reply) {
+  absl::MutexLock l(&op->mu_);
+  if (op->cancelled_) {
+    // Nobody waits for it: a grant that crossed the cancellation is given back at once.
+    if (reply.ok() && reply->response.code() == wire::OK && reply->response.acquire().granted()) {
+      Relinquish(session, op->lock(), reply->response.acquire().token());
+    }
+    return;
+  }
+  if (op->finished_) return;
+  auto read = ReadAcquireReply(session, reply);
+  if (auto* outcome = std::get_if<AcquireResult>(&read)) {
+    return CompleteAcquire(*op, std::move(*outcome));
+  }
+  const Grant& grant = std::get<Grant>(read);
+  if (grant.late) {
+    // Not published yet: renewed first, off the I/O thread that must carry the renewal's reply.
+    slow_.Post([this, op, session, token = grant.token, ttl = grant.ttl] {
+      RenewLateGrant(op, session, token, ttl);
     });
     return;
   }
-  PublishGrant(*op, session, token, granted_ttl, lock_deadline);
+  PublishGrant(*op, session, grant.token, grant.ttl, grant.deadline);
+}
+
+absl::StatusOr<MonoTime> ClientImpl::RenewGrant(const std::string& lock, uint64_t token,
+                                                absl::Duration granted_ttl) {
+  absl::StatusOr<Reply> renewal;
+  {
+    absl::MutexLock hb(&heartbeat_mu_);
+    renewal = KeepAliveLocked([&] { return LockRefs{{lock, token}}; });
+  }
+  if (!renewal.ok() || renewal->response.keep_alive().lock_codes(0) != wire::OK) {
+    return absl::UnavailableError(absl::StrCat(
+        "lock \"", lock, "\" was granted after a long wait and its lease could not be renewed",
+        renewal.ok() ? ": fenced out" : ": ", renewal.ok() ? "" : renewal.status().message()));
+  }
+  return UsableDeadline(renewal->sent_at, granted_ttl, options_.safety_margin);
 }
 
 void ClientImpl::RenewLateGrant(const std::shared_ptr<AcquireOp>& op, uint64_t session,
                                 uint64_t token, absl::Duration granted_ttl) {
-  bool renewed = false;
-  absl::StatusOr<Reply> renewal = absl::CancelledError("cancelled");
   {
     absl::MutexLock l(&op->mu_);
     if (op->cancelled_) return Relinquish(session, op->lock(), token);
   }
-  {
-    absl::MutexLock hb(&heartbeat_mu_);
-    const std::string& name = op->lock();
-    renewal = KeepAliveLocked([&] { return LockRefs{{name, token}}; });
-    renewed = renewal.ok() && renewal->response.keep_alive().lock_codes(0) == wire::OK;
-  }
+  absl::StatusOr<MonoTime> renewed = RenewGrant(op->lock(), token, granted_ttl);
   absl::MutexLock l(&op->mu_);
-  if (op->cancelled_ || !renewed) {
+  if (op->cancelled_ || !renewed.ok()) {
     Relinquish(session, op->lock(), token);
     if (op->cancelled_) return;
-    return CompleteAcquire(
-        *op, absl::UnavailableError(absl::StrCat(
-                 "lock \"", op->lock(),
-                 "\" was granted after a long wait and its lease could not be renewed",
-                 renewal.ok() ? ": fenced out" : ": ",
-                 renewal.ok() ? "" : renewal.status().message())));
+    return CompleteAcquire(*op, renewed.status());
   }
-  PublishGrant(*op, session, token, granted_ttl,
-               UsableDeadline(renewal->sent_at, granted_ttl, options_.safety_margin));
+  PublishGrant(*op, session, token, granted_ttl, *renewed);
+}
+
+absl::StatusOr<LockHandle> ClientImpl::Publish(const std::string& lock, uint64_t session,
+                                               uint64_t token, absl::Duration granted_ttl,
+                                               MonoTime lock_deadline) {
+  absl::MutexLock l(&mu_);
+  if (session_id_ != session) {
+    return absl::UnavailableError("session was lost while the acquire was in flight");
+  }
+  auto state = std::make_shared<LeaseState>(lock, token, granted_ttl,
+                                            std::min(lock_deadline, session_deadline_));
+  held_[lock] = HeldLock{state, lock_deadline};
+  return LockHandle(std::move(state));
 }
 
 void ClientImpl::PublishGrant(AcquireOp& op, uint64_t session, uint64_t token,
                               absl::Duration granted_ttl, MonoTime lock_deadline) {
-  std::shared_ptr<LeaseState> state;
-  {
-    absl::MutexLock l(&mu_);
-    if (session_id_ != session) {
-      return CompleteAcquire(
-          op, absl::UnavailableError("session was lost while the acquire was in flight"));
-    }
-    state = std::make_shared<LeaseState>(op.lock(), token, granted_ttl,
-                                         std::min(lock_deadline, session_deadline_));
-    held_[op.lock()] = HeldLock{state, lock_deadline};
-  }
-  CompleteAcquire(op, std::optional<LockHandle>(LockHandle(std::move(state))));
+  absl::StatusOr<LockHandle> handle = Publish(op.lock(), session, token, granted_ttl, lock_deadline);
+  if (!handle.ok()) return CompleteAcquire(op, handle.status());
+  CompleteAcquire(op, std::optional<LockHandle>(*std::move(handle)));
 }
 
 void ClientImpl::CompleteAcquire(AcquireOp& op, AcquireResult result) {
@@ -1120,13 +1166,25 @@ absl::StatusOr<std::optional<LockHandle>> ClientImpl::AcquireImpl(std::string_vi
   const std::string name(lock);
   auto session = PrepareAcquire(name);
   if (!session.ok()) return session.status();
-  // Shared: the completion may still be returning when this thread has the outcome.
-  auto outcome = std::make_shared<std::promise<AcquireResult>>();
-  std::future<AcquireResult> ready = outcome->get_future();
-  auto op = NewAcquire(name, wait, ttl,
-                       [outcome](AcquireResult result) { outcome->set_value(std::move(result)); });
-  SendAcquire(op, *session);
-  return ready.get();
+  // On the caller's thread from request to handle: the channel writes and reads for it. A
+  // grant that arrives after the wait ran out goes to the unmatched-reply handler, which gives
+  // it back.
+  auto reply = channel_->Call(AcquireRequest(*session, name, wait, ttl),
+                              wait + options_.request_timeout);
+  auto read = ReadAcquireReply(*session, reply);
+  if (auto* outcome = std::get_if<AcquireResult>(&read)) return std::move(*outcome);
+  Grant grant = std::get<Grant>(read);
+  if (grant.late) {
+    absl::StatusOr<MonoTime> renewed = RenewGrant(name, grant.token, grant.ttl);
+    if (!renewed.ok()) {
+      Relinquish(*session, name, grant.token);
+      return renewed.status();
+    }
+    grant.deadline = *renewed;
+  }
+  absl::StatusOr<LockHandle> handle = Publish(name, *session, grant.token, grant.ttl, grant.deadline);
+  if (!handle.ok()) return handle.status();
+  return std::optional<LockHandle>(*std::move(handle));
 }
 
 absl::StatusOr<LockHandle> ClientImpl::acquire(std::string_view lock, absl::Duration wait,
@@ -1240,6 +1298,19 @@ absl::Status ClientImpl::release(const LockHandle& handle) {
   wire::Request request;
   if (std::optional<absl::Status> settled = PrepareRelease(handle, &request)) return *settled;
   return ReleaseOutcome(channel_->Call(std::move(request), options_.request_timeout));
+}
+
+absl::Status ClientImpl::releaseWithNextRequest(const LockHandle& handle) {
+  wire::Request request;
+  if (std::optional<absl::Status> settled = PrepareRelease(handle, &request)) return *settled;
+  const std::string lock = request.release().lock();
+  auto id = channel_->PostWithNext(std::move(request));
+  if (!id.ok()) return id.status();
+  absl::MutexLock l(&mu_);
+  // Bounded: an answer lost with its connection leaves its id behind until the next one.
+  if (unawaited_releases_.size() >= kMaxUnsettled) unawaited_releases_.clear();
+  unawaited_releases_[*id] = lock;
+  return absl::OkStatus();
 }
 
 void ClientImpl::releaseAsync(const LockHandle& handle, std::function<void(absl::Status)> done) {
@@ -1388,8 +1459,27 @@ absl::Duration ClientImpl::remaining(const LockHandle& handle) const {
 
 void ClientImpl::OnUnmatchedReply(const wire::Response& response) {
   if (response.has_release()) {
-    // lockd answered a relinquish (released, or no longer held by that token): settled.
+    std::optional<std::string> unawaited;
+    {
+      absl::MutexLock l(&mu_);
+      if (auto it = unawaited_releases_.find(response.request_id());
+          it != unawaited_releases_.end()) {
+        unawaited = std::move(it->second);
+        unawaited_releases_.erase(it);
+      }
+    }
+    if (unawaited.has_value()) {
+      // A releaseWithNextRequest's answer: only a token that no longer held its lock is news.
+      if (response.code() == wire::FENCED_OUT) {
+        fenced_out_.Increment();
+        Log(LogLevel::kWarning, absl::StrCat("the release of \"", *unawaited,
+                                             "\" (not waited for) was fenced out: ",
+                                             response.message()));
+      }
+      return;
+    }
     absl::MutexLock l(&mu_);
+    // lockd answered a relinquish (released, or no longer held by that token): settled.
     for (auto it = unsettled_.begin(); it != unsettled_.end(); ++it) {
       if (it->second.request_id == response.request_id()) {
         unsettled_.erase(it);

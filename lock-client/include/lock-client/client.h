@@ -303,6 +303,18 @@ class Client {
   // loss and cleans up leaves the must-be-zero counter at zero.
   virtual absl::Status release(const LockHandle& handle) = 0;
 
+  // release() for loops that make another request at once (the next acquire, say): the
+  // Release is not written by this call but with this client's next request, in one write, so
+  // that lockd reads and commits the two together and a lock cycle costs one round trip, not
+  // two. Nothing waits for lockd's answer to it. If no request follows, the next heartbeat
+  // carries it (within a heartbeat period, a third of the TTL or less); if the connection fails
+  // first, lockd frees the lock when its lease runs out. The handle is lost from this call on,
+  // as with release(). lockd's answer is read with the next reply this client reads; a
+  // FENCED_OUT one is counted (lock_client_fenced_out_total) and logged as a warning, since
+  // nobody is told otherwise. Returns what release() returns without a request (an empty
+  // handle, a lock already lost), or kUnavailable when not connected; otherwise OK.
+  virtual absl::Status releaseWithNextRequest(const LockHandle& handle) = 0;
+
   // Returns normally if the caller may still hold the lock; throws LockLostException otherwise.
   // A local comparison with the handle's deadline: no network call, no allocation, no waiting
   // on the heartbeat. A liveness narrowing, not a guarantee: the lease can lapse right after.

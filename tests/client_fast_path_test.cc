@@ -1,0 +1,213 @@
+// Issue 20: the client's fast path against a real lockd. A blocking call writes and reads the
+// socket on the caller's thread; releaseWithNextRequest() holds its Release for the next
+// request's write. The cases are what could go wrong with that: a caller blocked reading when
+// lockd dies or the client closes, an idle connection lockd closed, callers on several threads
+// sharing one connection, a Release that never goes out, and a fenced-out one nobody waits for.
+// Every wait for lockd's state polls with a generous bound; nothing asserts timing.
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "clock/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lock-client/client.h"
+#include "lockd_process.h"
+#include "raw_connection.h"
+
+namespace fencelock {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::LockdProcess;
+using testing::RawConnection;
+
+class ClientFastPathTest : public ::testing::Test {
+ protected:
+  // A 60 s session: its heartbeat comes every 20 s, later than any of these cases ends, unless
+  // a case asks for a shorter one.
+  std::unique_ptr<Client> NewClient(absl::Duration session_ttl = absl::Seconds(60),
+                                    Clock* clock = nullptr) {
+    ClientOptions options;
+    options.server = lockd_.tcp_address();
+    options.session_ttl = session_ttl;
+    options.default_lock_ttl = session_ttl;
+    options.clock = clock;
+    options.request_timeout = absl::Seconds(10);
+    options.log = [this](LogLevel level, const std::string& line) {
+      absl::MutexLock lock(&log_mu_);
+      if (level == LogLevel::kWarning) warnings_.push_back(line);
+    };
+    auto client = Client::Create(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+  // Whether a session of its own can take `lock` now (and gives it back at once).
+  bool Free(const std::string& lock) {
+    RawConnection probe = RawConnection::Tcp(lockd_.port());
+    probe.Hello();
+    wire::Request open;
+    open.mutable_open_session()->set_ttl_ms(10'000);
+    const uint64_t session = probe.Call(open).open_session().session_id();
+    wire::Request acquire;
+    acquire.mutable_acquire()->set_session_id(session);
+    acquire.mutable_acquire()->set_lock(lock);
+    const wire::Response r = probe.Call(acquire);
+    wire::Request close;
+    close.mutable_close_session()->set_session_id(session);
+    probe.Call(close);
+    return r.code() == wire::OK && r.acquire().granted();
+  }
+  template <typename Pred>
+  static bool Eventually(Pred pred) {
+    for (int i = 0; i < 1000; ++i) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+  std::vector<std::string> Warnings() {
+    absl::MutexLock lock(&log_mu_);
+    return warnings_;
+  }
+
+  LockdProcess lockd_;
+  absl::Mutex log_mu_;
+  std::vector<std::string> warnings_ ABSL_GUARDED_BY(log_mu_);
+};
+
+TEST_F(ClientFastPathTest, AReleaseWithTheNextRequestGoesOutWithIt) {
+  auto client = NewClient();
+  auto a = client->acquire("fast/a", absl::Seconds(5));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(client->releaseWithNextRequest(*a).ok());
+  EXPECT_THROW(client->checkStillHeld(*a), LockLostException);  // lost on this side at once
+  // Nothing was written yet: lockd still has it.
+  EXPECT_FALSE(Free("fast/a"));
+  // The next acquire carries it: lockd applies the Release first, and commits both before it
+  // answers the acquire.
+  auto b = client->acquire("fast/b", absl::Seconds(5));
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(Free("fast/a"));
+  EXPECT_TRUE(client->release(*b).ok());
+  EXPECT_TRUE(Warnings().empty());
+}
+
+TEST_F(ClientFastPathTest, WithNoNextRequestTheHeartbeatCarriesTheRelease) {
+  auto client = NewClient(absl::Seconds(3));  // a heartbeat every second
+  auto a = client->acquire("fast/idle", absl::Seconds(5));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(client->releaseWithNextRequest(*a).ok());
+  EXPECT_TRUE(Eventually([&] { return Free("fast/idle"); }));
+}
+
+TEST_F(ClientFastPathTest, AFencedOutReleaseNobodyWaitsForIsCountedAndLogged) {
+  SimulatedClock clock;  // stands still: the client goes on believing it holds the lock
+  auto client = NewClient(absl::Seconds(60), &clock);
+  auto lock = client->acquire("fast/x", absl::Seconds(5), absl::Milliseconds(300));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  auto other = NewClient();
+  auto taken = other->acquire("fast/x", absl::Seconds(10));  // once lockd expired the lease
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  ASSERT_TRUE(client->releaseWithNextRequest(*lock).ok());
+  ASSERT_TRUE(client->renewNow().ok());  // the next request: the Release goes out with it
+  metrics::Counter& fenced = client->metrics()->GetCounter(
+      "lock_client_fenced_out_total",
+      "FENCED_OUT answers this client received: a token of its that no longer held its lock");
+  // Its answer is read with the next reply read after it.
+  EXPECT_TRUE(Eventually([&] {
+    (void)client->renewNow();
+    return fenced.value() == 1;
+  }));
+  EXPECT_THAT(Warnings(), ::testing::Contains(HasSubstr("fast/x")));
+  EXPECT_TRUE(other->release(*taken).ok());
+}
+
+TEST_F(ClientFastPathTest, ACallerBlockedReadingHearsOfLockdsDeathAtOnce) {
+  auto holder = NewClient();
+  auto held = holder->acquire("fast/held", absl::Seconds(5));
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto client = NewClient();
+  absl::Status waited;
+  std::atomic<bool> done{false};
+  // Blocks on its own thread, reading the socket itself, for up to 60 s + the request timeout.
+  std::thread waiter([&] {
+    waited = client->acquire("fast/held", absl::Seconds(60)).status();
+    done = true;
+  });
+  ASSERT_TRUE(Eventually([&] {
+    RawConnection admin = RawConnection::Tcp(lockd_.port());
+    admin.Hello();
+    wire::Request stats;
+    stats.mutable_get_stats();
+    return admin.Call(stats).stats().waiters() == 1;
+  }));
+  lockd_.Kill();
+  // Long before the wait or the request timeout: the end of the connection wakes the reader.
+  EXPECT_TRUE(Eventually([&] { return done.load(); }));
+  waiter.join();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kUnavailable) << waited;
+}
+
+TEST_F(ClientFastPathTest, AnIdleConnectionLockdClosedIsNoticedBeforeTheNextAcquire) {
+  auto client = NewClient();
+  auto a = client->acquire("fast/r", absl::Seconds(5));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(client->release(*a).ok());
+  // Nobody reads an idle connection. lockd restarts (closing it); the next acquire must
+  // reconnect and resume first rather than fail on the dead connection.
+  lockd_.Restart();
+  auto b = client->acquire("fast/r", absl::Seconds(5));
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(client->release(*b).ok());
+}
+
+TEST_F(ClientFastPathTest, CallersOnManyThreadsShareOneConnection) {
+  auto client = NewClient();
+  auto other = NewClient();
+  auto blocker = other->acquire("fast/queued", absl::Seconds(5));
+  ASSERT_TRUE(blocker.ok()) << blocker.status();
+  // One caller waits in lockd's queue for most of the run: while it reads the socket, it reads
+  // the others' replies too, and hands them over.
+  absl::Status queued;
+  std::thread waiter([&] {
+    auto h = client->acquire("fast/queued", absl::Seconds(30));
+    queued = h.ok() ? client->release(*h) : h.status();
+  });
+  constexpr int kThreads = 8;
+  constexpr int kCycles = 200;
+  std::atomic<int> failures{0};
+  absl::Mutex first_mu;
+  absl::Status first;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string lock = "fast/thread/" + std::to_string(t);
+      for (int i = 0; i < kCycles; ++i) {
+        auto h = client->acquire(lock, absl::Seconds(30));
+        absl::Status s = h.status();
+        if (h.ok()) s = i % 2 == 1 ? client->releaseWithNextRequest(*h) : client->release(*h);
+        if (!s.ok()) {
+          ++failures;
+          absl::MutexLock l(&first_mu);
+          if (first.ok()) first = s;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_TRUE(other->release(*blocker).ok());
+  waiter.join();
+  EXPECT_TRUE(queued.ok()) << queued;
+  EXPECT_EQ(failures.load(), 0) << first;
+  ASSERT_TRUE(client->renewNow().ok());  // carries the last held-back Releases
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_TRUE(Eventually([&] { return Free("fast/thread/" + std::to_string(t)); }));
+  }
+}
+
+}  // namespace
+}  // namespace fencelock
