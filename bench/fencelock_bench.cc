@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
@@ -1183,6 +1184,9 @@ int Main() {
 }  // namespace fencelock::bench
 
 int main(int argc, char** argv) {
+  // Debian's Abseil is built with its debug-mode deadlock detection on: every Mutex::Lock then
+  // updates a process-wide lock graph under one global lock. A release build has it off.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(
       "the M7 benchmark: floors, heartbeat RTT, lock cycles against Redis and etcd, the margin sweep\n"
       "  fencelock-bench --lockd=PATH --rail=PATH --worker=PATH [--out=DIR] [--peers=redis,etcd]");

@@ -6,6 +6,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -52,15 +53,30 @@ class LocalCommitLog final : public CommitLog {
   CommitLogStats stats() const override;
 
  private:
+  // A batch's records, as a job carries them: the writer writes the records of consecutive
+  // queued batches with one write and one fdatasync.
+  struct BatchBytes {
+    std::shared_ptr<std::string> bytes;
+    uint64_t last_lsn = 0;
+    uint64_t records = 0;
+    std::shared_ptr<bool> rotated;  // set if its write moved to a new segment
+  };
   struct Job {
-    std::function<absl::Status()> run;
+    std::function<absl::Status()> run;              // unless `batch` is set
     std::function<void(const absl::Status&)> done;  // on the owner thread
+    std::optional<BatchBytes> batch;
   };
   LocalCommitLog(const LocalCommitLogOptions& options, PostToOwner post);
 
   void Enqueue(Job job);
   // Runs `job` on the calling (owner) thread if the writer is idle; false if it is not.
   bool RunInlineIfIdle(Job& job);
+  // Takes the next job off the queue, with every batch queued right behind a batch (mu_ held).
+  std::vector<Job> TakeJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs jobs taken together: batches in one write and sync, anything else alone.
+  absl::Status RunJobs(std::vector<Job>& jobs);
+  // Hands the jobs' completions to the owner, in order, in one post.
+  void PostDone(std::vector<Job> jobs, const absl::Status& s);
   void SendPending();
   void WriterLoop();
   // One queued job, for an injected schedule_writer; schedules the next if there is one.
@@ -71,7 +87,8 @@ class LocalCommitLog final : public CommitLog {
     return stopping_ || !jobs_.empty();
   }
   // Writer only.
-  absl::Status WriteBatch(const std::string& bytes, uint64_t last_lsn, bool* rotated);
+  absl::Status WriteBatch(const std::string& bytes, uint64_t last_lsn, bool* rotated,
+                          uint64_t records);
   absl::Status Rotate(uint64_t needed);
   absl::Status WriteSnapshot(const std::string& bytes, uint64_t lsn);
   void OnJobDone(const absl::Status& s);
@@ -95,7 +112,6 @@ class LocalCommitLog final : public CommitLog {
   uint64_t next_batch_ = 1;
   uint64_t newest_batch_ = 0;
   uint64_t durable_batch_ = 0;
-  int in_flight_ = 0;
   Sequences reserved_;
   absl::Status fault_;
   uint64_t last_snapshot_bytes_ = 0;
@@ -225,7 +241,10 @@ void LocalCommitLog::Append(const Record& r) {
 }
 
 void LocalCommitLog::Flush() {
-  if (fault_.ok() && in_flight_ == 0 && !pending_.empty()) SendPending();
+  // Every flush hands its records over at once, even while batches are in flight: the writer
+  // takes everything queued when its sync ends and writes it with one sync, so the disk never
+  // waits for this thread to come round (replying, say) between two syncs.
+  if (fault_.ok() && !pending_.empty()) SendPending();
 }
 
 void LocalCommitLog::SendPending() {
@@ -236,15 +255,9 @@ void LocalCommitLog::SendPending() {
   wal_bytes_queued_ += bytes->size();
   pending_.clear();
   pending_records_ = 0;
-  ++in_flight_;
   auto rotated = std::make_shared<bool>(false);
-  Job job{[this, bytes, last_lsn, records, rotated] {
-            absl::Status s = WriteBatch(*bytes, last_lsn, rotated.get());
-            if (s.ok()) records_ += records;
-            return s;
-          },
+  Job job{nullptr,
           [this, batch, rotated](const absl::Status& s) {
-            --in_flight_;
             OnJobDone(s);
             if (!s.ok()) return;
             durable_batch_ = batch;
@@ -259,7 +272,8 @@ void LocalCommitLog::SendPending() {
               listener_->OnSnapshotDue();
             }
             Flush();
-          }};
+          },
+          BatchBytes{bytes, last_lsn, records, rotated}};
   if (records <= options_.inline_sync_max_records && RunInlineIfIdle(job)) return;
   Enqueue(std::move(job));
 }
@@ -267,7 +281,10 @@ void LocalCommitLog::SendPending() {
 absl::Status LocalCommitLog::RunJob(Job& job) {
   // After the first failure nothing more is written: the disk state stays exactly what
   // recovery will find, and nothing queued behind the failure is acknowledged.
-  absl::Status s = writer_fault_.ok() ? job.run() : writer_fault_;
+  absl::Status s = !writer_fault_.ok() ? writer_fault_
+                   : job.batch ? WriteBatch(*job.batch->bytes, job.batch->last_lsn,
+                                            job.batch->rotated.get(), job.batch->records)
+                               : job.run();
   if (!s.ok() && writer_fault_.ok()) {
     writer_fault_ = s;
     const std::string line =
@@ -345,15 +362,46 @@ void LocalCommitLog::Enqueue(Job job) {
   }
 }
 
+std::vector<LocalCommitLog::Job> LocalCommitLog::TakeJobsLocked() {
+  std::vector<Job> taken;
+  taken.push_back(std::move(jobs_.front()));
+  jobs_.pop_front();
+  while (taken.front().batch && !jobs_.empty() && jobs_.front().batch) {
+    taken.push_back(std::move(jobs_.front()));
+    jobs_.pop_front();
+  }
+  return taken;
+}
+
+absl::Status LocalCommitLog::RunJobs(std::vector<Job>& jobs) {
+  if (jobs.size() == 1) return RunJob(jobs.front());
+  // Consecutive batches: their records are consecutive in the log, so one write of them all
+  // and one sync commit every one of them.
+  BatchBytes merged{std::make_shared<std::string>(), jobs.back().batch->last_lsn, 0,
+                    jobs.back().batch->rotated};
+  for (const Job& job : jobs) {
+    merged.bytes->append(*job.batch->bytes);
+    merged.records += job.batch->records;
+  }
+  Job all{nullptr, nullptr, std::move(merged)};
+  return RunJob(all);
+}
+
+void LocalCommitLog::PostDone(std::vector<Job> jobs, const absl::Status& s) {
+  post_([alive = alive_, jobs = std::make_shared<std::vector<Job>>(std::move(jobs)), s] {
+    if (!*alive) return;
+    for (Job& job : *jobs) job.done(s);
+  });
+}
+
 void LocalCommitLog::RunScheduledJob() {
-  Job job;
+  std::vector<Job> jobs;
   {
     absl::MutexLock lock(&mu_);
-    job = std::move(jobs_.front());
-    jobs_.pop_front();
+    jobs = TakeJobsLocked();
     writer_busy_ = true;
   }
-  const absl::Status s = RunJob(job);
+  const absl::Status s = RunJobs(jobs);
   bool more = false;
   {
     absl::MutexLock lock(&mu_);
@@ -361,9 +409,7 @@ void LocalCommitLog::RunScheduledJob() {
     more = !jobs_.empty();
     writer_scheduled_ = more;
   }
-  post_([alive = alive_, done = std::move(job.done), s] {
-    if (*alive) done(s);
-  });
+  PostDone(std::move(jobs), s);
   if (more) {
     options_.schedule_writer([this, alive = alive_] {
       if (*alive) RunScheduledJob();
@@ -373,28 +419,25 @@ void LocalCommitLog::RunScheduledJob() {
 
 void LocalCommitLog::WriterLoop() {
   for (;;) {
-    Job job;
+    std::vector<Job> jobs;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(this, &LocalCommitLog::HasWorkOrStopping));
       if (jobs_.empty()) return;  // stopping, and every queued job has run
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
+      jobs = TakeJobsLocked();
       writer_busy_ = true;
     }
-    const absl::Status s = RunJob(job);
+    const absl::Status s = RunJobs(jobs);
     {
       absl::MutexLock lock(&mu_);
       writer_busy_ = false;
     }
-    post_([alive = alive_, done = std::move(job.done), s] {
-      if (*alive) done(s);
-    });
+    PostDone(std::move(jobs), s);
   }
 }
 
 absl::Status LocalCommitLog::WriteBatch(const std::string& bytes, uint64_t last_lsn,
-                                        bool* rotated) {
+                                        bool* rotated, uint64_t records) {
   const auto start = std::chrono::steady_clock::now();
   if (offset_ + bytes.size() + kSealBytes > segment_size_) {
     if (absl::Status s = Rotate(bytes.size()); !s.ok()) return s;
@@ -409,6 +452,7 @@ absl::Status LocalCommitLog::WriteBatch(const std::string& bytes, uint64_t last_
                          std::chrono::steady_clock::now() - start)
                          .count();
   ++syncs_;
+  records_ += records;
   bytes_ += bytes.size();
   last_sync_ns_ = ns;
   total_sync_ns_ += ns;

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -354,6 +355,9 @@ int Init() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Debian's Abseil is built with its debug-mode deadlock detection on: every Mutex::Lock then
+  // updates a process-wide lock graph under one global lock. A release build has it off.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(
       "the fencelock lock server\n"
       "  lockd init  --data-dir=DIR | --etcd=HOST:PORT,... --etcd-prefix=/fencelock/NAME\n"

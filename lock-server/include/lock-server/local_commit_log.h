@@ -4,8 +4,10 @@
 // OpenLocalCommitLog() locks the directory (one server per directory, for the life of the log),
 // recovers it, takes it over (zeroes a torn tail, durably
 // reserves sequence blocks above the recovered floors) and returns the state with a CommitLog
-// that appends to it. A batch is committed once it is written and fdatasync'd; while one batch
-// is being synced new records pile up for the next, so concurrent mutations share a sync.
+// that appends to it. A batch is committed once it is written and fdatasync'd. Every Flush()
+// hands its records to the writer at once; the batches queued while one is being synced are
+// written together with one write and one sync, so concurrent mutations share a sync and the
+// disk does not wait for the owner's thread between two syncs.
 // Sequence reservations and snapshots are queued in order with the batches, so a reservation
 // queued before a batch is durable before any token it covers is acknowledged.
 #ifndef FENCELOCK_LOCK_SERVER_LOCAL_COMMIT_LOG_H_
