@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -55,12 +56,14 @@ class OwnerLoop {
 
 class DurableLogTest : public ::testing::Test, public CommitLogListener {
  protected:
-  void Start(Env* env, uint64_t segment_bytes = 4096, uint64_t block = 100) {
+  void Start(Env* env, uint64_t segment_bytes = 4096, uint64_t block = 100,
+             std::function<void(LocalCommitLogOptions&)> adjust = nullptr) {
     env_ = env;
+    LocalCommitLogOptions options{
+        .env = env, .dir = kDir, .segment_bytes = segment_bytes, .reservation_block = block};
+    if (adjust) adjust(options);
     auto opened = OpenLocalCommitLog(
-        LocalCommitLogOptions{
-            .env = env, .dir = kDir, .segment_bytes = segment_bytes, .reservation_block = block},
-        kNow, [this](std::function<void()> f) { loop_.Post(std::move(f)); });
+        options, kNow, [this](std::function<void()> f) { loop_.Post(std::move(f)); });
     ASSERT_TRUE(opened.ok()) << opened.status();
     service_ = std::make_unique<LockService>(ServiceOptions{}, std::move(opened->state));
     log_ = std::move(opened->log);
@@ -138,6 +141,76 @@ TEST_F(DurableLogTest, ConcurrentMutationsShareOneSync) {
   loop_.RunUntil([&] { return log_->committed_batch() >= log_->newest_batch(); });
   EXPECT_EQ(log_->stats().commits, 2u);
   EXPECT_EQ(log_->stats().records, 51u);
+}
+
+// The writer's steps run when the test says: one batch syncs while three more are flushed;
+// the next step writes those three with one sync, and each is committed, in order.
+TEST_F(DurableLogTest, BatchesQueuedDuringASyncShareTheNextOne) {
+  ASSERT_TRUE(InitDataDir(&mem_, kDir, 4096).ok());
+  std::deque<std::function<void()>> steps;
+  Start(&mem_, 1 << 20, 100, [&](LocalCommitLogOptions& o) {
+    o.inline_sync_max_records = 0;
+    o.schedule_writer = [&](std::function<void()> step) { steps.push_back(std::move(step)); };
+  });
+  std::vector<uint64_t> committed;
+  on_committed_ = [&](uint64_t batch) { committed.push_back(batch); };
+  auto session = service_->OpenSession(absl::Seconds(20), kNow);
+  ASSERT_TRUE(session.ok());
+  log_->Flush();  // batch 1
+  ASSERT_EQ(steps.size(), 1u);
+  auto step = std::move(steps.front());
+  steps.pop_front();
+  step();  // batch 1 is written and synced; its completion waits in the owner's loop
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(service_->Acquire(session->first, absl::StrCat("l", i), {}, {}, 0, kNow).ok());
+    log_->Flush();  // batches 2, 3, 4: each handed over at once
+  }
+  EXPECT_EQ(log_->newest_batch(), 4u);
+  ASSERT_EQ(steps.size(), 1u);
+  step = std::move(steps.front());
+  steps.pop_front();
+  step();
+  EXPECT_TRUE(steps.empty());
+  loop_.RunUntil([&] { return log_->committed_batch() >= 4; });
+  EXPECT_EQ(committed, (std::vector<uint64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(log_->stats().commits, 2u);
+  EXPECT_EQ(log_->stats().records, 4u);
+  // Recovery reads the merged write as the four batches' records.
+  const std::string before = service_->state().DebugString();
+  Stop();
+  auto r = Recover(&mem_, kDir, kNow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state.DebugString(), before);
+}
+
+// A reservation queued between two batches is written between them: the batch after it is not
+// merged into the one before.
+TEST_F(DurableLogTest, BatchesAreNotMergedAcrossAReservation) {
+  ASSERT_TRUE(InitDataDir(&mem_, kDir, 4096).ok());
+  std::deque<std::function<void()>> steps;
+  Start(&mem_, 1 << 20, /*block=*/1, [&](LocalCommitLogOptions& o) {
+    o.inline_sync_max_records = 0;
+    o.schedule_writer = [&](std::function<void()> step) { steps.push_back(std::move(step)); };
+  });
+  auto session = service_->OpenSession(absl::Seconds(20), kNow);
+  ASSERT_TRUE(session.ok());
+  log_->Flush();
+  // Reserved up to token 1 at open: token 1 needs nothing, token 2 reserves up to 3 (a job
+  // queued before its batch), token 3 needs nothing. The queue: batches 1 and 2, the
+  // reservation, batches 3 and 4.
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(service_->Acquire(session->first, absl::StrCat("l", i), {}, {}, 0, kNow).ok());
+    log_->Flush();
+  }
+  while (!steps.empty()) {
+    auto step = std::move(steps.front());
+    steps.pop_front();
+    step();
+  }
+  loop_.RunUntil([&] { return log_->committed_batch() >= 4; });
+  EXPECT_EQ(log_->stats().reservations, 1u);
+  EXPECT_EQ(log_->stats().commits, 2u);  // 1+2, then 3+4: not one sync across the reservation
+  EXPECT_EQ(log_->stats().records, 4u);
 }
 
 TEST_F(DurableLogTest, RotationTakesASnapshotAndDropsWhatItCovers) {
