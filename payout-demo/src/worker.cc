@@ -97,6 +97,10 @@ class Worker {
       // Workers start at different places in the list so that they rarely race for a lock.
       for (size_t i = 0; i < unpaid->size() && !g_stop.load(); ++i) {
         const int64_t id = (*unpaid)[(offset + i) % unpaid->size()];
+        // The list ages as the other workers pay: a payout they paid meanwhile is skipped on a
+        // read, which takes no write lock, instead of being locked and claimed only to find it
+        // paid. The read decides nothing: the claim under the lock checks again.
+        if (auto now = store_->Get(id); now.ok() && now->state == PayoutState::kPaid) continue;
         const int64_t sent = history::NowNanos();
         auto lock = client_->tryAcquire(PayoutKey(id), absl::GetFlag(FLAGS_lock_ttl));
         if (lock.ok() && lock->has_value()) {
