@@ -10,12 +10,15 @@
 //     unanswered within its timeout counts as an RTT of that timeout. p50 to max, a histogram,
 //     and ADR-006 6.5's verdict: p99 against lease x margin / 3;
 //   - lock cycles: acquire + release in a closed loop at each of --cycle-clients, through the
-//     client library and a raw protocol driver (each client on its own lock, and all on one),
+//     client library and a raw protocol driver (each client on its own lock, and all on one;
+//     and pipelined: each Release sent with the next Acquire, releaseWithNextRequest),
 //     and the same cycle on the peers: Redis 7 (appendfsync always, and no persistence; SET NX
 //     PX + compare-and-delete, with and without an INCR token) and etcd 3.4 (lease,
 //     create-if-absent transaction, delete). Rounds are interleaved (A B C A B C ...) and each
 //     figure is the min / median / max over --rounds;
-//   - margin sweep: the payout demo's processes at each margin and TTL (margin_sweep.h).
+//   - margin sweep: the payout demo's processes at each margin and TTL (margin_sweep.h);
+//   - payout scaling (--demo): the payout demo without faults at each of --scaling-workers,
+//     interleaved rounds, with its reconciliation (paid once, the must-be-zero counters).
 // Progress goes to stderr (workload, elapsed, current rate). With --out, DIR gets results.json,
 // summary.md and the PNG plots (gnuplot); the summary also goes to stdout.
 #include <fcntl.h>
@@ -24,6 +27,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <iterator>
+#include <map>
 #include <cmath>
 #include <tuple>
 #include <type_traits>
@@ -88,6 +95,11 @@ ABSL_FLAG(double, margin_arrival_seconds, 5.0, "arrivals phase of each margin-sw
 ABSL_FLAG(double, margin_arrival_rate, 100.0, "payouts arriving per second in the arrivals phase");
 ABSL_FLAG(int, margin_workers, 4, "payout workers at each margin-sweep point");
 ABSL_FLAG(std::string, gnuplot, "/usr/bin/gnuplot", "gnuplot, for the PNG plots (empty: none)");
+ABSL_FLAG(std::string, demo, "",
+          "the payout-demo binary, for the payout scaling workload (empty: none; needs --rail "
+          "and --worker)");
+ABSL_FLAG(std::string, scaling_workers, "1,4,8", "worker counts of the payout scaling workload");
+ABSL_FLAG(int, scaling_payouts, 300, "payouts each payout scaling run pays");
 
 namespace fencelock::bench {
 namespace {
@@ -650,6 +662,68 @@ absl::Status Gnuplot(const std::string& gnuplot, const std::string& dir, const s
   return absl::OkStatus();
 }
 
+// One payout demo run without faults, from its --report_json.
+struct DemoRun {
+  bool ok = false;
+  double payouts_per_second = 0;
+  int64_t paid_once = 0, paid_twice = 0, left = 0, lock_fenced_out = 0, rail_duplicates = 0;
+};
+
+// The number after "key": in the demo's report (a flat JSON object of numbers and booleans).
+absl::StatusOr<double> ReportNumber(const std::string& report, const std::string& key) {
+  const std::string needle = absl::StrCat("\"", key, "\": ");
+  const size_t at = report.find(needle);
+  if (at == std::string::npos) return absl::DataLossError(absl::StrCat("no \"", key, "\" in the demo's report"));
+  double value = 0;
+  const char* begin = report.data() + at + needle.size();
+  if (std::strncmp(begin, "true", 4) == 0) return 1;
+  if (std::strncmp(begin, "false", 5) == 0) return 0;
+  auto [end, ec] = std::from_chars(begin, report.data() + report.size(), value);
+  if (ec != std::errc()) return absl::DataLossError(absl::StrCat("\"", key, "\" in the demo's report is not a number"));
+  return value;
+}
+
+absl::StatusOr<DemoRun> RunDemo(const std::string& demo, const std::string& lockd,
+                                const std::string& rail, const std::string& worker,
+                                const std::string& dir, int workers, int payouts) {
+  std::filesystem::create_directories(dir);
+  const std::string report = dir + "/report.json";
+  auto child = process::Child::Spawn(
+      demo,
+      {absl::StrCat("--workers=", workers), absl::StrCat("--payouts=", payouts), "--freeze=0",
+       "--kill=false", "--state_dir=" + dir + "/state", "--report_json=" + report,
+       "--lockd_binary=" + lockd, "--rail_binary=" + rail, "--worker_binary=" + worker},
+      {.stdout_file = dir + "/demo.log", .stderr_file = dir + "/demo.log"});
+  if (!child.ok()) return child.status();
+  const std::optional<int> status = child->Wait(absl::Minutes(5));
+  if (!status.has_value()) {
+    (void)child->Stop();
+    return absl::DeadlineExceededError(absl::StrCat("the payout demo took over 5 min; see ", dir, "/demo.log"));
+  }
+  std::ifstream in(report);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.empty()) {
+    return absl::InternalError(absl::StrCat("the payout demo wrote no report (",
+                                            process::DescribeStatus(*status), "); see ", dir, "/demo.log"));
+  }
+  DemoRun run;
+  for (auto [key, field] : std::vector<std::pair<const char*, int64_t*>>{
+           {"paid_once", &run.paid_once}, {"paid_twice", &run.paid_twice}, {"left", &run.left},
+           {"lock_fenced_out_total", &run.lock_fenced_out},
+           {"rail_duplicate_attempted_total", &run.rail_duplicates}}) {
+    auto v = ReportNumber(text, key);
+    if (!v.ok()) return v.status();
+    *field = static_cast<int64_t>(*v);
+  }
+  auto rate = ReportNumber(text, "payouts_per_second");
+  if (!rate.ok()) return rate.status();
+  run.payouts_per_second = *rate;
+  auto ok = ReportNumber(text, "ok");
+  if (!ok.ok()) return ok.status();
+  run.ok = *ok != 0 && *status == 0;
+  return run;
+}
+
 // Colours that stay apart on a white page, one per line of a plot.
 const char* Colour(size_t i) {
   static constexpr const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
@@ -857,6 +931,15 @@ int Main() {
   std::vector<int> clients;
   std::vector<double> margins;
   std::vector<absl::Duration> margin_ttls;
+  std::vector<int> scaling_workers;
+  if (!ParseList<int>("scaling-workers", absl::GetFlag(FLAGS_scaling_workers), 1, 64,
+                      &scaling_workers, &error)) {
+    return Fail(error);
+  }
+  const int scaling_payouts = absl::GetFlag(FLAGS_scaling_payouts);
+  if (scaling_payouts < 1 || scaling_payouts > 1'000'000) {
+    return Fail(absl::StrCat("--scaling-payouts must be from 1 to 1000000, got ", scaling_payouts));
+  }
   if (!ParseList<size_t>("sessions", absl::GetFlag(FLAGS_sessions), 1, 100'000, &counts, &error) ||
       !ParseList<int>("cycle-clients", absl::GetFlag(FLAGS_cycle_clients), 1, 1024, &clients, &error) ||
       !ParseList<double>("margins", absl::GetFlag(FLAGS_margins), 0.0, 0.95, &margins, &error) ||
@@ -876,6 +959,8 @@ int Main() {
   }
   const std::string rail = absl::GetFlag(FLAGS_rail), worker = absl::GetFlag(FLAGS_worker);
   if (rail.empty() != worker.empty()) return Fail("--rail and --worker go together (the margin sweep)");
+  const std::string demo = absl::GetFlag(FLAGS_demo);
+  if (!demo.empty() && rail.empty()) return Fail("--demo needs --rail and --worker");
   const std::string out = absl::GetFlag(FLAGS_out);
   const std::string gnuplot = out.empty() ? "" : absl::GetFlag(FLAGS_gnuplot);
   if (!gnuplot.empty() && access(gnuplot.c_str(), X_OK) != 0) {
@@ -1129,6 +1214,64 @@ int Main() {
     }
     absl::StrAppend(&json, "\n  ]},\n");
   }
+  // --- payout scaling: the demo without faults, at each worker count, interleaved rounds
+  std::string scaling_table;
+  if (!demo.empty()) {
+    std::fprintf(stderr, "payout scaling: %d payouts, workers %s, %d rounds\n", scaling_payouts,
+                 absl::GetFlag(FLAGS_scaling_workers).c_str(), rounds);
+    std::map<int, Runs> rates;
+    std::map<int, DemoRun> worst;  // per worker count: the sum of what must be zero
+    for (int round = 0; round < rounds && !broken; ++round) {
+      for (int w : scaling_workers) {
+        auto run = RunDemo(demo, binary, rail, worker,
+                           absl::StrCat(root, "/scaling-", w, "-", round), w, scaling_payouts);
+        if (!run.ok()) {
+          std::fprintf(stderr, "fencelock-bench: payout scaling: %s\n", run.status().ToString().c_str());
+          broken = true;
+          break;
+        }
+        std::fprintf(stderr, "  %d workers, round %d: %.1f payouts/s, %lld of %d paid once\n", w,
+                     round + 1, run->payouts_per_second, static_cast<long long>(run->paid_once),
+                     scaling_payouts);
+        rates[w].rates.push_back(run->payouts_per_second);
+        DemoRun& bad = worst[w];
+        bad.paid_twice += run->paid_twice;
+        bad.left += run->left;
+        bad.lock_fenced_out += run->lock_fenced_out;
+        bad.rail_duplicates += run->rail_duplicates;
+        bad.paid_once += run->paid_once;
+        if (run->paid_twice > 0 || run->left > 0 || run->lock_fenced_out > 0 ||
+            run->rail_duplicates > 0 || !run->ok) {
+          broken = true;
+        }
+      }
+    }
+    const double one = rates.count(scaling_workers.front()) > 0
+                           ? rates[scaling_workers.front()].median() : 0;
+    scaling_table =
+        "| workers | payouts/s min | median | max | median / the first row | paid once | paid twice | "
+        "left unpaid | lock_fenced_out_total | rail_duplicate_attempted_total |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n";
+    absl::StrAppend(&json, "  \"payout_scaling\": {\"payouts\": ", scaling_payouts, ", \"runs\": [\n");
+    bool first = true;
+    for (int w : scaling_workers) {
+      if (rates.count(w) == 0) continue;
+      const Runs& r = rates[w];
+      const DemoRun& bad = worst[w];
+      absl::StrAppend(&json, first ? "" : ",\n", "    {\"workers\": ", w, ", \"payouts_per_s_median\": ",
+                      r.median(), ", \"min\": ", r.min(), ", \"max\": ", r.max(),
+                      ", \"paid_once\": ", bad.paid_once, ", \"paid_twice\": ", bad.paid_twice,
+                      ", \"left\": ", bad.left, ", \"lock_fenced_out\": ", bad.lock_fenced_out,
+                      ", \"rail_duplicates\": ", bad.rail_duplicates, "}");
+      first = false;
+      absl::StrAppend(&scaling_table, "| ", w, " | ",
+                      absl::StrFormat("%.1f | %.1f | %.1f", r.min(), r.median(), r.max()), " | ",
+                      absl::StrFormat("%.2f", one > 0 ? r.median() / one : 0.0), " | ",
+                      bad.paid_once, " | ", bad.paid_twice, " | ", bad.left, " | ",
+                      bad.lock_fenced_out, " | ", bad.rail_duplicates, " |\n");
+    }
+    absl::StrAppend(&json, "\n  ]},\n");
+  }
   absl::StrAppend(&json, "  \"versions\": \"", versions, "\", \"total_seconds\": ",
                   absl::ToDoubleSeconds(Now() - run_start), "\n}\n");
 
@@ -1150,6 +1293,11 @@ int Main() {
                     "; each point: ", arrival_seconds, " s of ", arrival_rate,
                     " arrivals/s onto an empty store, then ", margin_seconds,
                     " s paying a backlog)\n\n", margin_table);
+  }
+  if (!scaling_table.empty()) {
+    absl::StrAppend(&summary, "\npayout scaling (the payout demo without faults: ", scaling_payouts,
+                    " payouts, rail latency 20 ms + up to 10 ms; ", rounds,
+                    " interleaved rounds; paid counts summed over the rounds)\n\n", scaling_table);
   }
   std::printf("%s", summary.c_str());
   if (!out.empty()) {

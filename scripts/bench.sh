@@ -4,8 +4,9 @@
 #
 #   ./scripts/bench.sh [ARGS]          the M7 benchmark, fencelock-bench (docs/benchmarks.md):
 #                                      floors, heartbeat RTT, lock cycles beside Redis and etcd,
-#                                      the margin sweep and the plots, into build/m7 (about 8
-#                                      minutes). ARGS go to fencelock-bench (--out=DIR, ...).
+#                                      the margin sweep, payout scaling and the plots, into
+#                                      build/m7 (about 9 minutes). ARGS go to fencelock-bench
+#                                      (--out=DIR, ...).
 #   ./scripts/bench.sh durable [ARGS]  the durability benchmark, lockd_durable_bench: durable
 #                                      acquire + release cycles on the local log over plaintext
 #                                      and TLS, and on the etcd backend (about a minute).
@@ -31,5 +32,6 @@ build_tree build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 say "running fencelock-bench (results, plots and summary into build/m7 unless --out says otherwise)"
 b="$FENCELOCK_ROOT/build"
 "$b/bench/fencelock-bench" --lockd="$b/lock-server/lockd" --rail="$b/payout-demo/payout-rail" \
-  --worker="$b/payout-demo/payout-worker" --redis="$(command -v redis-server)" \
+  --worker="$b/payout-demo/payout-worker" --demo="$b/payout-demo/payout-demo" \
+  --redis="$(command -v redis-server)" \
   --etcd="$(command -v etcd)" --gnuplot="$(command -v gnuplot)" --out="$b/m7" "$@"
