@@ -476,6 +476,9 @@ void AsioChannel::Write(const Conn& conn, std::string frame, uint64_t id, Pendin
   absl::Status failed;
   {
     absl::MutexLock lock(&wr_mu_);
+    // `direct` and `fd` were set before the connection was published under mu_, which Submit
+    // took to find it, and never change after.
+    const bool direct = conn->direct;
     if (with_next) {
       conn->held.append(frame);
       return;
@@ -483,11 +486,6 @@ void AsioChannel::Write(const Conn& conn, std::string frame, uint64_t id, Pendin
     if (!conn->held.empty()) {
       frame.insert(0, conn->held);
       conn->held.clear();
-    }
-    bool direct;
-    {
-      absl::MutexLock l(&mu_);
-      direct = conn->direct;
     }
     size_t sent = 0;
     if (direct && !conn->writing) {

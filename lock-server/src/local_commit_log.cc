@@ -112,6 +112,9 @@ class LocalCommitLog final : public CommitLog {
   uint64_t next_batch_ = 1;
   uint64_t newest_batch_ = 0;
   uint64_t durable_batch_ = 0;
+  // Batches handed to the writer whose completion has not run here yet. A batch is synced
+  // inline only when there are none: else its completion would run before theirs.
+  int in_flight_ = 0;
   Sequences reserved_;
   absl::Status fault_;
   uint64_t last_snapshot_bytes_ = 0;
@@ -256,8 +259,10 @@ void LocalCommitLog::SendPending() {
   pending_.clear();
   pending_records_ = 0;
   auto rotated = std::make_shared<bool>(false);
+  ++in_flight_;
   Job job{nullptr,
           [this, batch, rotated](const absl::Status& s) {
+            --in_flight_;
             OnJobDone(s);
             if (!s.ok()) return;
             durable_batch_ = batch;
@@ -274,7 +279,11 @@ void LocalCommitLog::SendPending() {
             Flush();
           },
           BatchBytes{bytes, last_lsn, records, rotated}};
-  if (records <= options_.inline_sync_max_records && RunInlineIfIdle(job)) return;
+  // Inline only behind no other batch: the writer may have synced one whose completion is
+  // still on its way here, and completions must run in batch order.
+  if (records <= options_.inline_sync_max_records && in_flight_ == 1 && RunInlineIfIdle(job)) {
+    return;
+  }
   Enqueue(std::move(job));
 }
 

@@ -183,6 +183,50 @@ TEST_F(DurableLogTest, BatchesQueuedDuringASyncShareTheNextOne) {
   EXPECT_EQ(r->state.DebugString(), before);
 }
 
+// A small batch may be synced on the owner's thread when the writer is idle, but never ahead
+// of a batch the writer has synced whose completion the owner has not run yet: completions
+// (and the replies they release) stay in batch order, and the committed batch never goes back.
+TEST_F(DurableLogTest, AnInlineSyncNeverOvertakesACompletionStillOnItsWay) {
+  ASSERT_TRUE(InitDataDir(&mem_, kDir, 4096).ok());
+  std::deque<std::function<void()>> steps;
+  Start(&mem_, 1 << 20, 100, [&](LocalCommitLogOptions& o) {
+    o.inline_sync_max_records = 4;
+    o.schedule_writer = [&](std::function<void()> step) { steps.push_back(std::move(step)); };
+  });
+  std::vector<uint64_t> committed;
+  on_committed_ = [&](uint64_t batch) { committed.push_back(batch); };
+  auto session = service_->OpenSession(absl::Seconds(20), kNow);
+  ASSERT_TRUE(session.ok());
+  log_->Flush();  // batch 1: the writer is idle, so it is synced here, inline
+  ASSERT_EQ(log_->committed_batch(), 1u);
+  // Its commit queued the first COMMITTED mark: written now, so that the queue is empty.
+  while (!steps.empty()) {
+    auto mark = std::move(steps.front());
+    steps.pop_front();
+    mark();
+  }
+  loop_.RunUntil([&] { return true; });
+  for (int i = 0; i < 5; ++i) {  // batch 2: more than 4 records, for the writer
+    ASSERT_TRUE(service_->Acquire(session->first, absl::StrCat("l", i), {}, {}, 0, kNow).ok());
+  }
+  log_->Flush();
+  ASSERT_EQ(steps.size(), 1u);
+  auto step = std::move(steps.front());
+  steps.pop_front();
+  step();  // batch 2 is synced; its completion waits in the owner's loop
+  ASSERT_TRUE(service_->Acquire(session->first, "l9", {}, {}, 0, kNow).ok());
+  log_->Flush();  // batch 3, one record, with the writer idle again
+  EXPECT_EQ(committed, (std::vector<uint64_t>{1}));  // not synced ahead of 2's completion
+  while (!steps.empty()) {
+    step = std::move(steps.front());
+    steps.pop_front();
+    step();
+  }
+  loop_.RunUntil([&] { return committed.size() >= 3; });
+  EXPECT_EQ(committed, (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(log_->committed_batch(), 3u);
+}
+
 // A reservation queued between two batches is written between them: the batch after it is not
 // merged into the one before.
 TEST_F(DurableLogTest, BatchesAreNotMergedAcrossAReservation) {
