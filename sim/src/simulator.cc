@@ -572,7 +572,9 @@ void Simulation::StartLockd() {
                                             .dir = kDataDir,
                                             .segment_bytes = 16 << 10,
                                             .reservation_block = 7,
-                                            .inline_sync_max_records = 0,
+                                            // Half the runs sync small batches on lockd's own
+                                            // thread when no batch is in flight, as lockd does.
+                                            .inline_sync_max_records = rng_.Chance(0.5) ? 4u : 0u,
                                             .now = [this] { return lockd_time_->Now(); },
                                             .log = [](const std::string&) {}};
   log_options.schedule_writer = [this](std::function<void()> step) {
