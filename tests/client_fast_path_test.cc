@@ -30,8 +30,10 @@ class ClientFastPathTest : public ::testing::Test {
   // A 60 s session: its heartbeat comes every 20 s, later than any of these cases ends, unless
   // a case asks for a shorter one.
   std::unique_ptr<Client> NewClient(absl::Duration session_ttl = absl::Seconds(60),
-                                    Clock* clock = nullptr) {
+                                    Clock* clock = nullptr,
+                                    absl::Duration heartbeat_interval = absl::ZeroDuration()) {
     ClientOptions options;
+    options.heartbeat_interval = heartbeat_interval;
     options.server = lockd_.tcp_address();
     options.session_ttl = session_ttl;
     options.default_lock_ttl = session_ttl;
@@ -106,7 +108,9 @@ TEST_F(ClientFastPathTest, WithNoNextRequestTheHeartbeatCarriesTheRelease) {
 
 TEST_F(ClientFastPathTest, AFencedOutReleaseNobodyWaitsForIsCountedAndLogged) {
   SimulatedClock clock;  // stands still: the client goes on believing it holds the lock
-  auto client = NewClient(absl::Seconds(60), &clock);
+  // No heartbeat of its own (a short lock would otherwise be renewed every 100 ms): lockd lets
+  // the 300 ms lease run out.
+  auto client = NewClient(absl::Seconds(60), &clock, absl::Hours(1));
   auto lock = client->acquire("fast/x", absl::Seconds(5), absl::Milliseconds(300));
   ASSERT_TRUE(lock.ok()) << lock.status();
   auto other = NewClient();

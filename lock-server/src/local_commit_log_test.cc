@@ -104,8 +104,28 @@ class DurableLogTest : public ::testing::Test, public CommitLogListener {
     }
   }
 
+  // Start() with the writer's steps queued in steps_ (RunStep() runs the next) instead of run
+  // on a thread, and every committed batch recorded in committed_.
+  void StartWithManualWriter(uint64_t block, uint64_t inline_sync_max_records) {
+    Start(&mem_, 1 << 20, block, [this, inline_sync_max_records](LocalCommitLogOptions& o) {
+      o.inline_sync_max_records = inline_sync_max_records;
+      o.schedule_writer = [this](std::function<void()> step) { steps_.push_back(std::move(step)); };
+    });
+    on_committed_ = [this](uint64_t batch) { committed_.push_back(batch); };
+  }
+  void RunStep() {
+    auto step = std::move(steps_.front());
+    steps_.pop_front();
+    step();
+  }
+  void RunSteps() {
+    while (!steps_.empty()) RunStep();
+  }
+
   MemEnv mem_;
   Env* env_ = nullptr;
+  std::deque<std::function<void()>> steps_;
+  std::vector<uint64_t> committed_;
   OwnerLoop loop_;
   std::unique_ptr<LockService> service_;
   std::unique_ptr<CommitLog> log_;
@@ -147,32 +167,22 @@ TEST_F(DurableLogTest, ConcurrentMutationsShareOneSync) {
 // the next step writes those three with one sync, and each is committed, in order.
 TEST_F(DurableLogTest, BatchesQueuedDuringASyncShareTheNextOne) {
   ASSERT_TRUE(InitDataDir(&mem_, kDir, 4096).ok());
-  std::deque<std::function<void()>> steps;
-  Start(&mem_, 1 << 20, 100, [&](LocalCommitLogOptions& o) {
-    o.inline_sync_max_records = 0;
-    o.schedule_writer = [&](std::function<void()> step) { steps.push_back(std::move(step)); };
-  });
-  std::vector<uint64_t> committed;
-  on_committed_ = [&](uint64_t batch) { committed.push_back(batch); };
+  StartWithManualWriter(100, 0);
   auto session = service_->OpenSession(absl::Seconds(20), kNow);
   ASSERT_TRUE(session.ok());
   log_->Flush();  // batch 1
-  ASSERT_EQ(steps.size(), 1u);
-  auto step = std::move(steps.front());
-  steps.pop_front();
-  step();  // batch 1 is written and synced; its completion waits in the owner's loop
+  ASSERT_EQ(steps_.size(), 1u);
+  RunStep();  // batch 1 is written and synced; its completion waits in the owner's loop
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(service_->Acquire(session->first, absl::StrCat("l", i), {}, {}, 0, kNow).ok());
     log_->Flush();  // batches 2, 3, 4: each handed over at once
   }
   EXPECT_EQ(log_->newest_batch(), 4u);
-  ASSERT_EQ(steps.size(), 1u);
-  step = std::move(steps.front());
-  steps.pop_front();
-  step();
-  EXPECT_TRUE(steps.empty());
+  ASSERT_EQ(steps_.size(), 1u);
+  RunStep();
+  EXPECT_TRUE(steps_.empty());
   loop_.RunUntil([&] { return log_->committed_batch() >= 4; });
-  EXPECT_EQ(committed, (std::vector<uint64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(committed_, (std::vector<uint64_t>{1, 2, 3, 4}));
   EXPECT_EQ(log_->stats().commits, 2u);
   EXPECT_EQ(log_->stats().records, 4u);
   // Recovery reads the merged write as the four batches' records.
@@ -188,42 +198,25 @@ TEST_F(DurableLogTest, BatchesQueuedDuringASyncShareTheNextOne) {
 // (and the replies they release) stay in batch order, and the committed batch never goes back.
 TEST_F(DurableLogTest, AnInlineSyncNeverOvertakesACompletionStillOnItsWay) {
   ASSERT_TRUE(InitDataDir(&mem_, kDir, 4096).ok());
-  std::deque<std::function<void()>> steps;
-  Start(&mem_, 1 << 20, 100, [&](LocalCommitLogOptions& o) {
-    o.inline_sync_max_records = 4;
-    o.schedule_writer = [&](std::function<void()> step) { steps.push_back(std::move(step)); };
-  });
-  std::vector<uint64_t> committed;
-  on_committed_ = [&](uint64_t batch) { committed.push_back(batch); };
+  StartWithManualWriter(100, 4);
   auto session = service_->OpenSession(absl::Seconds(20), kNow);
   ASSERT_TRUE(session.ok());
   log_->Flush();  // batch 1: the writer is idle, so it is synced here, inline
   ASSERT_EQ(log_->committed_batch(), 1u);
-  // Its commit queued the first COMMITTED mark: written now, so that the queue is empty.
-  while (!steps.empty()) {
-    auto mark = std::move(steps.front());
-    steps.pop_front();
-    mark();
-  }
+  RunSteps();  // its commit queued the first COMMITTED mark: written now, emptying the queue
   loop_.RunUntil([&] { return true; });
   for (int i = 0; i < 5; ++i) {  // batch 2: more than 4 records, for the writer
     ASSERT_TRUE(service_->Acquire(session->first, absl::StrCat("l", i), {}, {}, 0, kNow).ok());
   }
   log_->Flush();
-  ASSERT_EQ(steps.size(), 1u);
-  auto step = std::move(steps.front());
-  steps.pop_front();
-  step();  // batch 2 is synced; its completion waits in the owner's loop
+  ASSERT_EQ(steps_.size(), 1u);
+  RunStep();  // batch 2 is synced; its completion waits in the owner's loop
   ASSERT_TRUE(service_->Acquire(session->first, "l9", {}, {}, 0, kNow).ok());
   log_->Flush();  // batch 3, one record, with the writer idle again
-  EXPECT_EQ(committed, (std::vector<uint64_t>{1}));  // not synced ahead of 2's completion
-  while (!steps.empty()) {
-    step = std::move(steps.front());
-    steps.pop_front();
-    step();
-  }
-  loop_.RunUntil([&] { return committed.size() >= 3; });
-  EXPECT_EQ(committed, (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(committed_, (std::vector<uint64_t>{1}));  // not synced ahead of 2's completion
+  RunSteps();
+  loop_.RunUntil([&] { return committed_.size() >= 3; });
+  EXPECT_EQ(committed_, (std::vector<uint64_t>{1, 2, 3}));
   EXPECT_EQ(log_->committed_batch(), 3u);
 }
 
@@ -231,11 +224,7 @@ TEST_F(DurableLogTest, AnInlineSyncNeverOvertakesACompletionStillOnItsWay) {
 // merged into the one before.
 TEST_F(DurableLogTest, BatchesAreNotMergedAcrossAReservation) {
   ASSERT_TRUE(InitDataDir(&mem_, kDir, 4096).ok());
-  std::deque<std::function<void()>> steps;
-  Start(&mem_, 1 << 20, /*block=*/1, [&](LocalCommitLogOptions& o) {
-    o.inline_sync_max_records = 0;
-    o.schedule_writer = [&](std::function<void()> step) { steps.push_back(std::move(step)); };
-  });
+  StartWithManualWriter(/*block=*/1, 0);
   auto session = service_->OpenSession(absl::Seconds(20), kNow);
   ASSERT_TRUE(session.ok());
   log_->Flush();
@@ -246,11 +235,7 @@ TEST_F(DurableLogTest, BatchesAreNotMergedAcrossAReservation) {
     ASSERT_TRUE(service_->Acquire(session->first, absl::StrCat("l", i), {}, {}, 0, kNow).ok());
     log_->Flush();
   }
-  while (!steps.empty()) {
-    auto step = std::move(steps.front());
-    steps.pop_front();
-    step();
-  }
+  RunSteps();
   loop_.RunUntil([&] { return log_->committed_batch() >= 4; });
   EXPECT_EQ(log_->stats().reservations, 1u);
   EXPECT_EQ(log_->stats().commits, 2u);  // 1+2, then 3+4: not one sync across the reservation
