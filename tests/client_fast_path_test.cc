@@ -82,7 +82,7 @@ class ClientFastPathTest : public ::testing::Test {
 };
 
 TEST_F(ClientFastPathTest, AReleaseWithTheNextRequestGoesOutWithIt) {
-  auto client = NewClient();
+  auto client = NewClient(absl::Seconds(60), nullptr, absl::Hours(1));  // no heartbeat of its own
   auto a = client->acquire("fast/a", absl::Seconds(5));
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(client->releaseWithNextRequest(*a).ok());
