@@ -1,6 +1,7 @@
 #include "channel.h"
 
 #include <openssl/ssl.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -66,11 +67,48 @@ enum class Reader { kNone, kIo, kCaller };
 // reference goes, never earlier: a caller may still be reading it when the connection fails,
 // and a descriptor number reused by the next connection must not reach that caller.
 struct Connection {
-  Connection(asio::io_context& io, uint64_t generation) : socket(io), generation(generation) {}
-  Socket socket;
+  Connection(asio::io_context& io, uint64_t generation)
+      : socket(io), generation(generation), io(io) {}
+  ~Connection() {
+    if (owned_fd >= 0) ::close(owned_fd);
+  }
+  Socket socket;  // until connected; over TLS for good
   std::unique_ptr<asio::ssl::stream<Socket&>> tls;
   const uint64_t generation;
   int fd = -1;  // the socket's descriptor, once connected
+  // A plain socket is taken out of Asio once connected (Detach): registered with the I/O
+  // thread's epoll, every reply would wake that thread, whoever reads it.
+  int owned_fd = -1;
+
+  // I/O thread only. When the I/O thread itself must wait on a plain socket (to read for
+  // nobody, or to write what did not fit), it watches a duplicate of the descriptor for as
+  // long as it waits: `watchers` counts who does.
+  asio::io_context& io;
+  std::unique_ptr<asio::posix::stream_descriptor> watcher;
+  int watchers = 0;
+  asio::posix::stream_descriptor* Watch() {
+    if (watchers++ == 0) {
+      const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+      watcher = std::make_unique<asio::posix::stream_descriptor>(io);
+      boost::system::error_code ec;
+      if (copy >= 0) watcher->assign(copy, ec);
+    }
+    return watcher.get();
+  }
+  void Unwatch() {
+    if (--watchers == 0) watcher.reset();
+  }
+  // Takes a connected plain socket out of Asio (I/O thread).
+  void Detach() {
+    boost::system::error_code ec;
+    owned_fd = socket.release(ec);
+    if (ec) owned_fd = -1;
+  }
+  void CancelWaits() {
+    boost::system::error_code ec;
+    socket.cancel(ec);
+    if (watcher) watcher->cancel(ec);
+  }
 
   // Guarded by the channel's mu_. Over a plain socket (`direct`), callers write and read it
   // themselves; over TLS only the I/O thread touches it.
@@ -99,7 +137,9 @@ struct Connection {
     if (tls) {
       co_await asio::async_write(*tls, buffer, asio::redirect_error(use_awaitable, ec));
     } else {
-      co_await asio::async_write(socket, buffer, asio::redirect_error(use_awaitable, ec));
+      asio::posix::stream_descriptor* d = Watch();
+      co_await asio::async_write(*d, buffer, asio::redirect_error(use_awaitable, ec));
+      Unwatch();
     }
   }
 };
@@ -355,7 +395,12 @@ absl::Status AsioChannel::ConnectOne(const std::string& address, const std::stri
       if (conn->socket.local_endpoint(ec).protocol().family() != AF_UNIX) {
         conn->socket.set_option(asio::ip::tcp::no_delay(true), ec);
       }
-      if (!use_tls) return connected->set_value("");
+      if (!use_tls) {
+        conn->fd = conn->socket.native_handle();
+        conn->Detach();
+        if (conn->owned_fd < 0) return connected->set_value("cannot take the socket from Asio");
+        return connected->set_value("");
+      }
       conn->tls = std::make_unique<asio::ssl::stream<Socket&>>(conn->socket, *tls_context_);
       if (absl::Status s = net::ExpectServerName(conn->tls->native_handle(), server_name);
           !s.ok()) {
@@ -384,7 +429,7 @@ absl::Status AsioChannel::ConnectOne(const std::string& address, const std::stri
   {
     absl::MutexLock lock(&mu_);
     if (generation_ != conn->generation) return absl::UnavailableError("connection replaced");
-    conn->fd = conn->socket.native_handle();
+    if (use_tls) conn->fd = conn->socket.native_handle();
     conn->direct = !use_tls;
     conn_ = conn;
     connected_ = true;
@@ -715,9 +760,17 @@ bool AsioChannel::ArmLocked(const Conn& conn) {
 }
 
 awaitable<void> AsioChannel::IoReadLoop(Conn conn) {
+  // Watched for as long as this loop runs, and no longer.
+  struct Watching {
+    Connection& conn;
+    ~Watching() { conn.Unwatch(); }
+  };
+  asio::posix::stream_descriptor* watched = conn->Watch();
+  Watching watching{*conn};
   boost::system::error_code ec;
   for (;;) {
-    co_await conn->socket.async_wait(Socket::wait_read, asio::redirect_error(use_awaitable, ec));
+    co_await watched->async_wait(asio::posix::stream_descriptor::wait_read,
+                                 asio::redirect_error(use_awaitable, ec));
     bool read = false;
     {
       absl::MutexLock lock(&mu_);
@@ -881,8 +934,7 @@ void AsioChannel::Fail(const Conn& conn, const absl::Status& why) {
   // connection.
   if (conn->fd >= 0) ::shutdown(conn->fd, SHUT_RDWR);
   asio::post(io_, [conn] {
-    boost::system::error_code ec;
-    conn->socket.cancel(ec);  // the I/O thread's waits end, and with them its references
+    conn->CancelWaits();  // the I/O thread's waits end, and with them its references
   });
   for (auto& [id, call] : failed) Finish(call, why);
 }

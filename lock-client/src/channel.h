@@ -9,7 +9,9 @@
 // Over a plain socket (TCP or unix), a caller writes its request itself and, while it waits,
 // reads the socket itself: a blocking call costs no hand-over between threads. The channel's
 // I/O thread reads only the replies no caller is reading for (SendAsync's and Post's, those of
-// calls given up, and a caller's that waits behind another reader). Over TLS the I/O thread
+// calls given up, and a caller's that waits behind another reader), and a plain socket is in
+// its epoll set only while it waits on it, so that a reply a caller reads does not wake it too.
+// Over TLS the I/O thread
 // does all reading and writing.
 //
 // Thread-safe: every method may be used from any thread.
