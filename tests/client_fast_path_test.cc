@@ -4,6 +4,8 @@
 // lockd dies or the client closes, an idle connection lockd closed, callers on several threads
 // sharing one connection, a Release that never goes out, and a fenced-out one nobody waits for.
 // Every wait for lockd's state polls with a generous bound; nothing asserts timing.
+#include <signal.h>
+
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -154,6 +156,34 @@ TEST_F(ClientFastPathTest, ACallerBlockedReadingHearsOfLockdsDeathAtOnce) {
   EXPECT_TRUE(Eventually([&] { return done.load(); }));
   waiter.join();
   EXPECT_EQ(waited.code(), absl::StatusCode::kUnavailable) << waited;
+}
+
+// A lockd that stops reading: the requests fill both sides' socket buffers, the rest waits in
+// the client for the socket to take more (its I/O thread's write loop), and when lockd dies
+// every pending call fails. Nothing raises SIGPIPE (the test process would die of it).
+TEST_F(ClientFastPathTest, ALockdThatStopsReadingThenDiesFailsWhatWaitsToBeWritten) {
+  auto client = NewClient(absl::Seconds(60), nullptr, absl::Hours(1));
+  ASSERT_EQ(::kill(lockd_.pid(), SIGSTOP), 0);
+  // 40 acquires of 900 KB lock names: 36 MB, far more than the socket buffers hold.
+  constexpr int kCalls = 40;
+  std::atomic<int> done{0}, failed{0};
+  std::vector<std::shared_ptr<PendingAcquire>> pending;
+  for (int i = 0; i < kCalls; ++i) {
+    pending.push_back(client->acquireAsync(
+        std::string(900 * 1024, static_cast<char>('a' + i % 26)) + std::to_string(i),
+        absl::Seconds(60), absl::ZeroDuration(), [&](absl::StatusOr<LockHandle> h) {
+          if (!h.ok()) ++failed;
+          ++done;
+        }));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(done.load(), 0);  // nothing answered, nothing failed yet
+  lockd_.Kill();              // a stopped process dies of SIGKILL too: its sockets reset
+  EXPECT_TRUE(Eventually([&] { return done.load() == kCalls; }));
+  EXPECT_EQ(failed.load(), kCalls);
+  lockd_.Restart();
+  auto again = client->acquire("fast/after", absl::Seconds(5));  // reconnects
+  EXPECT_TRUE(again.ok()) << again.status();
 }
 
 TEST_F(ClientFastPathTest, AnIdleConnectionLockdClosedIsNoticedBeforeTheNextAcquire) {

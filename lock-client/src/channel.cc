@@ -136,11 +136,28 @@ struct Connection {
   awaitable<void> WriteAll(const Buffer& buffer, boost::system::error_code& ec) {
     if (tls) {
       co_await asio::async_write(*tls, buffer, asio::redirect_error(use_awaitable, ec));
-    } else {
-      asio::posix::stream_descriptor* d = Watch();
-      co_await asio::async_write(*d, buffer, asio::redirect_error(use_awaitable, ec));
-      Unwatch();
+      co_return;
     }
+    // send() with MSG_NOSIGNAL, not the descriptor's write(): a peer that closed must give
+    // EPIPE, not a SIGPIPE that ends the process.
+    asio::posix::stream_descriptor* d = Watch();
+    const char* data = static_cast<const char*>(buffer.data());
+    size_t left = buffer.size();
+    while (left > 0 && !ec) {
+      const ssize_t n = ::send(fd, data, left, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) {
+        data += n;
+        left -= static_cast<size_t>(n);
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        co_await d->async_wait(asio::posix::stream_descriptor::wait_write,
+                               asio::redirect_error(use_awaitable, ec));
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        ec = boost::system::error_code(n < 0 ? errno : EPIPE, boost::system::system_category());
+      }
+    }
+    Unwatch();
   }
 };
 
