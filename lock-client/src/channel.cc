@@ -656,23 +656,16 @@ absl::StatusOr<Reply> AsioChannel::Await(const std::shared_ptr<PendingCall>& cal
     // finishes it, and a reader that stops before its reply hands the reading on.
     call->finished.WaitFor(absl::FromChrono(deadline - std::chrono::steady_clock::now()));
   }
-  bool given_up = false;
+  Conn given_up_on;  // the connection whose reply this caller stopped waiting for
   {
     absl::MutexLock lock(&mu_);
     // A reply arriving from now on is unmatched (a grant goes back through the handler).
     if (pending_.erase(call->id) > 0) {
       given_up_.insert(call->id);
-      given_up = conn_ != nullptr && conn_->generation == call->generation;
+      if (conn_ != nullptr && conn_->generation == call->generation) given_up_on = conn_;
     }
   }
-  if (given_up) {
-    Conn conn;
-    {
-      absl::MutexLock lock(&mu_);
-      conn = conn_;
-    }
-    if (conn != nullptr) EnsureReading(conn);
-  }
+  if (given_up_on != nullptr) EnsureReading(given_up_on);
   absl::MutexLock lock(&call->mu);
   if (!call->done) {
     return absl::DeadlineExceededError(
