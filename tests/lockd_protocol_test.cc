@@ -15,6 +15,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::LockdProcess;
 using testing::RawConnection;
+namespace request = testing::request;
 
 class ProtocolErrorTest : public ::testing::Test {
  protected:
@@ -178,6 +179,44 @@ TEST(UnixSocketTest, ClientAndProtocolErrorsOverUnixSocket) {
   EXPECT_TRUE((*client)->renewNow().ok());
   EXPECT_NO_THROW((*client)->checkStillHeld(*lock));
   EXPECT_TRUE((*client)->release(*lock).ok());
+}
+
+// lockd reads a plaintext connection once per readiness event (edge-triggered, its own epoll
+// set). Requests written at once that fill more than one read, or that lockd stops reading
+// while 256 of them wait for the disk, must still all be answered: nothing may wait for an
+// event that already came.
+void ExpectAPipelineBeyondOneReadIsAnswered(RawConnection conn) {
+  const uint64_t session = conn.HelloAndOpenSession(absl::Seconds(60));
+  std::vector<wire::Request> requests;
+  constexpr int kAcquires = 600;  // durable: past the 256 replies held for the disk
+  for (int i = 0; i < kAcquires; ++i) {
+    const std::string lock = "pipe/" + std::string(200, 'x') + std::to_string(i);
+    requests.push_back(request::Acquire(session, lock));
+    for (int v = 0; v < 8; ++v) requests.push_back(request::Validate(lock, 1));
+  }
+  size_t bytes = 0;
+  for (const wire::Request& r : requests) bytes += r.ByteSizeLong() + 4;
+  ASSERT_GT(bytes, size_t{3} * 64 * 1024);  // several of lockd's 64 KiB reads
+  const std::vector<wire::Response> replies = conn.Pipeline(requests);
+  ASSERT_EQ(replies.size(), requests.size());
+  int granted = 0;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    if (requests[i].has_acquire() && replies[i].code() == wire::OK &&
+        replies[i].acquire().granted()) {
+      ++granted;
+    }
+  }
+  EXPECT_EQ(granted, kAcquires);
+}
+
+TEST(ReadPathTest, APipelineBeyondOneReadIsAnsweredOverTcp) {
+  LockdProcess lockd;
+  ExpectAPipelineBeyondOneReadIsAnswered(RawConnection::Tcp(lockd.port()));
+}
+
+TEST(ReadPathTest, APipelineBeyondOneReadIsAnsweredOverAUnixSocket) {
+  LockdProcess lockd(LockdProcess::Options{.unix_socket = true});
+  ExpectAPipelineBeyondOneReadIsAnswered(RawConnection::Unix(lockd.unix_path()));
 }
 
 }  // namespace

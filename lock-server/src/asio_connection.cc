@@ -24,13 +24,15 @@ constexpr auto kErrorLinger = std::chrono::seconds(1);
 }  // namespace
 
 AsioConnection::AsioConnection(ServerCore* core, Socket socket, const ConnectionBudget& budget,
-                               std::function<void(AsioConnection*, CloseReason)> on_gone)
+                               std::function<void(AsioConnection*, CloseReason)> on_gone,
+                               std::shared_ptr<ReadinessSet> readiness)
     : core_(core),
       socket_(std::move(socket)),
       linger_(socket_.get_executor()),
       resume_(socket_.get_executor()),
       budget_(budget),
-      on_gone_(std::move(on_gone)) {}
+      on_gone_(std::move(on_gone)),
+      readiness_(std::move(readiness)) {}
 
 void AsioConnection::Handshake(asio::ssl::context& context, absl::Duration timeout,
                                HandshakeDone done) {
@@ -89,6 +91,10 @@ awaitable<void> AsioConnection::HandshakeLoop(std::shared_ptr<AsioConnection> se
 
 void AsioConnection::Serve(std::string identity) {
   id_ = core_->Connect(this, std::move(identity));
+  // Registered once: no readiness wait per read. If the set cannot take it, it reads the old way.
+  if (readiness_ != nullptr && !tls_ && !readiness_->failed()) {
+    watched_ = readiness_->Add(socket_.native_handle(), this).ok();
+  }
   asio::co_spawn(socket_.get_executor(), ReadLoop(shared_from_this()), asio::detached);
 }
 
@@ -105,9 +111,22 @@ awaitable<void> AsioConnection::ReadLoop(std::shared_ptr<AsioConnection> self) {
   std::string chunk(64 * 1024, '\0');
   std::string payload;  // keeps its capacity from frame to frame
   boost::system::error_code ec;
+  bool maybe_more = false;  // the last read filled the chunk: the socket may hold more
   while (!closed_) {
     size_t n = 0;
-    if (tls_) {
+    if (watched_ && readiness_->failed()) watched_ = false;
+    if (watched_) {
+      // Edge-triggered: a read that did not fill the chunk took all there was, and whatever
+      // arrives later is a new event. So a read needs no wait of its own, and an EAGAIN is
+      // rare (an event for bytes an earlier read already took).
+      if (!maybe_more) co_await readable_.Wait();
+      if (closed_) break;
+      n = socket_.read_some(asio::buffer(chunk), ec);
+      maybe_more = false;
+      if (ec == asio::error::would_block || ec == asio::error::try_again) continue;
+      if (ec) break;
+      maybe_more = n == chunk.size();
+    } else if (tls_) {
       // TLS may hold decrypted bytes of its own: always ask it.
       n = co_await tls_->async_read_some(asio::buffer(chunk),
                                          asio::redirect_error(use_awaitable, ec));
@@ -265,6 +284,8 @@ void AsioConnection::CloseFor(CloseReason reason) {
   boost::system::error_code ec;
   linger_.cancel();
   resume_.cancel();
+  if (watched_) readiness_->Remove(socket_.native_handle());
+  readable_.Fire();  // the read loop sees closed_ and ends
   socket_.close(ec);
   if (id_ != 0) core_->Disconnect(id_);
   if (on_gone_) on_gone_(this, reason);

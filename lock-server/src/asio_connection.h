@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "lock-server/server_core.h"
+#include "readiness.h"
 #include "net/asio.h"
 #include "net/asio_ssl.h"
 
@@ -39,11 +40,14 @@ struct ConnectionBudget {
 enum class CloseReason { kPeer, kSlowReader };
 
 class AsioConnection final : public ConnectionSink,
+                             public ReadinessSet::Watcher,
                              public std::enable_shared_from_this<AsioConnection> {
  public:
-  // `on_gone` runs once, when the connection closes, with why.
+  // `on_gone` runs once, when the connection closes, with why. With `readiness`, a plaintext
+  // connection's reads wait on that set, not on the socket.
   AsioConnection(ServerCore* core, Socket socket, const ConnectionBudget& budget,
-                 std::function<void(AsioConnection*, CloseReason)> on_gone);
+                 std::function<void(AsioConnection*, CloseReason)> on_gone,
+                 std::shared_ptr<ReadinessSet> readiness = nullptr);
 
   // Runs the server side of a TLS handshake on the connection, within `timeout`; from then on
   // every byte goes through TLS. Then calls `done` with the peer's identity from its verified
@@ -64,6 +68,9 @@ class AsioConnection final : public ConnectionSink,
   // ConnectionSink
   void Send(std::string_view frames) override;
   void CloseAfterSend() override;
+
+  // ReadinessSet::Watcher
+  void Readable() override { readable_.Fire(); }
 
  private:
   // Both coroutines take a strong reference as a parameter: a coroutine starts after co_spawn
@@ -87,6 +94,9 @@ class AsioConnection final : public ConnectionSink,
   asio::steady_timer resume_;  // AwaitBudget() waits on it; cancelled to wake it
   const ConnectionBudget budget_;
   std::function<void(AsioConnection*, CloseReason)> on_gone_;
+  const std::shared_ptr<ReadinessSet> readiness_;
+  bool watched_ = false;  // in readiness_: the read loop waits on readable_
+  Waker readable_;
   bool paused_ = false;
   bool handshaking_ = false;
   bool handshake_timed_out_ = false;

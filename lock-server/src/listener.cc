@@ -127,6 +127,12 @@ Listener::Listener(asio::io_context& io, ServerCore* core, TimeSource* time,
     SSL_CTX_up_ref(tls_->native());
     tls_context_.emplace(tls_->native());
   }
+  if (auto set = ReadinessSet::Create(io); set.ok()) {
+    readiness_ = std::move(*set);
+  } else {
+    logging::Lockd().Warning(absl::StrCat(set.status().message(),
+                                          "; each connection waits on its own socket instead"));
+  }
 }
 
 Listener::~Listener() {
@@ -321,7 +327,8 @@ asio::awaitable<void> Listener::AcceptLoop(Acceptor& acceptor) {
                                             absl::FormatDuration(options_.slow_reader_timeout),
                                             ")"));
           }
-        });
+        },
+        readiness_);
     open_[id] = connection;
     if constexpr (!kUnix) {
       if (tls_context_) {

@@ -17,6 +17,7 @@
 #include "asio_connection.h"
 #include "clock/time_source.h"
 #include "log_limiter.h"
+#include "readiness.h"
 #include "lock-server/server.h"
 #include "lock-server/server_core.h"
 #include "net/asio.h"
@@ -82,6 +83,9 @@ class Listener {
   std::map<std::string, size_t> per_peer_;  // admitted connections by PeerIdentity()
   std::map<uint64_t, std::weak_ptr<AsioConnection>> open_;
   int spare_fd_ = -1;  // held open to be given up when accept() runs out of descriptors
+  // Plaintext connections wait for their reads here (each holds it too); null if it could not
+  // be made (then each waits on its own socket).
+  std::shared_ptr<ReadinessSet> readiness_;
 };
 
 // Descriptors lockd needs besides its connections: listeners, the log's files, the event
