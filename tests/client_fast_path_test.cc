@@ -2,10 +2,16 @@
 // socket on the caller's thread; releaseWithNextRequest() holds its Release for the next
 // request's write. The cases are what could go wrong with that: a caller blocked reading when
 // lockd dies or the client closes, an idle connection lockd closed, callers on several threads
-// sharing one connection, a Release that never goes out, and a fenced-out one nobody waits for.
+// sharing one connection, a Release that never goes out, a fenced-out one nobody waits for,
+// what waits to be written to a lockd that stops reading (then dies, or reads again), and a
+// process out of descriptors.
 // Every wait for lockd's state polls with a generous bound; nothing asserts timing.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -13,6 +19,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "clock/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -183,6 +190,71 @@ TEST_F(ClientFastPathTest, ALockdThatStopsReadingThenDiesFailsWhatWaitsToBeWritt
   EXPECT_EQ(failed.load(), kCalls);
   lockd_.Restart();
   auto again = client->acquire("fast/after", absl::Seconds(5));  // reconnects
+  EXPECT_TRUE(again.ok()) << again.status();
+}
+
+TEST_F(ClientFastPathTest, WhatWaitedToBeWrittenToAStoppedLockdReachesItWhole) {
+  // Before the client: a callback cancelled by its destruction still finds them.
+  std::atomic<int> refused{0}, other{0};
+  absl::Notification granted;
+  absl::Status last;
+  auto client = NewClient(absl::Seconds(60), nullptr, absl::Hours(1));
+  ASSERT_EQ(::kill(lockd_.pid(), SIGSTOP), 0);
+  // 40 acquires of 900 KB names (36 MB: the I/O thread's write loop holds most of it), then
+  // one lockd can grant. Each big one must come back as lockd's refusal of its name's length,
+  // and the last one granted: a byte lost or reordered would cut a frame short.
+  constexpr int kBig = 40;
+  std::vector<std::shared_ptr<PendingAcquire>> pending;
+  for (int i = 0; i < kBig; ++i) {
+    pending.push_back(client->acquireAsync(
+        std::string(900 * 1024, static_cast<char>('a' + i % 26)) + std::to_string(i),
+        absl::Seconds(60), absl::ZeroDuration(), [&](absl::StatusOr<LockHandle> h) {
+          ++(absl::IsInvalidArgument(h.status()) ? refused : other);
+        }));
+  }
+  pending.push_back(client->acquireAsync("fast/behind-the-big-ones", absl::Seconds(60),
+                                         absl::ZeroDuration(), [&](absl::StatusOr<LockHandle> h) {
+                                           last = h.status();
+                                           granted.Notify();
+                                         }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(refused.load() + other.load(), 0);
+  ASSERT_EQ(::kill(lockd_.pid(), SIGCONT), 0);
+  EXPECT_TRUE(granted.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_TRUE(last.ok()) << last;
+  EXPECT_TRUE(Eventually([&] { return refused.load() + other.load() == kBig; }));
+  EXPECT_EQ(refused.load(), kBig);
+}
+
+TEST_F(ClientFastPathTest, OutOfDescriptorsTheIoThreadSaysSoAndTheClientRecovers) {
+  std::atomic<bool> answered{false};
+  absl::Status status;
+  auto client = NewClient(absl::Seconds(60), nullptr, absl::Hours(1));
+  auto first = client->acquire("fast/fd/first", absl::Seconds(5));
+  ASSERT_TRUE(first.ok()) << first.status();
+  // An async acquire's reply is read by the I/O thread, which waits on a duplicate of the
+  // socket: with every descriptor taken, it cannot make one.
+  rlimit old_limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old_limit), 0);
+  rlimit low = old_limit;
+  low.rlim_cur = std::min<rlim_t>(old_limit.rlim_cur, 512);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> taken;
+  for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) taken.push_back(fd);
+  ASSERT_EQ(errno, EMFILE);
+  auto pending = client->acquireAsync("fast/fd/second", absl::Seconds(5), absl::ZeroDuration(),
+                                      [&](absl::StatusOr<LockHandle> h) {
+                                        status = h.status();
+                                        answered = true;
+                                      });
+  const bool in_time = Eventually([&] { return answered.load(); });
+  for (int fd : taken) ::close(fd);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old_limit), 0);
+  ASSERT_TRUE(in_time);
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("out of file descriptors")) << status;
+  // With descriptors back, the next call reconnects, resumes the session and is served.
+  auto again = client->acquire("fast/fd/third", absl::Seconds(5));
   EXPECT_TRUE(again.ok()) << again.status();
 }
 

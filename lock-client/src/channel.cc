@@ -86,14 +86,28 @@ struct Connection {
   asio::io_context& io;
   std::unique_ptr<asio::posix::stream_descriptor> watcher;
   int watchers = 0;
+  int watch_errno = 0;  // why the last Watch() could not open the watcher
+  // The watcher is not open when the duplicate could not be made: WatchError() says why.
   asio::posix::stream_descriptor* Watch() {
     if (watchers++ == 0) {
       const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+      watch_errno = copy < 0 ? errno : 0;
       watcher = std::make_unique<asio::posix::stream_descriptor>(io);
       boost::system::error_code ec;
       if (copy >= 0) watcher->assign(copy, ec);
+      if (ec) {
+        ::close(copy);
+        watch_errno = ec.value();
+      }
     }
     return watcher.get();
+  }
+  absl::Status WatchError() const {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot wait on the connection to lockd: no descriptor for its duplicate (",
+        std::strerror(watch_errno),
+        watch_errno == EMFILE || watch_errno == ENFILE ? "; the process is out of file descriptors)"
+                                                       : ")"));
   }
   void Unwatch() {
     if (--watchers == 0) watcher.reset();
@@ -149,6 +163,10 @@ struct Connection {
         data += n;
         left -= static_cast<size_t>(n);
       } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (!d->is_open()) {
+          ec = boost::system::error_code(watch_errno, boost::system::system_category());
+          break;
+        }
         co_await d->async_wait(asio::posix::stream_descriptor::wait_write,
                                asio::redirect_error(use_awaitable, ec));
       } else if (n < 0 && errno == EINTR) {
@@ -777,6 +795,14 @@ awaitable<void> AsioChannel::IoReadLoop(Conn conn) {
   };
   asio::posix::stream_descriptor* watched = conn->Watch();
   Watching watching{*conn};
+  if (!watched->is_open()) {
+    {
+      absl::MutexLock lock(&mu_);
+      conn->io_armed = false;
+    }
+    Fail(conn, conn->WatchError());
+    co_return;
+  }
   boost::system::error_code ec;
   for (;;) {
     co_await watched->async_wait(asio::posix::stream_descriptor::wait_read,

@@ -193,8 +193,9 @@ struct ClientOptions {
   // Receives the client's log lines with their level. kInfo: a session opened, resumed on a
   // new connection, or renewed again after failed heartbeats. kWarning: heartbeats started to
   // fail, a session or a lock was lost (and why), the margin-revisit trigger (ADR-006 6.5), a
-  // ScopedLock's failed release. Called from the client's threads, every line whatever
-  // `log_level` says; must not block. Default: nullptr, timestamped lines through spdlog on
+  // ScopedLock's failed release. Called from the client's threads, or from a thread inside a
+  // call of the client (a releaseWithNextRequest's FENCED_OUT answer is logged by whichever call
+  // reads it), every line whatever `log_level` says; must not block, nor call the client. Default: nullptr, timestamped lines through spdlog on
   // standard error ("2026-12-01T19:30:00.123456Z warning fencelock-client: ...").
   std::function<void(LogLevel, const std::string&)> log;
   // The least level the default log writes. Default: kInfo.
