@@ -1,9 +1,13 @@
 #include "common.h"
 
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <mutex>
 #include <thread>
@@ -57,6 +61,17 @@ void EndProgress() {
   if (g_open_line) std::fprintf(stderr, "\n");
   g_open_line = false;
 }
+
+namespace {
+
+void Report(const CycleResult& r, const std::string& label) {
+  const Percentiles p = Summarize(r.acquire_ns);
+  std::fprintf(stderr, "  %-58s %9.0f cycles/s  acquire p50 %.3f ms  p99 %.3f ms%s%s\n",
+               label.c_str(), r.cycles_per_second, p.p50, p.p99, r.errors > 0 ? "  ERROR " : "",
+               r.first_error.c_str());
+}
+
+}  // namespace
 
 CycleResult RunCycles(const CyclerFactory& make, int clients, double seconds,
                       const std::string& label) {
@@ -113,10 +128,157 @@ CycleResult RunCycles(const CyclerFactory& make, int clients, double seconds,
   EndProgress();
   r.cycles_per_second = static_cast<double>(counted) / elapsed;
   r.errors = errors;
-  const Percentiles p = Summarize(r.acquire_ns);
-  std::fprintf(stderr, "  %-58s %9.0f cycles/s  acquire p50 %.3f ms  p99 %.3f ms%s%s\n",
-               label.c_str(), r.cycles_per_second, p.p50, p.p99, r.errors > 0 ? "  ERROR " : "",
-               r.first_error.c_str());
+  Report(r, label);
+  return r;
+}
+
+CycleResult RunStreamCycles(const StreamCyclerFactory& make, int clients, double seconds,
+                            const std::string& label) {
+  CycleResult r;
+  auto fail = [&r](const absl::Status& s) {
+    ++r.errors;
+    if (r.first_error.empty()) r.first_error = s.ToString();
+  };
+  struct Conn {
+    std::unique_ptr<StreamCycler> cycler;
+    std::string out;  // what the socket did not take yet
+    bool waits_for_room = false;  // watched for EPOLLOUT
+    bool done = false;
+  };
+  std::vector<Conn> conns;
+  for (int c = 0; c < clients; ++c) {
+    auto cycler = make(c);
+    if (!cycler.ok()) {
+      fail(cycler.status());
+      continue;
+    }
+    conns.push_back({.cycler = std::move(*cycler)});
+  }
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) {
+    fail(absl::ErrnoToStatus(errno, "epoll_create1"));
+    Report(r, label);
+    return r;
+  }
+  auto watch = [ep](int fd, uint32_t index, bool writable, int op) {
+    epoll_event e{.events = EPOLLIN | (writable ? EPOLLOUT : 0u), .data = {.u32 = index}};
+    return epoll_ctl(ep, op, fd, &e) == 0;
+  };
+  size_t live = 0;
+  for (uint32_t i = 0; i < conns.size(); ++i) {
+    const int fd = conns[i].cycler->fd();
+    if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) != 0 ||
+        !watch(fd, i, false, EPOLL_CTL_ADD)) {
+      fail(absl::ErrnoToStatus(errno, "cannot watch a connection"));
+      conns[i].done = true;
+      continue;
+    }
+    ++live;
+  }
+  // Sends what `c` has to send; false (and the connection ended) on an error.
+  auto flush = [&](Conn& c, uint32_t index) {
+    while (!c.out.empty()) {
+      const ssize_t n = ::send(c.cycler->fd(), c.out.data(), c.out.size(), MSG_NOSIGNAL);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (n < 0) {
+        fail(absl::ErrnoToStatus(errno, "send"));
+        return false;
+      }
+      c.out.erase(0, static_cast<size_t>(n));
+    }
+    // Wait for room only while something is left.
+    if (c.waits_for_room != !c.out.empty()) {
+      c.waits_for_room = !c.out.empty();
+      watch(c.cycler->fd(), index, c.waits_for_room, EPOLL_CTL_MOD);
+    }
+    return true;
+  };
+  auto end_conn = [&](Conn& c) {
+    if (c.done) return;
+    c.done = true;
+    --live;
+    epoll_ctl(ep, EPOLL_CTL_DEL, c.cycler->fd(), nullptr);
+  };
+  const MonoTime start = Now();
+  const MonoTime end = start + absl::Seconds(seconds);
+  // Past the end, what is in flight gets this long to come back (each gives back its lock).
+  const MonoTime give_up = end + absl::Seconds(10);
+  for (uint32_t i = 0; i < conns.size(); ++i) {
+    if (conns[i].done) continue;
+    conns[i].cycler->Begin(&conns[i].out);
+    if (!flush(conns[i], i)) end_conn(conns[i]);
+  }
+  std::vector<int64_t> acquire_ns;
+  uint64_t counted = 0, last = 0;
+  bool stop = false;
+  double elapsed = seconds;
+  MonoTime next_progress = start + absl::Seconds(1);
+  std::vector<epoll_event> events(conns.size() + 1);
+  std::string chunk(64 * 1024, '\0');
+  while (live > 0) {
+    const MonoTime now = Now();
+    if (!stop && now >= end) {
+      stop = true;
+      counted = acquire_ns.size();
+      elapsed = absl::ToDoubleSeconds(now - start);
+    }
+    if (stop && now >= give_up) {
+      fail(absl::DeadlineExceededError(absl::StrCat(
+          live, " connections still had requests in flight 10 s after the run ended")));
+      break;
+    }
+    if (!stop && now >= next_progress) {
+      Progress(absl::StrFormat("  %-58s %5.1fs  %9.0f cycles/s", label,
+                               absl::ToDoubleSeconds(now - start),
+                               static_cast<double>(acquire_ns.size() - last)),
+               absl::ToDoubleSeconds(now - start));
+      last = acquire_ns.size();
+      next_progress = next_progress + absl::Seconds(1);
+    }
+    const int n = epoll_wait(ep, events.data(), static_cast<int>(events.size()), 50);
+    if (n < 0 && errno != EINTR) {
+      fail(absl::ErrnoToStatus(errno, "epoll_wait"));
+      break;
+    }
+    for (int e = 0; e < n; ++e) {
+      const uint32_t index = events[e].data.u32;
+      Conn& c = conns[index];
+      if (c.done) continue;
+      if ((events[e].events & EPOLLOUT) != 0 && !flush(c, index)) {
+        end_conn(c);
+        continue;
+      }
+      if ((events[e].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) == 0) continue;
+      const ssize_t got = ::recv(c.cycler->fd(), chunk.data(), chunk.size(), 0);
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+      if (got <= 0) {
+        fail(got == 0 ? absl::UnavailableError("the server closed the connection")
+                      : absl::ErrnoToStatus(errno, "recv"));
+        end_conn(c);
+        continue;
+      }
+      auto idle = c.cycler->Feed(std::string_view(chunk.data(), static_cast<size_t>(got)), stop,
+                                 &c.out, &acquire_ns);
+      if (!idle.ok()) {
+        fail(idle.status());
+        end_conn(c);
+      } else if (!flush(c, index)) {
+        end_conn(c);
+      } else if (*idle) {
+        end_conn(c);
+      }
+    }
+  }
+  ::close(ep);
+  EndProgress();
+  if (!stop) {  // every connection failed before the end
+    counted = acquire_ns.size();
+    elapsed = absl::ToDoubleSeconds(Now() - start);
+  }
+  acquire_ns.resize(counted);
+  r.acquire_ns = std::move(acquire_ns);
+  r.cycles_per_second = static_cast<double>(counted) / std::max(elapsed, 1e-9);
+  Report(r, label);
   return r;
 }
 

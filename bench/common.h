@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -50,6 +51,31 @@ struct CycleResult {
 // `seconds` after all of them are set up. Progress (and the result) go to stderr under `label`.
 CycleResult RunCycles(const CyclerFactory& make, int clients, double seconds,
                       const std::string& label);
+
+// One connection of the one-thread lock-cycle driver: a state machine over a non-blocking
+// socket that the driver reads and writes for it. One thread drives every connection of a run,
+// as redis-benchmark does, so the figure is what the server takes, not what a thread per client
+// costs the client side of a 2-core machine.
+class StreamCycler {
+ public:
+  virtual ~StreamCycler() = default;
+  // The connected socket (the cycler owns it); the driver makes it non-blocking.
+  virtual int fd() const = 0;
+  // Appends to `out` the first cycle's first request.
+  virtual void Begin(std::string* out) = 0;
+  // Takes bytes read from the socket and appends to `out` what to send next. Each cycle whose
+  // lock was granted adds its acquire time (nanoseconds) to `acquire_ns`. Once `stop` is set it
+  // starts no further cycle, gives back what it holds, and returns true when nothing of its is
+  // in flight any more. An error ends the connection's run and is counted.
+  virtual absl::StatusOr<bool> Feed(std::string_view in, bool stop, std::string* out,
+                                    std::vector<int64_t>* acquire_ns) = 0;
+};
+using StreamCyclerFactory = std::function<absl::StatusOr<std::unique_ptr<StreamCycler>>(int client)>;
+
+// `clients` connections in a closed loop, each cycling as fast as its system answers, all
+// driven by the calling thread through one epoll set, for `seconds`; reported as RunCycles does.
+CycleResult RunStreamCycles(const StreamCyclerFactory& make, int clients, double seconds,
+                            const std::string& label);
 
 // A line on stderr that a terminal sees rewritten in place and a log sees once every 5 s.
 void Progress(const std::string& line, double elapsed_seconds);

@@ -14,7 +14,10 @@
 //     and pipelined: each Release sent with the next Acquire, releaseWithNextRequest),
 //     and the same cycle on the peers: Redis 7 (appendfsync always, and no persistence; SET NX
 //     PX + compare-and-delete, with and without an INCR token) and etcd 3.4 (lease,
-//     create-if-absent transaction, delete). Rounds are interleaved (A B C A B C ...) and each
+//     create-if-absent transaction, delete). A thread per client, as worker code runs; and the
+//     raw driver and Redis also with every client on one thread (one epoll set, as
+//     redis-benchmark drives Redis), which measures the server rather than what 64 client
+//     threads cost a 2-core machine. Rounds are interleaved (A B C A B C ...) and each
 //     figure is the min / median / max over --rounds;
 //   - margin sweep: the payout demo's processes at each margin and TTL (margin_sweep.h);
 //   - payout scaling (--demo): the payout demo without faults at each of --scaling-workers,
@@ -523,8 +526,8 @@ class RawCycler : public Cycler {
   const bool wait_;
 };
 
-// The raw driver pipelined: each cycle's Release goes out, unanswered, right before the next
-// cycle's Acquire, and both answers are read then.
+// The raw driver pipelined: each cycle's Release goes out, unanswered, in one write with the
+// next cycle's Acquire, and both answers are read then.
 class PipelinedRawCycler : public Cycler {
  public:
   PipelinedRawCycler(std::unique_ptr<BlockingConnection> conn, uint64_t session, std::string lock)
@@ -540,22 +543,23 @@ class PipelinedRawCycler : public Cycler {
   }
   absl::StatusOr<int64_t> Cycle() override {
     const MonoTime start = Now();
-    std::optional<uint64_t> release_id;
+    std::vector<wire::Request> requests;
     if (token_ != 0) {
-      wire::Request r;
+      wire::Request& r = requests.emplace_back();
       r.mutable_release()->set_session_id(session_);
       r.mutable_release()->set_lock(lock_);
       r.mutable_release()->set_token(token_);
-      auto sent = conn_->Send(r);
-      if (!sent.ok()) return sent.status();
-      release_id = *sent;
     }
-    wire::Request a;
+    wire::Request& a = requests.emplace_back();
     a.mutable_acquire()->set_session_id(session_);
     a.mutable_acquire()->set_lock(lock_);
     a.mutable_acquire()->set_wait_timeout_ms(10'000);
-    auto acquire_id = conn_->Send(a);
-    if (!acquire_id.ok()) return acquire_id.status();
+    // One write, as the library's releaseWithNextRequest() makes.
+    auto ids = conn_->SendAll(std::move(requests));
+    if (!ids.ok()) return ids.status();
+    const std::optional<uint64_t> release_id =
+        ids->size() == 2 ? std::optional<uint64_t>(ids->front()) : std::nullopt;
+    const uint64_t* acquire_id = &ids->back();
     for (;;) {
       auto reply = conn_->Receive(absl::Seconds(10));
       if (!reply.ok()) return reply.status();
@@ -581,6 +585,79 @@ class PipelinedRawCycler : public Cycler {
   uint64_t token_ = 0;  // held since the last cycle, released by the next
 };
 
+// The raw driver's requests (RawCycler's, or pipelined PipelinedRawCycler's) on the one-thread
+// driver, RunStreamCycles.
+class LockdStreamCycler : public StreamCycler {
+ public:
+  LockdStreamCycler(std::unique_ptr<BlockingConnection> conn, uint64_t session, std::string lock,
+                    bool pipelined)
+      : conn_(std::move(conn)), session_(session), lock_(std::move(lock)), pipelined_(pipelined) {}
+
+  int fd() const override { return conn_->fd(); }
+  void Begin(std::string* out) override { SendAcquire(out); }
+
+  absl::StatusOr<bool> Feed(std::string_view in, bool stop, std::string* out,
+                            std::vector<int64_t>* acquire_ns) override {
+    decoder_.Feed(in);
+    std::string payload;
+    for (;;) {
+      const auto next = decoder_.Next(&payload);
+      if (next == protocol::FrameDecoder::Result::kNeedMore) break;
+      if (next == protocol::FrameDecoder::Result::kTooLarge) {
+        return absl::DataLossError("lockd sent a frame above the maximum size");
+      }
+      wire::Response reply;
+      if (!reply.ParseFromString(payload)) return absl::DataLossError("lockd sent a reply that does not parse");
+      if (release_id_ != 0 && reply.request_id() == release_id_) {
+        if (reply.code() != wire::OK) {
+          return absl::FailedPreconditionError(absl::StrCat("release: ", reply.message()));
+        }
+        release_id_ = 0;
+        if (!pipelined_ && !stop) SendAcquire(out);
+        continue;
+      }
+      if (acquire_id_ == 0 || reply.request_id() != acquire_id_) continue;  // a push
+      if (reply.code() != wire::OK || !reply.acquire().granted()) {
+        return absl::FailedPreconditionError(absl::StrCat("acquire: ", reply.message()));
+      }
+      acquire_id_ = 0;
+      acquire_ns->push_back(NanosSince(started_));
+      // Pipelined, the Release travels in one write with the next cycle's Acquire.
+      SendRelease(reply.acquire().token(), out);
+      if (pipelined_ && !stop) SendAcquire(out);
+    }
+    return acquire_id_ == 0 && release_id_ == 0;
+  }
+
+ private:
+  void SendAcquire(std::string* out) {
+    wire::Request a;
+    a.set_request_id(acquire_id_ = ++next_id_);
+    a.mutable_acquire()->set_session_id(session_);
+    a.mutable_acquire()->set_lock(lock_);
+    a.mutable_acquire()->set_wait_timeout_ms(10'000);
+    started_ = Now();
+    (void)protocol::AppendFrame(a.SerializeAsString(), out);
+  }
+  void SendRelease(uint64_t token, std::string* out) {
+    wire::Request r;
+    r.set_request_id(release_id_ = ++next_id_);
+    r.mutable_release()->set_session_id(session_);
+    r.mutable_release()->set_lock(lock_);
+    r.mutable_release()->set_token(token);
+    (void)protocol::AppendFrame(r.SerializeAsString(), out);
+  }
+
+  std::unique_ptr<BlockingConnection> conn_;
+  const uint64_t session_;
+  const std::string lock_;
+  const bool pipelined_;
+  protocol::FrameDecoder decoder_;
+  uint64_t next_id_ = uint64_t{1} << 32;  // above the ids the setup's calls took
+  uint64_t acquire_id_ = 0, release_id_ = 0;  // in flight (0: none)
+  MonoTime started_;
+};
+
 std::string CycleLock(int client, bool contended) {
   return contended ? std::string("cycle") : absl::StrCat("cycle/", client);
 }
@@ -593,21 +670,39 @@ CyclerFactory LibraryCyclers(const std::string& address, bool contended, bool pi
   };
 }
 
+// A connection with a session of its own (60 s), for the raw drivers.
+absl::StatusOr<std::pair<std::unique_ptr<BlockingConnection>, uint64_t>> ConnectWithSession(
+    const std::string& address) {
+  auto conn = Connect(address);
+  if (!conn.ok()) return conn.status();
+  wire::Request open;
+  open.mutable_open_session()->set_ttl_ms(60'000);
+  auto opened = (*conn)->Call(open);
+  if (!opened.ok()) return opened.status();
+  if (opened->code() != wire::OK) return absl::UnavailableError(opened->message());
+  return std::make_pair(std::move(*conn), opened->open_session().session_id());
+}
+
+StreamCyclerFactory LockdStreamCyclers(const std::string& address, bool pipelined) {
+  return [address, pipelined](int client) -> absl::StatusOr<std::unique_ptr<StreamCycler>> {
+    auto c = ConnectWithSession(address);
+    if (!c.ok()) return c.status();
+    return std::make_unique<LockdStreamCycler>(std::move(c->first), c->second,
+                                               CycleLock(client, false), pipelined);
+  };
+}
+
 CyclerFactory RawCyclers(const std::string& address, bool contended, bool pipelined = false) {
   return [address, contended, pipelined](int client) -> absl::StatusOr<std::unique_ptr<Cycler>> {
-    auto conn = Connect(address);
-    if (!conn.ok()) return conn.status();
-    wire::Request open;
-    open.mutable_open_session()->set_ttl_ms(60'000);
-    auto opened = (*conn)->Call(open);
-    if (!opened.ok()) return opened.status();
-    if (opened->code() != wire::OK) return absl::UnavailableError(opened->message());
-    const uint64_t session = opened->open_session().session_id();
+    auto c = ConnectWithSession(address);
+    if (!c.ok()) return c.status();
+    auto conn = std::move(c->first);
+    const uint64_t session = c->second;
     if (pipelined) {
-      return std::make_unique<PipelinedRawCycler>(std::move(*conn), session,
+      return std::make_unique<PipelinedRawCycler>(std::move(conn), session,
                                                   CycleLock(client, contended));
     }
-    return std::make_unique<RawCycler>(std::move(*conn), session, CycleLock(client, contended),
+    return std::make_unique<RawCycler>(std::move(conn), session, CycleLock(client, contended),
                                        contended);
   };
 }
@@ -616,8 +711,9 @@ CyclerFactory RawCyclers(const std::string& address, bool contended, bool pipeli
 struct System {
   std::string key;   // in results.json and the plot's data
   std::string name;  // in the tables and the plot
-  CyclerFactory make;
+  CyclerFactory make;  // a thread per client (RunCycles); or, when empty:
   bool fencelock = false;
+  StreamCyclerFactory stream = nullptr;  // every client on one thread (RunStreamCycles)
 };
 
 // One system at one client count, over the rounds.
@@ -1076,6 +1172,10 @@ int Main() {
        RawCyclers(address, false, true), true},
       {"fencelock_library_one_lock", "fencelock, library, one lock", LibraryCyclers(address, true), true},
       {"fencelock_raw_one_lock", "fencelock, raw driver, one lock", RawCyclers(address, true), true},
+      {"fencelock_raw_one_thread", "fencelock, raw driver, one thread", nullptr, true,
+       LockdStreamCyclers(address, false)},
+      {"fencelock_raw_one_thread_pipelined", "fencelock, raw driver, one thread, pipelined", nullptr,
+       true, LockdStreamCyclers(address, true)},
   };
   std::unique_ptr<RedisPeer> redis_always, redis_none;
   std::unique_ptr<EtcdPeer> etcd;
@@ -1094,6 +1194,11 @@ int Main() {
     systems.push_back({"redis_fsync_always_incr", "Redis, appendfsync always, INCR token", redis_always->Cyclers(true)});
     systems.push_back({"redis_no_persistence", "Redis, no persistence", redis_none->Cyclers(false)});
     systems.push_back({"redis_no_persistence_incr", "Redis, no persistence, INCR token", redis_none->Cyclers(true)});
+    systems.push_back({"redis_fsync_always_one_thread", "Redis, appendfsync always, one thread", nullptr,
+                       false, redis_always->StreamCyclers(false)});
+    systems.push_back({"redis_fsync_always_one_thread_pipelined",
+                       "Redis, appendfsync always, one thread, pipelined", nullptr, false,
+                       redis_always->StreamCyclers(true)});
   }
   if (want_etcd) {
     std::fprintf(stderr, "peers: starting etcd (one member)\n");
@@ -1112,8 +1217,9 @@ int Main() {
   for (size_t c = 0; c < clients.size(); ++c) {
     for (int round = 1; round <= rounds; ++round) {
       for (size_t s = 0; s < systems.size(); ++s) {
-        CycleResult r = RunCycles(systems[s].make, clients[c], cycle_seconds,
-                                  absl::StrCat(clients[c], " clients, round ", round, ": ", systems[s].name));
+        const std::string label = absl::StrCat(clients[c], " clients, round ", round, ": ", systems[s].name);
+        CycleResult r = systems[s].make ? RunCycles(systems[s].make, clients[c], cycle_seconds, label)
+                                        : RunStreamCycles(systems[s].stream, clients[c], cycle_seconds, label);
         Runs& into = runs[s][c];
         into.rates.push_back(r.cycles_per_second);
         into.acquire_ns.insert(into.acquire_ns.end(), r.acquire_ns.begin(), r.acquire_ns.end());

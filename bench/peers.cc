@@ -100,6 +100,99 @@ class RedisCycler : public Cycler {
   uint64_t n_ = 0;
 };
 
+// RESP: a command as an array of bulk strings.
+void AppendCommand(std::string* out, std::initializer_list<std::string_view> args) {
+  absl::StrAppend(out, "*", args.size(), "\r\n");
+  for (std::string_view a : args) {
+    absl::StrAppend(out, "$", a.size(), "\r\n");
+    out->append(a);
+    out->append("\r\n");
+  }
+}
+
+struct ReaderDeleter {
+  void operator()(redisReader* r) const { redisReaderFree(r); }
+};
+
+// RedisCycler's two commands on the one-thread driver (RunStreamCycles). Pipelined, the
+// compare-and-delete travels in one write with the next cycle's SET, as lockd's pipelined
+// Release does with the next Acquire.
+class RedisStreamCycler : public StreamCycler {
+ public:
+  RedisStreamCycler(Context c, std::string sha, int client, bool pipelined)
+      : c_(std::move(c)),
+        sha_(std::move(sha)),
+        key_(absl::StrCat("lock/", client)),
+        client_(client),
+        pipelined_(pipelined),
+        reader_(redisReaderCreate()) {}
+
+  int fd() const override { return c_->fd; }
+  void Begin(std::string* out) override { SendSet(out); }
+
+  absl::StatusOr<bool> Feed(std::string_view in, bool stop, std::string* out,
+                            std::vector<int64_t>* acquire_ns) override {
+    if (reader_ == nullptr) return absl::ResourceExhaustedError("redis: cannot allocate a reader");
+    if (redisReaderFeed(reader_.get(), in.data(), in.size()) != REDIS_OK) {
+      return absl::DataLossError(absl::StrCat("redis: ", reader_->errstr));
+    }
+    for (;;) {
+      void* r = nullptr;
+      if (redisReaderGetReply(reader_.get(), &r) != REDIS_OK) {
+        return absl::DataLossError(absl::StrCat("redis: ", reader_->errstr));
+      }
+      if (r == nullptr) break;
+      Reply reply(static_cast<redisReply*>(r));
+      if (reply->type == REDIS_REPLY_ERROR) {
+        return absl::InternalError(absl::StrCat("redis: ", std::string(reply->str, reply->len)));
+      }
+      if (awaiting_.empty()) return absl::DataLossError("redis: a reply nobody asked for");
+      const bool was_set = awaiting_.front();
+      awaiting_.erase(awaiting_.begin());
+      if (was_set) {
+        if (reply->type != REDIS_REPLY_STATUS) {
+          return absl::FailedPreconditionError(absl::StrCat("redis: ", key_, " is held"));
+        }
+        acquire_ns->push_back(NanosSince(started_));
+        AppendCommand(out, {"EVALSHA", sha_, "1", key_, value_});
+        awaiting_.push_back(false);
+        if (pipelined_ && !stop) SendSet(out);
+      } else {
+        if (reply->type != REDIS_REPLY_INTEGER || reply->integer != 1) {
+          return absl::FailedPreconditionError(absl::StrCat("redis: ", key_, " was not ours to delete"));
+        }
+        if (!pipelined_ && !stop) SendSet(out);
+      }
+    }
+    return awaiting_.empty();
+  }
+
+ private:
+  void SendSet(std::string* out) {
+    value_ = absl::StrCat(client_, "-", ++n_);
+    started_ = Now();
+    AppendCommand(out, {"SET", key_, value_, "NX", "PX", "30000"});
+    awaiting_.push_back(true);
+  }
+
+  Context c_;
+  const std::string sha_, key_;
+  const int client_;
+  const bool pipelined_;
+  std::unique_ptr<redisReader, ReaderDeleter> reader_;
+  std::vector<bool> awaiting_;  // replies due, oldest first: true for a SET, false for the delete
+  std::string value_;           // the SET in flight's (what its delete compares with)
+  uint64_t n_ = 0;
+  MonoTime started_;
+};
+
+absl::StatusOr<std::string> LoadCompareAndDelete(redisContext* c) {
+  auto sha = Command(c, {"SCRIPT", "LOAD", kCompareAndDelete});
+  if (!sha.ok()) return sha.status();
+  if ((*sha)->type != REDIS_REPLY_STRING) return absl::InternalError("redis: SCRIPT LOAD gave no sha");
+  return std::string((*sha)->str, (*sha)->len);
+}
+
 // --- etcd ------------------------------------------------------------------------------------
 
 class EtcdCycler : public Cycler {
@@ -196,11 +289,20 @@ CyclerFactory RedisPeer::Cyclers(bool token) const {
   return [port, token](int client) -> absl::StatusOr<std::unique_ptr<Cycler>> {
     auto c = RedisConnect(port);
     if (!c.ok()) return c.status();
-    auto sha = Command(c->get(), {"SCRIPT", "LOAD", kCompareAndDelete});
+    auto sha = LoadCompareAndDelete(c->get());
     if (!sha.ok()) return sha.status();
-    if ((*sha)->type != REDIS_REPLY_STRING) return absl::InternalError("redis: SCRIPT LOAD gave no sha");
-    std::string digest((*sha)->str, (*sha)->len);
-    return std::make_unique<RedisCycler>(std::move(*c), std::move(digest), client, token);
+    return std::make_unique<RedisCycler>(std::move(*c), std::move(*sha), client, token);
+  };
+}
+
+StreamCyclerFactory RedisPeer::StreamCyclers(bool pipelined) const {
+  const int port = port_;
+  return [port, pipelined](int client) -> absl::StatusOr<std::unique_ptr<StreamCycler>> {
+    auto c = RedisConnect(port);
+    if (!c.ok()) return c.status();
+    auto sha = LoadCompareAndDelete(c->get());
+    if (!sha.ok()) return sha.status();
+    return std::make_unique<RedisStreamCycler>(std::move(*c), std::move(*sha), client, pipelined);
   };
 }
 

@@ -34,6 +34,8 @@ class RedisPeer {
   ~RedisPeer();
 
   CyclerFactory Cyclers(bool token) const;
+  // The same cycle (without the INCR token) on the one-thread driver.
+  StreamCyclerFactory StreamCyclers(bool pipelined) const;
   const std::string& version() const { return version_; }
 
  private:

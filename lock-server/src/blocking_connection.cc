@@ -250,14 +250,26 @@ absl::Status BlockingConnection::SendBytes(std::string_view bytes) {
 }
 
 absl::StatusOr<uint64_t> BlockingConnection::Send(wire::Request request) {
-  const uint64_t id = ++next_id_;
-  request.set_request_id(id);
-  std::string frame;
-  if (absl::Status s = protocol::AppendFrame(request.SerializeAsString(), &frame); !s.ok()) {
-    return s;
+  std::vector<wire::Request> one;
+  one.push_back(std::move(request));
+  auto ids = SendAll(std::move(one));
+  if (!ids.ok()) return ids.status();
+  return ids->front();
+}
+
+absl::StatusOr<std::vector<uint64_t>> BlockingConnection::SendAll(
+    std::vector<wire::Request> requests) {
+  std::vector<uint64_t> ids;
+  std::string frames;
+  for (wire::Request& request : requests) {
+    request.set_request_id(++next_id_);
+    ids.push_back(next_id_);
+    if (absl::Status s = protocol::AppendFrame(request.SerializeAsString(), &frames); !s.ok()) {
+      return s;
+    }
   }
-  if (absl::Status s = SendBytes(frame); !s.ok()) return s;
-  return id;
+  if (absl::Status s = SendBytes(frames); !s.ok()) return s;
+  return ids;
 }
 
 absl::StatusOr<wire::Response> BlockingConnection::Receive(absl::Duration timeout) {

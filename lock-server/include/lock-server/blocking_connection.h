@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -65,6 +66,8 @@ class BlockingConnection {
   absl::StatusOr<wire::Response> Call(wire::Request request);
   // Sends `request` with the next request id, which it returns, without waiting for a reply.
   absl::StatusOr<uint64_t> Send(wire::Request request);
+  // Sends the requests in one write, with the next request ids, which it returns in order.
+  absl::StatusOr<std::vector<uint64_t>> SendAll(std::vector<wire::Request> requests);
   // The next reply to arrive, whatever its id; waits at most `timeout`.
   absl::StatusOr<wire::Response> Receive(absl::Duration timeout);
 
