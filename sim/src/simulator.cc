@@ -249,6 +249,7 @@ class RecordingLog final : public CommitLog, public CommitLogListener {
   Simulation* sim_;
   CommitLogListener* listener_ = nullptr;
   std::map<uint64_t, uint64_t> batch_last_lsn_;
+  uint64_t reported_ = 0;  // the highest batch OnCommitted() was told of
 };
 
 struct Connection {
@@ -406,6 +407,7 @@ class Simulation {
   std::set<std::tuple<uint64_t, uint64_t, std::string>> stale_;  // conn, request, lock
   std::vector<std::pair<std::string, SessionId>> grants_this_event_;
   bool lockd_up_ = false;
+  int64_t handoff_at_ = 0;  // when the log's last completion reaches lockd's thread
   const int env_node_;
   // One-way partitions of a client's link: nothing it sends (or nothing sent to it) arrives
   // before these true times; TCP then delivers what was sent, in order.
@@ -434,6 +436,17 @@ void RecordingLog::Append(const Record& record) {
 }
 
 void RecordingLog::OnCommitted(uint64_t batch) {
+  // What the log says is committed never goes back. If it did, a reply tagged with a batch
+  // already durable would wait for a later batch, and on a quiet lockd none comes: the reply
+  // is never sent. (Safety checks do not see that; lockd's first M7 run hung on it.)
+  if (batch < reported_) {
+    sim_->Fail(absl::StrCat("the log reported batch ", batch, " committed after batch ", reported_));
+  }
+  if (inner_->committed_batch() < batch) {
+    sim_->Fail(absl::StrCat("the log reported batch ", batch, " committed while committed_batch() is ",
+                            inner_->committed_batch()));
+  }
+  reported_ = std::max(reported_, batch);
   for (auto it = batch_last_lsn_.begin(); it != batch_last_lsn_.end() && it->first <= batch;) {
     sim_->OnCommittedLsn(it->second);
     it = batch_last_lsn_.erase(it);
@@ -584,9 +597,13 @@ void Simulation::StartLockd() {
     }
     world_.At(world_.now() + Ns(latency), kLockd, std::move(step));
   };
+  // The writer hands its completions to lockd's thread across threads: they arrive in order,
+  // each some microseconds later, and lockd may run other events (an inline sync) meanwhile.
   auto opened = server::OpenLocalCommitLog(
-      log_options, lockd_time_->Now(),
-      [this](std::function<void()> f) { lockd_time_->Post(std::move(f)); });
+      log_options, lockd_time_->Now(), [this](std::function<void()> f) {
+        handoff_at_ = std::max(handoff_at_, world_.now() + rng_.Between(0, Ns(absl::Microseconds(500))));
+        world_.At(handoff_at_, kLockd, std::move(f));
+      });
   if (!opened.ok()) {
     Fail(absl::StrCat("lockd does not recover after a crash: ", opened.status().ToString()));
     return;

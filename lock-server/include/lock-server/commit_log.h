@@ -44,7 +44,8 @@ inline bool IsLogged(const Record& r) {
 class CommitLogListener {
  public:
   virtual ~CommitLogListener() = default;
-  // Every batch up to and including `batch` is committed.
+  // Every batch up to and including `batch` is committed. Never called with a batch below one
+  // it was called with before (the simulator checks it).
   virtual void OnCommitted(uint64_t batch) = 0;
   // The log entered its fault state (once).
   virtual void OnCommitFault(const absl::Status& status) = 0;
@@ -99,7 +100,7 @@ class CommitLog {
 
   // The batch the next Append() joins, as of the last Append(); 0 before any.
   virtual uint64_t newest_batch() const = 0;
-  // The newest batch known committed.
+  // The newest batch known committed; it never goes back.
   virtual uint64_t committed_batch() const = 0;
   // The lsn of the newest record appended.
   virtual uint64_t last_lsn() const = 0;
