@@ -237,6 +237,10 @@ void AsioConnection::Send(std::string_view frames) {
     writing_ = true;
     asio::co_spawn(socket_.get_executor(), WriteLoop(shared_from_this()), asio::detached);
   }
+  // A held reply left the core's gate, so one fewer request is in flight, whether or not the
+  // socket had room for it: reading may go on if only the held replies stopped it. (Waiting
+  // for the write instead deadlocked a peer that reads nothing until it has sent everything.)
+  MaybeResume();
 }
 
 void AsioConnection::CloseAfterSend() {
