@@ -24,7 +24,6 @@ class Waker {
   // must not be destroyed while a coroutine waits on it: its owner Fire()s it when closing.
   asio::awaitable<void> Wait();
   void Fire();
-  bool waiting() const { return pending_ != nullptr; }
 
  private:
   struct Pending {
