@@ -54,6 +54,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -86,6 +87,8 @@ ABSL_FLAG(absl::Duration, library_heartbeat, absl::ZeroDuration(),
 ABSL_FLAG(std::string, cycle_clients, "1,8,64", "client counts of the lock-cycle workload");
 ABSL_FLAG(double, cycle_seconds, 2.0, "measuring time of each lock-cycle run");
 ABSL_FLAG(int, rounds, 3, "interleaved rounds of the lock-cycle workload (min/median/max over them)");
+ABSL_FLAG(std::string, systems, "",
+          "lock-cycle systems to run, by their results.json keys (empty: all); for profiling one");
 ABSL_FLAG(std::string, peers, "redis,etcd", "peers measured beside lockd: redis, etcd (empty: none)");
 ABSL_FLAG(std::string, redis, "/usr/bin/redis-server", "the redis-server binary (Debian's redis-server)");
 ABSL_FLAG(std::string, etcd, "/usr/bin/etcd", "the etcd binary (Debian's etcd-server)");
@@ -1053,6 +1056,26 @@ int Main() {
       return Fail(absl::StrCat("--peers knows redis and etcd, not \"", std::string(p), "\""));
     }
   }
+  // The lock-cycle systems by their results.json keys; which exist depends on --peers.
+  const std::vector<std::string> system_keys = {
+      "fencelock_library", "fencelock_raw", "fencelock_library_pipelined",
+      "fencelock_raw_pipelined", "fencelock_library_one_lock", "fencelock_raw_one_lock",
+      "fencelock_raw_one_thread", "fencelock_raw_one_thread_pipelined", "redis_fsync_always",
+      "redis_fsync_always_incr", "redis_no_persistence", "redis_no_persistence_incr",
+      "redis_fsync_always_one_thread", "redis_fsync_always_one_thread_pipelined", "etcd"};
+  std::vector<std::string> only;
+  for (absl::string_view key : absl::StrSplit(absl::GetFlag(FLAGS_systems), ',', absl::SkipEmpty())) {
+    if (std::find(system_keys.begin(), system_keys.end(), key) == system_keys.end()) {
+      return Fail(absl::StrCat("--systems: no system \"", std::string(key), "\"; the systems are ",
+                               absl::StrJoin(system_keys, ", ")));
+    }
+    const bool redis = absl::StartsWith(key, "redis"), is_etcd = key == "etcd";
+    if ((redis && !want_redis) || (is_etcd && !want_etcd)) {
+      return Fail(absl::StrCat("--systems: ", std::string(key), " needs --peers to name ",
+                               redis ? "redis" : "etcd"));
+    }
+    only.emplace_back(key);
+  }
   const std::string rail = absl::GetFlag(FLAGS_rail), worker = absl::GetFlag(FLAGS_worker);
   if (rail.empty() != worker.empty()) return Fail("--rail and --worker go together (the margin sweep)");
   const std::string demo = absl::GetFlag(FLAGS_demo);
@@ -1207,6 +1230,15 @@ int Main() {
     etcd = std::move(*e);
     absl::StrAppend(&versions, "etcd ", etcd->version(), "; ");
     systems.push_back({"etcd", "etcd, one member", etcd->Cyclers()});
+  }
+  if (!only.empty()) {
+    std::vector<System> kept;
+    for (const std::string& key : only) {
+      for (const System& s : systems) {
+        if (s.key == key) kept.push_back(s);
+      }
+    }
+    systems = std::move(kept);
   }
   std::fprintf(stderr, "lock cycles: %zu systems x %zu client counts x %d rounds, %.1f s each\n",
                systems.size(), clients.size(), rounds, cycle_seconds);
