@@ -43,6 +43,7 @@ class LocalCommitLog final : public CommitLog {
   void ReserveFor(FenceToken token, SessionId session) override;
   void Append(const Record& r) override;
   void Flush() override;
+  void StartIfIdle() override;
   void Snapshot(const StateMachine& state) override;
 
   uint64_t newest_batch() const override { return newest_batch_; }
@@ -248,6 +249,15 @@ void LocalCommitLog::Flush() {
   // takes everything queued when its sync ends and writes it with one sync, so the disk never
   // waits for this thread to come round (replying, say) between two syncs.
   if (fault_.ok() && !pending_.empty()) SendPending();
+}
+
+void LocalCommitLog::StartIfIdle() {
+  // Only a batch too large to sync inline: a small one waits for Flush(), which may sync it on
+  // this thread without a hand-off (one client's request), and a large one goes to the writer
+  // either way, so starting it now costs nothing.
+  if (fault_.ok() && in_flight_ == 0 && pending_records_ > options_.inline_sync_max_records) {
+    SendPending();
+  }
 }
 
 void LocalCommitLog::SendPending() {

@@ -220,6 +220,36 @@ TEST_F(DurableLogTest, AnInlineSyncNeverOvertakesACompletionStillOnItsWay) {
   EXPECT_EQ(log_->committed_batch(), 3u);
 }
 
+// StartIfIdle() hands a batch too large to sync inline to an idle writer at once, so the disk
+// works while the owner goes on; a small batch, or one behind a batch in flight, waits for
+// Flush().
+TEST_F(DurableLogTest, AnIdleWriterTakesALargeBatchBeforeTheFlush) {
+  ASSERT_TRUE(InitDataDir(&mem_, kDir, 4096).ok());
+  StartWithManualWriter(100, 4);
+  auto session = service_->OpenSession(absl::Seconds(20), kNow);
+  ASSERT_TRUE(session.ok());
+  log_->StartIfIdle();  // one record: small enough to wait for the flush, which may sync inline
+  EXPECT_TRUE(steps_.empty());
+  EXPECT_EQ(log_->newest_batch(), 1u);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(service_->Acquire(session->first, absl::StrCat("l", i), {}, {}, 0, kNow).ok());
+  }
+  log_->StartIfIdle();  // five records, the writer idle: batch 1 goes now
+  ASSERT_EQ(steps_.size(), 1u);
+  ASSERT_TRUE(service_->Acquire(session->first, "l4", {}, {}, 0, kNow).ok());
+  EXPECT_EQ(log_->newest_batch(), 2u);  // the next record joins batch 2
+  for (int i = 5; i < 10; ++i) {
+    ASSERT_TRUE(service_->Acquire(session->first, absl::StrCat("l", i), {}, {}, 0, kNow).ok());
+  }
+  log_->StartIfIdle();  // batch 1 is in flight: batch 2 waits
+  EXPECT_EQ(steps_.size(), 1u);
+  log_->Flush();  // behind batch 1, for the writer's next step
+  RunSteps();
+  loop_.RunUntil([&] { return committed_.size() >= 2; });
+  EXPECT_EQ(committed_, (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(log_->stats().records, 11u);
+}
+
 // A reservation queued between two batches is written between them: the batch after it is not
 // merged into the one before.
 TEST_F(DurableLogTest, BatchesAreNotMergedAcrossAReservation) {

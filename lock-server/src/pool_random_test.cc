@@ -52,6 +52,7 @@ class WatchedLog final : public CommitLog {
     base_->Append(r);
   }
   void Flush() override { base_->Flush(); }
+  void StartIfIdle() override { base_->StartIfIdle(); }
   void Snapshot(const StateMachine& state) override { base_->Snapshot(state); }
   uint64_t newest_batch() const override { return base_->newest_batch(); }
   uint64_t committed_batch() const override { return base_->committed_batch(); }

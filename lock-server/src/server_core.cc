@@ -453,6 +453,7 @@ void ServerCore::Impl::AfterRequest() {
     }
     Reply(route.connection, resp);
   }
+  log_->StartIfIdle();
   ScheduleFlush();
   // After a disk fault nothing expires (expiries are mutations too): the timer stays off rather
   // than waking again and again for a deadline it may not act on.

@@ -232,6 +232,7 @@ class RecordingLog final : public CommitLog, public CommitLogListener {
   }
   void Append(const Record& record) override;
   void Flush() override { inner_->Flush(); }
+  void StartIfIdle() override { inner_->StartIfIdle(); }
   void Snapshot(const StateMachine& state) override { inner_->Snapshot(state); }
   uint64_t newest_batch() const override { return inner_->newest_batch(); }
   uint64_t committed_batch() const override { return inner_->committed_batch(); }
