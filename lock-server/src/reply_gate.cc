@@ -15,18 +15,24 @@ void ReplyGate::Submit(ConnectionId c, uint64_t batch, uint64_t committed, uint6
 
 void ReplyGate::Committed(uint64_t batch) {
   for (auto it = held_.begin(); it != held_.end();) {
-    auto& queue = it->second;
+    std::vector<Held>& queue = it->second;
     std::string frames;
     // Tags are not in order (a KeepAlive's reply waits only for its own facts): every reply
     // whose batch is committed goes, the others keep their order.
-    for (auto h = queue.begin(); h != queue.end();) {
-      if (h->batch <= batch) {
-        frames += h->frame;
-        h = queue.erase(h);
+    size_t kept = 0;
+    for (Held& h : queue) {
+      if (h.batch <= batch) {
+        if (frames.empty()) {
+          frames = std::move(h.frame);  // most often the only one: no copy
+        } else {
+          frames += h.frame;
+        }
       } else {
-        ++h;
+        if (&queue[kept] != &h) queue[kept] = std::move(h);
+        ++kept;
       }
     }
+    queue.resize(kept);
     const ConnectionId c = it->first;
     it = queue.empty() ? held_.erase(it) : std::next(it);
     if (!frames.empty()) deliver_(c, std::move(frames));

@@ -13,7 +13,6 @@
 #define FENCELOCK_LOCK_SERVER_REPLY_GATE_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <string>
@@ -55,7 +54,7 @@ class ReplyGate {
   };
   Deliver deliver_;
   // Ordered by connection id, so that releases go out in the same order in every run.
-  std::map<ConnectionId, std::deque<Held>> held_;
+  std::map<ConnectionId, std::vector<Held>> held_;
 };
 
 }  // namespace fencelock::server
