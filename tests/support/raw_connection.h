@@ -76,7 +76,9 @@ class RawConnection {
   // Hello, then OpenSession with `ttl`; returns the session id.
   uint64_t HelloAndOpenSession(absl::Duration ttl);
   // Sends every request at once (request ids 1, 2, ...), then reads a reply for each; returns
-  // the replies in request order. A missing reply is a test failure (and an empty Response).
+  // the replies in request order. A reply missing for 15 s is a test failure (and an empty
+  // Response); so is a send that lockd does not take within the connection's timeout (5 s;
+  // then no replies are read and the result is empty).
   std::vector<wire::Response> Pipeline(std::vector<wire::Request> requests);
 
  private:
