@@ -35,10 +35,7 @@ std::string EncodeFrame(const wire::Response& response, size_t max_frame_bytes) 
   const size_t size = response.ByteSizeLong();
   if (size <= max_frame_bytes) {
     std::string frame(protocol::kFrameHeaderBytes + size, '\0');
-    const auto n = static_cast<uint32_t>(size);
-    for (size_t i = 0; i < protocol::kFrameHeaderBytes; ++i) {
-      frame[i] = static_cast<char>(n >> (8 * (protocol::kFrameHeaderBytes - 1 - i)));
-    }
+    protocol::WriteFrameHeader(static_cast<uint32_t>(size), frame.data());
     response.SerializeWithCachedSizesToArray(
         reinterpret_cast<uint8_t*>(frame.data() + protocol::kFrameHeaderBytes));
     return frame;

@@ -10,12 +10,18 @@ absl::Status AppendFrame(std::string_view payload, std::string* out, size_t max_
                                                    " bytes exceeds the maximum of ",
                                                    max_frame_bytes, " bytes"));
   }
-  const uint32_t n = static_cast<uint32_t>(payload.size());
-  const char header[kFrameHeaderBytes] = {static_cast<char>(n >> 24), static_cast<char>(n >> 16),
-                                          static_cast<char>(n >> 8), static_cast<char>(n)};
+  char header[kFrameHeaderBytes];
+  WriteFrameHeader(static_cast<uint32_t>(payload.size()), header);
   out->append(header, kFrameHeaderBytes);
   out->append(payload);
   return absl::OkStatus();
+}
+
+void WriteFrameHeader(uint32_t payload_bytes, char* out) {
+  out[0] = static_cast<char>(payload_bytes >> 24);
+  out[1] = static_cast<char>(payload_bytes >> 16);
+  out[2] = static_cast<char>(payload_bytes >> 8);
+  out[3] = static_cast<char>(payload_bytes);
 }
 
 void FrameDecoder::Feed(std::string_view bytes) {

@@ -94,9 +94,10 @@ class CommitLog {
   // Starts committing the pending batch unless a commit is already in flight (the pending
   // batch then follows it).
   virtual void Flush() = 0;
-  // Starts committing the pending batch now if no commit is in flight, without syncing on the
-  // owner's thread: the disk would otherwise sit idle while the owner goes on with requests
-  // that arrived together. A log that cannot overlap gains nothing and does nothing.
+  // Called after each request: may start committing the pending batch before Flush(), when no
+  // commit is in flight, so that the disk does not sit idle while the owner goes on with
+  // requests that arrived together. Never syncs on the owner's thread. The local log does it
+  // for a batch too large to sync inline; a log that does nothing here loses nothing.
   virtual void StartIfIdle() {}
   // Commits everything pending, then a snapshot of `state` (which reflects every record
   // appended so far), then drops what the snapshot makes redundant.

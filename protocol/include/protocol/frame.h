@@ -24,6 +24,10 @@ inline constexpr size_t kDefaultMaxFrameBytes = size_t{1} << 20;
 absl::Status AppendFrame(std::string_view payload, std::string* out,
                          size_t max_frame_bytes = kDefaultMaxFrameBytes);
 
+// Writes the header of a frame whose payload is `payload_bytes` long into `out`
+// (kFrameHeaderBytes bytes), for a caller that serializes the payload in place behind it.
+void WriteFrameHeader(uint32_t payload_bytes, char* out);
+
 // Splits a byte stream into frame payloads. Not thread-safe; one decoder per connection.
 class FrameDecoder {
  public:
