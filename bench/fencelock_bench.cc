@@ -1074,6 +1074,9 @@ int Main() {
       return Fail(absl::StrCat("--systems: ", std::string(key), " needs --peers to name ",
                                redis ? "redis" : "etcd"));
     }
+    if (std::find(only.begin(), only.end(), key) != only.end()) {
+      return Fail(absl::StrCat("--systems names ", std::string(key), " twice"));
+    }
     only.emplace_back(key);
   }
   const std::string rail = absl::GetFlag(FLAGS_rail), worker = absl::GetFlag(FLAGS_worker);
@@ -1231,6 +1234,13 @@ int Main() {
     absl::StrAppend(&versions, "etcd ", etcd->version(), "; ");
     systems.push_back({"etcd", "etcd, one member", etcd->Cyclers()});
   }
+  // The list --systems is checked against must name every system built here, or a request
+  // for one would be refused before anything starts.
+  for (const System& s : systems) {
+    if (std::find(system_keys.begin(), system_keys.end(), s.key) == system_keys.end()) {
+      return Fail(absl::StrCat("system ", s.key, " is missing from the --systems list"));
+    }
+  }
   if (!only.empty()) {
     std::vector<System> kept;
     for (const std::string& key : only) {
@@ -1270,8 +1280,13 @@ int Main() {
   std::string cycles_table =
       "| clients | system | cycles/s min | median | max | median / fencelock library | acquire p50 / "
       "p99 ms | errors |\n|---|---|---|---|---|---|---|---|\n";
+  // The ratio column is against the library; with --systems leaving it out, there is none.
+  const auto library_at = std::find_if(systems.begin(), systems.end(),
+                                       [](const System& s) { return s.key == "fencelock_library"; });
   for (size_t c = 0; c < clients.size(); ++c) {
-    const double library = runs[0][c].median();
+    const double library = library_at == systems.end()
+                               ? 0.0
+                               : runs[static_cast<size_t>(library_at - systems.begin())][c].median();
     for (size_t s = 0; s < systems.size(); ++s) {
       const Runs& r = runs[s][c];
       const Percentiles acquire = Summarize(r.acquire_ns);
@@ -1281,7 +1296,8 @@ int Main() {
                       Json(acquire), ", \"errors\": ", r.errors, "}");
       absl::StrAppend(&cycles_table, "| ", clients[c], " | ", systems[s].name, " | ",
                       absl::StrFormat("%.0f | %.0f | %.0f", r.min(), r.median(), r.max()), " | ",
-                      absl::StrFormat("%.2f", library > 0 ? r.median() / library : 0.0), " | ",
+                      library > 0 ? absl::StrFormat("%.2f", r.median() / library) : std::string("-"),
+                      " | ",
                       Ms(acquire.p50), " / ", Ms(acquire.p99), " | ",
                       r.errors == 0 ? std::string("0") : absl::StrCat(r.errors, ": ", r.first_error), " |\n");
     }
