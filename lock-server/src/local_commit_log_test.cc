@@ -228,26 +228,28 @@ TEST_F(DurableLogTest, AnIdleWriterTakesALargeBatchBeforeTheFlush) {
   StartWithManualWriter(100, 4);
   auto session = service_->OpenSession(absl::Seconds(20), kNow);
   ASSERT_TRUE(session.ok());
-  log_->StartIfIdle();  // one record: small enough to wait for the flush, which may sync inline
-  EXPECT_TRUE(steps_.empty());
-  EXPECT_EQ(log_->newest_batch(), 1u);
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(service_->Acquire(session->first, absl::StrCat("l", i), {}, {}, 0, kNow).ok());
   }
-  log_->StartIfIdle();  // five records, the writer idle: batch 1 goes now
+  log_->StartIfIdle();  // 4 records, the inline limit: left for the flush, which may sync inline
+  EXPECT_TRUE(steps_.empty());
+  ASSERT_TRUE(service_->Acquire(session->first, "l3", {}, {}, 0, kNow).ok());
+  EXPECT_EQ(log_->newest_batch(), 1u);  // still pending: the fifth record joined it
+  log_->StartIfIdle();  // 5 records, the writer idle: batch 1 goes now
   ASSERT_EQ(steps_.size(), 1u);
   ASSERT_TRUE(service_->Acquire(session->first, "l4", {}, {}, 0, kNow).ok());
   EXPECT_EQ(log_->newest_batch(), 2u);  // the next record joins batch 2
   for (int i = 5; i < 10; ++i) {
     ASSERT_TRUE(service_->Acquire(session->first, absl::StrCat("l", i), {}, {}, 0, kNow).ok());
   }
-  log_->StartIfIdle();  // batch 1 is in flight: batch 2 waits
-  EXPECT_EQ(steps_.size(), 1u);
+  log_->StartIfIdle();  // batch 1 is in flight: batch 2 stays pending
+  ASSERT_TRUE(service_->Acquire(session->first, "l10", {}, {}, 0, kNow).ok());
+  EXPECT_EQ(log_->newest_batch(), 2u);  // had batch 2 been handed over, this would be batch 3
   log_->Flush();  // behind batch 1, for the writer's next step
   RunSteps();
   loop_.RunUntil([&] { return committed_.size() >= 2; });
   EXPECT_EQ(committed_, (std::vector<uint64_t>{1, 2}));
-  EXPECT_EQ(log_->stats().records, 11u);
+  EXPECT_EQ(log_->stats().records, 12u);
 }
 
 // A reservation queued between two batches is written between them: the batch after it is not
