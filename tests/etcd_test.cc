@@ -42,6 +42,20 @@ class EtcdTest : public ::testing::Test {
             .etcd_prefix = prefix,
             .etcd_init = init};
   }
+  // A standby replica on `prefix` (owner TTL 2 s) on TCP `port`; it writes that port to
+  // PortFile(name) once it serves, its output to <name>.out and <name>.err in the test's
+  // directory.
+  absl::StatusOr<process::Child> Standby(const std::string& prefix, int port,
+                                         const std::string& name) {
+    return process::Child::Spawn(
+        LOCKD_BINARY,
+        {"serve", "--etcd=" + etcd_.endpoint(), "--etcd-prefix=" + prefix, "--etcd-standby",
+         "--etcd-owner-ttl=2s", absl::StrCat("--port=", port), "--port-file=" + PortFile(name),
+         "--metrics-port=-1"},
+        {.stdout_file = tmp_.path() + "/" + name + ".out",
+         .stderr_file = tmp_.path() + "/" + name + ".err"});
+  }
+  std::string PortFile(const std::string& name) const { return tmp_.path() + "/" + name + ".port"; }
   static wire::OpenSessionReply Open(RawConnection& c) {
     c.Hello();
     const wire::Response r = c.Call(request::OpenSession(absl::Minutes(5)));
@@ -182,13 +196,8 @@ TEST_F(EtcdTest, AStandbyTakesOverAndTheClientKeepsItsLockAcrossTheFailover) {
   options.port = first_port;
   LockdProcess first(options);
   // The standby waits, not listening, until the prefix is free.
-  const std::string port_file = tmp_.path() + "/standby.port";
-  auto standby = process::Child::Spawn(
-      LOCKD_BINARY,
-      {"serve", "--etcd=" + etcd_.endpoint(), "--etcd-prefix=/fencelock/f", "--etcd-standby",
-       "--etcd-owner-ttl=2s", absl::StrCat("--port=", standby_port), "--port-file=" + port_file,
-       "--metrics-port=-1"},
-      {.stdout_file = tmp_.path() + "/standby.out", .stderr_file = tmp_.path() + "/standby.err"});
+  const std::string port_file = PortFile("standby");
+  auto standby = Standby("/fencelock/f", standby_port, "standby");
   ASSERT_TRUE(standby.ok()) << standby.status();
   auto client = Client::Create({.server = absl::StrCat("127.0.0.1:", first_port, ",127.0.0.1:",
                                                        standby_port),
@@ -234,6 +243,141 @@ TEST_F(EtcdTest, AStandbyTakesOverAndTheClientKeepsItsLockAcrossTheFailover) {
   standby->Stop();
 }
 
+// Issue 33: a standby that had stood by for longer than a holder's TTL took over, counted
+// every restored lease from the start of its wait, expired the holder's session at once and
+// granted its lock to another, 2 s before the holder's own deadline. Every restored lease now
+// runs its full TTL from the moment the standby serves.
+TEST_F(EtcdTest, AStandbyThatWaitedLongKeepsEveryRestoredLeaseItsFullTtl) {
+  LockdProcess::Options options = Options("/fencelock/w");
+  options.port = testing::FreeLoopbackPort();
+  LockdProcess first(options);
+  const int standby_port = testing::FreeLoopbackPort();
+  const std::string port_file = PortFile("w");
+  auto standby = Standby("/fencelock/w", standby_port, "w");
+  ASSERT_TRUE(standby.ok()) << standby.status();
+  const MonoTime standing_by = Clock::Real()->Now();
+  RawConnection v = RawConnection::Tcp(first.port());
+  v.Hello();
+  const wire::Response opened = v.Call(request::OpenSession(absl::Seconds(5)));
+  ASSERT_EQ(opened.code(), wire::OK) << opened.message();
+  const uint64_t session = opened.open_session().session_id();
+  const wire::Response granted =
+      v.Call(request::Acquire(session, "payout/1", absl::ZeroDuration(), absl::Seconds(5)));
+  ASSERT_TRUE(granted.acquire().granted()) << granted.ShortDebugString();
+  const uint64_t token = granted.acquire().token();
+  // V renews every second; the standby has waited 7 s, longer than V's TTL, when V renews for
+  // the last time and the serving lockd dies.
+  MonoTime renewed;
+  do {
+    absl::SleepFor(absl::Seconds(1));
+    renewed = Clock::Real()->Now();
+    ASSERT_EQ(v.Call(request::KeepAlive(session, "payout/1", token)).code(), wire::OK);
+  } while (renewed - standing_by < absl::Seconds(7));
+  first.Kill();
+  auto bound = process::AwaitPortFile(port_file, *standby, absl::Seconds(20));
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  // V's own deadline runs to its renewal + 5 s x 0.7; the standby must not grant before it.
+  RawConnection w = RawConnection::Tcp(standby_port);
+  w.Hello();
+  const wire::Response w_opened = w.Call(request::OpenSession(absl::Seconds(30)));
+  ASSERT_EQ(w_opened.code(), wire::OK) << w_opened.message();
+  const uint64_t w_session = w_opened.open_session().session_id();
+  while (Clock::Real()->Now() - renewed < absl::Seconds(5) * 0.7) {
+    const wire::Response tried = w.Call(request::Acquire(w_session, "payout/1"));
+    ASSERT_FALSE(tried.acquire().granted())
+        << "the standby granted V's lock to W "
+        << absl::FormatDuration(Clock::Real()->Now() - renewed)
+        << " after V's renewal, before V's own deadline";
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  // And V, resuming on the standby, still holds it.
+  RawConnection v2 = RawConnection::Tcp(standby_port);
+  v2.Hello();
+  ASSERT_EQ(v2.Call(request::Resume(session, opened.open_session().secret())).code(), wire::OK);
+  EXPECT_EQ(v2.Call(request::Validate("payout/1", token, session)).code(), wire::OK);
+  standby->Stop();
+}
+
+// Issue 33: the serving replica kept answering from its state for 7 s after someone deleted
+// P/owner, while the standby, which took over 0.2 s later, confirmed another holder. Now the
+// serving replica stops at the first sign (its watch on P/owner), and a standby that finds
+// the key gone while the lease it was on still lives revokes that lease and waits its TTL
+// before serving: the first replica's last answer from its state comes before the standby's
+// first.
+TEST_F(EtcdTest, DeletingTheOwnerKeyEndsTheServingReplicaBeforeAnotherServes) {
+  LockdProcess::Options options = Options("/fencelock/o");
+  options.port = testing::FreeLoopbackPort();
+  options.stderr_file = tmp_.path() + "/o-first.err";
+  LockdProcess first(options);
+  const int standby_port = testing::FreeLoopbackPort();
+  const std::string port_file = PortFile("o");
+  auto standby = Standby("/fencelock/o", standby_port, "o");
+  ASSERT_TRUE(standby.ok()) << standby.status();
+  RawConnection v = RawConnection::Tcp(first.port());
+  const wire::OpenSessionReply session = Open(v);
+  const wire::Response granted = v.Call(request::Acquire(session.session_id(), "payout/1"));
+  ASSERT_TRUE(granted.acquire().granted()) << granted.ShortDebugString();
+  const uint64_t token = granted.acquire().token();
+  for (int i = 0; i < 100 && testing::ReadTextFile(tmp_.path() + "/o.err").find("standing by") ==
+                                 std::string::npos;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_THAT(testing::ReadTextFile(tmp_.path() + "/o.err"), HasSubstr("standing by"));
+
+  ASSERT_TRUE(etcd_.Delete("/fencelock/o/owner"));
+  // The first replica's answers from its state: OK until it notices, then never again.
+  MonoTime last_ok = Clock::Real()->Now();
+  for (int i = 0; i < 200; ++i) {
+    if (!v.SendRequest(request::Validate("payout/1", token))) break;
+    std::optional<wire::Response> r = v.ReadResponse();
+    if (!r.has_value() || r->code() != wire::OK) break;
+    last_ok = Clock::Real()->Now();
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  auto bound = process::AwaitPortFile(port_file, *standby, absl::Seconds(20));
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  const MonoTime standby_served = Clock::Real()->Now();
+  EXPECT_LT(last_ok, standby_served) << "both replicas answered from their state";
+  const std::optional<int> ended = first.WaitForExit(absl::Seconds(10));
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_TRUE(WIFEXITED(*ended) && WEXITSTATUS(*ended) == 3) << *ended;
+  EXPECT_THAT(testing::ReadTextFile(tmp_.path() + "/o-first.err"),
+              HasSubstr("/fencelock/o/owner was deleted"));
+  EXPECT_THAT(testing::ReadTextFile(tmp_.path() + "/o.err"),
+              HasSubstr("was deleted by hand and the lockd that held it may still think it serves"));
+  std::printf("the first replica answered last %s before the standby served\n",
+              absl::FormatDuration(standby_served - last_ok).c_str());
+  // The standby restored V's lock.
+  RawConnection w = RawConnection::Tcp(standby_port);
+  w.Hello();
+  EXPECT_EQ(w.Call(request::Validate("payout/1", token)).code(), wire::OK);
+  standby->Stop();
+}
+
+// Issue 33: a local user read a session's secret from etcd (`etcdctl get --prefix`), resumed
+// the session on the serving lockd and released its lock. etcd holds only digests.
+TEST_F(EtcdTest, EtcdHoldsNoSessionSecret) {
+  LockdProcess lockd(Options("/fencelock/s"));
+  RawConnection c = RawConnection::Tcp(lockd.port());
+  const wire::OpenSessionReply session = Open(c);
+  ASSERT_EQ(session.secret().size(), 16u);
+  ASSERT_TRUE(c.Call(request::Acquire(session.session_id(), "payout/1")).acquire().granted());
+  const std::string dump = etcd_.Dump("/fencelock/s");
+  ASSERT_THAT(dump, HasSubstr("/fencelock/s/log/"));
+  EXPECT_EQ(dump.find(session.secret()), std::string::npos)
+      << "a session's secret is readable in etcd";
+  // The session still resumes with its secret on a lockd that restored it from etcd.
+  lockd.Kill();
+  LockdProcess::Options again_options = Options("/fencelock/s", /*init=*/false);
+  LockdProcess again(again_options);
+  RawConnection d = RawConnection::Tcp(again.port());
+  d.Hello();
+  EXPECT_EQ(d.Call(request::Resume(session.session_id(), std::string(16, 'x'))).code(),
+            wire::PERMISSION_DENIED);
+  EXPECT_EQ(d.Call(request::Resume(session.session_id(), session.secret())).code(), wire::OK);
+}
+
 // lockctl with `args`; its exit status and everything it printed.
 std::pair<int, std::string> Lockctl(const std::string& args) {
   FILE* pipe = popen((std::string(LOCKCTL_BINARY) + " " + args + " 2>&1").c_str(), "r");
@@ -252,13 +396,8 @@ TEST_F(EtcdTest, AStandbyRedirectsToTheServingReplicaAndLaterServesOnItsPort) {
   options.port = testing::FreeLoopbackPort();
   LockdProcess first(options);
   const int standby_port = testing::FreeLoopbackPort();
-  const std::string port_file = tmp_.path() + "/standby.port";
-  auto standby = process::Child::Spawn(
-      LOCKD_BINARY,
-      {"serve", "--etcd=" + etcd_.endpoint(), "--etcd-prefix=/fencelock/g", "--etcd-standby",
-       "--etcd-owner-ttl=2s", absl::StrCat("--port=", standby_port), "--port-file=" + port_file,
-       "--metrics-port=-1"},
-      {.stdout_file = tmp_.path() + "/standby.out", .stderr_file = tmp_.path() + "/standby.err"});
+  const std::string port_file = PortFile("standby");
+  auto standby = Standby("/fencelock/g", standby_port, "standby");
   ASSERT_TRUE(standby.ok()) << standby.status();
   const std::string leader = absl::StrCat("127.0.0.1:", first.port());
   // Until it has read the owner from etcd, a standby names nobody: wait for the name.
@@ -333,11 +472,7 @@ TEST_F(EtcdTest, AClientLeavesAFrozenReplicaForTheOneThatTookOver) {
   options.port = testing::FreeLoopbackPort();
   LockdProcess first(options);
   const int standby_port = testing::FreeLoopbackPort();
-  auto standby = process::Child::Spawn(
-      LOCKD_BINARY,
-      {"serve", "--etcd=" + etcd_.endpoint(), "--etcd-prefix=/fencelock/h", "--etcd-standby",
-       "--etcd-owner-ttl=2s", absl::StrCat("--port=", standby_port), "--metrics-port=-1"},
-      {.stdout_file = tmp_.path() + "/h.out", .stderr_file = tmp_.path() + "/h.err"});
+  auto standby = Standby("/fencelock/h", standby_port, "h");
   ASSERT_TRUE(standby.ok()) << standby.status();
   auto client = Client::Create({.server = absl::StrCat("127.0.0.1:", first.port(), ",127.0.0.1:",
                                                        standby_port),

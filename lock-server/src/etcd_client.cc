@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <mutex>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 
@@ -57,7 +59,8 @@ EtcdClient::EtcdClient(std::vector<std::string> endpoints, absl::Duration timeou
     auto channel = grpc::CreateCustomChannel(e, grpc::InsecureChannelCredentials(), args);
     stubs_.push_back(Endpoint{etcdserverpb::KV::NewStub(channel),
                               etcdserverpb::Lease::NewStub(channel),
-                              etcdserverpb::Maintenance::NewStub(channel)});
+                              etcdserverpb::Maintenance::NewStub(channel),
+                              etcdserverpb::Watch::NewStub(channel)});
   }
 }
 
@@ -163,6 +166,113 @@ absl::Status EtcdClient::LeaseRevoke(int64_t id) {
   return WithFailover("lease revoke", [&](Endpoint& e, grpc::ClientContext& c) {
     return e.lease->LeaseRevoke(&c, request, &response);
   });
+}
+
+absl::StatusOr<EtcdClient::LeaseLife> EtcdClient::LeaseTimeToLive(int64_t id) {
+  etcdserverpb::LeaseTimeToLiveRequest request;
+  request.set_id(id);
+  etcdserverpb::LeaseTimeToLiveResponse response;
+  absl::Status s = WithFailover("lease time-to-live", [&](Endpoint& e, grpc::ClientContext& c) {
+    return e.lease->LeaseTimeToLive(&c, request, &response);
+  });
+  if (!s.ok()) return s;
+  if (response.ttl() <= 0) return absl::NotFoundError(absl::StrCat("etcd lease ", id, " expired"));
+  return LeaseLife{absl::Seconds(response.ttl()), absl::Seconds(response.grantedttl())};
+}
+
+namespace {
+
+class GrpcWatch final : public EtcdWatch {
+ public:
+  GrpcWatch(etcdserverpb::Watch::Stub* stub, std::string endpoint)
+      : endpoint_(std::move(endpoint)), stream_(stub->Watch(&context_)) {}
+  ~GrpcWatch() override {
+    Cancel();
+    if (!finished_) (void)stream_->Finish();
+  }
+
+  // Asks for the watch. etcd's confirmation, and whatever it says of the watch, come from
+  // Next().
+  absl::Status Create(const std::string& key, int64_t start_revision) {
+    etcdserverpb::WatchRequest request;
+    request.mutable_create_request()->set_key(key);
+    request.mutable_create_request()->set_start_revision(start_revision);
+    if (!stream_->Write(request)) return Broken("watch");
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Changes> Next() override {
+    for (;;) {
+      etcdserverpb::WatchResponse response;
+      if (!stream_->Read(&response)) return Broken("watch");
+      if (response.compact_revision() > 0) return Compacted(response);
+      if (response.canceled()) {
+        return absl::UnavailableError(absl::StrCat("etcd at ", endpoint_, " cancelled the watch: ",
+                                                   response.cancel_reason()));
+      }
+      if (response.events_size() == 0) continue;  // the confirmation, or progress
+      Changes changes;
+      changes.revision = response.header().revision();
+      for (auto& e : *response.mutable_events()) changes.events.push_back(std::move(e));
+      return changes;
+    }
+  }
+
+  void Cancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_) return;
+    cancelled_ = true;
+    context_.TryCancel();
+  }
+
+ private:
+  absl::Status Broken(const char* what) {
+    if (!finished_) {
+      finished_ = true;
+      finish_ = stream_->Finish();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cancelled_) return absl::CancelledError("the watch was cancelled");
+    }
+    absl::Status s = FromGrpc(what, endpoint_, finish_);
+    // A stream that ended without an error is still no watch.
+    return s.ok() ? absl::UnavailableError(absl::StrCat("etcd at ", endpoint_, " ended the watch"))
+                  : s;
+  }
+  absl::Status Compacted(const etcdserverpb::WatchResponse& r) {
+    return absl::OutOfRangeError(absl::StrCat("etcd at ", endpoint_,
+                                              " compacted the history the watch needs (to revision ",
+                                              r.compact_revision(), ")"));
+  }
+
+  const std::string endpoint_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::WatchRequest, etcdserverpb::WatchResponse>>
+      stream_;
+  bool finished_ = false;  // Finish() was called (by the thread that reads)
+  grpc::Status finish_;
+  std::mutex mu_;
+  bool cancelled_ = false;  // guarded by mu_
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EtcdWatch>> EtcdClient::Watch(const std::string& key,
+                                                              int64_t start_revision) {
+  absl::Status last;
+  const size_t first = current_.load();
+  for (size_t n = 0; n < stubs_.size(); ++n) {
+    const size_t i = (first + n) % stubs_.size();
+    auto watch = std::make_unique<GrpcWatch>(stubs_[i].watch.get(), endpoints_[i]);
+    last = watch->Create(key, start_revision);
+    if (last.ok()) {
+      current_ = i;
+      return std::unique_ptr<EtcdWatch>(std::move(watch));
+    }
+    if (!TryAnother(last)) return last;
+  }
+  return last.ok() ? absl::UnavailableError("no etcd endpoint") : last;
 }
 
 absl::StatusOr<etcdserverpb::StatusResponse> EtcdClient::MemberStatus(size_t i) {

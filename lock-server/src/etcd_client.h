@@ -20,6 +20,24 @@
 
 namespace fencelock::server {
 
+// One watch on one key, on one endpoint's stream. Thread-safe: Cancel() may be called from
+// any thread while another blocks in Next().
+class EtcdWatch {
+ public:
+  virtual ~EtcdWatch() = default;
+  // Blocks until etcd reports changes of the key (its events, in revision order, and the
+  // revision the reply is current to), then returns them. kCancelled after Cancel();
+  // kOutOfRange when the start revision was compacted away; kUnavailable when the stream broke
+  // (the member went away): watch again.
+  struct Changes {
+    std::vector<etcdserverpb::Event> events;
+    int64_t revision = 0;
+  };
+  virtual absl::StatusOr<Changes> Next() = 0;
+  // Ends a Next() under way, and every later one, with kCancelled.
+  virtual void Cancel() = 0;
+};
+
 class EtcdClient {
  public:
   // `endpoints` are host:port of etcd's client URLs (plaintext). kInvalidArgument for an empty
@@ -36,6 +54,18 @@ class EtcdClient {
   // Renews lease `id` once; the TTL etcd now counts from, or kNotFound if the lease is gone.
   absl::StatusOr<absl::Duration> LeaseKeepAlive(int64_t id);
   absl::Status LeaseRevoke(int64_t id);
+  // The time lease `id` has left and the TTL it was granted; kNotFound when it has expired or
+  // never existed.
+  struct LeaseLife {
+    absl::Duration left;
+    absl::Duration granted;
+  };
+  absl::StatusOr<LeaseLife> LeaseTimeToLive(int64_t id);
+  // Watches `key` from `start_revision` (inclusive) on the endpoint that answered last; the
+  // next endpoints when it cannot be written to. Whether etcd accepted the watch comes from
+  // its Next(). A member that stops answering leaves the watch blocked: callers keep checking
+  // by other means too, and Cancel() it.
+  absl::StatusOr<std::unique_ptr<EtcdWatch>> Watch(const std::string& key, int64_t start_revision);
   // Status of the member at endpoints()[i].
   absl::StatusOr<etcdserverpb::StatusResponse> MemberStatus(size_t i);
 
@@ -48,6 +78,7 @@ class EtcdClient {
     std::unique_ptr<etcdserverpb::KV::Stub> kv;
     std::unique_ptr<etcdserverpb::Lease::Stub> lease;
     std::unique_ptr<etcdserverpb::Maintenance::Stub> maintenance;
+    std::unique_ptr<etcdserverpb::Watch::Stub> watch;
   };
   EtcdClient(std::vector<std::string> endpoints, absl::Duration timeout);
   // Runs `call(endpoint, context)` on the current endpoint, then on the others while the

@@ -143,7 +143,7 @@ class EtcdCommitLog final : public CommitLog {
   ~EtcdCommitLog() override;
 
   // Takes P/owner; restores; reserves. Called once, before the log is handed out.
-  absl::StatusOr<StateMachine> Start(MonoTime now, std::vector<std::string>* summary);
+  absl::StatusOr<StateMachine> Start(std::vector<std::string>* summary);
 
   void SetListener(CommitLogListener* listener) override { listener_ = listener; }
   void ReserveFor(FenceToken token, SessionId session) override;
@@ -158,10 +158,12 @@ class EtcdCommitLog final : public CommitLog {
   const absl::Status* fault() const override {
     if (!fault_.ok()) return &fault_;
     if (!lapsed_.ok()) return &lapsed_;
-    if (now_() < MonoTime::FromNanos(owned_until_ns_.load())) return nullptr;
-    lapsed_ = absl::UnavailableError(absl::StrCat(
-        "the ownership of etcd prefix ", options_.prefix,
-        " may have lapsed (no lease renewal answered in time)"));
+    const bool pulled = pulled_.load();
+    if (!pulled && now_() < MonoTime::FromNanos(owned_until_ns_.load())) return nullptr;
+    lapsed_ = pulled ? absl::UnavailableError(PulledWhy())
+                     : absl::UnavailableError(absl::StrCat(
+                           "the ownership of etcd prefix ", options_.prefix,
+                           " may have lapsed (no lease renewal answered in time)"));
     stopped_ = true;
     // Tells the listener later, from the event loop, not from inside this query.
     post_([self = const_cast<EtcdCommitLog*>(this), alive = alive_] {
@@ -178,7 +180,7 @@ class EtcdCommitLog final : public CommitLog {
     return std::max(OwnedUntil() - now_(), absl::ZeroDuration());
   }
   MonoTime OwnedUntil() const override {
-    return stopped_ ? MonoTime::Min() : MonoTime::FromNanos(owned_until_ns_.load());
+    return stopped_ || pulled_ ? MonoTime::Min() : MonoTime::FromNanos(owned_until_ns_.load());
   }
   bool FaultEndsServing() const override { return true; }
   std::string FaultRemedy() const override {
@@ -197,6 +199,25 @@ class EtcdCommitLog final : public CommitLog {
   void Enqueue(Job job);
   void WriterLoop();
   void KeeperLoop(MonoTime first);
+  // Watches P/owner from the revision after ours: any change of it (deleted by hand, put by
+  // someone else, its lease revoked) ends the ownership at once (Pulled).
+  void WatchLoop();
+  // OK while P/owner is the key this lockd created, on its lease; kFailedPrecondition saying
+  // what became of it otherwise; etcd's error when it could not be read.
+  absl::Status CheckOwnerKey(int64_t* revision = nullptr);
+  // The ownership is gone for good, whatever the deadline says: from now on fault() reports it
+  // and nothing more is committed. Any thread.
+  void Pulled(const std::string& why);
+  std::string PulledWhy() const {
+    std::lock_guard<std::mutex> lock(pulled_mu_);
+    return pulled_why_;
+  }
+  // At a takeover: P/owner went away while the lease it was on, `former`, still lives, so
+  // someone deleted the key by hand and its lockd may still think it serves. Revokes that lease
+  // (its lockd's next renewal fails) and waits the lease's whole TTL, renewing ours, before
+  // anything is restored: by then that lockd's own deadline has passed. `lease_sent` moves
+  // with our renewals. kNotFound when our own lease ran out meanwhile.
+  absl::Status WaitOutFormerOwner(int64_t former, MonoTime* lease_sent);
   // Asks every member for its status, once a second, for lockctl status and the metrics.
   void ProbeLoop();
   void SendPending();
@@ -229,6 +250,10 @@ class EtcdCommitLog final : public CommitLog {
   int64_t owner_revision_ = 0;
   // Boot-time nanoseconds until which lockd may act as the prefix's owner.
   std::atomic<int64_t> owned_until_ns_{0};
+  // Set, once, when P/owner was seen deleted or changed: the ownership ended then.
+  std::atomic<bool> pulled_{false};
+  mutable std::mutex pulled_mu_;
+  std::string pulled_why_;  // guarded by pulled_mu_
 
   // Owner thread.
   uint64_t next_lsn_ = 1;
@@ -246,8 +271,10 @@ class EtcdCommitLog final : public CommitLog {
   uint64_t logged_since_snapshot_ = 0;
   bool snapshot_asked_ = false;
 
-  // Writer.
+  // Writer (set before it starts).
   uint64_t snapshot_lsn_ = 0;      // the snapshot in force
+  uint64_t snapshot_chunks_end_ = 0;  // the index after its last chunk
+  bool rewrite_snapshot_ = false;  // it held secrets in clear: the next snapshot replaces it
   absl::Status writer_fault_;
 
   mutable std::atomic<bool> stopped_{false};  // with fault_ or lapsed_: nothing more commits
@@ -263,13 +290,16 @@ class EtcdCommitLog final : public CommitLog {
   MonotonicEvent stop_keeper_;
   std::thread keeper_;
   std::thread prober_;
+  std::thread watcher_;
+  std::mutex watch_mu_;
+  EtcdWatch* watch_ = nullptr;  // the watcher's current watch; guarded by watch_mu_
+  bool watch_stopping_ = false;  // guarded by watch_mu_
   mutable std::mutex members_mu_;
   std::vector<StoreMember> members_;  // guarded by members_mu_
   uint64_t term_ = 0;
 };
 
-absl::StatusOr<StateMachine> EtcdCommitLog::Start(MonoTime now,
-                                                   std::vector<std::string>* summary) {
+absl::StatusOr<StateMachine> EtcdCommitLog::Start(std::vector<std::string>* summary) {
   EtcdClient& etcd = *etcd_;
   bool found = false;
   auto format = Get(etcd, keys_.format(), &found);
@@ -293,6 +323,7 @@ absl::StatusOr<StateMachine> EtcdCommitLog::Start(MonoTime now,
   bool said_standby = false;
   std::string said_unreachable;  // the last etcd failure a standby logged
   std::string said_owner;        // the last owner a standby reported (on_standby)
+  int64_t former_lease = 0;      // the lease of the last P/owner seen held by another
   // A standby outlives etcd's bad moments (a leader election, a member down): it logs the
   // failure once and tries again. A lockd that was asked to serve at once reports it.
   auto try_again = [&](const absl::Status& s) {
@@ -341,15 +372,34 @@ absl::StatusOr<StateMachine> EtcdCommitLog::Start(MonoTime now,
       if (try_again(r.status())) continue;
       return r.status();
     }
-    if (r->succeeded()) {
-      owner_revision_ = r->header().revision();
+    const auto& kvs = r->responses(0).response_range().kvs();
+    // P/owner on our own lease is ours: created by an earlier try whose answer was lost (the
+    // client tried the next member), or before a wait that failed.
+    int64_t created = r->succeeded() ? r->header().revision() : 0;
+    if (!r->succeeded() && !kvs.empty() && lease_ != 0 && kvs[0].lease() == lease_) {
+      created = kvs[0].create_revision();
+    }
+    if (created != 0) {
+      owner_revision_ = created;
+      if (former_lease != 0) {
+        absl::Status waited = WaitOutFormerOwner(former_lease, &lease_sent);
+        if (absl::IsNotFound(waited)) {  // our lease, and so our key, ran out meanwhile
+          lease_ = 0;
+          continue;
+        }
+        if (!waited.ok()) {
+          if (try_again(waited)) continue;
+          return waited;
+        }
+        former_lease = 0;
+      }
       const MonoTime until = lease_sent + options_.owner_ttl * (1 - options_.owner_margin);
       if (options_.on_owned) options_.on_owned(lease_sent, until);
       owned_until_ns_ = until.nanos();
       break;
     }
-    const auto& kvs = r->responses(0).response_range().kvs();
     const std::string owner = kvs.empty() ? std::string("another lockd") : kvs[0].value();
+    if (!kvs.empty()) former_lease = kvs[0].lease();
     if (forever && options_.on_standby && owner != said_owner) {
       said_owner = owner;
       options_.on_standby(owner);
@@ -370,8 +420,12 @@ absl::StatusOr<StateMachine> EtcdCommitLog::Start(MonoTime now,
   // Renewals from now on, also while the state is read: a large state must not cost the
   // ownership before lockd serves.
   keeper_ = std::thread([this, first = lease_sent + options_.owner_ttl / 3] { KeeperLoop(first); });
+  watcher_ = std::thread([this] { WatchLoop(); });
 
-  // The state: snapshot, then the log after it.
+  // The state: snapshot, then the log after it, as of now, once the prefix is ours (a standby
+  // may have waited for it for hours). The core gives every lease its full TTL again when it
+  // begins to serve (ServerCore::Start).
+  const MonoTime now = now_();
   auto sequences_text = Get(etcd, keys_.sequences(), &found);
   if (!sequences_text.ok()) return sequences_text.status();
   if (!found) return absl::DataLossError(absl::StrCat(keys_.sequences(), " is missing"));
@@ -379,15 +433,19 @@ absl::StatusOr<StateMachine> EtcdCommitLog::Start(MonoTime now,
   if (!sequences.ok()) return sequences.status();
   auto head = Get(etcd, keys_.head(), &found);
   if (!head.ok()) return head.status();
-  uint64_t lsn = 0, chunks = 0;
+  // "<lsn> <chunks>", or "<lsn> <chunks> <first chunk>" for a snapshot rewritten at the same
+  // lsn (its chunks follow the ones it replaced: see WriteSnapshot).
+  uint64_t lsn = 0, chunks = 0, first_chunk = 0;
   {
     std::vector<std::string> words = absl::StrSplit(*head, ' ', absl::SkipEmpty());
-    if (!found || words.size() != 2 || !absl::SimpleAtoi(words[0], &lsn) ||
-        !absl::SimpleAtoi(words[1], &chunks) || chunks == 0) {
+    if (!found || (words.size() != 2 && words.size() != 3) || !absl::SimpleAtoi(words[0], &lsn) ||
+        !absl::SimpleAtoi(words[1], &chunks) || chunks == 0 ||
+        (words.size() == 3 && !absl::SimpleAtoi(words[2], &first_chunk)) ||
+        first_chunk + chunks > 999999) {
       return absl::DataLossError(absl::StrCat(keys_.head(), " is missing or damaged"));
     }
   }
-  auto parts = RangeAll(etcd, keys_.chunk_dir(lsn), PrefixEnd(keys_.chunk_dir(lsn)));
+  auto parts = RangeAll(etcd, keys_.chunk(lsn, first_chunk), keys_.chunk(lsn, first_chunk + chunks));
   if (!parts.ok()) return parts.status();
   if (parts->size() != chunks) {
     return absl::DataLossError(absl::StrCat("snapshot ", lsn, " under ", keys_.chunk_dir(lsn),
@@ -399,7 +457,9 @@ absl::StatusOr<StateMachine> EtcdCommitLog::Start(MonoTime now,
   auto state = DecodeSnapshot(keys_.chunk_dir(lsn), snapshot, lsn, now);
   if (!state.ok()) return state.status();
   snapshot_lsn_ = lsn;
+  snapshot_chunks_end_ = first_chunk + chunks;
   snapshot_bytes_ = snapshot.size();
+  rewrite_snapshot_ = state->secrets_read_in_clear() > 0;
   auto batches = RangeAll(etcd, keys_.log_dir(), PrefixEnd(keys_.log_dir()));
   if (!batches.ok()) return batches.status();
   uint64_t last = lsn, replayed = 0;
@@ -454,8 +514,14 @@ EtcdCommitLog::~EtcdCommitLog() {
   cv_.notify_all();
   if (writer_.joinable()) writer_.join();
   stop_keeper_.Notify();
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    watch_stopping_ = true;
+    if (watch_ != nullptr) watch_->Cancel();
+  }
   if (keeper_.joinable()) keeper_.join();
   if (prober_.joinable()) prober_.join();
+  if (watcher_.joinable()) watcher_.join();
   // A clean stop hands the prefix over at once instead of after the lease's TTL.
   if (lease_ != 0) (void)etcd_->LeaseRevoke(lease_);
 }
@@ -483,6 +549,19 @@ void EtcdCommitLog::KeeperLoop(MonoTime first) {
   while (!stop_keeper_.WaitFor(wait)) {
     const MonoTime sent = now_();
     auto ttl = etcd_->LeaseKeepAlive(lease_);
+    // A renewal moves the deadline only while P/owner is still the key this lockd created, on
+    // this lease: a lease kept alive no longer backs a key someone deleted or replaced. The
+    // key is read after the renewal was sent, so the deadline never runs past a change of it
+    // that this read could see.
+    if (ttl.ok()) {
+      if (absl::Status mine = CheckOwnerKey(); !mine.ok()) {
+        if (absl::IsFailedPrecondition(mine)) {
+          Pulled(std::string(mine.message()));
+          return;
+        }
+        ttl = mine;
+      }
+    }
     // After a failure, try again soon: the deadline does not wait.
     wait = ttl.ok() ? period : std::min(period, absl::Milliseconds(250));
     if (ttl.ok()) {
@@ -506,6 +585,117 @@ void EtcdCommitLog::KeeperLoop(MonoTime first) {
       return;
     }
   }
+}
+
+absl::Status EtcdCommitLog::CheckOwnerKey(int64_t* revision) {
+  RangeRequest r;
+  r.set_key(keys_.owner());
+  auto got = etcd_->Range(r);
+  if (!got.ok()) return got.status();
+  if (revision != nullptr) *revision = got->header().revision();
+  const std::string what = absl::StrCat("the ownership of etcd prefix ", options_.prefix,
+                                        " was taken away: ", keys_.owner());
+  if (got->kvs_size() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " was deleted"));
+  }
+  const auto& kv = got->kvs(0);
+  if (kv.create_revision() != owner_revision_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " was deleted and is now held by ", kv.value()));
+  }
+  if (kv.mod_revision() != owner_revision_ || kv.lease() != lease_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " was overwritten (now \"", absl::CHexEscape(kv.value().substr(0, 128)),
+                     "\", on lease ", kv.lease(), ", not this lockd's ", lease_, ")"));
+  }
+  return absl::OkStatus();
+}
+
+void EtcdCommitLog::Pulled(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(pulled_mu_);
+    if (pulled_) return;
+    pulled_why_ = why;
+    pulled_ = true;  // under the lock: a reader that sees it set finds the reason
+  }
+  const absl::Status lost = absl::UnavailableError(why);
+  post_([this, alive = alive_, lost] {
+    if (*alive) Fail(lost);
+  });
+}
+
+void EtcdCommitLog::WatchLoop() {
+  // From the revision after our creation of P/owner: our own transactions never touch it, so
+  // any event on it is someone else's.
+  int64_t from = owner_revision_ + 1;
+  bool first = true;
+  while (!pulled_ && !stop_keeper_.WaitFor(first ? absl::ZeroDuration() : absl::Milliseconds(250))) {
+    if (!first) {
+      // The stream broke, or the history it needed was compacted: read the key, then watch on
+      // from that read.
+      int64_t revision = 0;
+      absl::Status mine = CheckOwnerKey(&revision);
+      if (absl::IsFailedPrecondition(mine)) {
+        Pulled(std::string(mine.message()));
+        return;
+      }
+      if (!mine.ok()) continue;
+      from = revision + 1;
+    }
+    first = false;
+    auto watch = etcd_->Watch(keys_.owner(), from);
+    if (!watch.ok()) continue;
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      if (watch_stopping_) return;
+      watch_ = watch->get();
+    }
+    for (;;) {
+      auto changes = (*watch)->Next();
+      if (!changes.ok()) break;
+      for (const auto& e : changes->events) {
+        if (e.kv().key() != keys_.owner()) continue;
+        Pulled(absl::StrCat(
+            "the ownership of etcd prefix ", options_.prefix, " was taken away: ", keys_.owner(),
+            e.type() == etcdserverpb::Event::DELETE
+                ? " was deleted (by hand, or its lease was revoked)"
+                : absl::StrCat(" was overwritten with \"",
+                               absl::CHexEscape(e.kv().value().substr(0, 128)), "\"")));
+        break;
+      }
+      if (pulled_) break;
+      from = changes->revision + 1;
+    }
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    watch_ = nullptr;
+  }
+}
+
+absl::Status EtcdCommitLog::WaitOutFormerOwner(int64_t former, MonoTime* lease_sent) {
+  auto life = etcd_->LeaseTimeToLive(former);
+  if (absl::IsNotFound(life.status())) return absl::OkStatus();  // it expired, or was revoked
+  // Unknown (etcd failed to say): as long as our own TTL.
+  const absl::Duration granted = life.ok() ? life->granted : options_.owner_ttl;
+  Log(absl::StrCat("etcd prefix ", options_.prefix, ": ", keys_.owner(),
+                   " went away while the lease it was on (", former,
+                   ") still lives, so it was deleted by hand and the lockd that held it may still "
+                   "think it serves; revoking that lease and waiting ",
+                   absl::FormatDuration(granted), " before taking over"));
+  if (absl::Status s = etcd_->LeaseRevoke(former); !s.ok() && !absl::IsNotFound(s)) {
+    Log(absl::StrCat("could not revoke lease ", former, ": ", s.message()));
+  }
+  const MonoTime until = now_() + granted;
+  for (MonoTime now = now_(); now < until; now = now_()) {
+    const MonoTime renew_at = *lease_sent + options_.owner_ttl / 3;
+    if (now >= renew_at) {
+      auto renewed = etcd_->LeaseKeepAlive(lease_);
+      if (!renewed.ok()) return renewed.status();
+      *lease_sent = now;
+      continue;
+    }
+    absl::SleepFor(std::min(until, renew_at) - now);
+  }
+  return absl::OkStatus();
 }
 
 void EtcdCommitLog::ProbeLoop() {
@@ -578,6 +768,7 @@ absl::StatusOr<int64_t> EtcdCommitLog::Commit(std::vector<RequestOp> ops) {
       // a successor restores.
       return absl::UnavailableError("the commit log stopped after a fault");
     }
+    if (pulled_) return absl::UnavailableError(PulledWhy() + "; nothing more is committed");
     if (now_() >= MonoTime::FromNanos(owned_until_ns_.load())) {
       return absl::UnavailableError(absl::StrCat(
           "the ownership of etcd prefix ", options_.prefix,
@@ -702,19 +893,30 @@ void EtcdCommitLog::Snapshot(const StateMachine& state) {
 }
 
 absl::Status EtcdCommitLog::WriteSnapshot(const std::string& bytes, uint64_t lsn) {
-  if (lsn == snapshot_lsn_) return absl::OkStatus();
+  // The snapshot in force is rewritten only when it held secrets in clear (an older lockd's).
+  if (lsn == snapshot_lsn_ && !rewrite_snapshot_) return absl::OkStatus();
+  rewrite_snapshot_ = false;
   // The chunks first (invisible until the head names them), then in one transaction: the head,
-  // and the deletion of the log it covers and of the older snapshots.
+  // and the deletion of the log it covers and of the older snapshots. A snapshot rewritten at
+  // the lsn in force puts its chunks after the ones it replaces, which stay whole until the
+  // head moves past them, and then go with it.
+  const uint64_t first = lsn == snapshot_lsn_ ? snapshot_chunks_end_ : 0;
   uint64_t chunks = 0;
   for (size_t at = 0; at < bytes.size() || chunks == 0; at += options_.max_value_bytes) {
-    auto r = Commit({Put(keys_.chunk(lsn, chunks++), bytes.substr(at, options_.max_value_bytes))});
+    auto r = Commit(
+        {Put(keys_.chunk(lsn, first + chunks++), bytes.substr(at, options_.max_value_bytes))});
     if (!r.ok()) return r.status();
   }
-  auto revision = Commit({Put(keys_.head(), absl::StrCat(lsn, " ", chunks)),
-                          DeleteRange(keys_.log_dir(), keys_.log(lsn + 1)),
-                          DeleteRange(keys_.snapshots(), keys_.chunk_dir(lsn))});
+  std::vector<RequestOp> head = {
+      Put(keys_.head(), first == 0 ? absl::StrCat(lsn, " ", chunks)
+                                   : absl::StrCat(lsn, " ", chunks, " ", first)),
+      DeleteRange(keys_.log_dir(), keys_.log(lsn + 1)),
+      DeleteRange(keys_.snapshots(), keys_.chunk_dir(lsn))};
+  if (first > 0) head.push_back(DeleteRange(keys_.chunk(lsn, 0), keys_.chunk(lsn, first)));
+  auto revision = Commit(std::move(head));
   if (!revision.ok()) return revision.status();
   snapshot_lsn_ = lsn;
+  snapshot_chunks_end_ = first + chunks;
   ++snapshots_;
   // etcd keeps every old value until its history is compacted: drop what the snapshot made
   // redundant, so that its database stays small.
@@ -785,13 +987,13 @@ absl::Status InitEtcdPrefix(const EtcdCommitLogOptions& options) {
 }
 
 absl::StatusOr<OpenedCommitLog> OpenEtcdCommitLog(const EtcdCommitLogOptions& options,
-                                                  MonoTime now, PostToOwner post) {
+                                                  PostToOwner post) {
   if (absl::Status s = CheckOptions(options); !s.ok()) return s;
   auto etcd = EtcdClient::Create(options.endpoints, options.request_timeout);
   if (!etcd.ok()) return etcd.status();
   auto log = std::make_unique<EtcdCommitLog>(options, std::move(*etcd), std::move(post));
   OpenedCommitLog opened;
-  auto state = log->Start(now, &opened.summary);
+  auto state = log->Start(&opened.summary);
   if (!state.ok()) return state.status();
   opened.state = std::move(*state);
   opened.log = std::move(log);

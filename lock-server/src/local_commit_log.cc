@@ -40,6 +40,9 @@ class LocalCommitLog final : public CommitLog {
   void SetListener(CommitLogListener* listener) override { listener_ = listener; }
   // Keeps the state directory's lock for the life of the log.
   void HoldDirectory(std::unique_ptr<FileLock> lock) { dir_lock_ = std::move(lock); }
+  // Before the writer runs: the next snapshot first moves appending to a new segment, so that
+  // every segment up to the snapshot can be removed (records that must not stay on disk).
+  void RotateAtNextSnapshot() { rotate_at_next_snapshot_ = true; }
   void ReserveFor(FenceToken token, SessionId session) override;
   void Append(const Record& r) override;
   void Flush() override;
@@ -133,6 +136,7 @@ class LocalCommitLog final : public CommitLog {
   absl::Status writer_fault_;
   uint64_t writer_synced_lsn_ = 0;  // every record up to it is synced
   uint64_t writer_marked_lsn_ = 0;  // as written to COMMITTED
+  bool rotate_at_next_snapshot_ = false;  // see RotateAtNextSnapshot()
 
   // Shared, read by stats().
   std::atomic<uint64_t> syncs_{0}, records_{0}, bytes_{0}, snapshots_{0}, reservations_{0},
@@ -500,6 +504,12 @@ absl::Status LocalCommitLog::Rotate(uint64_t needed) {
 }
 
 absl::Status LocalCommitLog::WriteSnapshot(const std::string& bytes, uint64_t lsn) {
+  if (rotate_at_next_snapshot_) {
+    rotate_at_next_snapshot_ = false;
+    if (segment_last_lsn_[segment_] != 0) {
+      if (absl::Status s = Rotate(0); !s.ok()) return s;
+    }
+  }
   if (absl::Status s = options_.env->WriteFileAtomically(Path(options_.dir, SnapshotName(lsn)),
                                                          bytes);
       !s.ok()) {
@@ -556,6 +566,10 @@ absl::StatusOr<OpenedCommitLog> OpenLocalCommitLog(const LocalCommitLogOptions& 
   auto log = LocalCommitLog::Open(options, recovered->report, std::move(post));
   if (!log.ok()) return log.status();
   (*log)->HoldDirectory(std::move(dir_lock));
+  // Records that held secrets in clear may sit in the segment appending continues in: the
+  // snapshot that upgrades them (ServerCore::Start) moves to a new segment first, so that
+  // every segment holding them can go.
+  if (recovered->state.secrets_read_in_clear() > 0) (*log)->RotateAtNextSnapshot();
   OpenedCommitLog out;
   out.summary = Summary(recovered->state, options.dir, recovered->report);
   out.state = std::move(recovered->state);

@@ -43,7 +43,9 @@ absl::StatusOr<std::pair<SessionId, absl::Duration>> LockService::OpenSession(
   auto resolved = ResolveTtl(ttl, options_.default_session_ttl);
   if (!resolved.ok()) return resolved.status();
   const SessionId id = state_.last_session_id() + 1;
-  Commit(record::SessionOpened{id, *resolved, std::move(secret), caller.identity}, now);
+  // Only the digest is kept: whoever reads the log or etcd cannot resume the session.
+  Commit(record::SessionOpened{id, *resolved, SessionSecretDigest(id, secret), caller.identity},
+         now);
   bound_[id] = caller.connection;
   return std::make_pair(id, *resolved);
 }
@@ -82,10 +84,12 @@ absl::StatusOr<absl::Duration> LockService::Resume(SessionId session, std::strin
                                                    const Caller& caller) {
   const SessionState* s = state_.FindSession(session);
   if (s == nullptr) return absl::NotFoundError(absl::StrCat("session ", session, " does not exist"));
-  // Compared in full whatever differs, so the time taken tells nothing about the secret.
-  unsigned char diff = s->secret.size() == secret.size() && !s->secret.empty() ? 0 : 1;
-  for (size_t i = 0; i < secret.size() && i < s->secret.size(); ++i) {
-    diff |= static_cast<unsigned char>(s->secret[i] ^ secret[i]);
+  // The digests are compared in full whatever differs, so the time taken tells nothing.
+  const std::string given = SessionSecretDigest(session, secret);
+  const std::string& kept = s->secret_digest;
+  unsigned char diff = kept.size() == given.size() && !kept.empty() ? 0 : 1;
+  for (size_t i = 0; i < given.size() && i < kept.size(); ++i) {
+    diff |= static_cast<unsigned char>(kept[i] ^ given[i]);
   }
   if (diff != 0 || s->owner != caller.identity) {
     return Deny(absl::StrCat("session ", session, " cannot be resumed with this secret",

@@ -227,7 +227,7 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
     etcd.on_owned = [this](MonoTime sent, MonoTime until) {
       History(sent.nanos(), "lockd-owned", "-", 0, absl::StrCat(until.nanos()));
     };
-    return OpenEtcdCommitLog(etcd, time_.Now(), post);
+    return OpenEtcdCommitLog(etcd, post);
   }
   LocalCommitLogOptions log_options{
       .env = options_.env,

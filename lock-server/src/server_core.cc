@@ -123,6 +123,21 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
 
   void Start() {
     stopped_ = false;
+    // Whatever the restore cost, and however long a standby waited for the prefix before it,
+    // every restored lease runs its full TTL from the moment the core begins to serve.
+    service_.RestartLeases(time_->Now());
+    // A state written before secrets were kept as digests: a snapshot now holds only digests,
+    // and the log drops what it covers (WAL segments; etcd's log keys, older snapshots and
+    // history), so no secret stays at rest in clear.
+    if (const uint64_t clear = service_.state().secrets_read_in_clear();
+        clear > 0 && !upgraded_secrets_ && log_->fault() == nullptr) {
+      upgraded_secrets_ = true;
+      options_.log(absl::StrCat(clear, clear == 1 ? " session secret was" : " session secrets were",
+                                " stored in clear (written by an older lockd); writing a snapshot "
+                                "that keeps only their digests, which drops the records that "
+                                "held them"));
+      log_->Snapshot(service_.state());
+    }
     stall_.Start();
     expiry_.ArmFor(service_.NextDeadline());
   }
@@ -291,6 +306,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   const CommitLog& log() const { return *log_; }
 
  private:
+  bool upgraded_secrets_ = false;  // the snapshot that drops clear secrets was asked for
   struct Conn {
     ConnectionSink* sink = nullptr;
     ConnectionState state;

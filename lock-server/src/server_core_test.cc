@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "clock/time_source.h"
 #include "fencelock/wire.pb.h"
 #include "gtest/gtest.h"
@@ -47,6 +48,17 @@ class ServerCoreTest : public ::testing::Test {
  protected:
   void Start(Env* env, CoreOptions options = {}) {
     ASSERT_TRUE(InitDataDir(&mem_, kDir, 1 << 20).ok());
+    Open(env, options, absl::ZeroDuration());
+  }
+  // Stops the core and restores its directory, as a restarted lockd does; the restored core
+  // begins to serve `wait` later (a standby's wait for the prefix, a slow restore).
+  void Restart(absl::Duration wait) {
+    core_->Stop();
+    core_.reset();
+    writer_steps_.clear();
+    Open(&mem_, CoreOptions{.stall_threshold = absl::ZeroDuration()}, wait);
+  }
+  void Open(Env* env, CoreOptions options, absl::Duration wait) {
     // Every disk step of the log takes kSyncTime of simulated time.
     LocalCommitLogOptions log_options{.env = env, .dir = kDir, .inline_sync_max_records = 0};
     log_options.schedule_writer = [this](std::function<void()> step) {
@@ -58,6 +70,7 @@ class ServerCoreTest : public ::testing::Test {
     ASSERT_TRUE(opened.ok()) << opened.status();
     options.log = [this](const std::string& line) { log_.push_back(line); };
     core_ = std::make_unique<ServerCore>(options, &time_, std::move(*opened));
+    time_.Advance(wait);
     core_->Start();
   }
   void TearDown() override {
@@ -91,6 +104,20 @@ class ServerCoreTest : public ::testing::Test {
     r.mutable_acquire()->set_ttl_ms(absl::ToInt64Milliseconds(ttl));
     r.mutable_acquire()->set_wait_timeout_ms(absl::ToInt64Milliseconds(wait));
     Send(c, r);
+  }
+  void Resume(ConnectionId c, uint64_t session, const std::string& secret) {
+    wire::Request r;
+    r.mutable_resume_session()->set_session_id(session);
+    r.mutable_resume_session()->set_secret(secret);
+    Send(c, r);
+  }
+  // Every file of the state directory that holds `bytes`.
+  std::vector<std::string> FilesHolding(const std::string& bytes) {
+    std::vector<std::string> out;
+    for (const auto& [path, contents] : mem_.Files()) {
+      if (contents.find(bytes) != std::string::npos) out.push_back(path);
+    }
+    return out;
   }
   // Connects, says Hello and opens a session; returns the session id.
   uint64_t Session(Sink* sink, ConnectionId* c, absl::Duration ttl) {
@@ -211,6 +238,123 @@ TEST_F(ServerCoreTest, LeasesExpireOnTheInjectedClockAndTheWaiterIsPushed) {
   ASSERT_EQ(pushed.size(), 1u);
   EXPECT_TRUE(pushed[0].acquire().granted());
   EXPECT_EQ(core_->stats().service.session_expiries_total, 1u);
+}
+
+// Issue 33: a standby that had waited 8 s restored every lease as of the start of its wait and
+// expired a 6 s session the moment it served, granting its lock to another. Restored leases
+// run their full TTL from when the core begins to serve.
+TEST_F(ServerCoreTest, RestoredLeasesRunTheirFullTtlFromWhenTheCoreBeginsToServe) {
+  Start(&mem_, CoreOptions{.stall_threshold = absl::ZeroDuration()});
+  Sink sink;
+  ConnectionId c;
+  const uint64_t session = Session(&sink, &c, absl::Seconds(6));
+  Acquire(c, session, "payout/1", absl::Seconds(6));
+  time_.Advance(kSyncTime * 4);
+  ASSERT_EQ(sink.Take().size(), 1u);
+
+  // Restored now, served 8 s later: longer than both TTLs.
+  Restart(absl::Seconds(8));
+  ASSERT_NE(core_->service().state().FindHolder("payout/1"), nullptr)
+      << "a restored lock was freed the moment the core began to serve";
+  Sink other_sink;
+  ConnectionId other;
+  const uint64_t other_session = Session(&other_sink, &other, absl::Seconds(60));
+  Acquire(other, other_session, "payout/1", absl::Seconds(6));
+  time_.Advance(kSyncTime * 4);
+  auto refused = other_sink.Take();
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_FALSE(refused[0].acquire().granted()) << "a held lock was granted to another";
+  // Held until 6 s after the core began to serve (the session's last renewal), not before.
+  time_.Advance(absl::Seconds(6) - kSyncTime * 4 * 2 - absl::Milliseconds(1));
+  EXPECT_NE(core_->service().state().FindSession(session), nullptr);
+  EXPECT_NE(core_->service().state().FindHolder("payout/1"), nullptr);
+  time_.Advance(absl::Milliseconds(2));
+  EXPECT_EQ(core_->service().state().FindSession(session), nullptr);
+  EXPECT_EQ(core_->service().state().FindHolder("payout/1"), nullptr);
+}
+
+// Issue 33: the log held each session's secret in clear, so whoever could read the state (a
+// state directory, etcd's keys) resumed another's session and released its lock. Only a
+// digest is kept, and it still resumes the session after a restart.
+TEST_F(ServerCoreTest, NoSessionSecretIsKeptInClear) {
+  Start(&mem_);
+  Sink sink;
+  const ConnectionId c = Connect(&sink);
+  Hello(c);
+  OpenSession(c, absl::Seconds(60));
+  time_.Advance(kSyncTime * 4);
+  auto replies = sink.Take();
+  ASSERT_EQ(replies.size(), 2u);
+  const uint64_t session = replies[1].open_session().session_id();
+  const std::string secret = replies[1].open_session().secret();
+  ASSERT_EQ(secret.size(), 16u);
+  EXPECT_EQ(FilesHolding(secret), std::vector<std::string>{});
+  EXPECT_EQ(core_->service().state().FindSession(session)->secret_digest,
+            SessionSecretDigest(session, secret));
+
+  Restart(absl::ZeroDuration());
+  Sink again_sink;
+  const ConnectionId again = Connect(&again_sink);
+  Hello(again);
+  Resume(again, session, std::string(16, 'x'));
+  Resume(again, session, secret);
+  time_.Advance(kSyncTime * 4);
+  replies = again_sink.Take();
+  ASSERT_EQ(replies.size(), 3u);
+  EXPECT_EQ(replies[1].code(), wire::PERMISSION_DENIED);
+  EXPECT_EQ(replies[2].code(), wire::OK) << replies[2].message();
+  EXPECT_EQ(FilesHolding(secret), std::vector<std::string>{});
+}
+
+// A snapshot as an older lockd wrote it: session 1 (TTL 60 s) with its secret itself in
+// SnapshotSession.secret (field 3), encoded by hand as protobuf.
+std::string SnapshotWithASecretInClear(const std::string& secret) {
+  auto varint = [](std::string* out, uint64_t v) {
+    do {
+      out->push_back(static_cast<char>((v & 0x7f) | (v > 0x7f ? 0x80 : 0)));
+      v >>= 7;
+    } while (v != 0);
+  };
+  std::string session;
+  session.push_back(0x08);  // session_id
+  varint(&session, 1);
+  session.push_back(0x10);  // ttl_ns
+  varint(&session, 60'000'000'000);
+  session.push_back(0x1a);  // secret
+  varint(&session, secret.size());
+  session += secret;
+  std::string snapshot;
+  snapshot.push_back(0x18);  // last_session_id
+  varint(&snapshot, 1);
+  snapshot.push_back(0x22);  // sessions
+  varint(&snapshot, session.size());
+  snapshot += session;
+  return EncodeRawSnapshot(snapshot);
+}
+
+// The upgrade: a state whose snapshot holds a secret in clear is read (the digest computed as
+// it is read), and lockd writes a snapshot at once that keeps only digests, replacing it.
+TEST_F(ServerCoreTest, AStateWithASecretInClearIsRewrittenWithItsDigest) {
+  ASSERT_TRUE(InitDataDir(&mem_, kDir, 1 << 20).ok());
+  const std::string secret = "an-old-secret-16";
+  mem_.PutFile(absl::StrCat(kDir, "/", SnapshotName(0)), SnapshotWithASecretInClear(secret));
+  ASSERT_EQ(FilesHolding(secret).size(), 1u);
+  Open(&mem_, CoreOptions{}, absl::ZeroDuration());
+  time_.Advance(kSyncTime * 4);
+  EXPECT_EQ(FilesHolding(secret), std::vector<std::string>{});
+  ASSERT_FALSE(log_.empty());
+  EXPECT_NE(log_[0].find("1 session secret was stored in clear"), std::string::npos) << log_[0];
+  Sink sink;
+  const ConnectionId c = Connect(&sink);
+  Hello(c);
+  Resume(c, 1, secret);
+  time_.Advance(kSyncTime * 4);
+  auto replies = sink.Take();
+  ASSERT_EQ(replies.size(), 2u);
+  EXPECT_EQ(replies[1].code(), wire::OK) << replies[1].message();
+  // Restarted on the rewritten state, nothing is left to upgrade.
+  Restart(absl::ZeroDuration());
+  EXPECT_EQ(core_->service().state().secrets_read_in_clear(), 0u);
 }
 
 TEST_F(ServerCoreTest, AFreezeOfTheCoreExtendsLeasesButBusyTimeDoesNot) {

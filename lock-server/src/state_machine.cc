@@ -5,11 +5,37 @@
 #include <cstdlib>
 #include <vector>
 
+#include <openssl/evp.h>
+
 #include "logging/logging.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace fencelock::server {
+
+std::string SessionSecretDigest(SessionId session, std::string_view secret) {
+  if (secret.empty()) return "";
+  static constexpr char kLabel[] = "fencelock session secret v1";
+  unsigned char id[8];
+  for (int i = 0; i < 8; ++i) id[i] = static_cast<unsigned char>(session >> (56 - 8 * i));
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  const bool ok = ctx != nullptr && EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1 &&
+                  EVP_DigestUpdate(ctx, kLabel, sizeof(kLabel)) == 1 &&
+                  EVP_DigestUpdate(ctx, id, sizeof(id)) == 1 &&
+                  EVP_DigestUpdate(ctx, secret.data(), secret.size()) == 1 &&
+                  EVP_DigestFinal_ex(ctx, out, &n) == 1;
+  EVP_MD_CTX_free(ctx);
+  if (!ok) {
+    // Only an allocation failure inside OpenSSL gets here; no digest means no resume, which
+    // must not be silently weakened.
+    logging::Lockd().Error("OpenSSL could not compute a SHA-256 digest");
+    std::abort();
+  }
+  return std::string(reinterpret_cast<const char*>(out), n);
+}
+
 namespace {
 
 [[noreturn]] void InvariantBroken(const std::string& what) {
@@ -150,6 +176,27 @@ void StateMachine::PostponeExpiries(absl::Duration d) {
   }
 }
 
+void StateMachine::RestartLeases(MonoTime now) {
+  session_expiry_.clear();
+  lock_expiry_.clear();
+  pool_expiry_.clear();
+  for (auto& [id, s] : sessions_) {
+    s.expires_at = std::max(s.expires_at, now + s.ttl);
+    session_expiry_.emplace(s.expires_at, id);
+  }
+  for (auto& [lock, h] : holders_) {
+    h.expires_at = std::max(h.expires_at, now + h.ttl);
+    lock_expiry_.emplace(h.expires_at, lock);
+  }
+  for (auto& [name, pool] : pools_) {
+    for (auto& [key, lease] : pool.leases) {
+      if (lease.active) continue;
+      lease.expires_at = std::max(lease.expires_at, now + lease.ttl);
+      pool_expiry_.emplace(lease.expires_at, name, key.first, key.second);
+    }
+  }
+}
+
 MonoTime StateMachine::NextExpiry() const {
   MonoTime next = MonoTime::Max();
   if (!session_expiry_.empty()) next = std::min(next, session_expiry_.begin()->first);
@@ -173,7 +220,8 @@ void StateMachine::ApplyOne(const record::SessionOpened& r, MonoTime now) {
   SessionState& s = sessions_[r.session];
   s.ttl = r.ttl;
   s.expires_at = now + r.ttl;
-  s.secret = r.secret;
+  s.secret_digest = r.secret_digest;
+  if (r.read_in_clear) ++secrets_read_in_clear_;
   s.owner = r.owner;
   session_expiry_.emplace(s.expires_at, r.session);
 }

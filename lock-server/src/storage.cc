@@ -87,7 +87,7 @@ state::LogRecord ToProto(uint64_t lsn, const Record& r) {
         if constexpr (std::is_same_v<T, record::SessionOpened>) {
           p.mutable_session_opened()->set_session_id(rec.session);
           p.mutable_session_opened()->set_ttl_ns(Nanos(rec.ttl));
-          p.mutable_session_opened()->set_secret(rec.secret);
+          p.mutable_session_opened()->set_secret_digest(rec.secret_digest);
           p.mutable_session_opened()->set_owner(rec.owner);
         } else if constexpr (std::is_same_v<T, record::SessionEnded>) {
           p.mutable_session_ended()->set_session_id(rec.session);
@@ -169,12 +169,23 @@ state::LogRecord ToProto(uint64_t lsn, const Record& r) {
   return p;
 }
 
+// A session's record or snapshot entry. One written before secrets were kept as digests holds
+// the secret itself: its digest is computed here, and the record says so.
+template <typename SessionProto>
+record::SessionOpened SessionFromProto(const SessionProto& p) {
+  record::SessionOpened r{p.session_id(), absl::Nanoseconds(p.ttl_ns()), p.secret_digest(),
+                          p.owner()};
+  if (r.secret_digest.empty() && !p.secret().empty()) {
+    r.secret_digest = SessionSecretDigest(p.session_id(), p.secret());
+    r.read_in_clear = true;
+  }
+  return r;
+}
+
 absl::StatusOr<Record> FromProto(const state::LogRecord& p) {
   switch (p.kind_case()) {
     case state::LogRecord::kSessionOpened:
-      return Record(record::SessionOpened{p.session_opened().session_id(),
-                                          absl::Nanoseconds(p.session_opened().ttl_ns()),
-                                          p.session_opened().secret(), p.session_opened().owner()});
+      return Record(SessionFromProto(p.session_opened()));
     case state::LogRecord::kSessionEnded:
       if (p.session_ended().reason() > 1) return absl::InvalidArgumentError("bad end reason");
       return Record(record::SessionEnded{
@@ -323,8 +334,7 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
     return absl::OkStatus();
   };
   for (const auto& s : snap.sessions()) {
-    if (absl::Status st = apply(record::SessionOpened{s.session_id(), absl::Nanoseconds(s.ttl_ns()),
-                                                      s.secret(), s.owner()});
+    if (absl::Status st = apply(SessionFromProto(s));
         !st.ok()) {
       return st;
     }
@@ -486,7 +496,7 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
     auto* s = snap.add_sessions();
     s->set_session_id(id);
     s->set_ttl_ns(Nanos(session.ttl));
-    s->set_secret(session.secret);
+    s->set_secret_digest(session.secret_digest);
     s->set_owner(session.owner);
   }
   std::vector<std::pair<std::string, HolderState>> holders(state.holders().begin(),

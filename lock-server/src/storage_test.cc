@@ -339,7 +339,8 @@ TEST_F(StorageTest, SnapshotPlusNewerRecordsRecover) {
   EXPECT_NE(r->state.FindHolder("y"), nullptr);
 }
 
-// A session's secret and owner resume it after a restart, from the log and from a snapshot.
+// A session's secret digest and owner resume it after a restart, from the log and from a
+// snapshot.
 TEST_F(StorageTest, SessionSecretsAndOwnersSurviveTheLogAndTheSnapshot) {
   const record::SessionOpened snapshotted{1, absl::Seconds(10), "secret-number-01", "uid:1000"};
   const record::SessionOpened logged{2, absl::Seconds(10), "secret-number-02", ""};
@@ -351,9 +352,10 @@ TEST_F(StorageTest, SessionSecretsAndOwnersSurviveTheLogAndTheSnapshot) {
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_NE(r->state.FindSession(1), nullptr);
   ASSERT_NE(r->state.FindSession(2), nullptr);
-  EXPECT_EQ(r->state.FindSession(1)->secret, "secret-number-01");
+  EXPECT_EQ(r->state.FindSession(1)->secret_digest, "secret-number-01");
   EXPECT_EQ(r->state.FindSession(1)->owner, "uid:1000");
-  EXPECT_EQ(r->state.FindSession(2)->secret, "secret-number-02");
+  EXPECT_EQ(r->state.FindSession(2)->secret_digest, "secret-number-02");
+  EXPECT_EQ(r->state.secrets_read_in_clear(), 0u);
   EXPECT_EQ(r->state.FindSession(2)->owner, "");
 }
 

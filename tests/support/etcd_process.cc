@@ -68,6 +68,14 @@ std::string EtcdProcess::Get(const std::string& key) const {
   return out;
 }
 
+std::string EtcdProcess::Dump(const std::string& prefix) const {
+  return Etcdctl(endpoint_, "get --prefix " + prefix, dir_.path()).second;
+}
+
+bool EtcdProcess::Delete(const std::string& key) const {
+  return Etcdctl(endpoint_, "del " + key, dir_.path()).first;
+}
+
 int64_t EtcdProcess::DbSize() const {
   auto [ok, out] = Etcdctl(endpoint_, "endpoint status --write-out=fields", dir_.path());
   // "DBSize" : 24576

@@ -23,6 +23,11 @@ class EtcdProcess {
   std::vector<std::string> Keys(const std::string& prefix) const;
   // The value of `key` ("" if absent), through etcdctl.
   std::string Get(const std::string& key) const;
+  // Every key and value under `prefix`, as etcdctl prints them: what a local user with
+  // etcdctl reads.
+  std::string Dump(const std::string& prefix) const;
+  // Deletes `key`, through etcdctl, as an operator (or an attacker) would; false if it failed.
+  bool Delete(const std::string& key) const;
   // etcd's database size in bytes, as its status reports it.
   int64_t DbSize() const;
 

@@ -6,7 +6,8 @@
 //   P/format                    "fencelock-lockd-etcd\nformat 1\n"; anything else is refused
 //   P/sequences                 token and session-id marks reserved ahead of use (as SEQUENCES)
 //   P/owner                     the serving lockd, on an etcd lease: one lockd per prefix
-//   P/snapshot-head             "<lsn> <chunks>": the snapshot in force
+//   P/snapshot-head             "<lsn> <chunks>" (or "<lsn> <chunks> <first chunk>" for a
+//                               snapshot rewritten at the same lsn): the snapshot in force
 //   P/snapshot/<lsn>/<chunk>    that snapshot's bytes (the local snapshot file's), in chunks
 //   P/log/<last lsn>            a committed batch: record frames as in a WAL segment
 //
@@ -14,8 +15,12 @@
 // its lease has lapsed (or another lockd owns the prefix) nothing it sends is committed. It
 // also stops by itself before that can happen: it renews the lease every third of its TTL and
 // holds the ownership only until the send time of the last renewal etcd answered + TTL x (1 -
-// margin), on the boot-time clock (ADR-006's client rule). Past that deadline the log enters
-// its fault state: lockd answers nothing that depends on its state until restarted.
+// margin), on the boot-time clock (ADR-006's client rule), and only while P/owner, read after
+// each renewal, is still the key it created on that lease. Past that deadline the log enters
+// its fault state: lockd answers nothing that depends on its state until restarted. It also
+// watches P/owner: any change of it (deleted by hand, overwritten) ends the ownership at once.
+// A lockd taking over after P/owner went away while the lease it was on still lives (deleted
+// by hand) revokes that lease and waits its TTL before it restores anything.
 //
 // Batches are grouped as in the local log (the records that pile up while a transaction is in
 // flight go in the next), split into keys of at most max_value_bytes. After a snapshot the log
@@ -91,12 +96,13 @@ absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(const std::string& l
 absl::Status InitEtcdPrefix(const EtcdCommitLogOptions& options);
 
 // Takes ownership of options.prefix (waiting up to owner_wait for a previous owner's lease),
-// restores the state as of server time `now` (every restored lease gets its full TTL), reserves
+// restores the state as of the moment it owns the prefix, on options.now (every restored lease
+// gets its full TTL; the core gives it again when it begins to serve), reserves
 // a block of tokens and session ids above everything restored, and returns the log. Errors:
 // kNotFound (not initialized), kFailedPrecondition (another lockd owns the prefix, naming it;
 // an unsupported format), kDataLoss (damaged state, naming the key), kUnavailable (etcd).
 absl::StatusOr<OpenedCommitLog> OpenEtcdCommitLog(const EtcdCommitLogOptions& options,
-                                                  MonoTime now, PostToOwner post);
+                                                  PostToOwner post);
 
 }  // namespace fencelock::server
 

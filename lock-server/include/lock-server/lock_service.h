@@ -209,6 +209,10 @@ class LockService {
   // Every session and lock lease ends `d` later (waits are not moved): for time the server
   // itself did not run. See StateMachine::PostponeExpiries.
   void PostponeLeases(absl::Duration d) { state_.PostponeExpiries(d); }
+  // Every session, lock lease and provisional pool lease runs at least its full TTL from
+  // `now`: for the moment a restored state begins to be served. See
+  // StateMachine::RestartLeases.
+  void RestartLeases(MonoTime now) { state_.RestartLeases(now); }
 
   // When Advance() next has something to do; MonoTime::Max() if nothing is pending.
   MonoTime NextDeadline() const;

@@ -127,7 +127,9 @@ class ServerCore {
   ServerCore(const ServerCore&) = delete;
   ServerCore& operator=(const ServerCore&) = delete;
 
-  // Arms the expiry timer and the stall watch.
+  // Gives every restored session, lock lease and provisional pool lease its full TTL from now
+  // (the state may have been restored long before: a standby's wait, a slow restore), then
+  // arms the expiry timer and the stall watch.
   void Start();
   // Cancels every timer; connections are left to the transport (which disconnects them).
   void Stop();

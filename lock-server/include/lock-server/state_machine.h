@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <variant>
@@ -39,12 +40,17 @@ namespace record {
 struct SessionOpened {
   SessionId session;
   absl::Duration ttl;
-  // What resumes the session on another connection (ResumeSession): random bytes given only
-  // to the opener. Empty for sessions logged before secrets existed: those cannot be resumed.
-  std::string secret;
+  // SessionSecretDigest() of what resumes the session on another connection (ResumeSession):
+  // random bytes given only to the opener, and kept nowhere, neither in memory nor in the log.
+  // Empty for sessions logged before secrets existed: those cannot be resumed.
+  std::string secret_digest;
   // The authenticated identity that opened it ("uid:1000" on the Unix socket); empty when the
   // connection had none (plaintext TCP). Only this identity may drive the session.
   std::string owner;
+  // Decoded from a record or snapshot written before secrets were kept as digests, which held
+  // the secret itself: the digest was computed as it was read. The state counts these
+  // (StateMachine::secrets_read_in_clear) so that lockd rewrites its state without them.
+  bool read_in_clear = false;
 };
 struct SessionRenewed {
   SessionId session;
@@ -147,6 +153,12 @@ struct PoolDrainSet {
 };
 }  // namespace record
 
+// What the state keeps of a session's secret: SHA-256 over a domain label, the session id and
+// the secret. It checks a secret presented on resume and does not give the secret back, so
+// whoever reads the log, a snapshot or etcd's keys cannot resume another's session. Empty for
+// an empty secret (a session that cannot be resumed).
+std::string SessionSecretDigest(SessionId session, std::string_view secret);
+
 using Record = std::variant<record::SessionOpened, record::SessionRenewed, record::SessionEnded,
                             record::LockGranted, record::LockRenewed, record::LockReleased,
                             record::PoolPolicyPublished, record::PoolProfileClaimed,
@@ -159,7 +171,7 @@ struct SessionState {
   absl::Duration ttl;
   MonoTime expires_at;
   absl::btree_set<std::string> locks;  // names of the locks this session holds
-  std::string secret;  // see record::SessionOpened
+  std::string secret_digest;  // see record::SessionOpened
   std::string owner;
 };
 
@@ -188,6 +200,13 @@ class StateMachine {
   // makes a holder look held longer, never shorter. lockd uses it after a stall of its own.
   void PostponeExpiries(absl::Duration d);
 
+  // Gives every session, lock lease and provisional pool lease its full TTL from `now`, unless
+  // it already ends later. Not a record, for the same reason. lockd calls it at the moment it
+  // begins to serve a restored state: however long the restore or a standby's wait took, a
+  // restored lease then runs at least its TTL from there, so a holder's own deadline (which
+  // ran from a request sent before the restore) always ends first.
+  void RestartLeases(MonoTime now);
+
   // Null when absent. Pointers are invalidated by the next Apply().
   const SessionState* FindSession(SessionId id) const;
   const HolderState* FindHolder(const std::string& lock) const;
@@ -206,6 +225,10 @@ class StateMachine {
   SessionId last_session_id() const { return last_session_id_; }
   size_t session_count() const { return sessions_.size(); }
   size_t held_lock_count() const { return holders_.size(); }
+  // Sessions restored from records or snapshots that held their secret in clear (written
+  // before digests); lockd writes a snapshot at once when there are any, so that the files or
+  // keys that held them are dropped.
+  uint64_t secrets_read_in_clear() const { return secrets_read_in_clear_; }
 
   // The earliest session or lock lease expiry, or MonoTime::Max() when nothing can expire.
   MonoTime NextExpiry() const;
@@ -273,6 +296,7 @@ class StateMachine {
   std::set<std::tuple<MonoTime, std::string, std::string, std::string>> pool_expiry_;
   FenceToken last_token_ = 0;
   SessionId last_session_id_ = 0;
+  uint64_t secrets_read_in_clear_ = 0;
 };
 
 }  // namespace fencelock::server
