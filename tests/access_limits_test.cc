@@ -5,9 +5,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "clock/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lockd_process.h"
@@ -221,6 +226,28 @@ TEST(LimitsTest, ConnectionLimitRefusesOnlyTheExtraConnection) {
     if (code == wire::LIMIT_EXCEEDED) absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(code, wire::OK);
+}
+
+// Issue 33: one user filled its share of connections and kept connecting. Each refused
+// connection was held up to a second outside every limit, lockd ran out of descriptors, its
+// next COMMITTED write failed, and it refused every acquire until restarted. Refusals now hold
+// at most their own share of descriptors: a flood never reaches lockd's storage, and admitted
+// clients are served throughout.
+TEST(LimitsTest, AFloodOfConnectsNeverEndsServiceToAdmittedClients) {
+  std::unique_ptr<LockdProcess> lockd;
+  {
+    testing::FewerOpenFiles limit(256);  // lockd's limit: a burst of 500 would pass it
+    lockd = std::make_unique<LockdProcess>(
+        LockdProcess::Options{.extra_args = {"--max-connections=8"}});
+  }
+  RawConnection worker = RawConnection::Tcp(lockd->port());
+  const uint64_t session = worker.HelloAndOpenSession(absl::Seconds(60));
+  const testing::FloodOutcome flood =
+      testing::CyclesDuringAFlood(worker, session, "flooded", lockd->port());
+  std::printf("%d acquire + release cycles during a flood of %lu connects\n", flood.cycles,
+              static_cast<unsigned long>(flood.connects));
+  EXPECT_GT(flood.connects, 1000u) << "the flood was too small to show anything";
+  EXPECT_EQ(worker.Call(Stats()).stats().disk_fault(), "");
 }
 
 TEST(LimitsTest, SessionsPerConnectionLimitRefusesOnlyThatConnection) {

@@ -10,10 +10,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "clock/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lock-client/client.h"
@@ -253,6 +258,30 @@ TEST_F(TlsTest, ClientsRefuseAServerTheirCaDidNotSignOrThatHasAnotherName) {
        .tls = ClientContext(Certs().Client("worker-1")),
        .tls_server_name = "lockd"});
   EXPECT_TRUE(named.ok()) << named.status();
+}
+
+// Issue 33: over TLS, connects with no certificate at all (each refused one held for its
+// handshake and a linger, outside every limit) ran lockd out of descriptors and into its
+// disk-fault state. Refusals now hold at most their own share: an admitted worker is served
+// throughout the flood.
+TEST_F(TlsTest, AFloodOfConnectsWithoutCertificatesNeverEndsService) {
+  std::unique_ptr<LockdProcess> small;
+  {
+    testing::FewerOpenFiles limit(256);
+    std::vector<std::string> args = ServeArgs(Certs().a(), "lockd");
+    args.push_back("--max-connections=8");
+    small = std::make_unique<LockdProcess>(LockdProcess::Options{
+        .extra_args = args, .stderr_file = tmp_.path() + "/small.stderr"});
+  }
+  RawConnection worker =
+      RawConnection::Tls(small->port(), ClientContext(Certs().Client("worker-1")));
+  const uint64_t session = worker.HelloAndOpenSession(absl::Seconds(60));
+  const testing::FloodOutcome flood =
+      testing::CyclesDuringAFlood(worker, session, "payout/flooded", small->port());
+  std::printf("%d acquire + release cycles over TLS during a flood of %lu connects\n",
+              flood.cycles, static_cast<unsigned long>(flood.connects));
+  EXPECT_GT(flood.connects, 1000u) << "the flood was too small to show anything";
+  EXPECT_EQ(worker.Call(request::GetStats()).stats().disk_fault(), "");
 }
 
 TEST_F(TlsTest, APlaintextClientOnTheTlsPortIsToldSoInPlaintext) {

@@ -25,6 +25,11 @@ absl::Status ErrnoStatus(const char* op, const std::string& path, int err) {
     case EACCES:
     case EPERM:
       return absl::PermissionDeniedError(message);
+    case EMFILE:
+    case ENFILE:
+      // The process (or the system) is out of descriptors: nothing was opened, so nothing
+      // was done; the caller may try again (OutOfDescriptors).
+      return absl::UnavailableError(message);
     default:
       return absl::InternalError(message);
   }

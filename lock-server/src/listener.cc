@@ -141,18 +141,19 @@ Listener::~Listener() {
 }
 
 absl::Status EnsureDescriptorBudget(uint64_t max_connections, std::string* raised) {
-  const uint64_t needed = max_connections + kReservedDescriptors;
+  const uint64_t needed = max_connections + kMaxRefusingConnections + kReservedDescriptors;
   rlimit limit{};
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) {
     return absl::InternalError(absl::StrCat("getrlimit(RLIMIT_NOFILE): ", std::strerror(errno)));
   }
   if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= needed) return absl::OkStatus();
   if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < needed) {
-    const uint64_t most =
-        limit.rlim_max > kReservedDescriptors ? limit.rlim_max - kReservedDescriptors : 0;
+    const uint64_t own = kMaxRefusingConnections + kReservedDescriptors;
+    const uint64_t most = limit.rlim_max > own ? limit.rlim_max - own : 0;
     return absl::InvalidArgumentError(absl::StrCat(
-        "--max-connections=", max_connections, " needs ", needed,
-        " open files (", kReservedDescriptors, " for lockd itself), but the hard limit is ",
+        "--max-connections=", max_connections, " needs ", needed, " open files (",
+        kReservedDescriptors, " for lockd itself, ", kMaxRefusingConnections,
+        " for connections being refused), but the hard limit is ",
         limit.rlim_max, ": lower --max-connections to at most ", most,
         " or raise the limit (ulimit -Hn, or LimitNOFILE= under systemd)"));
   }
@@ -310,10 +311,29 @@ asio::awaitable<void> Listener::AcceptLoop(Acceptor& acceptor) {
       ++per_peer_[peer];
     } else {
       peer.clear();
+      if (refusing_ >= kMaxRefusingConnections) {
+        // Refusals in progress already hold their share of descriptors: this one is told in
+        // one non-blocking send, if at all (never over TLS, which needs a handshake first),
+        // and closed at once. A flood of connects then costs lockd no descriptor beyond the
+        // share, so its log's files can always be opened and admitted clients are served.
+        if (!tls_context_ || kUnix) {
+          const std::string frame = ErrorFrame(refused);
+          (void)::send(socket.native_handle(), frame.data(), frame.size(),
+                       MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
+        socket.close(ec);
+        core_->CountTransportEvent(TransportEvent::kRefused);
+        Log("refused at once",
+            absl::StrCat("refused connection ", id, " at once: ", refused.message(), " (",
+                         kMaxRefusingConnections, " refusals are already under way)"));
+        continue;
+      }
+      ++refusing_;
     }
     auto connection = std::make_shared<AsioConnection>(
         core_, Socket(std::move(socket)), budget_,
-        [this, id, peer](AsioConnection*, CloseReason reason) {
+        [this, id, peer, admitted](AsioConnection*, CloseReason reason) {
+          if (!admitted) --refusing_;
           if (!peer.empty()) {
             --admitted_;
             if (--per_peer_[peer] == 0) per_peer_.erase(peer);

@@ -80,6 +80,7 @@ class Listener {
   bool stopping_ = false;
   uint64_t last_id_ = 0;
   size_t admitted_ = 0;  // open connections that count against max_connections
+  size_t refusing_ = 0;  // refused connections still being told why (at most the share)
   std::map<std::string, size_t> per_peer_;  // admitted connections by PeerIdentity()
   std::map<uint64_t, std::weak_ptr<AsioConnection>> open_;
   int spare_fd_ = -1;  // held open to be given up when accept() runs out of descriptors
@@ -91,6 +92,9 @@ class Listener {
 // Descriptors lockd needs besides its connections: listeners, the log's files, the event
 // loop's own, the metrics endpoint's, the spare one.
 inline constexpr uint64_t kReservedDescriptors = 64;
+// Refused connections being told why at once (an error frame, after a TLS handshake over TLS,
+// and a linger of up to a second each). Past that, a refused connection is closed at once.
+inline constexpr uint64_t kMaxRefusingConnections = 64;
 
 // Makes sure the process may open what `max_connections` needs: raises the soft limit on open
 // files up to the hard one if it must. kInvalidArgument, naming the limit and the flag, if

@@ -85,8 +85,15 @@ class LocalCommitLog final : public CommitLog {
   void WriterLoop();
   // One queued job, for an injected schedule_writer; schedules the next if there is one.
   void RunScheduledJob();
-  // Runs `job` unless the writer already failed; records the first failure.
+  // Runs `job` unless the writer already failed; records the first failure. Writer only: a
+  // job that ran out of descriptors is run again until it gets them or the log stops.
   absl::Status RunJob(Job& job);
+  // Runs `job` once unless the writer already failed.
+  absl::Status RunJobOnce(Job& job);
+  // The first failure becomes the writer's fault, said once.
+  void RecordFault(const absl::Status& s);
+  bool Stopping();
+  void Warn(const std::string& line);
   bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_ || !jobs_.empty();
   }
@@ -301,24 +308,58 @@ void LocalCommitLog::SendPending() {
   Enqueue(std::move(job));
 }
 
-absl::Status LocalCommitLog::RunJob(Job& job) {
+absl::Status LocalCommitLog::RunJobOnce(Job& job) {
   // After the first failure nothing more is written: the disk state stays exactly what
   // recovery will find, and nothing queued behind the failure is acknowledged.
-  absl::Status s = !writer_fault_.ok() ? writer_fault_
-                   : job.batch ? WriteBatch(*job.batch->bytes, job.batch->last_lsn,
-                                            job.batch->rotated.get(), job.batch->records)
-                               : job.run();
-  if (!s.ok() && writer_fault_.ok()) {
-    writer_fault_ = s;
-    const std::string line =
-        absl::StrCat("disk fault, no longer accepting mutations: ", s.ToString());
-    if (options_.log) {
-      options_.log(line);
-    } else {
-      logging::Lockd().Error(line);
-    }
+  return !writer_fault_.ok() ? writer_fault_
+         : job.batch ? WriteBatch(*job.batch->bytes, job.batch->last_lsn,
+                                  job.batch->rotated.get(), job.batch->records)
+                     : job.run();
+}
+
+bool LocalCommitLog::Stopping() {
+  absl::MutexLock lock(&mu_);
+  return stopping_;
+}
+
+void LocalCommitLog::Warn(const std::string& line) {
+  if (options_.log) {
+    options_.log(line);
+  } else {
+    logging::Lockd().Warning(line);
   }
+}
+
+absl::Status LocalCommitLog::RunJob(Job& job) {
+  absl::Status s = RunJobOnce(job);
+  // Out of descriptors (a flood of connections, or anything else in the process) is not a
+  // disk fault: the job did nothing durable, so it runs again once descriptors are back, and
+  // the replies behind it wait meanwhile. The writer thread waits; an injected writer's disk
+  // never runs out of them. A log that is stopping gives up.
+  for (absl::Duration pause = absl::Milliseconds(10);
+       OutOfDescriptors(s) && !options_.schedule_writer && !Stopping();
+       pause = std::min(pause * 2, absl::Milliseconds(200))) {
+    if (pause == absl::Milliseconds(10)) {
+      Warn(absl::StrCat("out of file descriptors (", s.message(),
+                        "); the commit waits and tries again"));
+    }
+    absl::SleepFor(pause);
+    s = RunJobOnce(job);
+  }
+  RecordFault(s);
   return s;
+}
+
+void LocalCommitLog::RecordFault(const absl::Status& s) {
+  if (s.ok() || !writer_fault_.ok()) return;
+  writer_fault_ = s;
+  const std::string line =
+      absl::StrCat("disk fault, no longer accepting mutations: ", s.ToString());
+  if (options_.log) {
+    options_.log(line);
+  } else {
+    logging::Lockd().Error(line);
+  }
 }
 
 bool LocalCommitLog::RunInlineIfIdle(Job& job) {
@@ -328,7 +369,11 @@ bool LocalCommitLog::RunInlineIfIdle(Job& job) {
     if (!jobs_.empty() || writer_busy_ || !writer_fault_.ok()) return false;
     // Holding mu_ keeps the writer from starting anything while the owner uses the writer's
     // state; only the owner enqueues, and it is here.
-    s = RunJob(job);
+    s = RunJobOnce(job);
+    // Out of descriptors: the writer runs it again until they are back (RunJob); the owner
+    // never waits.
+    if (OutOfDescriptors(s) && !options_.schedule_writer) return false;
+    RecordFault(s);
   }
   job.done(s);
   return true;

@@ -2,6 +2,7 @@
 // in-memory Env, with the lock service producing the records as it does in lockd.
 #include "lock-server/local_commit_log.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -298,6 +299,60 @@ TEST_F(DurableLogTest, RotationTakesASnapshotAndDropsWhatItCovers) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_GT(r->report.snapshot_lsn, 0u);
   EXPECT_EQ(r->state.DebugString(), before);  // the floors may only be higher
+}
+
+// A MemEnv whose next `n` file creations fail as when the process is out of descriptors.
+class DescriptorStarvedEnv final : public MemEnv {
+ public:
+  void Starve(int n) { starved_ = n; }
+  int refused() const { return refused_; }
+  absl::Status WriteFileAtomically(const std::string& path, std::string_view contents) override {
+    if (absl::Status s = Refuse(path); !s.ok()) return s;
+    return MemEnv::WriteFileAtomically(path, contents);
+  }
+  absl::StatusOr<std::unique_ptr<SegmentFile>> CreateSegment(const std::string& path,
+                                                             std::string_view header,
+                                                             uint64_t size) override {
+    if (absl::Status s = Refuse(path); !s.ok()) return s;
+    return MemEnv::CreateSegment(path, header, size);
+  }
+
+ private:
+  absl::Status Refuse(const std::string& path) {
+    if (starved_.load() <= 0) return absl::OkStatus();
+    --starved_;
+    ++refused_;
+    return absl::UnavailableError(absl::StrCat("create ", path, ".tmp: Too many open files"));
+  }
+  std::atomic<int> starved_{0};
+  std::atomic<int> refused_{0};
+};
+
+// Issue 33: a flood of connections took every descriptor, lockd's next COMMITTED write failed
+// with EMFILE, and lockd entered its disk-fault state for good. Running out of descriptors
+// is not a disk fault: the write is tried again, and nothing is lost or refused.
+TEST_F(DurableLogTest, RunningOutOfDescriptorsIsWaitedOutNotAFault) {
+  DescriptorStarvedEnv env;
+  ASSERT_TRUE(InitDataDir(&env, kDir, 4096).ok());
+  std::vector<std::string> said;
+  Start(&env, 4096, 100, [&said](LocalCommitLogOptions& o) {
+    o.log = [&said](const std::string& line) { said.push_back(line); };
+  });
+  env.Starve(6);  // segments, snapshots and marks alike
+  for (int round = 0; round < 10; ++round) {
+    Workload(9, round);
+    WaitDurable();
+  }
+  EXPECT_TRUE(fault_.ok()) << fault_;
+  EXPECT_EQ(env.refused(), 6);
+  EXPECT_GT(log_->stats().segment, 1u) << "no segment was created: the test shows nothing";
+  ASSERT_FALSE(said.empty());
+  EXPECT_THAT(said[0], HasSubstr("out of file descriptors"));
+  const std::string before = service_->state().DebugString();
+  Stop();
+  auto r = Recover(&env, kDir, kNow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state.DebugString(), before);
 }
 
 TEST_F(DurableLogTest, ReservationIsDurableBeforeTheGrantItCovers) {

@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -13,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <thread>
 
 #include "clock/clock.h"
 #include "gtest/gtest.h"
@@ -41,6 +44,78 @@ int ConnectLoopback(int port) {
     return -1;
   }
   return fd;
+}
+
+uint64_t FloodConnects(int port, absl::Duration duration, size_t burst, absl::Duration hold) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::deque<int> open;
+  uint64_t made = 0;
+  const MonoTime end = Clock::Real()->Now() + duration;
+  while (Clock::Real()->Now() < end) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+      absl::SleepFor(absl::Milliseconds(1));
+      continue;
+    }
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
+        errno != EINPROGRESS) {
+      close(fd);
+      absl::SleepFor(absl::Milliseconds(1));  // the backlog is full: a moment
+      continue;
+    }
+    ++made;
+    open.push_back(fd);
+    if (open.size() >= burst) {
+      absl::SleepFor(std::min(hold, end - Clock::Real()->Now()));
+      for (int held : open) close(held);
+      open.clear();
+    }
+  }
+  for (int fd : open) close(fd);
+  return made;
+}
+
+FloodOutcome CyclesDuringAFlood(RawConnection& worker, uint64_t session, const std::string& lock,
+                                int port) {
+  FloodOutcome out;
+  std::thread flood([&] {
+    out.connects = FloodConnects(port, absl::Seconds(3), 500, absl::Milliseconds(1200));
+  });
+  const MonoTime end = Clock::Real()->Now() + absl::Milliseconds(3500);
+  while (Clock::Real()->Now() < end) {
+    const wire::Response r = worker.Call(request::Acquire(session, lock));
+    if (!r.acquire().granted()) {
+      ADD_FAILURE() << "after " << out.cycles << " cycles: " << r.ShortDebugString();
+      break;
+    }
+    const wire::Response released =
+        worker.Call(request::Release(session, lock, r.acquire().token()));
+    if (released.code() != wire::OK) {
+      ADD_FAILURE() << "after " << out.cycles << " cycles: " << released.ShortDebugString();
+      break;
+    }
+    ++out.cycles;
+  }
+  flood.join();
+  return out;
+}
+
+FewerOpenFiles::FewerOpenFiles(uint64_t files) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) Die("getrlimit");
+  saved_ = limit.rlim_cur;
+  limit.rlim_cur = files;
+  if (setrlimit(RLIMIT_NOFILE, &limit) != 0) Die("setrlimit");
+}
+
+FewerOpenFiles::~FewerOpenFiles() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  limit.rlim_cur = saved_;
+  (void)setrlimit(RLIMIT_NOFILE, &limit);
 }
 
 int FreeLoopbackPort() {

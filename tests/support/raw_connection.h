@@ -17,6 +17,36 @@
 
 namespace fencelock::testing {
 
+// Floods 127.0.0.1:`port` with connects for `duration`, as one user holding as many
+// connections as it can would: bursts of `burst` non-blocking connects that never read or
+// write, each burst held open for `hold`, then closed. Returns how many connects it made.
+uint64_t FloodConnects(int port, absl::Duration duration, size_t burst, absl::Duration hold);
+
+// Acquires and releases `lock` with `session` on `worker`, one cycle after the other, for 3.5 s
+// while FloodConnects floods `port` (bursts of 500 held 1.2 s, for 3 s), so that lockd commits,
+// and writes its COMMITTED mark, throughout. Fails the test at the first cycle that is not
+// granted or not released. Returns the cycles done and the connects made.
+class RawConnection;
+struct FloodOutcome {
+  int cycles = 0;
+  uint64_t connects = 0;
+};
+FloodOutcome CyclesDuringAFlood(RawConnection& worker, uint64_t session, const std::string& lock,
+                                int port);
+
+// While it lives, processes this one starts may open at most `files` descriptors (the soft
+// RLIMIT_NOFILE, inherited at fork), so that a test can run a server out of them.
+class FewerOpenFiles {
+ public:
+  explicit FewerOpenFiles(uint64_t files);
+  ~FewerOpenFiles();
+  FewerOpenFiles(const FewerOpenFiles&) = delete;
+  FewerOpenFiles& operator=(const FewerOpenFiles&) = delete;
+
+ private:
+  uint64_t saved_;
+};
+
 // A TCP port on 127.0.0.1 that was free a moment ago (for servers that cannot report theirs).
 int FreeLoopbackPort();
 

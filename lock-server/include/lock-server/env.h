@@ -4,7 +4,9 @@
 // lock-server/testing/test_envs.h, outside every production target).
 //
 // Every operation that makes something durable says so; nothing else syncs. Implementations
-// are thread-safe.
+// are thread-safe. An operation that could not open a file or directory because the process
+// (or the system) ran out of descriptors fails with kUnavailable (OutOfDescriptors()); it then
+// left nothing that a second try of the same operation would trip over.
 #ifndef FENCELOCK_LOCK_SERVER_ENV_H_
 #define FENCELOCK_LOCK_SERVER_ENV_H_
 
@@ -35,6 +37,10 @@ class FileLock {
  public:
   virtual ~FileLock() = default;
 };
+
+// True for an Env failure that only lacked a file descriptor (EMFILE, ENFILE): worth trying
+// again once descriptors are free, and no sign of a damaged disk.
+inline bool OutOfDescriptors(const absl::Status& s) { return absl::IsUnavailable(s); }
 
 class Env {
  public:
