@@ -229,6 +229,15 @@ TEST(StateDirectoryTest, ASecondLockdOnTheSameDirectoryIsRefusedNamingTheFirst) 
   EXPECT_THAT(err, ::testing::HasSubstr("one state directory has exactly one server"));
   testing::RawConnection still = testing::RawConnection::Tcp(first.port());
   EXPECT_EQ(still.Hello().code(), wire::OK);  // the first keeps serving
+  // Issue 33: removing the LOCK file let a second lockd serve the same directory. The
+  // directory itself is locked: the second is still refused, naming the first if it can.
+  ASSERT_TRUE(std::filesystem::remove(first.data_dir() + "/LOCK"));
+  auto [unlocked_status, unlocked_err] = testing::RunLockdToExit(
+      {"serve", "--data-dir=" + first.data_dir(), "--port=0", "--metrics-port=-1"});
+  EXPECT_EQ(WEXITSTATUS(unlocked_status), 1);
+  EXPECT_THAT(unlocked_err, ::testing::HasSubstr("LOCK is missing or empty"));
+  EXPECT_THAT(unlocked_err, ::testing::HasSubstr("one state directory has exactly one server"));
+  EXPECT_EQ(testing::RawConnection::Tcp(first.port()).Hello().code(), wire::OK);
   // A killed lockd holds nothing: the directory can be served again at once.
   first.Kill();
   first.Restart();

@@ -93,8 +93,29 @@ TEST(LockctlTest, WithoutTheInspectRightHoldersAndTokensAreNotShown) {
   EXPECT_THAT(locks, ::testing::ContainsRegex("payout-77 +- +- "));
   EXPECT_THAT(locks, Not(HasSubstr(absl::StrCat(" ", held->token(), " "))));
   auto [sessions_rc, sessions] = Lockctl(server + " sessions");
-  EXPECT_NE(sessions_rc, 0);
+  // A refusal has its own exit status, not 1 ("lockd unreachable"): issue 33.
+  EXPECT_EQ(sessions_rc, 7) << sessions;
+  EXPECT_THAT(sessions, HasSubstr("PERMISSION_DENIED: "));
   EXPECT_THAT(sessions, HasSubstr("may list locks but not sessions"));
+}
+
+// Issue 33: a full pool table was reported as UNAVAILABLE, lockctl's exit status for an
+// unreachable lockd. Each kind of refusal has its own; unreachable stays 1.
+TEST(LockctlTest, RefusalsAndAnUnreachableLockdExitDifferently) {
+  testing::LockdProcess lockd;
+  const std::string server = "--server=" + lockd.tcp_address();
+  for (int i = 0; i < 64; ++i) {
+    auto [rc, out] = Lockctl(absl::StrCat(server, " pool publish --pool=p", i,
+                                          " --generation=1 --budget=1 --profiles=a"));
+    ASSERT_EQ(rc, 0) << out;
+  }
+  auto [full_rc, full] =
+      Lockctl(server + " pool publish --pool=one-too-many --generation=1 --budget=1 --profiles=a");
+  EXPECT_EQ(full_rc, 9) << full;
+  EXPECT_THAT(full, HasSubstr("LIMIT_EXCEEDED"));
+  auto [gone_rc, gone] = Lockctl(absl::StrCat("--server=127.0.0.1:", testing::FreeLoopbackPort(),
+                                              " --timeout=2s status"));
+  EXPECT_EQ(gone_rc, 1) << gone;
 }
 
 TEST(LockctlTest, AStateLargerThanAFrameIsListedPageByPage) {
@@ -141,11 +162,12 @@ TEST(LockctlTest, AFrozenLockdMakesLockctlGiveUpNotHang) {
 }
 
 TEST(LockctlTest, BadAddressesAndTimeoutsAreRefused) {
+  // A bad address is a usage error (exit 2), not an unreachable lockd (exit 1).
   auto [rc, out] = Lockctl("--server=nocolon status");
-  EXPECT_EQ(rc, 1);
+  EXPECT_EQ(rc, 2);
   EXPECT_THAT(out, HasSubstr("bad lockd address \"nocolon\""));
   auto [unix_rc, unix_out] = Lockctl("--server=unix:/" + std::string(200, 'x') + " status");
-  EXPECT_EQ(unix_rc, 1);
+  EXPECT_EQ(unix_rc, 2);
   EXPECT_THAT(unix_out, HasSubstr("must be 1 to 107 bytes"));
   auto [timeout_rc, timeout_out] = Lockctl("--server=127.0.0.1:1 --timeout=0s status");
   EXPECT_EQ(timeout_rc, 2);

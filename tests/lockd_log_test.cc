@@ -80,5 +80,31 @@ TEST_F(LockdLogTest, TheLogLevelFlagChoosesTheLeastLevelWritten) {
   EXPECT_THAT(bad.out, IsEmpty());
 }
 
+// Issue 33: the line saying that recovery dropped bytes at the end of the log was an info line,
+// so --log-level=warning hid it. Whatever recovery drops or ignores is a warning.
+TEST_F(LockdLogTest, WhatRecoveryDroppedIsAWarning) {
+  ASSERT_EQ(Lockd("init --wal-segment-bytes=65536 --data-dir=" + dir_ + "/torn").exit_code, 0);
+  {
+    // Bytes that are no record where the first record would go: a torn append.
+    std::fstream wal(dir_ + "/torn/wal-00000000000000000001",
+                     std::ios::in | std::ios::out | std::ios::binary);
+    wal.seekp(32);
+    wal << "not a record";
+  }
+  // Served until it listens, then stopped.
+  const std::string serve = std::string(LOCKD_BINARY) +
+                            " serve --log-level=warning --port=0 --metrics-port=-1 --data-dir=" +
+                            dir_ + "/torn --port-file=" + dir_ + "/port >" + dir_ + "/out 2>" +
+                            dir_ + "/err & pid=$!; for i in $(seq 200); do [ -s " + dir_ +
+                            "/port ] && break; sleep 0.05; done; kill $pid; wait $pid";
+  ASSERT_EQ(std::system(serve.c_str()), 0);
+  const Outcome served{0, Read("out"), Read("err")};
+  EXPECT_TRUE(std::regex_search(
+      served.err, std::regex(std::string(kStamp) + "warning lockd: .*wal-00000000000000000001: "
+                             "offset 32: dropped 12 bytes after the last valid record")))
+      << served.err;
+  EXPECT_THAT(served.out, IsEmpty());
+}
+
 }  // namespace
 }  // namespace fencelock

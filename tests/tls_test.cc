@@ -290,6 +290,13 @@ TEST_F(TlsTest, APlaintextClientOnTheTlsPortIsToldSoInPlaintext) {
   EXPECT_THAT(plain.status().message(), HasSubstr("lockd serves TLS on this port"));
   auto client = Client::Create({.server = absl::StrCat("127.0.0.1:", lockd_->port())});
   EXPECT_THAT(client.status().message(), HasSubstr("lockd serves TLS on this port"));
+  // The code is the one docs/contracts.md names (issue 33: it was UNSUPPORTED_VERSION).
+  testing::RawConnection raw = testing::RawConnection::Tcp(lockd_->port());
+  ASSERT_TRUE(raw.SendRequest(testing::request::Hello()));
+  const std::optional<wire::Response> refused = raw.ReadResponse();
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code(), wire::FAILED_PRECONDITION) << refused->ShortDebugString();
+  EXPECT_EQ(refused->request_id(), 0u);
 }
 
 TEST_F(TlsTest, OneIdentityCannotDriveAnothersSessionEvenWithItsIdTokenAndSecret) {

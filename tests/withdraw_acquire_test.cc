@@ -91,6 +91,49 @@ TEST_F(WithdrawAcquireTest, AWithdrawnWaiterIsAnsweredCancelledAndNeverGranted) 
   EXPECT_FALSE(again.withdraw_acquire().withdrawn());
 }
 
+// Issue 33: an Acquire sent with the request id of one still waiting replaced it in lockd's
+// index, and a session resumed on another connection left its waiter behind; neither waiter
+// could be withdrawn any more. Now the second Acquire is refused, and resuming elsewhere
+// cancels the session's waiters, answered on the connection that sent them.
+TEST_F(WithdrawAcquireTest, NoWaitingAcquireIsLeftThatCannotBeWithdrawn) {
+  RawConnection holder = RawConnection::Tcp(lockd_.port());
+  const uint64_t holder_session = holder.HelloAndOpenSession(absl::Seconds(60));
+  ASSERT_TRUE(holder.Call(request::Acquire(holder_session, "w")).acquire().granted());
+
+  RawConnection a = RawConnection::Tcp(lockd_.port());
+  a.Hello();
+  const wire::Response opened = a.Call(request::OpenSession(absl::Seconds(60)));
+  ASSERT_EQ(opened.code(), wire::OK);
+  const uint64_t session = opened.open_session().session_id();
+  wire::Request first = request::Acquire(session, "w", absl::Seconds(60));
+  first.set_request_id(7);
+  ASSERT_TRUE(a.SendRequest(first));
+  EXPECT_FALSE(a.ReadResponse(absl::Milliseconds(200)).has_value());  // it queues
+  wire::Request again = request::Acquire(session, "w2", absl::Seconds(60));
+  again.set_request_id(7);
+  ASSERT_TRUE(a.SendRequest(again));
+  std::optional<wire::Response> refused = a.ReadResponse();
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code(), wire::INVALID_ARGUMENT);
+  EXPECT_THAT(refused->message(), HasSubstr("request id 7 already names an Acquire that waits"));
+  EXPECT_EQ(Stats().waiters(), 1u);
+
+  // The session moves to connection B (its client reconnected; A is still open).
+  RawConnection b = RawConnection::Tcp(lockd_.port());
+  b.Hello();
+  ASSERT_EQ(b.Call(request::Resume(session, opened.open_session().secret())).code(), wire::OK);
+  std::optional<wire::Response> cancelled = a.ReadResponse();
+  ASSERT_TRUE(cancelled.has_value());
+  EXPECT_EQ(cancelled->request_id(), 7u);
+  EXPECT_EQ(cancelled->code(), wire::CANCELLED);
+  EXPECT_THAT(cancelled->message(), HasSubstr("resumed on another connection"));
+  EXPECT_EQ(Stats().waiters(), 0u);
+  // Withdrawing it from B finds nothing waiting; the lock, once free, goes to nobody.
+  wire::Response none = b.Call(request::WithdrawAcquire(session, 7));
+  EXPECT_EQ(none.code(), wire::OK) << none.message();
+  EXPECT_FALSE(none.withdraw_acquire().withdrawn());
+}
+
 TEST_F(WithdrawAcquireTest, AnOlderVersionIsToldAndKeepsItsConnection) {
   RawConnection old = RawConnection::Tcp(lockd_.port());
   wire::Request hello = request::Hello();

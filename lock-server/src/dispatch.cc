@@ -183,6 +183,13 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
         return finish(service.Deny(absl::StrCat("may not acquire \"", a.lock(), "\": ",
                                                 host.permissions().DescribeAcquire(conn.caller.identity))));
       }
+      if (conn.queued.contains(req.request_id())) {
+        // Its reply, and WithdrawAcquire, could no longer tell the two apart.
+        return finish(absl::InvalidArgumentError(absl::StrCat(
+            "request id ", req.request_id(),
+            " already names an Acquire that waits on this connection; a waiting Acquire's "
+            "request id must be unique on its connection")));
+      }
       const WaiterId waiter_id = host.NextWaiterId();
       auto result = service.Acquire(a.session_id(), a.lock(), FromMillis(a.ttl_ms()),
                                     FromMillis(a.wait_timeout_ms()), waiter_id, now);

@@ -74,10 +74,14 @@ class PosixSegment final : public SegmentFile {
 
 class PosixFileLock final : public FileLock {
  public:
-  explicit PosixFileLock(int fd) : fd_(fd) {}
-  ~PosixFileLock() override { close(fd_); }  // closing the descriptor releases the flock
+  PosixFileLock(int dir_fd, int fd) : dir_fd_(dir_fd), fd_(fd) {}
+  ~PosixFileLock() override {  // closing the descriptors releases the flocks
+    close(fd_);
+    close(dir_fd_);
+  }
 
  private:
+  int dir_fd_;
   int fd_;
 };
 
@@ -173,13 +177,36 @@ class PosixEnv final : public Env {
 
   absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path,
                                                      const std::string& owner) override {
+    // The directory that holds the file is locked too: removing the file (by hand, or a
+    // cleanup script) then cannot let a second server in beside the first.
+    const size_t slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd < 0) return ErrnoStatus("open", dir, errno);
+    if (flock(dir_fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      close(dir_fd);
+      if (err != EWOULDBLOCK) return ErrnoStatus("flock", dir, err);
+      auto holder = ReadFile(path);
+      std::string name = holder.ok() ? std::string(*holder) : std::string();
+      while (!name.empty() && (name.back() == '\n' || name.back() == '\0')) name.pop_back();
+      return absl::FailedPreconditionError(absl::StrCat(
+          dir, " is locked by ",
+          name.empty() ? absl::StrCat("another process (", path, " is missing or empty)") : name,
+          ": one state directory has exactly one server"));
+    }
     const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return ErrnoStatus("open", path, errno);
+    if (fd < 0) {
+      const int err = errno;
+      close(dir_fd);
+      return ErrnoStatus("open", path, err);
+    }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       std::string holder(256, '\0');
       const ssize_t n = pread(fd, holder.data(), holder.size(), 0);
       close(fd);
+      close(dir_fd);
       if (err != EWOULDBLOCK) return ErrnoStatus("flock", path, err);
       holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
       while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
@@ -192,9 +219,10 @@ class PosixEnv final : public Env {
     if (s.ok()) s = WriteAll(fd, path, owner + "\n", 0);
     if (!s.ok()) {
       close(fd);
+      close(dir_fd);
       return s;
     }
-    return std::make_unique<PosixFileLock>(fd);
+    return std::make_unique<PosixFileLock>(dir_fd, fd);
   }
 
   absl::Status SyncDir(const std::string& dir) override {

@@ -46,7 +46,10 @@ bool OutOfResources(const boost::system::error_code& ec) {
 
 std::string ErrorFrame(const absl::Status& status) {
   wire::Response r;
-  r.set_code(protocol::CodeFromStatus(status));
+  // A refusal before any request is never about versions: kFailedPrecondition (a plaintext
+  // client on the TLS port) is FAILED_PRECONDITION, as docs/contracts.md says.
+  r.set_code(absl::IsFailedPrecondition(status) ? wire::FAILED_PRECONDITION
+                                                : protocol::CodeFromStatus(status));
   r.set_message(std::string(status.message()));
   std::string frame;
   (void)protocol::AppendFrame(r.SerializeAsString(), &frame);

@@ -132,6 +132,9 @@ class LocalCommitLog final : public CommitLog {
   uint64_t wal_bytes_at_snapshot_ = 0;  // bytes_ when the last snapshot was queued
   uint64_t wal_bytes_queued_ = 0;       // bytes of every batch handed to the writer
   MonoTime last_mark_at_ = MonoTime::Min();
+  // Writes the mark an interval after the last one when a commit since was left unmarked
+  // (options_.time; null without it).
+  std::unique_ptr<Timer> mark_timer_;
 
   // Writer.
   std::unique_ptr<SegmentFile> file_;
@@ -164,7 +167,8 @@ class LocalCommitLog final : public CommitLog {
 LocalCommitLog::LocalCommitLog(const LocalCommitLogOptions& options, PostToOwner post)
     : options_(options),
       post_(std::move(post)),
-      now_(options.now ? options.now : [] { return Clock::Real()->Now(); }) {}
+      now_(options.now ? options.now : [] { return Clock::Real()->Now(); }),
+      mark_timer_(options.time != nullptr ? options.time->NewTimer() : nullptr) {}
 
 absl::StatusOr<std::unique_ptr<LocalCommitLog>> LocalCommitLog::Open(
     const LocalCommitLogOptions& options, const RecoveryReport& recovered, PostToOwner post) {
@@ -210,6 +214,7 @@ absl::StatusOr<std::unique_ptr<LocalCommitLog>> LocalCommitLog::Open(
 }
 
 LocalCommitLog::~LocalCommitLog() {
+  if (mark_timer_) mark_timer_->Cancel();
   // A clean stop records how far the log reached. An injected writer stands for a crash: it
   // abandons its queue and writes nothing more.
   if (!options_.schedule_writer && fault_.ok()) QueueCommittedMark();
@@ -291,7 +296,15 @@ void LocalCommitLog::SendPending() {
             const MonoTime now = now_();
             if (now - last_mark_at_ >= options_.committed_mark_interval) {
               last_mark_at_ = now;
+              if (mark_timer_) mark_timer_->Cancel();
               QueueCommittedMark();
+            } else if (mark_timer_ && mark_timer_->armed_for() == MonoTime::Max()) {
+              // No commit may follow this one for a long time: mark it all the same.
+              mark_timer_->ArmAt(last_mark_at_ + options_.committed_mark_interval, [this] {
+                if (!fault_.ok()) return;
+                last_mark_at_ = now_();
+                QueueCommittedMark();
+              });
             }
             if (*rotated && listener_ != nullptr &&
                 wal_bytes_queued_ - wal_bytes_at_snapshot_ >= last_snapshot_bytes_) {

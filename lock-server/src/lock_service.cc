@@ -95,6 +95,12 @@ absl::StatusOr<absl::Duration> LockService::Resume(SessionId session, std::strin
     return Deny(absl::StrCat("session ", session, " cannot be resumed with this secret",
                              s->owner != caller.identity ? " by this identity" : ""));
   }
+  // The session moves to another connection: its Acquires still waiting were sent on the old
+  // one, whose requester gave it up. They are cancelled (answered there), so that none is left
+  // that a grant would come to unseen, or that nobody could withdraw.
+  if (auto it = bound_.find(session); it != bound_.end() && it->second != caller.connection) {
+    CancelWaitersOf(session, "was resumed on another connection while waiting");
+  }
   bound_[session] = caller.connection;
   return s->ttl;
 }
@@ -282,18 +288,21 @@ void LockService::ReleaseAndHandOff(const std::string& lock, FenceToken token,
   outcomes_.push_back(WaiterOutcome{w.id, lock, absl::OkStatus(), next, w.ttl});
 }
 
-void LockService::EndSession(SessionId session, EndReason reason, MonoTime now) {
+void LockService::CancelWaitersOf(SessionId session, const std::string& why) {
+  if (!waiting_.contains(session)) return;
   std::vector<WaiterId> waiting;
   for (const auto& [id, place] : waiter_index_) {
     if (place.session == session) waiting.push_back(id);
   }
   std::sort(waiting.begin(), waiting.end());  // outcomes in the same order in every run
   for (WaiterId id : waiting) {
-    RemoveWaiter(id, absl::CancelledError(absl::StrCat(
-                         "session ", session,
-                         reason == EndReason::kExpired ? " expired" : " closed",
-                         " while waiting")));
+    RemoveWaiter(id, absl::CancelledError(absl::StrCat("session ", session, " ", why)));
   }
+}
+
+void LockService::EndSession(SessionId session, EndReason reason, MonoTime now) {
+  CancelWaitersOf(session, reason == EndReason::kExpired ? "expired while waiting"
+                                                         : "closed while waiting");
   const SessionState* s = state_.FindSession(session);
   std::vector<std::string> held(s->locks.begin(), s->locks.end());
   for (const std::string& lock : held) {

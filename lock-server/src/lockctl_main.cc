@@ -25,6 +25,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "lock-server/blocking_connection.h"
 #include "lockctl_pool.h"
+#include "protocol/codes.h"
 #include "process/flags.h"
 #include "protocol/limits.h"
 
@@ -56,9 +57,11 @@ std::string Json(const google::protobuf::Message& m) {
 
 std::string Seconds(uint64_t ms) { return absl::StrCat(ms / 1000, ".", (ms % 1000) / 100, "s"); }
 
+// One exit status per kind of answer (LockctlCodeOf): a refusal is not "lockd unreachable".
 int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "lockctl: %s\n", s.ToString().c_str());
-  return 1;
+  const LockctlCode code = LockctlCodeOf(s);
+  std::fprintf(stderr, "lockctl: %s: %s\n", code.name, std::string(s.message()).c_str());
+  return code.exit;
 }
 
 // Every page of ListLocks, locks first (none with `sessions`, which lists only sessions), each
@@ -79,7 +82,7 @@ absl::Status ForEachPage(BlockingConnection& conn, bool sessions,
     q->set_sessions_after(sessions_after);
     auto reply = conn.Call(r);
     if (!reply.ok()) return reply.status();
-    if (reply->code() != wire::OK) return absl::UnavailableError(reply->message());
+    if (reply->code() != wire::OK) return protocol::StatusFromCode(reply->code(), reply->message());
     const wire::ListReply& list = reply->list();
     page(list);
     if (!list.locks().empty()) after = list.locks().rbegin()->lock();
@@ -139,7 +142,9 @@ int Main(const std::string& command) {
     r.mutable_get_stats();
     auto reply = conn.Call(r);
     if (!reply.ok()) return Fail(reply.status());
-    if (reply->code() != wire::OK) return Fail(absl::UnavailableError(reply->message()));
+    if (reply->code() != wire::OK) {
+      return Fail(protocol::StatusFromCode(reply->code(), reply->message()));
+    }
     const wire::StatsReply& s = reply->stats();
     if (json) {
       std::printf("%s", Json(s).c_str());

@@ -155,11 +155,9 @@ Json NumOrNull(const std::optional<T>& v) {
 uint64_t Ms(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
 
 
-struct Code {
-  const char* name;
-  int exit;
-};
-Code CodeOf(const absl::Status& s) {
+}  // namespace
+
+LockctlCode LockctlCodeOf(const absl::Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kOk:
       return {"OK", 0};
@@ -177,10 +175,16 @@ Code CodeOf(const absl::Status& s) {
       return {"FENCED_OUT", 6};
     case absl::StatusCode::kPermissionDenied:
       return {"PERMISSION_DENIED", 7};
+    case absl::StatusCode::kResourceExhausted:
+      return {"LIMIT_EXCEEDED", 9};
+    case absl::StatusCode::kDeadlineExceeded:  // lockd did not answer in time: unreachable
+      return {"DEADLINE_EXCEEDED", 1};
     default:
       return {"UNAVAILABLE", 1};
   }
 }
+
+namespace {
 
 class PoolCommand {
  public:
@@ -198,7 +202,7 @@ class PoolCommand {
     return 0;
   }
   int Failed(const absl::Status& s) {
-    const Code c = CodeOf(s);
+    const LockctlCode c = LockctlCodeOf(s);
     if (json_) {
       Json out = Json::Object();
       out["ok"] = Bool(false);

@@ -4,9 +4,23 @@
 
 #include <string>
 
+#include "absl/status/status.h"
+
 #include "lock-client/pool_client.h"
 
 namespace fencelock {
+
+// What lockctl prints and exits with for `s`, one code per kind of answer, so that a script
+// can tell lockd's refusals from an unreachable lockd: 0 OK, 1 UNAVAILABLE or
+// DEADLINE_EXCEEDED (lockd cannot be reached, does not answer in time, or does not serve its
+// state), 2 INVALID_ARGUMENT (a bad flag or address, and usage errors), 3 no units now
+// (pool acquire), 4 NOT_FOUND, 5 FAILED_PRECONDITION, 6 FENCED_OUT, 7 PERMISSION_DENIED,
+// 8 UNSUPPORTED_VERSION, 9 LIMIT_EXCEEDED.
+struct LockctlCode {
+  const char* name;
+  int exit;
+};
+LockctlCode LockctlCodeOf(const absl::Status& s);
 
 // `s` as a JSON string literal, quotes and escapes included.
 std::string JsonString(const std::string& s);

@@ -25,6 +25,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -260,7 +261,12 @@ int Serve() {
     return 1;
   }
   for (const std::string& line : (*server)->recovery_summary()) {
-    Log().Info(line);
+    // What recovery dropped or ignored is a warning: --log-level=warning must not hide it.
+    if (absl::StartsWith(line, "warning: ")) {
+      Log().Warning(line.substr(sizeof("warning: ") - 1));
+    } else {
+      Log().Info(line);
+    }
   }
   const uint16_t bound = (*server)->tcp_port();
   // The metrics port first: a waiter on the TCP port file can then read both.

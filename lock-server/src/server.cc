@@ -237,6 +237,7 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
       .owner = owner};
   log_options.on_sync = [&sync_latency](int64_t ns) { sync_latency.Observe(ns / 1e9); };
   log_options.now = [this] { return time_.Now(); };
+  log_options.time = &time_;
   return OpenLocalCommitLog(log_options, time_.Now(), post);
 }
 
@@ -412,6 +413,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
       return absl::InvalidArgumentError(absl::StrCat(name, " must be positive and at most 24h, got ",
                                                      absl::FormatDuration(value)));
     }
+  }
+  // 0 turns the stall watch off; a negative value is a mistake, never a silent "off".
+  if (options.stall_threshold < absl::ZeroDuration() || options.stall_threshold > absl::Hours(24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the stall threshold (--stall-threshold) must be 0 (off) to 24h, got ",
+                     absl::FormatDuration(options.stall_threshold)));
+  }
+  if (options.max_wait < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("the longest wait for a lock must not be "
+                                                   "negative, got ",
+                                                   absl::FormatDuration(options.max_wait)));
   }
   if (options.max_connections_per_peer == 0) {
     return absl::InvalidArgumentError(

@@ -13,7 +13,6 @@
 
 #include "logging/logging.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "lock-server/dispatch.h"
 #include "fencelock/wire.pb.h"
@@ -185,8 +184,8 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
           ReplyAndClose(id, d.response);
           break;
         case Dispatched::Then::kQueued:
+          // Dispatch put it in the connection's index of waiting Acquires (state.queued).
           waiters_[d.waiter] = WaiterRoute{id, d.response.request_id()};
-          c.waiters.insert(d.waiter);
           break;
       }
       if (connections_.at(id).closing) break;
@@ -207,7 +206,8 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
     auto it = connections_.find(id);
     if (it == connections_.end()) return;
     // Cancel in id order, so that a disconnect has the same effect in every run.
-    std::vector<WaiterId> waiting(it->second.waiters.begin(), it->second.waiters.end());
+    std::vector<WaiterId> waiting;
+    for (const auto& [request_id, waiter] : it->second.state.queued) waiting.push_back(waiter);
     std::sort(waiting.begin(), waiting.end());
     for (WaiterId w : waiting) {
       service_.CancelWaiter(w);
@@ -310,7 +310,6 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   struct Conn {
     ConnectionSink* sink = nullptr;
     ConnectionState state;
-    absl::flat_hash_set<WaiterId> waiters;
     // The Hello timeout until Hello arrives, then the idle check.
     std::unique_ptr<Timer> timer;
     MonoTime last_request_at = MonoTime::Min();
@@ -456,7 +455,6 @@ void ServerCore::Impl::AfterRequest() {
     waiters_.erase(it);
     auto c = connections_.find(route.connection);
     if (c == connections_.end()) continue;
-    c->second.waiters.erase(o.waiter);
     if (auto q = c->second.state.queued.find(route.request_id);
         q != c->second.state.queued.end() && q->second == o.waiter) {
       c->second.state.queued.erase(q);
@@ -523,7 +521,7 @@ void ServerCore::Impl::OnHelloTimeout(ConnectionId id) {
 }
 
 bool ServerCore::Impl::HasWork(ConnectionId id, const Conn& c) const {
-  if (!c.waiters.empty() || gate_.held(id) > 0) return true;
+  if (!c.state.queued.empty() || gate_.held(id) > 0) return true;
   auto open = [&](SessionId s) { return service_.state().FindSession(s) != nullptr; };
   return std::any_of(c.state.sessions.begin(), c.state.sessions.end(), open) ||
          std::any_of(c.state.renewed.begin(), c.state.renewed.end(), open);

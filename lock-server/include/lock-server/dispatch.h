@@ -32,7 +32,8 @@ struct ConnectionState {
   // at most max_sessions_per_connection, the newest last.
   std::vector<SessionId> renewed;
   // This connection's Acquires that wait in a queue, by request id (WithdrawAcquire names them
-  // so). Dispatch adds them; whoever answers a waiter removes it.
+  // so): the one index of them. Dispatch adds them, refusing an id already here; whoever
+  // answers a waiter removes it; a closed connection's are cancelled from it.
   absl::flat_hash_map<uint64_t, WaiterId> queued;
 };
 

@@ -69,10 +69,11 @@ class Env {
   // Creates a directory (its parent must exist) and syncs the parent.
   virtual absl::Status CreateDir(const std::string& dir) = 0;
   virtual absl::Status SyncDir(const std::string& dir) = 0;
-  // Takes an exclusive lock on `path` (created if missing) for the life of the returned object,
-  // across processes, and writes `owner` into the file for whoever is refused next. A process
-  // that dies loses its locks. kFailedPrecondition, quoting the holder's `owner`, if another
-  // holds it.
+  // Takes an exclusive lock on `path` (created if missing) and on the directory that holds it
+  // for the life of the returned object, across processes, and writes `owner` into the file
+  // for whoever is refused next. Removing the file does not release the directory's lock. A
+  // process that dies loses its locks. kFailedPrecondition, quoting the holder's `owner`, if
+  // another holds either.
   virtual absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path,
                                                              const std::string& owner) = 0;
 };

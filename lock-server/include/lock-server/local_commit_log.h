@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "clock/clock.h"
+#include "clock/time_source.h"
 #include "lock-server/commit_log.h"
 #include "lock-server/env.h"
 
@@ -46,6 +47,12 @@ struct LocalCommitLogOptions {
   absl::Duration committed_mark_interval = absl::Seconds(1);
   // The clock for that interval. Default: empty, the real boot-time clock.
   std::function<MonoTime()> now;
+  // Timers on the owner's thread (on the same clock as `now`), so that the mark follows the
+  // last commit within committed_mark_interval even when no commit comes after it: a grant
+  // acknowledged just before an idle spell is then covered by the mark, and recovery refuses
+  // a log that lost it. Default: null, the mark is written only after a commit (at most once
+  // an interval) and at a clean stop.
+  TimeSource* time = nullptr;
   // Called with the duration of every batch write + fdatasync, on whichever thread did it.
   // Default: none.
   std::function<void(int64_t ns)> on_sync;

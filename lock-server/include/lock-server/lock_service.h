@@ -157,7 +157,8 @@ class LockService {
 
   // Binds `session` to `caller`'s connection (after a reconnect, or after lockd restarted) if
   // `secret` is the session's and `caller`'s identity opened it; the connection it was bound to
-  // may no longer drive it. Returns the session's TTL. Errors: kNotFound (no such session),
+  // may no longer drive it, and the session's Acquires still queued from there are cancelled
+  // (outcome kCancelled). Returns the session's TTL. Errors: kNotFound (no such session),
   // kPermissionDenied (wrong secret or identity, counted).
   absl::StatusOr<absl::Duration> Resume(SessionId session, std::string_view secret,
                                         const Caller& caller);
@@ -274,6 +275,8 @@ class LockService {
                          MonoTime now);
   void EndSession(SessionId session, EndReason reason, MonoTime now);
   void RemoveWaiter(WaiterId waiter, absl::Status outcome);
+  // Every queued waiter of `session` leaves its queue with kCancelled ("session N " + why).
+  void CancelWaitersOf(SessionId session, const std::string& why);
   // One waiter of `session` left its queue.
   void Unqueued(SessionId session);
 
