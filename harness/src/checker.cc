@@ -49,8 +49,9 @@ void CheckRealTimeOrder(std::vector<Step> steps, bool strict, const std::string&
 }
 
 bool IsHolderStep(const std::string& event) {
+  // "held": a long holder's hold, ending at the last checkStillHeld that passed.
   static const std::set<std::string> kSteps = {"claimed", "marked-submitted", "status-asked",
-                                               "step-started", "submitted", "paid"};
+                                               "step-started", "submitted", "paid", "held"};
   return kSteps.count(event) > 0;
 }
 

@@ -45,6 +45,21 @@ TEST(CheckerTest, CleanTakeoverPasses) {
   EXPECT_EQ(r.fence_decisions, 2 + 2 + 2);  // store: w1 claim and mark, w2 claim and paid; rail two
 }
 
+// Long holders (the replicated scenarios): a hold runs from the grant received to the last
+// checkStillHeld that passed ("held"); two holds of one lock must not overlap.
+TEST(CheckerTest, LongHoldsOfOneLockThatOverlapAreReported) {
+  std::vector<history::Record> h = {R(10, 20, "holder-1", "acquire", "hold/0", 5),
+                                    R(20, 3000, "holder-1", "held", "hold/0", 5),
+                                    R(2400, 2500, "holder-2", "acquire", "hold/0", 9),
+                                    R(2500, 6000, "holder-2", "held", "hold/0", 9)};
+  CheckResult r = Check(h);
+  ASSERT_THAT(r.client_overlaps, SizeIs(1));
+  EXPECT_THAT(r.client_overlaps[0], HasSubstr("holder-1 (token 5)"));
+  EXPECT_THAT(r.client_overlaps[0], HasSubstr("holder-2 (token 9)"));
+  h[1].end_ns = 2450;  // the first hold's last check passed before the second grant arrived
+  EXPECT_THAT(Check(h).client_overlaps, IsEmpty());
+}
+
 TEST(CheckerTest, StaleSubmitRefusedByTheRailIsAnOverlapNotAViolation) {
   auto h = CleanTakeover();
   // w1 resumes with the client check disabled and submits under 5: the rail refuses it.

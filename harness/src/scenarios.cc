@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <random>
@@ -15,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "harness/fault_proxy.h"
 #include "harness/stalled_renewal.h"
 #include "scenario.h"
@@ -767,7 +769,146 @@ absl::Status Stranger(Env& env, Outcome& out) {
 constexpr absl::Duration kOwnerTtl = absl::Seconds(2);  // each replica's lease on the prefix
 constexpr absl::Duration kOwnerTtlThroughElection = absl::Seconds(5);
 
-enum class HaFault { kLockdKill, kLockdFreeze, kEtcdLeaderKill, kEtcdCut };
+enum class HaFault { kLockdKill, kLockdFreeze, kEtcdLeaderKill, kEtcdCut, kOwnerDeleted,
+                     kEtcdStranger };
+
+// How long the standbys have stood by before any fault: longer than a long holder's TTL, so
+// that a replica that counted restored leases from the start of its wait would expire live
+// holders at once (issue 33).
+constexpr absl::Duration kStandbyWait = absl::Seconds(7);
+
+// Holders that keep a lock for seconds across whatever the run does (issue 33), checking every
+// millisecond that they still hold it (checkStillHeld, the client's local check on its own
+// boot-time clock). Each hold is recorded as "acquire" (begin: sent, end: the grant received)
+// and "held" (begin: the grant received, end: the last check that passed), so that the
+// checker compares every holder's timeline with the others' (client-believed overlaps). Four
+// holders, each with a client of its own given every replica, share two locks, so that a lock
+// is always wanted by another holder when its holder's lease could be misjudged.
+class LongHolders {
+ public:
+  static constexpr absl::Duration kTtl = absl::Seconds(5);
+
+  LongHolders(const std::string& servers, const std::string& history_dir, uint64_t seed) {
+    for (int i = 0; i < 4; ++i) {
+      threads_.emplace_back([this, i, servers, history_dir, seed] {
+        Run(i, servers, history_dir, seed * 4 + static_cast<uint64_t>(i));
+      });
+    }
+  }
+  ~LongHolders() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+  int64_t holds() const { return holds_; }
+  int64_t lost() const { return lost_; }
+  std::string error() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+  // Holds whose span [grant received, last check passed] contains `at_ns`.
+  int64_t HeldAcross(int64_t at_ns) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::count_if(spans_.begin(), spans_.end(), [at_ns](const auto& s) {
+      return s.first <= at_ns && at_ns <= s.second;
+    });
+  }
+
+ private:
+  void Run(int i, const std::string& servers, const std::string& history_dir, uint64_t seed) {
+    const std::string name = absl::StrCat("holder-", i + 1);
+    auto writer = history::Writer::Open(absl::StrCat(history_dir, "/", name, ".log"), name);
+    auto client = Client::Create(
+        {.server = servers, .session_ttl = kTtl, .default_lock_ttl = kTtl, .client_name = name});
+    if (!writer.ok() || !client.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = absl::StrCat(name, ": ", !writer.ok() ? writer.status().ToString()
+                                                     : client.status().ToString());
+      return;
+    }
+    std::mt19937_64 rng(seed);
+    const std::string key = absl::StrCat("hold/", i % 2);
+    while (!stop_) {
+      const int64_t sent = history::NowNanos();
+      auto held = (*client)->acquire(key, absl::Seconds(1));
+      if (!held.ok()) {
+        absl::SleepFor(absl::Milliseconds(20));
+        continue;
+      }
+      const int64_t granted = history::NowNanos();
+      (*writer)->Append(sent, "acquire", key, held->token(), "", granted);
+      const int64_t hold_ns = absl::ToInt64Nanoseconds(absl::Milliseconds(2000 + rng() % 4001));
+      int64_t last_ok = granted;
+      bool lost = false;
+      while (!stop_ && history::NowNanos() - granted < hold_ns) {
+        try {
+          (*client)->checkStillHeld(*held);
+          last_ok = history::NowNanos();
+        } catch (const LockLostException&) {
+          lost = true;
+          break;
+        }
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      (*writer)->Append(granted, "held", key, held->token(), lost ? "lost" : "kept", last_ok);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        spans_.emplace_back(granted, last_ok);
+      }
+      ++holds_;
+      if (lost) {
+        ++lost_;
+      } else {
+        (void)(*client)->release(*held);
+      }
+    }
+  }
+
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> holds_{0}, lost_{0};
+  mutable std::mutex mu_;
+  std::vector<std::pair<int64_t, int64_t>> spans_;  // guarded by mu_
+  std::string error_;                               // guarded by mu_
+  std::vector<std::thread> threads_;
+};
+
+// Runs etcdctl (beside `etcd`) against `endpoints` with `args`; its standard output (bytes),
+// or the failure.
+absl::StatusOr<std::string> Etcdctl(const std::string& etcd, const std::string& endpoints,
+                                    const std::vector<std::string>& args, const std::string& dir) {
+  const std::string etcdctl =
+      std::filesystem::path(etcd).parent_path().append("etcdctl").string();
+  std::vector<std::string> all = {"--endpoints=" + endpoints};
+  all.insert(all.end(), args.begin(), args.end());
+  const std::string out = dir + "/etcdctl.out";
+  auto child = process::Child::Spawn(etcdctl, all,
+                                     {.stdout_file = out, .stderr_file = dir + "/etcdctl.err"});
+  if (!child.ok()) return child.status();
+  const std::optional<int> status = child->Wait(absl::Seconds(10));
+  if (!status.has_value() || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+    return absl::UnavailableError(absl::StrCat("etcdctl ", absl::StrJoin(args, " "), " failed; see ",
+                                               dir, "/etcdctl.err"));
+  }
+  std::ifstream in(out, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// What a stranger who can read etcd would try as session secrets: every 16-byte protobuf field
+// with SessionOpened.secret's tag (3) and every 32-byte one with secret_digest's (5), in the
+// bytes etcdctl printed.
+std::set<std::string> SecretCandidates(const std::string& dump) {
+  std::set<std::string> out;
+  for (size_t i = 0; i + 2 <= dump.size(); ++i) {
+    const auto tag = static_cast<unsigned char>(dump[i]);
+    const auto len = static_cast<unsigned char>(dump[i + 1]);
+    if (((tag == 0x1a && len == 16) || (tag == 0x2a && len == 32)) && i + 2 + len <= dump.size()) {
+      out.insert(dump.substr(i + 2, len));
+    }
+  }
+  return out;
+}
 
 // The first grant decided by a replica other than `old` (any, if old < 0) at or after `from_ns`.
 std::optional<history::Record> FirstGrantAfter(History& h, const std::string& old, int64_t from_ns) {
@@ -825,6 +966,11 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
   });
   if (!cluster.ok()) return cluster.status();
   Cluster& c = **cluster;
+  // The standbys stand by from here. Long holders hold through everything that follows; the
+  // payout workers start once the standbys have waited longer than a holder's TTL.
+  const int64_t standing_by = history::NowNanos();
+  LongHolders holders(c.lockd_address(), c.Path("history"), env.seed);
+  absl::SleepFor(kStandbyWait - absl::Nanoseconds(history::NowNanos() - standing_by));
   if (absl::Status s = StartWorkers(c); !s.ok()) return s;
   if (absl::Status s = AwaitSessions(c); !s.ok()) return s;
   History h(c.Path("history"));
@@ -834,8 +980,12 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
   if (old < 0) return absl::InternalError("no lockd replica serves");
   const std::string old_name = c.replica_name(old);
   const int64_t fault_at = history::NowNanos();
+  out.Figure("standbys waited", absl::StrCat(Secs(absl::Nanoseconds(fault_at - standing_by)),
+                                             " before the fault (long holders' TTL ",
+                                             Secs(LongHolders::kTtl), ")"));
   std::string what;
   bool deposed = false;  // the old replica must notice on its own and exit 3
+  bool fails_over = true;  // another replica must serve after the fault
   switch (fault) {
     case HaFault::kLockdKill:
       c.replica(old).Signal(SIGKILL);
@@ -868,10 +1018,121 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
       what = absl::StrCat(old_name, " (serving) cut off from every etcd member");
       deposed = true;
       break;
+    case HaFault::kOwnerDeleted: {
+      // As an operator (or an attacker) with etcdctl would: the serving replica's key goes,
+      // while its lease on etcd lives on. The payout workers are stopped meanwhile, so that
+      // no commit of theirs makes the serving replica notice (as in issue 33's finding, where
+      // only renewals and confirmations reached it); from the harness, a resource confirms a
+      // held token with it (Validate) every 10 ms until it refuses.
+      for (const char* w : {"w1", "w2", "w3"}) {
+        if (process::Child* worker = c.worker(w)) worker->Signal(SIGSTOP);
+      }
+      auto conn = server::BlockingConnection::Connect(server::BlockingConnectionOptions{
+          .server = absl::StrCat("127.0.0.1:", c.replica_port(old)), .timeout = absl::Seconds(2),
+          .client_name = "resource", .tls = c.lockd_tls()});
+      if (!conn.ok()) return conn.status();
+      wire::Request list;
+      list.mutable_list_locks()->set_prefix("hold/");
+      std::optional<wire::LockInfo> held;
+      for (int i = 0; i < 300 && !held.has_value(); ++i) {
+        auto listed = (*conn)->Call(list);
+        if (!listed.ok()) return listed.status();
+        if (listed->list().locks_size() > 0) {
+          held = listed->list().locks(0);
+        } else {
+          absl::SleepFor(absl::Milliseconds(10));
+        }
+      }
+      if (!held.has_value()) return absl::InternalError("no long holder held a lock to confirm");
+      auto deleted = Etcdctl(env.binaries.etcd, c.etcd()->endpoints(),
+                             {"del", c.etcd_prefix() + "/owner"}, c.Path(""));
+      if (!deleted.ok()) return deleted.status();
+      int64_t last_ok = 0, confirmed = 0;
+      const int64_t give_up = history::NowNanos() + absl::ToInt64Nanoseconds(absl::Seconds(5));
+      while (history::NowNanos() < give_up) {
+        wire::Request validate;
+        validate.mutable_validate()->set_lock(held->lock());
+        validate.mutable_validate()->set_token(held->token());
+        auto reply = (*conn)->Call(validate);
+        if (!reply.ok() || reply->code() != wire::OK) break;
+        last_ok = history::NowNanos();
+        ++confirmed;
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      for (const char* w : {"w1", "w2", "w3"}) {
+        if (process::Child* worker = c.worker(w)) worker->Signal(SIGCONT);
+      }
+      auto next = c.AwaitServingReplica(old, absl::Seconds(30));
+      if (!next.ok()) return next.status();
+      const auto serving = h.Find([&](const history::Record& r) {
+        return r.process == c.replica_name(*next) && r.event == "lockd-serving" &&
+               r.begin_ns > fault_at;
+      });
+      out.Expect(serving.has_value() && last_ok < serving->begin_ns,
+                 absl::StrCat(old_name, " confirmed ", held->lock(), " token ", held->token(),
+                              " after ", c.replica_name(*next), " began to serve"));
+      out.Figure("confirmations after the delete",
+                 absl::StrCat(confirmed, " by ", old_name, ", the last ",
+                              last_ok == 0 ? std::string("none")
+                                           : Secs(absl::Nanoseconds(last_ok - fault_at)),
+                              " after the delete",
+                              serving.has_value()
+                                  ? absl::StrCat("; ", c.replica_name(*next), " served ",
+                                                 Secs(absl::Nanoseconds(serving->begin_ns - fault_at)),
+                                                 " after it")
+                                  : std::string()));
+      what = absl::StrCat(c.etcd_prefix(), "/owner deleted with etcdctl while ", old_name,
+                          " served");
+      deposed = true;
+      break;
+    }
+    case HaFault::kEtcdStranger: {
+      // A stranger who can read etcd takes every candidate secret in it and tries each on
+      // every session lockd lists.
+      auto dump = Etcdctl(env.binaries.etcd, c.etcd()->endpoints(),
+                          {"get", "--prefix", c.etcd_prefix()}, c.Path(""));
+      if (!dump.ok()) return dump.status();
+      const std::set<std::string> candidates = SecretCandidates(*dump);
+      auto conn = server::BlockingConnection::Connect(server::BlockingConnectionOptions{
+          .server = absl::StrCat("127.0.0.1:", c.replica_port(old)), .timeout = absl::Seconds(2),
+          .client_name = "stranger", .tls = c.lockd_tls()});
+      if (!conn.ok()) return conn.status();
+      wire::Request list;
+      list.mutable_list_locks()->set_include_sessions(true);
+      auto listed = (*conn)->Call(list);
+      if (!listed.ok()) return listed.status();
+      int64_t tries = 0, resumed = 0;
+      for (const wire::SessionInfo& s : listed->list().sessions()) {
+        for (const std::string& secret : candidates) {
+          wire::Request r;
+          r.mutable_resume_session()->set_session_id(s.session_id());
+          r.mutable_resume_session()->set_secret(secret);
+          auto reply = (*conn)->Call(r);
+          if (!reply.ok()) return reply.status();
+          ++tries;
+          if (reply->code() == wire::OK) {
+            ++resumed;
+            out.failures.push_back(absl::StrCat("a stranger resumed session ", s.session_id(),
+                                                " with a secret read from etcd"));
+          }
+        }
+      }
+      out.Figure("stranger", absl::StrCat(dump->size(), " bytes read from etcd, ",
+                                          candidates.size(), " candidate secrets, ",
+                                          listed->list().sessions_size(), " sessions, ", tries,
+                                          " resumes tried, ", resumed, " accepted"));
+      out.Expect(listed->list().sessions_size() > 0 && !candidates.empty(),
+                 "the stranger found no session or no candidate: the run shows nothing");
+      what = "a stranger read etcd and tried what it found as session secrets";
+      fails_over = false;
+      break;
+    }
   }
   out.Figure("fault", absl::StrCat(what, " after ", paid_before, " payouts"));
   // Payouts go on: the workers finish whichever replica serves.
-  if (fault == HaFault::kEtcdLeaderKill) {
+  if (fault == HaFault::kEtcdStranger) {
+    if (absl::Status s = AwaitPaid(h, std::min(n, paid_before + 5)); !s.ok()) return s;
+  } else if (fault == HaFault::kEtcdLeaderKill) {
     if (absl::Status s = AwaitPaid(h, paid_before + 5); !s.ok()) return s;
     // etcd elects a new leader among the other two; whether lockd-a kept the prefix depends on
     // how long that took against its own lease.
@@ -946,12 +1207,21 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
     }
   }
   // As a supervisor would: the replica that failed comes back, as a standby.
-  if (fault != HaFault::kEtcdLeaderKill) {
+  if (fault != HaFault::kEtcdLeaderKill && fails_over) {
     c.replica(old).Wait(absl::Seconds(15));
     if (absl::Status s = c.StartLockd(old); !s.ok()) return s;
   }
   if (absl::Status s = WaitWorkers(c, out, absl::Seconds(120)); !s.ok()) return s;
   out.Figure("lost leases (client side)", absl::StrCat(h.Count("lost")));
+  holders.Stop();
+  out.Expect(holders.error().empty(), "a long holder could not start: " + holders.error());
+  out.Expect(holders.holds() > 0, "the long holders held nothing: the run shows nothing");
+  // Losses are allowed (a failover can outlast a holder's lease; D5 loses the lock cleanly);
+  // overlaps are not: the checker compares every hold with the others.
+  out.Figure("long holders", absl::StrCat(holders.holds(), " holds of 2 to 6 s (TTL ",
+                                          Secs(LongHolders::kTtl), "), ",
+                                          holders.HeldAcross(fault_at), " held across the fault, ",
+                                          holders.lost(), " lost"));
   return Finish(c, out, {});
 }
 
@@ -989,6 +1259,12 @@ const std::vector<Scenario>& Scenarios() {
       {"ha-etcd-cut",
        "replicated: the serving lockd is cut off from etcd; it stops, a standby takes over",
        [](Env& e, Outcome& o) { return Replicated(e, o, HaFault::kEtcdCut); }, true},
+      {"ha-owner-deleted",
+       "replicated: the serving lockd's owner key is deleted in etcd; it stops before another serves",
+       [](Env& e, Outcome& o) { return Replicated(e, o, HaFault::kOwnerDeleted); }, true},
+      {"ha-etcd-stranger",
+       "replicated: a stranger reads etcd and tries what it finds as session secrets: all refused",
+       [](Env& e, Outcome& o) { return Replicated(e, o, HaFault::kEtcdStranger); }, true},
   };
   return *scenarios;
 }

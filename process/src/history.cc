@@ -88,10 +88,10 @@ Writer::~Writer() {
 }
 
 void Writer::Append(int64_t begin_ns, const std::string& event, const std::string& key,
-                    uint64_t token, const std::string& detail) {
+                    uint64_t token, const std::string& detail, int64_t end_ns) {
   if (fd_ < 0) return;
   std::string line = Format({.begin_ns = begin_ns,
-                             .end_ns = NowNanos(),
+                             .end_ns = end_ns != 0 ? end_ns : NowNanos(),
                              .process = process_,
                              .event = event,
                              .key = key,

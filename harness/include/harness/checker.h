@@ -17,7 +17,8 @@
 // The rail serves one request at a time, so its records are in its fence's order.
 //
 // Client-believed overlaps are reported separately and are not violations: two holders of the
-// same payout whose holding intervals (from grant received to their last step taken as holder)
+// same payout (or lock, for the replicated runs' long holders) whose holding intervals (from
+// grant received to their last step taken as holder, or their last checkStillHeld that passed)
 // overlap. With the client check on they are expected to be zero; with it disabled (UC-03) a
 // paused worker makes one, and the fences must still hold.
 #ifndef FENCELOCK_HARNESS_CHECKER_H_

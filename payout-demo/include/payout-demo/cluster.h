@@ -96,6 +96,8 @@ class Cluster {
   ~Cluster();
 
   std::string Path(const std::string& name) const { return options_.dir + "/" + name; }
+  // Replicated: the etcd prefix the replicas serve.
+  const std::string& etcd_prefix() const { return etcd_prefix_; }
   std::string HistoryPath(const std::string& process) const {
     return Path("history/" + process + ".log");
   }
@@ -107,6 +109,8 @@ class Cluster {
   std::shared_ptr<net::TlsContext> lockd_tls() const { return lockd_tls_; }
   // The port of lockd, or of the first replica.
   int lockd_port() const { return replicas_[0].port; }
+  // The port of replica `i`.
+  int replica_port(int i) const { return replicas_[i].port; }
   const std::string& rail_address() const { return rail_address_; }
   // lockd; replicated, the replica that serves now (see ServingReplica()).
   process::Child& lockd() { return replicas_[std::max(ServingReplica(), 0)].child; }

@@ -54,8 +54,9 @@ class Writer {
   static absl::StatusOr<std::unique_ptr<Writer>> Open(const std::string& path,
                                                       std::string process);
   ~Writer();
+  // One record of a step that began at `begin_ns` and ended at `end_ns` (0: now).
   void Append(int64_t begin_ns, const std::string& event, const std::string& key,
-              uint64_t token, const std::string& detail = "");
+              uint64_t token, const std::string& detail = "", int64_t end_ns = 0);
 
  private:
   Writer(int fd, std::string process) : fd_(fd), process_(std::move(process)) {}
