@@ -7,7 +7,7 @@ JOBS="${JOBS:-2}"
 # Debian packages the build, the tests and the demo need.
 FENCELOCK_PACKAGES=(
   g++ cmake ninja-build ccache pkg-config
-  libabsl-dev libboost-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev
+  libabsl-dev libboost-dev libprotobuf-dev protobuf-compiler
   googletest libgtest-dev libgmock-dev libbenchmark-dev libsqlite3-dev
   prometheus faketime openssl libssl-dev
   etcd-server etcd-client libgrpc++-dev protobuf-compiler-grpc libhiredis-dev libspdlog-dev

@@ -1,6 +1,16 @@
 #include "metrics/metrics.h"
 #include "metrics/exposer.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "metrics/http_get.h"
@@ -69,6 +79,42 @@ TEST(MetricsTest, DestroyingTheExposerClosesItsListenerBeforeReturning) {
   exposer->reset();
   EXPECT_EQ(HttpGet("127.0.0.1", port, "/metrics").status().code(), absl::StatusCode::kUnavailable)
       << "port " << port << " still answers";
+}
+
+// Issue 33: 3,000 idle connections to /metrics made every scrape time out (civetweb gave each
+// a worker thread for up to 30 s). Connections are a bounded budget now, the oldest going
+// first, and each has a deadline for its request: a scrape is answered whatever is open.
+TEST(MetricsTest, IdleConnectionsNeverStarveAScrape) {
+  auto registry = std::make_shared<Registry>();
+  registry->GetCounter("served_total", "x").Increment(7);
+  auto exposer = Exposer::Start("127.0.0.1", 0, registry);
+  ASSERT_TRUE(exposer.ok()) << exposer.status();
+  const int port = (*exposer)->port();
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> idle;
+  for (int i = 0; i < 800; ++i) {  // beyond every budget, within this process's descriptors
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0);
+    const int r = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    ASSERT_TRUE(r == 0 || errno == EINPROGRESS) << i << ": " << strerror(errno);
+    idle.push_back(fd);
+  }
+  for (int scrape = 0; scrape < 3; ++scrape) {
+    auto response = HttpGet("127.0.0.1", port, "/metrics", absl::Seconds(1));
+    ASSERT_TRUE(response.ok()) << "scrape " << scrape << ": " << response.status();
+    EXPECT_EQ(response->status, 200);
+    EXPECT_THAT(response->body, HasSubstr("served_total 7"));
+  }
+  // An idle connection is closed by the server (budget or request deadline), not kept.
+  char byte;
+  pollfd first{idle.front(), POLLIN, 0};
+  ASSERT_EQ(poll(&first, 1, 10000), 1);
+  EXPECT_LE(recv(idle.front(), &byte, 1, 0), 0);
+  for (int fd : idle) close(fd);
+  EXPECT_EQ(HttpGet("127.0.0.1", port, "/nothing").value_or(HttpResponse{}).status, 404);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
-// Serves a metrics::Registry to Prometheus over HTTP (GET /metrics), with prometheus-cpp's
-// civetweb server. Target metrics_http: the one place that links prometheus-cpp; a program
-// that never serves its metrics does not need it.
+// Serves a metrics::Registry to Prometheus over HTTP (GET /metrics) from one thread of its own,
+// with a bounded budget: at most 64 connections open (a new one beyond that closes the
+// oldest), 2 s for a connection to send its request, 5 s to take the response, one request
+// per connection. A flood of connections that send nothing cannot hold up a scrape. Target
+// metrics_http; a program that never serves its metrics does not need it.
 #ifndef FENCELOCK_METRICS_EXPOSER_H_
 #define FENCELOCK_METRICS_EXPOSER_H_
 
@@ -12,7 +14,7 @@
 
 namespace fencelock::metrics {
 
-// Destroying it closes the listener and ends its threads before returning (about 10 ms).
+// Destroying it closes the listener and its connections and ends its thread before returning.
 class Exposer {
  public:
   // Listens on `host:port`, `host` an IPv4 address (port 0 picks a free one).

@@ -1,7 +1,7 @@
 // Counters, gauges and histograms for fencelock processes and the client library, and their
-// Prometheus text exposition. Self-contained: nothing here needs prometheus-cpp, so a program
-// that links the client library for its locks does not link prometheus-cpp. Serving the
-// metrics over HTTP is metrics/exposer.h (target metrics_http), which does.
+// Prometheus text exposition. Self-contained: a program that links the client library for its
+// locks links nothing else for its metrics. Serving the metrics over HTTP is
+// metrics/exposer.h (target metrics_http).
 //
 // Names follow Prometheus conventions (docs/metrics.md maps the seed's dotted names onto them).
 // Every type here is thread-safe; metric objects live as long as their Registry.
