@@ -21,6 +21,7 @@
 #include "lock-client/client.h"
 #include "lock-client/pool_client.h"
 #include "lock-server/blocking_connection.h"
+#include "lock-server/testing/legacy_state.h"
 #include "lockd_process.h"
 #include "raw_connection.h"
 
@@ -376,6 +377,37 @@ TEST_F(EtcdTest, EtcdHoldsNoSessionSecret) {
   EXPECT_EQ(d.Call(request::Resume(session.session_id(), std::string(16, 'x'))).code(),
             wire::PERMISSION_DENIED);
   EXPECT_EQ(d.Call(request::Resume(session.session_id(), session.secret())).code(), wire::OK);
+}
+
+// The upgrade on etcd: a prefix whose snapshot an older lockd wrote with a session's secret in
+// clear is read (the session resumes with its secret) and rewritten at once, at the same lsn,
+// its chunks after the old ones: afterwards nothing under the prefix holds the secret.
+TEST_F(EtcdTest, APrefixWithASecretInClearIsRewrittenWithItsDigest) {
+  auto [init_status, init_out] = testing::RunLockdToExit(
+      {"init", "--etcd=" + etcd_.endpoint(), "--etcd-prefix=/fencelock/u"});
+  ASSERT_EQ(WEXITSTATUS(init_status), 0) << init_out;
+  const std::string secret = "an-old-secret-16";
+  ASSERT_TRUE(etcd_.Put("/fencelock/u/snapshot/00000000000000000000/000000",
+                        server::SnapshotWithASecretInClear(1, absl::Minutes(5), secret)));
+  ASSERT_NE(etcd_.Dump("/fencelock/u").find(secret), std::string::npos);
+  LockdProcess lockd(Options("/fencelock/u", /*init=*/false));
+  std::string dump = etcd_.Dump("/fencelock/u");
+  for (int i = 0; i < 100 && dump.find(secret) != std::string::npos; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    dump = etcd_.Dump("/fencelock/u");
+  }
+  EXPECT_EQ(dump.find(secret), std::string::npos) << "the secret is still in etcd";
+  EXPECT_EQ(etcd_.Get("/fencelock/u/snapshot-head"), "0 1 1");
+  RawConnection c = RawConnection::Tcp(lockd.port());
+  c.Hello();
+  EXPECT_EQ(c.Call(request::Resume(1, std::string(16, 'x'))).code(), wire::PERMISSION_DENIED);
+  EXPECT_EQ(c.Call(request::Resume(1, secret)).code(), wire::OK);
+  // A restart reads the rewritten snapshot: the session is still there, nothing to upgrade.
+  lockd.Stop();
+  LockdProcess again(Options("/fencelock/u", /*init=*/false));
+  RawConnection d = RawConnection::Tcp(again.port());
+  d.Hello();
+  EXPECT_EQ(d.Call(request::Resume(1, secret)).code(), wire::OK);
 }
 
 // lockctl with `args`; its exit status and everything it printed.

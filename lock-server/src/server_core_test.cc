@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "lock-server/local_commit_log.h"
 #include "lock-server/storage.h"
+#include "lock-server/testing/legacy_state.h"
 #include "lock-server/testing/test_envs.h"
 #include "protocol/frame.h"
 
@@ -309,38 +310,13 @@ TEST_F(ServerCoreTest, NoSessionSecretIsKeptInClear) {
   EXPECT_EQ(FilesHolding(secret), std::vector<std::string>{});
 }
 
-// A snapshot as an older lockd wrote it: session 1 (TTL 60 s) with its secret itself in
-// SnapshotSession.secret (field 3), encoded by hand as protobuf.
-std::string SnapshotWithASecretInClear(const std::string& secret) {
-  auto varint = [](std::string* out, uint64_t v) {
-    do {
-      out->push_back(static_cast<char>((v & 0x7f) | (v > 0x7f ? 0x80 : 0)));
-      v >>= 7;
-    } while (v != 0);
-  };
-  std::string session;
-  session.push_back(0x08);  // session_id
-  varint(&session, 1);
-  session.push_back(0x10);  // ttl_ns
-  varint(&session, 60'000'000'000);
-  session.push_back(0x1a);  // secret
-  varint(&session, secret.size());
-  session += secret;
-  std::string snapshot;
-  snapshot.push_back(0x18);  // last_session_id
-  varint(&snapshot, 1);
-  snapshot.push_back(0x22);  // sessions
-  varint(&snapshot, session.size());
-  snapshot += session;
-  return EncodeRawSnapshot(snapshot);
-}
-
 // The upgrade: a state whose snapshot holds a secret in clear is read (the digest computed as
 // it is read), and lockd writes a snapshot at once that keeps only digests, replacing it.
 TEST_F(ServerCoreTest, AStateWithASecretInClearIsRewrittenWithItsDigest) {
   ASSERT_TRUE(InitDataDir(&mem_, kDir, 1 << 20).ok());
   const std::string secret = "an-old-secret-16";
-  mem_.PutFile(absl::StrCat(kDir, "/", SnapshotName(0)), SnapshotWithASecretInClear(secret));
+  mem_.PutFile(absl::StrCat(kDir, "/", SnapshotName(0)),
+               SnapshotWithASecretInClear(1, absl::Seconds(60), secret));
   ASSERT_EQ(FilesHolding(secret).size(), 1u);
   Open(&mem_, CoreOptions{}, absl::ZeroDuration());
   time_.Advance(kSyncTime * 4);

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -70,6 +71,16 @@ std::string EtcdProcess::Get(const std::string& key) const {
 
 std::string EtcdProcess::Dump(const std::string& prefix) const {
   return Etcdctl(endpoint_, "get --prefix " + prefix, dir_.path()).second;
+}
+
+bool EtcdProcess::Put(const std::string& key, const std::string& value) const {
+  // etcdctl reads a value it is not given on its command line from standard input, whole.
+  const std::string file = dir_.path() + "/put.value";
+  {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out << value;
+  }
+  return Etcdctl(endpoint_, "put " + key + " < " + file, dir_.path()).first;
 }
 
 bool EtcdProcess::Delete(const std::string& key) const {

@@ -26,6 +26,8 @@ class EtcdProcess {
   // Every key and value under `prefix`, as etcdctl prints them: what a local user with
   // etcdctl reads.
   std::string Dump(const std::string& prefix) const;
+  // Sets `key` to `value` (any bytes), through etcdctl; false if it failed.
+  bool Put(const std::string& key, const std::string& value) const;
   // Deletes `key`, through etcdctl, as an operator (or an attacker) would; false if it failed.
   bool Delete(const std::string& key) const;
   // etcd's database size in bytes, as its status reports it.
