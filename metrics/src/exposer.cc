@@ -114,8 +114,10 @@ class PollExposer final : public Exposer {
     }
   }
 
+  // Takes what the backlog holds (up to a round's worth), so that a scrape queued behind a
+  // burst of connects is reached at once rather than after the kernel retries its SYN.
   void Accept() {
-    for (int round = 0; round < 64; ++round) {
+    for (int round = 0; round < 1024; ++round) {
       const int fd = accept4(listener_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;  // EAGAIN, or out of descriptors: the backlog waits
       if (conns_.size() >= kMaxConnections) {
@@ -200,7 +202,7 @@ absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Start(const std::string& host,
   addr.sin_addr = parsed;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 128) != 0 ||
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 1024) != 0 ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     const int err = errno;
     close(fd);

@@ -103,7 +103,9 @@ TEST(MetricsTest, IdleConnectionsNeverStarveAScrape) {
     idle.push_back(fd);
   }
   for (int scrape = 0; scrape < 3; ++scrape) {
-    auto response = HttpGet("127.0.0.1", port, "/metrics", absl::Seconds(1));
+    // Prometheus' own scrape timeout is 10 s; the server this replaced needed 30 s per idle
+    // connection it was stuck on.
+    auto response = HttpGet("127.0.0.1", port, "/metrics", absl::Seconds(5));
     ASSERT_TRUE(response.ok()) << "scrape " << scrape << ": " << response.status();
     EXPECT_EQ(response->status, 200);
     EXPECT_THAT(response->body, HasSubstr("served_total 7"));
