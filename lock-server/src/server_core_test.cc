@@ -336,6 +336,43 @@ TEST_F(ServerCoreTest, AStateWithASecretInClearIsRewrittenWithItsDigest) {
   EXPECT_EQ(core_->service().state().secrets_read_in_clear(), 0u);
 }
 
+// The same for a pool manager's owner key (ADR 0002, rule 4): kept only as a digest, an older
+// lockd's key in clear rewritten at once, and the manager's key still proves it.
+TEST_F(ServerCoreTest, APoolOwnerKeyInClearIsRewrittenWithItsDigest) {
+  ASSERT_TRUE(InitDataDir(&mem_, kDir, 1 << 20).ok());
+  const std::string key = "an-old-owner-key";
+  mem_.PutFile(absl::StrCat(kDir, "/", SnapshotName(0)),
+               SnapshotWithAPoolOwnerKeyInClear("hosts", "build", key));
+  ASSERT_EQ(FilesHolding(key).size(), 1u);
+  Open(&mem_, CoreOptions{}, absl::ZeroDuration());
+  time_.Advance(kSyncTime * 4);
+  EXPECT_EQ(FilesHolding(key), std::vector<std::string>{});
+  Sink sink;
+  const ConnectionId c = Connect(&sink);
+  wire::Request hello;
+  hello.mutable_hello()->set_min_version(1);
+  hello.mutable_hello()->set_max_version(3);
+  Send(c, hello);
+  auto ack = [&](const std::string& with) {
+    wire::Request r;
+    auto* a = r.mutable_pool_ack();
+    a->set_pool("hosts");
+    a->set_profile("build");
+    a->mutable_owner()->set_epoch(1);
+    a->mutable_owner()->set_key(with);
+    a->set_generation(1);
+    return r;
+  };
+  Send(c, ack(std::string(16, 'x')));
+  Send(c, ack(key));
+  time_.Advance(kSyncTime * 4);
+  auto replies = sink.Take();
+  ASSERT_EQ(replies.size(), 3u);
+  EXPECT_EQ(replies[1].code(), wire::PERMISSION_DENIED) << replies[1].message();
+  EXPECT_EQ(replies[2].code(), wire::OK) << replies[2].message();
+  EXPECT_EQ(FilesHolding(key), std::vector<std::string>{});
+}
+
 // Issue 33: the COMMITTED mark was written only by a later commit, so on an idle lockd a grant
 // acknowledged seconds before a crash stayed above it, and a damaged record of it was dropped
 // silently at recovery. With timers, the mark follows the last commit within its interval.

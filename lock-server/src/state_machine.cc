@@ -13,17 +13,19 @@
 
 namespace fencelock::server {
 
-std::string SessionSecretDigest(SessionId session, std::string_view secret) {
+namespace {
+
+// SHA-256 over `label` (with its terminating NUL), `salt` and `secret`; empty for an empty
+// secret.
+std::string Digest(std::string_view label, std::string_view salt, std::string_view secret) {
   if (secret.empty()) return "";
-  static constexpr char kLabel[] = "fencelock session secret v1";
-  unsigned char id[8];
-  for (int i = 0; i < 8; ++i) id[i] = static_cast<unsigned char>(session >> (56 - 8 * i));
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   const bool ok = ctx != nullptr && EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1 &&
-                  EVP_DigestUpdate(ctx, kLabel, sizeof(kLabel)) == 1 &&
-                  EVP_DigestUpdate(ctx, id, sizeof(id)) == 1 &&
+                  EVP_DigestUpdate(ctx, label.data(), label.size()) == 1 &&
+                  EVP_DigestUpdate(ctx, "", 1) == 1 &&
+                  EVP_DigestUpdate(ctx, salt.data(), salt.size()) == 1 &&
                   EVP_DigestUpdate(ctx, secret.data(), secret.size()) == 1 &&
                   EVP_DigestFinal_ex(ctx, out, &n) == 1;
   EVP_MD_CTX_free(ctx);
@@ -34,6 +36,22 @@ std::string SessionSecretDigest(SessionId session, std::string_view secret) {
     std::abort();
   }
   return std::string(reinterpret_cast<const char*>(out), n);
+}
+
+}  // namespace
+
+std::string SessionSecretDigest(SessionId session, std::string_view secret) {
+  char id[8];
+  for (int i = 0; i < 8; ++i) id[i] = static_cast<char>(session >> (56 - 8 * i));
+  return Digest("fencelock session secret v1", std::string_view(id, sizeof(id)), secret);
+}
+
+std::string PoolOwnerKeyDigest(const std::string& pool, const std::string& profile,
+                               uint64_t epoch, std::string_view key) {
+  // The names cannot hold NUL (pool_service's CheckName), so they separate unambiguously.
+  const std::string salt = pool + std::string(1, '\0') + profile + std::string(1, '\0') +
+                           std::to_string(epoch);
+  return Digest("fencelock pool owner key v1", salt, key);
 }
 
 namespace {
@@ -491,8 +509,9 @@ void StateMachine::ApplyOne(const record::PoolPolicyPublished& r, MonoTime) {
 void StateMachine::ApplyOne(const record::PoolProfileClaimed& r, MonoTime) {
   PoolOwnerState& owner = pools_.at(r.pool).owners[r.profile];
   owner.epoch = r.epoch;
-  owner.key = r.key;
+  owner.key = r.key_digest;
   owner.acked_generation = r.generation;
+  if (r.read_in_clear) ++secrets_read_in_clear_;
 }
 
 void StateMachine::ApplyOne(const record::PoolPolicyAcked& r, MonoTime) {

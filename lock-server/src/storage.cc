@@ -115,7 +115,7 @@ state::LogRecord ToProto(uint64_t lsn, const Record& r) {
           o->set_pool(rec.pool);
           o->set_profile(rec.profile);
           o->set_epoch(rec.epoch);
-          o->set_key(rec.key);
+          o->set_key_digest(rec.key_digest);
           o->set_generation(rec.generation);
         } else if constexpr (std::is_same_v<T, record::PoolPolicyAcked>) {
           auto* o = p.mutable_pool_policy_acked();
@@ -210,8 +210,13 @@ absl::StatusOr<Record> FromProto(const state::LogRecord& p) {
     }
     case state::LogRecord::kPoolProfileClaimed: {
       const auto& o = p.pool_profile_claimed();
-      return Record(
-          record::PoolProfileClaimed{o.pool(), o.profile(), o.epoch(), o.key(), o.generation()});
+      record::PoolProfileClaimed r{o.pool(), o.profile(), o.epoch(), o.key_digest(),
+                                   o.generation()};
+      if (r.key_digest.empty() && !o.key().empty()) {  // an older lockd's: the key itself
+        r.key_digest = PoolOwnerKeyDigest(o.pool(), o.profile(), o.epoch(), o.key());
+        r.read_in_clear = true;
+      }
+      return Record(std::move(r));
     }
     case state::LogRecord::kPoolPolicyAcked: {
       const auto& o = p.pool_policy_acked();
@@ -350,13 +355,20 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
     return Damaged(path, "sequence marks below the ids it contains");
   }
   state.RaiseFloors(snap.last_token(), snap.last_session_id());
+  uint64_t keys_in_clear = 0;  // pool owner keys an older lockd wrote in clear
   for (const auto& sp : snap.pools()) {
     PoolState pool;
     pool.generation = sp.generation();
     pool.budget = sp.budget();
     for (const auto& spec : sp.profiles()) pool.profiles.push_back(ProfileFromProto(spec));
     for (const auto& o : sp.owners()) {
-      if (!pool.owners.emplace(o.profile(), PoolOwnerState{o.epoch(), o.key(), o.acked_generation()})
+      std::string digest = o.key_digest();
+      if (digest.empty() && !o.key().empty()) {  // an older lockd's: the key itself
+        digest = PoolOwnerKeyDigest(sp.name(), o.profile(), o.epoch(), o.key());
+        ++keys_in_clear;
+      }
+      if (!pool.owners.emplace(o.profile(), PoolOwnerState{o.epoch(), std::move(digest),
+                                                           o.acked_generation()})
                .second) {
         return Damaged(path, absl::StrCat("inconsistent snapshot: pool ", sp.name(),
                                           " owner of ", o.profile(), " appears twice"));
@@ -385,6 +397,7 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
       return Damaged(path, absl::StrCat("inconsistent snapshot: ", s.message()));
     }
   }
+  state.NoteSecretsReadInClear(keys_in_clear);
   return state;
 }
 
@@ -531,7 +544,7 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
       auto* o = out->add_owners();
       o->set_profile(profile);
       o->set_epoch(owner.epoch);
-      o->set_key(owner.key);
+      o->set_key_digest(owner.key);
       o->set_acked_generation(owner.acked_generation);
     }
     for (const PoolTombstone& t : pool.tombstones) {

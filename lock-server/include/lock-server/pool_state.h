@@ -55,7 +55,8 @@ struct PoolLeaseState {
 
 struct PoolOwnerState {
   uint64_t epoch = 0;             // 0: never claimed
-  std::string key;                // what proves a request is this epoch's manager
+  // PoolOwnerKeyDigest() of what proves a request is this epoch's manager (never the key).
+  std::string key;
   uint64_t acked_generation = 0;  // the policy generation this manager said it enforces
 };
 

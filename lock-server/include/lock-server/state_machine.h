@@ -94,8 +94,13 @@ struct PoolProfileClaimed {
   std::string pool;
   std::string profile;
   uint64_t epoch;
-  std::string key;
+  // PoolOwnerKeyDigest() of the key that proves a request is this epoch's manager: the key
+  // itself goes only to the manager that claimed.
+  std::string key_digest;
   uint64_t generation;  // the policy generation it enforces
+  // Decoded from a record that held the key itself (written before digests): counted in
+  // StateMachine::secrets_read_in_clear, as for sessions.
+  bool read_in_clear = false;
 };
 // The current owner says it enforces `generation` (the current one).
 struct PoolPolicyAcked {
@@ -158,6 +163,10 @@ struct PoolDrainSet {
 // whoever reads the log, a snapshot or etcd's keys cannot resume another's session. Empty for
 // an empty secret (a session that cannot be resumed).
 std::string SessionSecretDigest(SessionId session, std::string_view secret);
+// The same for a pool manager's owner key, over its own label, the pool, the profile and the
+// epoch it was claimed for.
+std::string PoolOwnerKeyDigest(const std::string& pool, const std::string& profile,
+                               uint64_t epoch, std::string_view key);
 
 using Record = std::variant<record::SessionOpened, record::SessionRenewed, record::SessionEnded,
                             record::LockGranted, record::LockRenewed, record::LockReleased,
@@ -229,6 +238,8 @@ class StateMachine {
   // before digests); lockd writes a snapshot at once when there are any, so that the files or
   // keys that held them are dropped.
   uint64_t secrets_read_in_clear() const { return secrets_read_in_clear_; }
+  // Restoring a snapshot: `n` more secrets (pool owner keys) were read in clear.
+  void NoteSecretsReadInClear(uint64_t n) { secrets_read_in_clear_ += n; }
 
   // The earliest session or lock lease expiry, or MonoTime::Max() when nothing can expire.
   MonoTime NextExpiry() const;

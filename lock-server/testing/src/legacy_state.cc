@@ -12,7 +12,41 @@ void Varint(std::string* out, uint64_t v) {
   } while (v != 0);
 }
 
+// A length-delimited field.
+void Field(std::string* out, int number, const std::string& bytes) {
+  out->push_back(static_cast<char>(number << 3 | 2));
+  Varint(out, bytes.size());
+  *out += bytes;
+}
+
+void Number(std::string* out, int number, uint64_t value) {
+  out->push_back(static_cast<char>(number << 3));
+  Varint(out, value);
+}
+
 }  // namespace
+
+std::string SnapshotWithAPoolOwnerKeyInClear(const std::string& pool, const std::string& profile,
+                                             const std::string& key) {
+  std::string spec;  // PoolProfile
+  Field(&spec, 1, profile);
+  Number(&spec, 2, 1);  // cost
+  std::string owner;  // SnapshotPoolOwner
+  Field(&owner, 1, profile);
+  Number(&owner, 2, 1);  // epoch
+  Field(&owner, 3, key);  // the key, in clear
+  Number(&owner, 4, 1);  // acked_generation
+  std::string p;  // SnapshotPool
+  Field(&p, 1, pool);
+  Number(&p, 2, 1);  // generation
+  Number(&p, 3, 4);  // budget
+  Field(&p, 4, spec);
+  Field(&p, 6, owner);
+  Number(&p, 8, 1);  // decision
+  std::string snapshot;  // Snapshot
+  Field(&snapshot, 6, p);  // pools
+  return EncodeRawSnapshot(snapshot);
+}
 
 std::string SnapshotWithASecretInClear(SessionId session, absl::Duration ttl,
                                        const std::string& secret) {

@@ -15,6 +15,12 @@ namespace fencelock::server {
 std::string SnapshotWithASecretInClear(SessionId session, absl::Duration ttl,
                                        const std::string& secret);
 
+// The same with, instead of a session, pool `pool` (generation 1, budget 4) whose one profile
+// `profile` (cost 1) was claimed at epoch 1 with owner key `key`, stored in clear
+// (SnapshotPoolOwner.key, field 3).
+std::string SnapshotWithAPoolOwnerKeyInClear(const std::string& pool, const std::string& profile,
+                                             const std::string& key);
+
 }  // namespace fencelock::server
 
 #endif  // FENCELOCK_LOCK_SERVER_TESTING_LEGACY_STATE_H_
