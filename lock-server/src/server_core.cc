@@ -125,13 +125,16 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
     // Whatever the restore cost, and however long a standby waited for the prefix before it,
     // every restored lease runs its full TTL from the moment the core begins to serve.
     service_.RestartLeases(time_->Now());
-    // A state written before secrets were kept as digests: a snapshot now holds only digests,
+    // A state written before secrets (sessions', pool managers' owner keys) were kept as
+    // digests: a snapshot now holds only digests,
     // and the log drops what it covers (WAL segments; etcd's log keys, older snapshots and
     // history), so no secret stays at rest in clear.
     if (const uint64_t clear = service_.state().secrets_read_in_clear();
         clear > 0 && !upgraded_secrets_ && log_->fault() == nullptr) {
       upgraded_secrets_ = true;
-      options_.log(absl::StrCat(clear, clear == 1 ? " session secret was" : " session secrets were",
+      options_.log(absl::StrCat(clear,
+                                clear == 1 ? " secret (a session's or a pool manager's) was"
+                                           : " secrets (sessions' or pool managers') were",
                                 " stored in clear (written by an older lockd); writing a snapshot "
                                 "that keeps only their digests, which drops the records that "
                                 "held them"));

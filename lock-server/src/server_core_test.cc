@@ -322,7 +322,9 @@ TEST_F(ServerCoreTest, AStateWithASecretInClearIsRewrittenWithItsDigest) {
   time_.Advance(kSyncTime * 4);
   EXPECT_EQ(FilesHolding(secret), std::vector<std::string>{});
   ASSERT_FALSE(log_.empty());
-  EXPECT_NE(log_[0].find("1 session secret was stored in clear"), std::string::npos) << log_[0];
+  EXPECT_NE(log_[0].find("1 secret (a session's or a pool manager's) was stored in clear"),
+            std::string::npos)
+      << log_[0];
   Sink sink;
   const ConnectionId c = Connect(&sink);
   Hello(c);
