@@ -57,6 +57,15 @@ class EtcdTest : public ::testing::Test {
          .stderr_file = tmp_.path() + "/" + name + ".err"});
   }
   std::string PortFile(const std::string& name) const { return tmp_.path() + "/" + name + ".port"; }
+  // Waits (up to 5 s) until standby `name` says it stands by; false if it never did.
+  bool AwaitStandingBy(const std::string& name) const {
+    const std::string err = tmp_.path() + "/" + name + ".err";
+    for (int i = 0; i < 100; ++i) {
+      if (testing::ReadTextFile(err).find("standing by") != std::string::npos) return true;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return false;
+  }
   static wire::OpenSessionReply Open(RawConnection& c) {
     c.Hello();
     const wire::Response r = c.Call(request::OpenSession(absl::Minutes(5)));
@@ -318,12 +327,7 @@ TEST_F(EtcdTest, DeletingTheOwnerKeyEndsTheServingReplicaBeforeAnotherServes) {
   const wire::Response granted = v.Call(request::Acquire(session.session_id(), "payout/1"));
   ASSERT_TRUE(granted.acquire().granted()) << granted.ShortDebugString();
   const uint64_t token = granted.acquire().token();
-  for (int i = 0; i < 100 && testing::ReadTextFile(tmp_.path() + "/o.err").find("standing by") ==
-                                 std::string::npos;
-       ++i) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  ASSERT_THAT(testing::ReadTextFile(tmp_.path() + "/o.err"), HasSubstr("standing by"));
+  ASSERT_TRUE(AwaitStandingBy("o"));
 
   ASSERT_TRUE(etcd_.Delete("/fencelock/o/owner"));
   // The first replica's answers from its state: OK until it notices, then never again.
@@ -369,11 +373,7 @@ TEST_F(EtcdTest, AStandbyWaitsOutTheLeaseOfADeletedOwnerKey) {
   const wire::OpenSessionReply session = Open(v);
   const wire::Response granted = v.Call(request::Acquire(session.session_id(), "payout/1"));
   ASSERT_TRUE(granted.acquire().granted()) << granted.ShortDebugString();
-  for (int i = 0; i < 100 && testing::ReadTextFile(tmp_.path() + "/p.err").find("standing by") ==
-                                 std::string::npos;
-       ++i) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  ASSERT_TRUE(AwaitStandingBy("p"));
   ASSERT_EQ(kill(first.pid(), SIGSTOP), 0);
   ASSERT_TRUE(etcd_.Delete("/fencelock/p/owner"));
   auto bound = process::AwaitPortFile(PortFile("p"), *standby, absl::Seconds(20));

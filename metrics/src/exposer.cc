@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -47,8 +48,8 @@ std::string Response(int status, absl::string_view reason, absl::string_view con
 
 // One GET /metrics at a time on a thread of its own, with poll(): a connection costs a
 // descriptor and a buffer, never a thread, so connections that send nothing cannot hold up a
-// scrape. At most kMaxConnections are open; a new one beyond that closes the oldest, which has
-// had the longest to send its request (a scrape sends it at once and is answered at once).
+// scrape. At most kMaxConnections are open; a new one beyond that closes the oldest that has
+// not sent its request yet (a scrape sends it at once), never one being answered.
 // Each has kRequestTimeoutMs to send its request and kResponseTimeoutMs to take the response.
 class PollExposer final : public Exposer {
  public:
@@ -121,8 +122,17 @@ class PollExposer final : public Exposer {
       const int fd = accept4(listener_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;  // EAGAIN, or out of descriptors: the backlog waits
       if (conns_.size() >= kMaxConnections) {
-        close(conns_.front().fd);
-        conns_.pop_front();
+        // The oldest that has not sent its request goes; one being answered (a scrape) is
+        // never cut off by a flood. If every one is being answered, the newcomer waits its turn
+        // by being closed.
+        auto idle = std::find_if(conns_.begin(), conns_.end(),
+                                 [](const Conn& c) { return c.out.empty(); });
+        if (idle == conns_.end()) {
+          close(fd);
+          continue;
+        }
+        close(idle->fd);
+        conns_.erase(idle);
       }
       conns_.push_back(Conn{fd, NowMs() + kRequestTimeoutMs, {}, {}, 0});
     }

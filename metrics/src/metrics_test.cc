@@ -119,5 +119,47 @@ TEST(MetricsTest, IdleConnectionsNeverStarveAScrape) {
   EXPECT_EQ(HttpGet("127.0.0.1", port, "/nothing").value_or(HttpResponse{}).status, 404);
 }
 
+// A scrape whose response is still being written (a large page, a slow reader) is not the one
+// a flood of new connections closes: the budget evicts connections that sent nothing.
+TEST(MetricsTest, AFloodNeverCutsOffAScrapeBeingAnswered) {
+  auto registry = std::make_shared<Registry>();
+  for (int i = 0; i < 250000; ++i) {  // about 7 MB, past what the send buffer holds (4 MB)
+    registry->GetCounter("padding_total", "x", {{"n", std::to_string(i)}}).Increment();
+  }
+  auto exposer = Exposer::Start("127.0.0.1", 0, registry);
+  ASSERT_TRUE(exposer.ok()) << exposer.status();
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>((*exposer)->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int scrape = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int small = 4096;  // a reader that takes its time: the page cannot fit in the socket
+  setsockopt(scrape, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  ASSERT_EQ(connect(scrape, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(send(scrape, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  absl::SleepFor(absl::Milliseconds(300));  // the server fills the socket and waits on us
+  std::vector<int> flood;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0);
+    (void)connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    flood.push_back(fd);
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  std::string got;
+  char buf[65536];
+  for (ssize_t n; (n = recv(scrape, buf, sizeof(buf), 0)) > 0;) got.append(buf, n);
+  close(scrape);
+  for (int fd : flood) close(fd);
+  const size_t body = got.find("\r\n\r\n");
+  ASSERT_NE(body, std::string::npos);
+  const size_t length_at = got.find("Content-Length: ");
+  ASSERT_NE(length_at, std::string::npos);
+  const size_t length = std::stoul(got.substr(length_at + 16));
+  EXPECT_GT(length, size_t{5} << 20) << "the page is too small to fill the socket";
+  EXPECT_EQ(got.size() - body - 4, length) << "the scrape was cut off";
+}
+
 }  // namespace
 }  // namespace fencelock::metrics

@@ -1,7 +1,7 @@
 // Serves a metrics::Registry to Prometheus over HTTP (GET /metrics) from one thread of its own,
-// with a bounded budget: at most 64 connections open (a new one beyond that closes the
-// oldest), 2 s for a connection to send its request, 5 s to take the response, one request
-// per connection. A flood of connections that send nothing cannot hold up a scrape. Target
+// with a bounded budget: at most 64 connections open (a new one beyond that closes the oldest
+// that has not sent its request, never one being answered), 2 s for a connection to send its
+// request, 5 s to take the response, one request per connection. A flood of connections that send nothing cannot hold up a scrape. Target
 // metrics_http; a program that never serves its metrics does not need it.
 #ifndef FENCELOCK_METRICS_EXPOSER_H_
 #define FENCELOCK_METRICS_EXPOSER_H_
