@@ -14,7 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "clock/monotonic_event.h"
 #include "channel.h"
-#include "lease.h"
+#include "lock-client/core/lease.h"
 #include "logging/logging.h"
 #include "loss_watcher.h"
 #include "protocol/codes.h"
@@ -32,28 +32,6 @@ using client_internal::TaskThread;
 // What an acquire gives its completion: a handle, no grant (a try that found the lock held),
 // or an error.
 using AcquireResult = absl::StatusOr<std::optional<LockHandle>>;
-
-const char* LossReasonName(LossReason reason) {
-  switch (reason) {
-    case LossReason::kNone:
-      return "none";
-    case LossReason::kDeadlinePassed:
-      return "deadline_passed";
-    case LossReason::kFencedOut:
-      return "fenced_out";
-    case LossReason::kSessionLost:
-      return "session_lost";
-    case LossReason::kReleased:
-      return "released";
-    case LossReason::kEmptyHandle:
-      return "empty_handle";
-    case LossReason::kInsufficientLease:
-      return "insufficient_lease";
-    case LossReason::kUnconfirmed:
-      return "unconfirmed";
-  }
-  return "unknown";
-}
 
 // The public LogLevel is the logging library's Level, value for value (Log() casts one to the
 // other).

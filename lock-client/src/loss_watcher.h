@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "clock/clock.h"
-#include "lease.h"
+#include "lock-client/core/lease.h"
 
 namespace fencelock::client_internal {
 

@@ -3,8 +3,8 @@
 // UsableDeadline() is D1. LeaseState is what a LockHandle points at: the lock's effective
 // deadline (the earlier of its own lease and its session's, as the client estimates them) and
 // the reason it was lost, both atomics so that checkStillHeld reads them without a lock.
-#ifndef FENCELOCK_LOCK_CLIENT_LEASE_H_
-#define FENCELOCK_LOCK_CLIENT_LEASE_H_
+#ifndef FENCELOCK_LOCK_CLIENT_CORE_LEASE_H_
+#define FENCELOCK_LOCK_CLIENT_CORE_LEASE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -28,10 +28,18 @@ namespace client_internal {
 // was attempted), it never becomes held again.
 class LeaseState {
  public:
-  LeaseState(std::string lock, uint64_t token, absl::Duration ttl, MonoTime deadline)
-      : lock_(std::move(lock)), token_(token), ttl_(ttl), deadline_ns_(deadline.nanos()) {}
+  // `owner` names the client core that holds the lease (ClientCore::id()), so that a handle
+  // handed to another client is refused there rather than released under the wrong session.
+  LeaseState(std::string lock, uint64_t token, absl::Duration ttl, MonoTime deadline,
+             uint64_t owner = 0)
+      : lock_(std::move(lock)),
+        token_(token),
+        ttl_(ttl),
+        owner_(owner),
+        deadline_ns_(deadline.nanos()) {}
 
   const std::string& lock() const { return lock_; }
+  uint64_t owner() const { return owner_; }
   uint64_t token() const { return token_; }
   absl::Duration ttl() const { return ttl_; }
 
@@ -80,6 +88,7 @@ class LeaseState {
   const std::string lock_;
   const uint64_t token_;
   const absl::Duration ttl_;
+  const uint64_t owner_;
   std::atomic<int64_t> deadline_ns_;
   std::atomic<LossReason> reason_{LossReason::kNone};
 };
@@ -87,4 +96,4 @@ class LeaseState {
 }  // namespace client_internal
 }  // namespace fencelock
 
-#endif  // FENCELOCK_LOCK_CLIENT_LEASE_H_
+#endif  // FENCELOCK_LOCK_CLIENT_CORE_LEASE_H_

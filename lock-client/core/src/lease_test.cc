@@ -1,6 +1,6 @@
 // D1, D3 and D5 on a simulated clock, at the level of the lease arithmetic. The same rules
 // through real sockets and a real lockd are in tests/client_lease_test.cc.
-#include "lease.h"
+#include "lock-client/core/lease.h"
 
 #include "gtest/gtest.h"
 

@@ -1,0 +1,496 @@
+// The client core on simulated time: every rule whose truth is arithmetic (deadlines, heartbeat
+// spacing and backoff, loss timing) or ordering (what is sent before what, what survives a
+// reconnect), checked against the requests the core emits and the replies the test scripts.
+#include "lock-client/core/client_core.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fencelock::client_core {
+namespace {
+
+using namespace std::chrono_literals;
+
+class ClientCoreTest : public ::testing::Test {
+ protected:
+  void Make(CoreOptions options) {
+    if (options.replicas.empty()) options.replicas = {"127.0.0.1:7420"};
+    core_ = std::make_unique<ClientCore>(std::move(options));
+  }
+
+  // Takes what the core wants done into the test's records.
+  void Drain() {
+    Actions a = core_->TakeActions();
+    if (a.dial) dials_.push_back(*a.dial);
+    for (auto& c : a.close) closed_.push_back(c);
+    for (auto& s : a.sends) sent_.push_back(std::move(s));
+    for (auto& c : a.completions) done_.push_back(std::move(c));
+    for (auto& l : a.lost) lost_.push_back(std::move(l));
+    for (auto& l : a.logs) logs_.push_back(l.message);
+  }
+
+  // Moves time to now_ + d, ticking the core at every wake-up it asks for on the way.
+  void Advance(absl::Duration d) {
+    const MonoTime end = now_ + d;
+    for (int guard = 0; guard < 100000; ++guard) {
+      const MonoTime next = core_->NextWakeup();
+      if (next > end) break;
+      now_ = std::max(now_, next);
+      core_->OnTick(now_);
+      Drain();
+    }
+    now_ = end;
+  }
+
+  // The first request sent, not yet taken, that has `body`; taken.
+  std::optional<wire::Request> Take(wire::Request::BodyCase body) {
+    auto it = std::find_if(sent_.begin(), sent_.end(),
+                           [&](const Outgoing& o) { return o.request.body_case() == body; });
+    if (it == sent_.end()) return std::nullopt;
+    wire::Request r = it->request;
+    sent_.erase(it);
+    return r;
+  }
+  wire::Request MustTake(wire::Request::BodyCase body) {
+    auto r = Take(body);
+    EXPECT_TRUE(r.has_value()) << "no request with body " << body << " was sent";
+    return r.value_or(wire::Request());
+  }
+
+  void Reply(const wire::Request& request, wire::Response response) {
+    response.set_request_id(request.request_id());
+    if (response.code() == wire::CODE_UNSPECIFIED) response.set_code(wire::OK);
+    core_->OnResponse(now_, conn_, response);
+    Drain();
+  }
+  void ReplyCode(const wire::Request& request, wire::Code code) {
+    wire::Response r;
+    r.set_code(code);
+    Reply(request, r);
+  }
+  void ReplyKeepAlive(const wire::Request& request, wire::Code lock_code = wire::OK) {
+    wire::Response r;
+    r.set_code(wire::OK);
+    for (int i = 0; i < request.keep_alive().locks_size(); ++i) {
+      r.mutable_keep_alive()->add_lock_codes(lock_code);
+    }
+    Reply(request, r);
+  }
+  void Grant(const wire::Request& acquire, uint64_t token, absl::Duration ttl) {
+    wire::Response r;
+    r.set_code(wire::OK);
+    r.mutable_acquire()->set_granted(true);
+    r.mutable_acquire()->set_token(token);
+    r.mutable_acquire()->set_ttl_ms(absl::ToInt64Milliseconds(ttl));
+    r.mutable_acquire()->set_lock(acquire.acquire().lock());
+    Reply(acquire, r);
+  }
+
+  std::optional<Completion> Completed(uint64_t op) {
+    for (const Completion& c : done_) {
+      if (c.op == op) return c;
+    }
+    return std::nullopt;
+  }
+
+  // Dials (answered on conn_), opens a session with `ttl`, and returns once it is open.
+  void Connect(absl::Duration session_ttl) {
+    const uint64_t start = core_->Start(now_);
+    Drain();
+    ASSERT_FALSE(dials_.empty());
+    core_->OnDialed(now_, dials_.back().replica, conn_, 3);
+    Drain();
+    wire::Request open = MustTake(wire::Request::kOpenSession);
+    wire::Response r;
+    r.mutable_open_session()->set_session_id(++sessions_);
+    r.mutable_open_session()->set_ttl_ms(absl::ToInt64Milliseconds(session_ttl));
+    r.mutable_open_session()->set_secret("secret");
+    Reply(open, r);
+    ASSERT_TRUE(Completed(start).has_value());
+    ASSERT_TRUE(Completed(start)->status.ok());
+  }
+
+  // Acquires `lock` granted at once (same instant) with `ttl`; returns the lease.
+  std::shared_ptr<LeaseState> Hold(const std::string& lock, absl::Duration ttl, uint64_t token) {
+    const uint64_t op = core_->Acquire(now_, lock, absl::Seconds(1), ttl);
+    Drain();
+    wire::Request acquire = MustTake(wire::Request::kAcquire);
+    Grant(acquire, token, ttl);
+    auto c = Completed(op);
+    EXPECT_TRUE(c.has_value() && c->status.ok() && c->lease != nullptr);
+    return c.has_value() ? c->lease : nullptr;
+  }
+
+  void Reconnect() {
+    core_->OnDisconnected(now_, conn_);
+    Drain();
+    ++conn_;
+    Advance(absl::Milliseconds(1));
+    ASSERT_FALSE(dials_.empty());
+    core_->OnDialed(now_, dials_.back().replica, conn_, 3);
+    Drain();
+  }
+
+  MonoTime now_ = MonoTime::FromNanos(1'000'000'000'000);
+  std::unique_ptr<ClientCore> core_;
+  uint64_t conn_ = 1;
+  uint64_t sessions_ = 100;
+  std::vector<Dial> dials_;
+  std::vector<uint64_t> closed_;
+  std::vector<Outgoing> sent_;
+  std::vector<Completion> done_;
+  std::vector<std::shared_ptr<LeaseState>> lost_;
+  std::vector<std::string> logs_;
+};
+
+TEST_F(ClientCoreTest, OpensASessionAndRenewsItEveryThirdOfItsTtl) {
+  Make({});
+  Connect(absl::Seconds(3));
+  EXPECT_EQ(core_->HeartbeatInterval(), absl::Seconds(1));
+  EXPECT_FALSE(Take(wire::Request::kKeepAlive).has_value());
+  Advance(absl::Milliseconds(999));
+  EXPECT_FALSE(Take(wire::Request::kKeepAlive).has_value());
+  Advance(absl::Milliseconds(1));
+  wire::Request beat = MustTake(wire::Request::kKeepAlive);
+  EXPECT_EQ(beat.keep_alive().session_id(), 101u);
+  ReplyKeepAlive(beat);
+  Advance(absl::Seconds(1));
+  EXPECT_TRUE(Take(wire::Request::kKeepAlive).has_value());
+}
+
+// D1/D2: the lease is measured from the Acquire's send, never from its reply.
+TEST_F(ClientCoreTest, AGrantsDeadlineRunsFromTheAcquiresSendNotItsReply) {
+  Make({});
+  Connect(absl::Seconds(15));
+  const MonoTime sent = now_;
+  const uint64_t op = core_->Acquire(now_, "a", absl::Seconds(5), absl::Seconds(10));
+  Drain();
+  wire::Request acquire = MustTake(wire::Request::kAcquire);
+  Advance(absl::Seconds(1));  // the reply comes a second later
+  Grant(acquire, 7, absl::Seconds(10));
+  auto c = Completed(op);
+  ASSERT_TRUE(c.has_value());
+  ASSERT_TRUE(c->status.ok()) << c->status;
+  ASSERT_NE(c->lease, nullptr);
+  EXPECT_EQ(c->lease->deadline(), sent + absl::Seconds(7));
+  EXPECT_EQ(c->lease->token(), 7u);
+}
+
+// D5: a failed or unanswered heartbeat never extends a deadline; retries come from 20 ms,
+// doubling; the deadline passes on time, and the loss is reported at that moment.
+TEST_F(ClientCoreTest, AFailedHeartbeatNeverExtendsTheDeadline) {
+  Make({.request_timeout = absl::Milliseconds(300)});
+  Connect(absl::Seconds(3));
+  auto lease = Hold("a", absl::Seconds(3), 1);
+  ASSERT_NE(lease, nullptr);
+  const MonoTime deadline = lease->deadline();
+  EXPECT_EQ(deadline, now_ + absl::Milliseconds(2100));
+  Advance(absl::Seconds(1));
+  wire::Request beat = MustTake(wire::Request::kKeepAlive);
+  const MonoTime failed_at = now_;
+  ReplyCode(beat, wire::UNAVAILABLE);
+  EXPECT_EQ(lease->deadline(), deadline);
+  Advance(absl::Milliseconds(20));
+  wire::Request retry = MustTake(wire::Request::kKeepAlive);
+  EXPECT_EQ(now_, failed_at + absl::Milliseconds(20));
+  // Unanswered: it times out (300 ms), and extends nothing either; the next comes 40 ms later.
+  Advance(absl::Milliseconds(340));
+  EXPECT_EQ(lease->deadline(), deadline);
+  wire::Request third = MustTake(wire::Request::kKeepAlive);
+  // Its answer comes after its timeout: ignored.
+  ReplyKeepAlive(retry);
+  EXPECT_EQ(lease->deadline(), deadline);
+  while (now_ < deadline) Advance(absl::Milliseconds(50));
+  EXPECT_EQ(lease->Check(now_), LossReason::kDeadlinePassed);
+  ASSERT_EQ(lost_.size(), 1u);
+  EXPECT_EQ(lost_[0], lease);
+  (void)third;
+}
+
+TEST_F(ClientCoreTest, ASuccessfulRenewalExtendsFromItsOwnSend) {
+  Make({});
+  Connect(absl::Seconds(3));
+  auto lease = Hold("a", absl::Seconds(3), 1);
+  Advance(absl::Seconds(1));
+  wire::Request beat = MustTake(wire::Request::kKeepAlive);
+  const MonoTime t_send = now_;
+  Advance(absl::Milliseconds(400));
+  ReplyKeepAlive(beat);
+  EXPECT_EQ(lease->deadline(), t_send + absl::Milliseconds(2100));
+}
+
+// A lock given up at its deadline is relinquished; if the connection drops before lockd
+// answers, the relinquish is sent again once the session is resumed.
+TEST_F(ClientCoreTest, ARelinquishLostWithItsConnectionIsSentAgainAfterTheResume) {
+  Make({.request_timeout = absl::Milliseconds(300)});
+  Connect(absl::Seconds(30));
+  auto lease = Hold("a", absl::Seconds(1), 5);
+  ASSERT_NE(lease, nullptr);
+  // Heartbeats every 333 ms go unanswered; the deadline (700 ms) passes.
+  Advance(absl::Milliseconds(701));
+  EXPECT_EQ(lease->Check(now_), LossReason::kDeadlinePassed);
+  wire::Request relinquish = MustTake(wire::Request::kRelease);
+  EXPECT_TRUE(relinquish.release().relinquish());
+  EXPECT_EQ(relinquish.release().token(), 5u);
+  Reconnect();
+  wire::Request resume = MustTake(wire::Request::kResumeSession);
+  EXPECT_EQ(resume.resume_session().session_id(), 101u);
+  EXPECT_FALSE(Take(wire::Request::kRelease).has_value());  // not before the resume
+  Reply(resume, wire::Response());
+  wire::Request again = MustTake(wire::Request::kRelease);
+  EXPECT_TRUE(again.release().relinquish());
+  EXPECT_EQ(again.release().lock(), "a");
+  EXPECT_EQ(again.release().token(), 5u);
+  EXPECT_EQ(core_->unsettled(), 1u);
+  Reply(again, wire::Response());
+  EXPECT_EQ(core_->unsettled(), 0u);
+}
+
+// A session lockd lost cannot be resumed: its locks are lost (reported once), and the next
+// acquire opens a new session.
+TEST_F(ClientCoreTest, ASessionThatCannotBeResumedLosesItsLocks) {
+  Make({});
+  Connect(absl::Seconds(15));
+  auto lease = Hold("a", absl::Seconds(10), 3);
+  Reconnect();
+  wire::Request resume = MustTake(wire::Request::kResumeSession);
+  ReplyCode(resume, wire::SESSION_NOT_FOUND);
+  EXPECT_EQ(lease->Check(now_), LossReason::kSessionLost);
+  ASSERT_EQ(lost_.size(), 1u);
+  EXPECT_EQ(core_->session_id(), 0u);
+  EXPECT_EQ(core_->held(), 0u);
+  const uint64_t op = core_->Acquire(now_, "a", absl::Seconds(1), absl::ZeroDuration());
+  Drain();
+  EXPECT_FALSE(Take(wire::Request::kAcquire).has_value());
+  wire::Request open = MustTake(wire::Request::kOpenSession);
+  wire::Response r;
+  r.mutable_open_session()->set_session_id(200);
+  r.mutable_open_session()->set_ttl_ms(15000);
+  Reply(open, r);
+  wire::Request acquire = MustTake(wire::Request::kAcquire);
+  EXPECT_EQ(acquire.acquire().session_id(), 200u);
+  EXPECT_FALSE(Completed(op).has_value());
+}
+
+// A withdrawn acquire is never handed over: a grant that crosses the withdrawal is given back.
+TEST_F(ClientCoreTest, AGrantThatCrossesAWithdrawalIsRelinquishedNotHandedOver) {
+  Make({});
+  Connect(absl::Seconds(15));
+  const uint64_t op = core_->Acquire(now_, "a", absl::Seconds(10), absl::Seconds(10));
+  Drain();
+  wire::Request acquire = MustTake(wire::Request::kAcquire);
+  EXPECT_TRUE(core_->Cancel(now_, op));
+  Drain();
+  auto c = Completed(op);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_TRUE(absl::IsCancelled(c->status));
+  wire::Request withdraw = MustTake(wire::Request::kWithdrawAcquire);
+  EXPECT_EQ(withdraw.withdraw_acquire().acquire_request_id(), acquire.request_id());
+  const size_t completions = done_.size();
+  Grant(acquire, 9, absl::Seconds(10));
+  EXPECT_EQ(done_.size(), completions);
+  EXPECT_EQ(core_->held(), 0u);
+  wire::Request back = MustTake(wire::Request::kRelease);
+  EXPECT_TRUE(back.release().relinquish());
+  EXPECT_EQ(back.release().token(), 9u);
+  EXPECT_FALSE(core_->Cancel(now_, op));
+}
+
+// A grant that queued so long that its lease would not last until the next heartbeat is
+// renewed before it is handed over, and measured from that renewal.
+TEST_F(ClientCoreTest, ALateGrantIsRenewedBeforeItIsHandedOver) {
+  Make({});
+  Connect(absl::Seconds(3));
+  const uint64_t op = core_->Acquire(now_, "a", absl::Seconds(10), absl::Seconds(3));
+  Drain();
+  wire::Request acquire = MustTake(wire::Request::kAcquire);
+  for (int i = 0; i < 3; ++i) {  // the session's heartbeats, answered, while it queues
+    Advance(absl::Milliseconds(500));
+    if (auto beat = Take(wire::Request::kKeepAlive)) ReplyKeepAlive(*beat);
+  }
+  Grant(acquire, 4, absl::Seconds(3));  // 1.5 s in: 0.6 s of lease left, under a period
+  EXPECT_FALSE(Completed(op).has_value());
+  wire::Request renewal = MustTake(wire::Request::kKeepAlive);
+  ASSERT_EQ(renewal.keep_alive().locks_size(), 1);
+  EXPECT_EQ(renewal.keep_alive().locks(0).token(), 4u);
+  const MonoTime t_send = now_;
+  Advance(absl::Milliseconds(100));
+  ReplyKeepAlive(renewal);
+  auto c = Completed(op);
+  ASSERT_TRUE(c.has_value() && c->lease != nullptr);
+  EXPECT_EQ(c->lease->deadline(), t_send + absl::Milliseconds(2100));
+}
+
+TEST_F(ClientCoreTest, ALateGrantWhoseRenewalFailsIsGivenBack) {
+  Make({});
+  Connect(absl::Seconds(3));
+  const uint64_t op = core_->Acquire(now_, "a", absl::Seconds(10), absl::Seconds(3));
+  Drain();
+  wire::Request acquire = MustTake(wire::Request::kAcquire);
+  Advance(absl::Milliseconds(1500));
+  while (auto beat = Take(wire::Request::kKeepAlive)) ReplyKeepAlive(*beat);
+  Grant(acquire, 4, absl::Seconds(3));
+  wire::Request renewal = MustTake(wire::Request::kKeepAlive);
+  ReplyKeepAlive(renewal, wire::FENCED_OUT);
+  auto c = Completed(op);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_TRUE(absl::IsUnavailable(c->status)) << c->status;
+  wire::Request back = MustTake(wire::Request::kRelease);
+  EXPECT_TRUE(back.release().relinquish());
+}
+
+// A standby's redirect is followed (within the configured list); a replica that fell silent is
+// left and tried last, with no more than the silence it was left for.
+TEST_F(ClientCoreTest, ReplicasFollowTheRedirectAndLeaveASilentOneForLast) {
+  Make({.replicas = {"a:1", "b:2", "c:3"}, .session_ttl = absl::Seconds(6)});
+  const uint64_t start = core_->Start(now_);
+  Drain();
+  ASSERT_EQ(dials_.size(), 1u);
+  EXPECT_EQ(dials_[0].replica, 0u);
+  core_->OnDialFailed(now_, 0, absl::UnavailableError("standby"), "c:3");
+  Drain();
+  ASSERT_EQ(dials_.size(), 2u);
+  EXPECT_EQ(dials_[1].replica, 2u);
+  core_->OnDialed(now_, 2, conn_, 3);
+  Drain();
+  wire::Request open = MustTake(wire::Request::kOpenSession);
+  wire::Response r;
+  r.mutable_open_session()->set_session_id(7);
+  r.mutable_open_session()->set_ttl_ms(6000);
+  Reply(open, r);
+  ASSERT_TRUE(Completed(start).has_value());
+  // The heartbeat (every 2 s) goes unanswered for its timeout, max(1 s, period / 2).
+  Advance(absl::Seconds(2));
+  ASSERT_TRUE(Take(wire::Request::kKeepAlive).has_value());
+  Advance(absl::Seconds(1));
+  ASSERT_EQ(closed_.size(), 1u);
+  EXPECT_EQ(closed_[0], conn_);
+  Advance(absl::Milliseconds(1));
+  ASSERT_EQ(dials_.size(), 3u);
+  EXPECT_EQ(dials_[2].replica, 0u);
+  core_->OnDialFailed(now_, 0, absl::UnavailableError("down"), "");
+  Drain();
+  EXPECT_EQ(dials_.back().replica, 1u);
+  core_->OnDialFailed(now_, 1, absl::UnavailableError("down"), "");
+  Drain();
+  EXPECT_EQ(dials_.back().replica, 2u);
+  EXPECT_LE(dials_.back().timeout, absl::Seconds(1));
+  core_->OnDialed(now_, 2, ++conn_, 3);
+  Drain();
+  wire::Request resume = MustTake(wire::Request::kResumeSession);
+  EXPECT_EQ(resume.resume_session().session_id(), 7u);
+}
+
+TEST_F(ClientCoreTest, AHandleReleasedThroughAnotherClientIsRefusedAndStaysHeld) {
+  Make({});
+  Connect(absl::Seconds(15));
+  auto lease = Hold("a", absl::Seconds(10), 2);
+  ClientCore other(CoreOptions{.replicas = {"127.0.0.1:7420"}});
+  const uint64_t op = other.Release(now_, lease, true);
+  Actions a = other.TakeActions();
+  ASSERT_EQ(a.completions.size(), 1u);
+  EXPECT_EQ(a.completions[0].op, op);
+  EXPECT_TRUE(absl::IsInvalidArgument(a.completions[0].status));
+  EXPECT_TRUE(a.sends.empty());
+  EXPECT_EQ(lease->Check(now_), LossReason::kNone);
+  core_->Release(now_, lease, true);
+  Drain();
+  wire::Request release = MustTake(wire::Request::kRelease);
+  EXPECT_FALSE(release.release().relinquish());
+  EXPECT_EQ(release.release().token(), 2u);
+}
+
+// releaseWithNextRequest: the Release goes out in the same write as the next request, first.
+TEST_F(ClientCoreTest, AReleaseWithTheNextRequestGoesFirstInItsWrite) {
+  Make({});
+  Connect(absl::Seconds(15));
+  auto lease = Hold("a", absl::Seconds(10), 2);
+  const uint64_t op = core_->Release(now_, lease, false);
+  Actions a = core_->TakeActions();
+  ASSERT_EQ(a.completions.size(), 1u);
+  EXPECT_EQ(a.completions[0].op, op);
+  EXPECT_TRUE(a.completions[0].status.ok());
+  EXPECT_TRUE(a.sends.empty());
+  EXPECT_EQ(lease->Check(now_), LossReason::kReleased);
+  core_->Acquire(now_, "a", absl::Seconds(1), absl::Seconds(10));
+  a = core_->TakeActions();
+  ASSERT_EQ(a.sends.size(), 2u);
+  EXPECT_TRUE(a.sends[0].request.has_release());
+  EXPECT_TRUE(a.sends[1].request.has_acquire());
+}
+
+// An acquire whose session's lease ran out renews the session first, measured from that send.
+TEST_F(ClientCoreTest, AnAcquireOnARunOutSessionRenewsItFirst) {
+  Make({.request_timeout = absl::Milliseconds(300)});
+  Connect(absl::Seconds(3));
+  Advance(absl::Milliseconds(2200));  // heartbeats unanswered: the usable 2.1 s passed
+  std::optional<wire::Request> renewal;
+  while (auto beat = Take(wire::Request::kKeepAlive)) renewal = beat;
+  const uint64_t op = core_->Acquire(now_, "a", absl::Seconds(1), absl::Seconds(3));
+  Drain();
+  EXPECT_FALSE(Take(wire::Request::kAcquire).has_value());
+  // It waits for the renewal in flight (or sends one).
+  if (auto beat = Take(wire::Request::kKeepAlive)) renewal = beat;
+  ASSERT_TRUE(renewal.has_value());
+  ReplyKeepAlive(*renewal);
+  wire::Request acquire = MustTake(wire::Request::kAcquire);
+  Grant(acquire, 1, absl::Seconds(3));
+  auto c = Completed(op);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_TRUE(c->status.ok()) << c->status;
+}
+
+// An acquire of a name this client relinquished, unanswered, releases it again first.
+TEST_F(ClientCoreTest, AnAcquireSettlesAnUnansweredRelinquishOfTheSameNameFirst) {
+  Make({.request_timeout = absl::Milliseconds(300)});
+  Connect(absl::Seconds(30));
+  auto lease = Hold("a", absl::Seconds(1), 5);
+  Advance(absl::Milliseconds(701));
+  (void)MustTake(wire::Request::kRelease);  // the relinquish: never answered
+  const uint64_t op = core_->Acquire(now_, "a", absl::Seconds(1), absl::Seconds(1));
+  Drain();
+  wire::Request settle = MustTake(wire::Request::kRelease);
+  EXPECT_EQ(settle.release().token(), 5u);
+  EXPECT_FALSE(Take(wire::Request::kAcquire).has_value());
+  ReplyCode(settle, wire::FENCED_OUT);
+  wire::Request acquire = MustTake(wire::Request::kAcquire);
+  Grant(acquire, 6, absl::Seconds(1));
+  EXPECT_TRUE(Completed(op).has_value());
+}
+
+TEST_F(ClientCoreTest, ADialThatFailsFailsTheWaitingCallsAndRetriesOnlyForASession) {
+  Make({});
+  const uint64_t start = core_->Start(now_);
+  Drain();
+  core_->OnDialFailed(now_, 0, absl::UnavailableError("connection refused"), "");
+  Drain();
+  auto c = Completed(start);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_TRUE(absl::IsUnavailable(c->status));
+  Advance(absl::Seconds(10));
+  EXPECT_EQ(dials_.size(), 1u);  // no session to keep: nothing to dial for
+}
+
+TEST_F(ClientCoreTest, AFencedOutRenewalLosesTheLockAtOnce) {
+  Make({});
+  Connect(absl::Seconds(3));
+  auto lease = Hold("a", absl::Seconds(3), 1);
+  Advance(absl::Seconds(1));
+  ReplyKeepAlive(MustTake(wire::Request::kKeepAlive), wire::FENCED_OUT);
+  EXPECT_EQ(lease->Check(now_), LossReason::kFencedOut);
+  ASSERT_EQ(lost_.size(), 1u);
+  EXPECT_EQ(core_->held(), 0u);
+  const uint64_t op = core_->Release(now_, lease, true);
+  Drain();
+  auto c = Completed(op);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_TRUE(absl::IsAborted(c->status));
+  EXPECT_FALSE(Take(wire::Request::kRelease).has_value());  // no stale request
+}
+
+}  // namespace
+}  // namespace fencelock::client_core
