@@ -15,11 +15,13 @@
 #include "absl/strings/str_format.h"
 #include "clock/time_source.h"
 #include "fencelock/wire.pb.h"
-#include "lease.h"  // the client library's lease rules (D1, D3, D5)
+#include "lock-client/core/client_core.h"
+#include "lock-client/core/lease.h"
 #include "lock-server/commit_log.h"
 #include "lock-server/local_commit_log.h"
 #include "lock-server/server_core.h"
 #include "lock-server/storage.h"
+#include "protocol/codes.h"
 #include "protocol/frame.h"
 #include "protocol/version.h"
 #include "sim_disk.h"
@@ -262,21 +264,10 @@ struct Connection {
   protocol::FrameDecoder decoder;  // the client's side
 };
 
-// A request in flight, as the client remembers it.
-struct Pending {
-  enum class Kind { kHello, kOpen, kResume, kKeepAlive, kAcquire, kRelease, kClose, kWithdraw } kind;
-  MonoTime t_send;
-  absl::Duration timeout;
-  std::string lock;
-  FenceToken token = 0;
-  absl::Duration ttl;
-  std::vector<std::pair<std::string, FenceToken>> renewed;
-  // kAcquire: the client withdrew it (WithdrawAcquire) and no longer waits for it.
-  bool withdrawn = false;
-  // kWithdraw: the request id of the Acquire it withdraws.
-  uint64_t acquire_id = 0;
-};
-
+// A client: the client library's own core (lock-client/core) on the node's clock, over the
+// simulated network, with a worker that acquires, checks, steps, releases, gives up waiting
+// and closes its session at random. The transport here (dial, Hello, frames) is the
+// simulator's; every lease rule is the core's.
 class SimClient {
  public:
   SimClient(Simulation* sim, int node, World* world, Rng* rng)
@@ -285,42 +276,73 @@ class SimClient {
   void OnResponse(int conn, const wire::Response& r);
   void OnDisconnected(int conn);
   int node() const { return node_; }
-  int conn() const { return conn_; }
 
  private:
-  void Connect();
-  void Send(Pending p, wire::Request r);
+  struct Held {
+    std::shared_ptr<LeaseState> lease;
+    SessionId session = 0;
+  };
+  // Carries out what the core asked for, and arms its timer.
+  void Apply();
+  void Dial(const client_core::Dial& dial);
+  void DialFailed(const absl::Status& status, const std::string& leader);
+  // Checks lockd's reply to a request of this client against what was true when it arrived.
+  void Observe(int conn, const wire::Response& r);
   void Work();
-  void Heartbeat();
-  void CheckTimeouts();
-  void Drop(const std::string& lock);
-  void DropAll() {
-    for (auto& [lock, lease] : held_) lease->MarkLost(LossReason::kSessionLost);
-    held_.clear();
+  // An irreversible step under `held`, taken after a check that may be long past: lockd's
+  // fence (Validate) must refuse a stale token.
+  void Step(const std::string& lock, Held held);
+  void GiveUp(const std::string& lock, uint64_t token, SessionId session, const char* why) {
+    if (session != 0) given_up_[{lock, token}] = GivenUp{session, why};
   }
-  MonoTime Deadline(MonoTime t_send, absl::Duration ttl) const;
 
   Simulation* sim_;
   int node_;
   World* world_;
   Rng* rng_;
   NodeTime time_;
-  int conn_ = -1;
+  std::unique_ptr<client_core::ClientCore> core_;
   uint64_t next_request_ = 0;
-  SessionId session_ = 0;
-  std::string secret_;  // resumes session_ on a new connection
-  MonoTime session_deadline_ = MonoTime::Min();  // the client's own estimate (D1)
-  bool opening_ = false;
-  absl::Duration session_ttl_;
-  std::map<std::string, std::shared_ptr<LeaseState>> held_;
-  std::map<uint64_t, Pending> pending_;
-  bool acquiring_ = false;
-  uint64_t acquire_id_ = 0;  // of the Acquire in flight, while acquiring_
-  // Acquires on this connection that lockd said it withdrew: none of them may be granted.
+  // The dial under way: its connection, the replica, and its Hello's request id.
+  int dialing_ = -1;
+  size_t dial_replica_ = 0;
+  uint64_t hello_id_ = 0;
+  std::unique_ptr<Timer> work_, wake_, dial_timeout_;
+  std::map<std::string, Held> held_;
+  // The acquire in flight (0: none), its lock, and the request id of its Acquire once sent.
+  uint64_t acquire_op_ = 0;
+  std::string acquiring_;
+  uint64_t acquire_rid_ = 0;
+  SessionId acquire_session_ = 0;
+  bool acquire_cancelled_ = false;
+  std::set<uint64_t> completed_;  // operations the core completed
+  // Requests sent and not answered, by request id: the connection and the request.
+  std::map<uint64_t, std::pair<int, wire::Request>> sent_;
+  // Acquires lockd said it withdrew: none of them may be granted.
   std::set<uint64_t> withdrawn_;
-  std::unique_ptr<Timer> work_, heartbeat_, timeouts_, reconnect_;
+  // Acquires this client withdrew (the caller gave up waiting), by request id.
+  std::set<uint64_t> withdrawn_acquires_;
+  // Sessions lockd said it no longer has: no lease of theirs may pass a check after that.
+  std::set<SessionId> gone_sessions_;
+  // Locks this client gave up (released, lost at their deadline, a grant nobody waited for),
+  // not yet answered by lockd: (lock, token) to its session and why.
+  struct GivenUp {
+    SessionId session;
+    const char* why;
+  };
+  std::map<std::pair<std::string, uint64_t>, GivenUp> given_up_;
+  // A session resumed on connection `conn`: what it owed lockd then, and the last request id
+  // sent with the resume's handling. A reply to a later request shows lockd read them all.
+  struct Resumed {
+    uint64_t last_request = 0;
+    std::vector<std::pair<std::string, uint64_t>> owed;
+    SessionId session = 0;
+  };
+  std::map<int, Resumed> resumed_;
+  // Locks lockd holds for this client's session with a token the client holds no handle for:
+  // since when (true time).
+  std::map<std::pair<std::string, uint64_t>, int64_t> orphans_;
 };
-
 class Simulation {
  public:
   explicit Simulation(const SimOptions& options)
@@ -355,7 +377,7 @@ class Simulation {
     result_.ok = false;
   }
   // checkStillHeld said "held" for `token` on `lock`.
-  void CheckHeld(int client, const std::string& lock, FenceToken token);
+  void CheckHeld(int client, const std::string& lock, FenceToken token, SessionId session);
   void CountGrant(FenceToken token) {
     ++result_.grants;
     if (!acked_tokens_.insert(token).second) {
@@ -369,6 +391,18 @@ class Simulation {
     return stale_.contains({conn, request_id, lock});
   }
   bool bounds_hold() const { return options_.lockd_fast_clock == 0; }
+  // Since when (true time) lockd has run without a restart or a pause: leases it restored
+  // or postponed run their full TTL from then.
+  int64_t lockd_undisturbed_since() {
+    return std::max(lockd_started_at_, world_.node(kLockd).paused_until);
+  }
+  // Whether lockd ended `session` on its own (the fault EndASession): until its client hears
+  // so, its leases may overlap another's.
+  bool ended_by_fault(SessionId session) const { return ended_sessions_.contains(session); }
+  // Who holds `lock` on lockd now; nullptr when it is free or lockd is down.
+  const server::HolderState* Holder(const std::string& lock) const {
+    return core_ ? core_->service().state().FindHolder(lock) : nullptr;
+  }
 
   class Sink;
 
@@ -376,6 +410,10 @@ class Simulation {
   void StartLockd();
   void Crash();
   void ScheduleFaults();
+  // lockd loses a client's session while the client still holds its leases, as a replica that
+  // lost it would: the client's connection is cut, and the session is ended at once (by a
+  // stranger with its secret) before the client can resume it.
+  void EndASession();
   // One of the connections now open, or -1.
   int RandomOpenConnection();
   void DeliverToLockd(int conn, std::string payload, wire::Request request);
@@ -405,9 +443,13 @@ class Simulation {
   // and the tokens an OK answer asserts.
   std::map<std::pair<int, uint64_t>, std::pair<SessionId, std::vector<FenceToken>>> renewals_;
   std::set<FenceToken> acked_tokens_;
+  // Each session's opening connection and secret, as lockd's reply carried them.
+  std::map<SessionId, std::pair<int, std::string>> secrets_by_session_;
+  std::set<SessionId> ended_sessions_;
   std::set<std::tuple<uint64_t, uint64_t, std::string>> stale_;  // conn, request, lock
   std::vector<std::pair<std::string, SessionId>> grants_this_event_;
   bool lockd_up_ = false;
+  int64_t lockd_started_at_ = 0;
   int64_t handoff_at_ = 0;  // when the log's last completion reaches lockd's thread
   const int env_node_;
   // One-way partitions of a client's link: nothing it sends (or nothing sent to it) arrives
@@ -476,7 +518,7 @@ int Simulation::OpenConnection(int client_node) {
     // Nobody listens: the connection is refused.
     world_.At(arrive, client_node, [this, id] {
       conns_[id]->open = false;
-      clients_[conns_[id]->client - 1]->OnDisconnected(id);
+      if (conns_[id]->client != env_node_) clients_[conns_[id]->client - 1]->OnDisconnected(id);
     });
     return id;
   }
@@ -523,6 +565,8 @@ void Simulation::DeliverToLockd(int conn, std::string payload, wire::Request req
     }
   } else if (request.has_release()) {
     note(request.release().lock(), request.release().token());
+  } else if (request.has_validate()) {
+    note(request.validate().lock(), request.validate().token());
   }
   core_->Receive(c.server_id, std::span<const std::string>(&payload, 1));
 }
@@ -549,6 +593,7 @@ void Simulation::Sink::Send(std::string_view frames) {
         sim->Fail("a reply from lockd does not parse");
         continue;
       }
+      if (c.client == sim->env_node_) continue;  // a stranger's: nobody reads it
       sim->clients_[c.client - 1]->OnResponse(conn, r);
       if (!c.open) break;
     }
@@ -576,7 +621,9 @@ void Simulation::CutConnection(int conn) {
   }
   const int client = c.client;
   world_.At(world_.now() + Ns(absl::Microseconds(100)), client,
-            [this, conn, client] { clients_[client - 1]->OnDisconnected(conn); });
+            [this, conn, client] {
+              if (client != env_node_) clients_[client - 1]->OnDisconnected(conn);
+            });
 }
 
 // ---- lockd ----
@@ -644,6 +691,7 @@ void Simulation::StartLockd() {
   core_ = std::make_unique<ServerCore>(core_options, lockd_time_.get(), std::move(*opened));
   core_->Start();
   lockd_up_ = true;
+  lockd_started_at_ = world_.now();
 }
 
 void Simulation::Crash() {
@@ -711,7 +759,10 @@ void Simulation::CheckReplyGate(int conn, std::string_view frames) {
       }
     };
     if (r.has_acquire() && r.acquire().granted()) committed(grant_lsn_, r.acquire().token(), "grant of token");
-    if (r.has_open_session()) committed(session_lsn_, r.open_session().session_id(), "session");
+    if (r.has_open_session()) {
+      committed(session_lsn_, r.open_session().session_id(), "session");
+      secrets_by_session_[r.open_session().session_id()] = {conn, r.open_session().secret()};
+    }
     if (r.has_keep_alive()) {
       // A renewal is answered without waiting for other batches; what it asserts (its session
       // and tokens) must be committed all the same.
@@ -757,13 +808,14 @@ void Simulation::RunLockdEvent(const std::function<void()>& fn) {
   }
 }
 
-void Simulation::CheckHeld(int client, const std::string& lock, FenceToken token) {
+void Simulation::CheckHeld(int client, const std::string& lock, FenceToken token,
+                           SessionId session) {
   ++result_.checks_passed;
   if (!core_) return;
   const auto* holder = core_->service().state().FindHolder(lock);
   if (holder == nullptr || holder->token == token) return;
   ++result_.overlaps;
-  if (bounds_hold()) {
+  if (bounds_hold() && !ended_by_fault(session)) {
     Fail(absl::StrCat("client ", client, " passed checkStillHeld for ", lock, " with token ",
                       token, " while session ", holder->session, " holds it with token ",
                       holder->token));
@@ -786,6 +838,9 @@ void Simulation::ScheduleFaults() {
     for (int i = 0, n = static_cast<int>(rng_.Below(3)); i < n; ++i) {
       world_.At(rng_.Between(Ns(absl::Seconds(1)), end), env_node_, [this] { Crash(); });
     }
+  }
+  if (options_.network_faults && rng_.Chance(0.2)) {
+    world_.At(rng_.Between(Ns(absl::Seconds(1)), end), env_node_, [this] { EndASession(); });
   }
   if (options_.disk_faults && rng_.Chance(0.25)) {
     world_.At(rng_.Between(Ns(absl::Seconds(1)), end), env_node_, [this] {
@@ -844,6 +899,50 @@ void Simulation::ScheduleFaults() {
   }
 }
 
+void Simulation::EndASession() {
+  if (!core_) return;
+  // A session with a lock held.
+  std::vector<SessionId> candidates;
+  for (int l = 0; l < options_.locks; ++l) {
+    const auto* h = Holder(absl::StrCat("lock-", l));
+    if (h != nullptr && secrets_by_session_.contains(h->session)) candidates.push_back(h->session);
+  }
+  if (candidates.empty()) return;
+  const SessionId session = candidates[rng_.Below(candidates.size())];
+  ended_sessions_.insert(session);
+  world_.Mix(session | (uint64_t{0xE} << 56));
+  const int client = conns_[secrets_by_session_.at(session).first]->client;
+  for (size_t i = 0; i < conns_.size(); ++i) {
+    if (conns_[i]->open && conns_[i]->client == client) CutConnection(static_cast<int>(i));
+  }
+  // The stranger's requests reach lockd at once, before the client can reconnect.
+  const int stranger = static_cast<int>(conns_.size());
+  auto c = std::make_unique<Connection>();
+  c->client = env_node_;
+  conns_.push_back(std::move(c));
+  sinks_.push_back(std::make_unique<Sink>(this, stranger));
+  std::vector<std::string> payloads;
+  wire::Request r;
+  r.set_request_id(1);
+  r.mutable_hello()->set_min_version(protocol::kMinProtocolVersion);
+  r.mutable_hello()->set_max_version(protocol::kMaxProtocolVersion);
+  payloads.push_back(r.SerializeAsString());
+  r.Clear();
+  r.set_request_id(2);
+  r.mutable_resume_session()->set_session_id(session);
+  r.mutable_resume_session()->set_secret(secrets_by_session_.at(session).second);
+  payloads.push_back(r.SerializeAsString());
+  r.Clear();
+  r.set_request_id(3);
+  r.mutable_close_session()->set_session_id(session);
+  payloads.push_back(r.SerializeAsString());
+  world_.At(world_.now(), kLockd, [this, stranger, payloads = std::move(payloads)] {
+    if (!core_ || !conns_[stranger]->open) return;
+    conns_[stranger]->server_id = core_->Connect(sinks_[stranger].get());
+    core_->Receive(conns_[stranger]->server_id, std::span<const std::string>(payloads));
+  });
+}
+
 SimResult Simulation::Run() {
   const int64_t bound_ppm = static_cast<int64_t>(options_.clock_rate_bound * 1e6);
   for (int n = 0; n <= options_.clients; ++n) {
@@ -885,273 +984,324 @@ SimResult Simulation::Run() {
 
 // ---- the client ----
 
-MonoTime SimClient::Deadline(MonoTime t_send, absl::Duration ttl) const {
-  return UsableDeadline(t_send, ttl, sim_->options().safety_margin);  // D1
-}
-
 void SimClient::Start() {
+  client_core::CoreOptions options;
+  options.replicas = {"lockd:7420"};
+  options.session_ttl = rng_->Between(absl::Seconds(2), absl::Seconds(5));
+  options.safety_margin = sim_->options().safety_margin;
+  options.request_timeout = kRequestTimeout;
+  options.connect_timeout = kRequestTimeout;
+  options.next_request_id = [this] { return ++next_request_; };
+  core_ = std::make_unique<client_core::ClientCore>(std::move(options));
   work_ = time_.NewTimer();
-  heartbeat_ = time_.NewTimer();
-  timeouts_ = time_.NewTimer();
-  reconnect_ = time_.NewTimer();
-  session_ttl_ = rng_->Between(absl::Seconds(2), absl::Seconds(5));
-  reconnect_->ArmAt(time_.Now() + rng_->Between(absl::Milliseconds(1), absl::Milliseconds(50)),
-                    [this] { Connect(); });
-  work_->ArmAt(time_.Now() + absl::Milliseconds(100), [this] { Work(); });
-  heartbeat_->ArmAt(time_.Now() + absl::Milliseconds(100), [this] { Heartbeat(); });
-  timeouts_->ArmAt(time_.Now() + absl::Milliseconds(50), [this] { CheckTimeouts(); });
+  wake_ = time_.NewTimer();
+  dial_timeout_ = time_.NewTimer();
+  work_->ArmAt(time_.Now() + rng_->Between(absl::Milliseconds(1), absl::Milliseconds(50)),
+               [this] {
+                 core_->Start(time_.Now());
+                 Apply();
+                 Work();
+               });
 }
 
-void SimClient::Connect() {
-  conn_ = sim_->OpenConnection(node_);
+void SimClient::Apply() {
+  for (;;) {
+    client_core::Actions a = core_->TakeActions();
+    if (a.empty()) break;
+    for (const auto& line : a.logs) world_->Mix(line.message);
+    for (uint64_t conn : a.close) sim_->CutConnection(static_cast<int>(conn) - 1);
+    for (auto& out : a.sends) {
+      const int conn = static_cast<int>(out.conn) - 1;
+      const wire::Request& r = out.request;
+      if (r.has_acquire() && acquire_op_ != 0 && r.acquire().lock() == acquiring_) {
+        acquire_rid_ = r.request_id();
+        acquire_session_ = r.acquire().session_id();
+      }
+      sent_[r.request_id()] = {conn, r};
+      sim_->ClientSend(conn, r);
+    }
+    for (const auto& lease : a.lost) {
+      auto it = held_.find(lease->lock());
+      if (it == held_.end() || it->second.lease != lease) continue;
+      if (lease->Check(MonoTime::Min()) == LossReason::kDeadlinePassed) {
+        GiveUp(lease->lock(), lease->token(), it->second.session, "its deadline passed");
+      }
+      held_.erase(it);
+    }
+    for (const auto& c : a.completions) {
+      if (!completed_.insert(c.op).second) {
+        sim_->Fail(absl::StrCat("client ", node_, ": operation ", c.op, " completed twice"));
+      }
+      if (c.op != acquire_op_) continue;
+      if (c.lease != nullptr) {
+        if (acquire_cancelled_) {
+          sim_->Fail(absl::StrCat("client ", node_, ": the withdrawn acquire of ", acquiring_,
+                                  " was handed over as granted (token ", c.lease->token(), ")"));
+        }
+        held_[c.lease->lock()] = Held{c.lease, acquire_session_};
+        orphans_.erase({c.lease->lock(), c.lease->token()});
+      }
+      acquire_op_ = 0;
+      acquire_rid_ = 0;
+    }
+    if (a.dial) Dial(*a.dial);
+  }
+  const MonoTime next = core_->NextWakeup();
+  if (next == MonoTime::Max()) {
+    wake_->Cancel();
+  } else if (wake_->armed_for() != next) {
+    wake_->ArmAt(next, [this] {
+      core_->OnTick(time_.Now());
+      Apply();
+    });
+  }
+}
+
+void SimClient::Dial(const client_core::Dial& dial) {
+  dialing_ = sim_->OpenConnection(node_);
+  dial_replica_ = dial.replica;
   wire::Request hello;
-  hello.mutable_hello()->set_min_version(1);
-  hello.mutable_hello()->set_max_version(protocol::kWithdrawProtocolVersion);
-  Send(Pending{.kind = Pending::Kind::kHello, .timeout = kRequestTimeout}, hello);
-  if (session_ != 0) {
-    // lockd lets only the connection a session is bound to drive it: resume it here first.
-    wire::Request resume;
-    resume.mutable_resume_session()->set_session_id(session_);
-    resume.mutable_resume_session()->set_secret(secret_);
-    Send(Pending{.kind = Pending::Kind::kResume, .timeout = kRequestTimeout}, resume);
-  }
-  if (session_ == 0 && !opening_) {
-    wire::Request open;
-    open.mutable_open_session()->set_ttl_ms(absl::ToInt64Milliseconds(session_ttl_));
-    opening_ = true;
-    Send(Pending{.kind = Pending::Kind::kOpen, .timeout = kRequestTimeout}, open);
-  }
+  hello.set_request_id(hello_id_ = ++next_request_);
+  hello.mutable_hello()->set_min_version(protocol::kMinProtocolVersion);
+  hello.mutable_hello()->set_max_version(protocol::kMaxProtocolVersion);
+  sim_->ClientSend(dialing_, hello);
+  dial_timeout_->ArmAt(time_.Now() + dial.timeout, [this] {
+    if (dialing_ < 0) return;
+    sim_->CutConnection(dialing_);
+    DialFailed(absl::DeadlineExceededError("no Hello answer in time"), "");
+  });
 }
 
-void SimClient::Send(Pending p, wire::Request r) {
-  if (conn_ < 0) return;
-  r.set_request_id(++next_request_);
-  p.t_send = time_.Now();  // D2: read immediately before the request is written
-  pending_[r.request_id()] = std::move(p);
-  sim_->ClientSend(conn_, r);
+void SimClient::DialFailed(const absl::Status& status, const std::string& leader) {
+  dialing_ = -1;
+  dial_timeout_->Cancel();
+  core_->OnDialFailed(time_.Now(), dial_replica_, status, leader);
+  Apply();
 }
 
 void SimClient::OnDisconnected(int conn) {
-  if (conn != conn_) return;
-  conn_ = -1;
-  // Every request in flight failed: none of them extends anything (D5).
-  for (const auto& [id, p] : pending_) {
-    if (p.kind == Pending::Kind::kOpen) opening_ = false;
-    if (p.kind == Pending::Kind::kAcquire) acquiring_ = false;
+  if (conn == dialing_) return DialFailed(absl::UnavailableError("connection refused"), "");
+  // Every request in flight on it is unanswered for good.
+  for (auto it = sent_.begin(); it != sent_.end();) {
+    it = it->second.first == conn ? sent_.erase(it) : std::next(it);
   }
-  pending_.clear();
-  withdrawn_.clear();  // request ids are the connection's
-  reconnect_->ArmAt(time_.Now() + rng_->Between(absl::Milliseconds(20), absl::Milliseconds(300)),
-                    [this] { Connect(); });
+  resumed_.erase(conn);
+  core_->OnDisconnected(time_.Now(), static_cast<uint64_t>(conn) + 1);
+  Apply();
 }
 
-void SimClient::CheckTimeouts() {
-  const MonoTime now = time_.Now();
-  for (const auto& [id, p] : pending_) {
-    if (now - p.t_send > p.timeout) {
-      // The request timed out: give up on the connection (the client library reconnects).
-      sim_->CutConnection(conn_);
-      break;
+void SimClient::OnResponse(int conn, const wire::Response& r) {
+  if (conn == dialing_ && r.request_id() == hello_id_) {
+    const int d = dialing_;
+    dialing_ = -1;
+    dial_timeout_->Cancel();
+    if (r.code() != wire::OK) {
+      sim_->CutConnection(d);
+      core_->OnDialFailed(time_.Now(), dial_replica_, protocol::StatusFromCode(r.code(), r.message()),
+                          r.hello().leader());
+    } else {
+      core_->OnDialed(time_.Now(), dial_replica_, static_cast<uint64_t>(d) + 1, r.hello().version());
+    }
+    Apply();
+    return;
+  }
+  Observe(conn, r);
+  const bool resume_ok = [&] {
+    auto it = sent_.find(r.request_id());
+    return it != sent_.end() && it->second.second.has_resume_session() && r.code() == wire::OK;
+  }();
+  sent_.erase(r.request_id());
+  std::vector<std::pair<std::string, uint64_t>> owed;
+  if (resume_ok) {
+    for (const auto& [key, session] : given_up_) owed.push_back(key);
+  }
+  core_->OnResponse(time_.Now(), static_cast<uint64_t>(conn) + 1, r);
+  Apply();
+  if (resume_ok) resumed_[conn] = Resumed{next_request_, std::move(owed), core_->session_id()};
+}
+
+void SimClient::Observe(int conn, const wire::Response& r) {
+  auto it = sent_.find(r.request_id());
+  if (it == sent_.end()) return;
+  const wire::Request& q = it->second.second;
+  if (r.code() == wire::PERMISSION_DENIED) {
+    // Every client drives only its own session, resumed with its own secret first.
+    sim_->Fail(absl::StrCat("lockd refused client ", node_, "'s own request: ", r.message()));
+  }
+  if (r.code() == wire::SESSION_NOT_FOUND) {
+    SessionId s = 0;
+    if (q.has_keep_alive()) s = q.keep_alive().session_id();
+    if (q.has_resume_session()) s = q.resume_session().session_id();
+    if (q.has_acquire()) s = q.acquire().session_id();
+    if (q.has_release()) s = q.release().session_id();
+    if (s != 0) gone_sessions_.insert(s);
+  }
+  // lockd read every request sent with a resume's handling: what the client owed it then
+  // (relinquishes unanswered when the old connection broke) has been given back.
+  if (auto res = resumed_.find(conn);
+      res != resumed_.end() && r.request_id() > res->second.last_request) {
+    for (const auto& [lock, token] : res->second.owed) {
+      const auto* h = sim_->Holder(lock);
+      auto g = given_up_.find({lock, token});
+      if (h != nullptr && h->token == token && h->session == res->second.session &&
+          g != given_up_.end()) {
+        sim_->Fail(absl::StrCat("client ", node_, " gave up ", lock, " (token ", token, ": ",
+                                g->second.why,
+                                ") and resumed its session on a new connection, and lockd still "
+                                "holds it for the session: it was not given back again"));
+      }
+    }
+    resumed_.erase(res);
+  }
+  if (q.has_withdraw_acquire() && r.code() == wire::OK && r.withdraw_acquire().withdrawn()) {
+    withdrawn_.insert(q.withdraw_acquire().acquire_request_id());
+    sim_->CountWithdrawal();
+  }
+  if (q.has_acquire()) {
+    if (withdrawn_.erase(r.request_id()) > 0 && r.code() != wire::CANCELLED) {
+      sim_->Fail(absl::StrCat("lockd answered Acquire ", r.request_id(), " of client ", node_,
+                              " with ", wire::Code_Name(r.code()),
+                              " after it said it had withdrawn it"));
+    }
+    if (r.code() == wire::OK && r.acquire().granted()) {
+      sim_->CountGrant(r.acquire().token());
+      // A grant nobody waits for any more (withdrawn, or its wait ran out) is given back.
+      if (r.request_id() != acquire_rid_ || acquire_op_ == 0 || acquire_cancelled_) {
+        GiveUp(q.acquire().lock(), r.acquire().token(), q.acquire().session_id(),
+               withdrawn_acquires_.contains(r.request_id())
+                   ? "a grant that crossed its withdrawal"
+                   : "a grant nobody waited for any more");
+      }
     }
   }
-  timeouts_->ArmAt(now + absl::Milliseconds(50), [this] { CheckTimeouts(); });
-}
-
-void SimClient::Drop(const std::string& lock) {
-  auto it = held_.find(lock);
-  if (it == held_.end()) return;
-  it->second->MarkLost(LossReason::kReleased);
-  held_.erase(it);
-}
-
-void SimClient::Heartbeat() {
-  absl::Duration shortest = session_ttl_;
-  for (const auto& [lock, lease] : held_) shortest = std::min(shortest, lease->ttl());
-  const absl::Duration period = shortest * (1 - sim_->options().safety_margin) / 3;
-  if (conn_ >= 0 && session_ != 0) {
-    wire::Request r;
-    r.mutable_keep_alive()->set_session_id(session_);
-    Pending p{.kind = Pending::Kind::kKeepAlive, .timeout = kRequestTimeout};
-    for (const auto& [lock, lease] : held_) {
-      auto* ref = r.mutable_keep_alive()->add_locks();
-      ref->set_lock(lock);
-      ref->set_token(lease->token());
-      p.renewed.emplace_back(lock, lease->token());
+  if (q.has_keep_alive() && r.code() == wire::OK) {
+    const auto& codes = r.keep_alive().lock_codes();
+    for (int i = 0; i < q.keep_alive().locks_size() && i < codes.size(); ++i) {
+      const auto& l = q.keep_alive().locks(i);
+      if (codes[i] == wire::OK && sim_->WasStale(conn, r.request_id(), l.lock())) {
+        sim_->Fail(absl::StrCat("lockd renewed ", l.lock(), " for token ", l.token(),
+                                ", which was stale when the renewal arrived"));
+      }
+      if (codes[i] == wire::FENCED_OUT) sim_->CountFencedOut();
     }
-    Send(std::move(p), r);
   }
-  heartbeat_->ArmAt(time_.Now() + period, [this] { Heartbeat(); });
+  if (q.has_release()) {
+    if (r.code() == wire::OK && sim_->WasStale(conn, r.request_id(), q.release().lock())) {
+      sim_->Fail(absl::StrCat("lockd accepted a release of ", q.release().lock(), " with token ",
+                              q.release().token(), ", which was stale when it arrived"));
+    }
+    if (r.code() == wire::FENCED_OUT) sim_->CountFencedOut();
+    given_up_.erase({q.release().lock(), q.release().token()});  // answered: settled
+  }
+  if (q.has_validate()) {
+    if (r.code() == wire::OK && sim_->WasStale(conn, r.request_id(), q.validate().lock())) {
+      sim_->Fail(absl::StrCat("lockd confirmed ", q.validate().lock(), " for token ",
+                              q.validate().token(), ", which was stale when the step arrived"));
+    }
+    if (r.code() == wire::FENCED_OUT) sim_->CountFencedOut();
+  }
+}
+
+void SimClient::Step(const std::string& lock, Held held) {
+  // The caller checked long ago and acts now: the resource asks lockd whether the token still
+  // holds the lock (fence 1 for a resource that stores no tokens), on the client's connection
+  // beside the core's requests, whatever the client believes.
+  const uint64_t conn = core_->conn();
+  if (conn == 0) return;
+  wire::Request validate;
+  validate.set_request_id(++next_request_);
+  validate.mutable_validate()->set_lock(lock);
+  validate.mutable_validate()->set_token(held.lease->token());
+  sent_[validate.request_id()] = {static_cast<int>(conn) - 1, validate};
+  sim_->ClientSend(static_cast<int>(conn) - 1, validate);
 }
 
 void SimClient::Work() {
   const MonoTime now = time_.Now();
   // The critical section: checkStillHeld before each step.
   std::vector<std::string> lost;
-  for (const auto& [lock, lease] : held_) {
-    if (lease->Check(now) != LossReason::kNone) {
+  for (const auto& [lock, held] : held_) {
+    if (held.lease->Check(now) != LossReason::kNone) {
       lost.push_back(lock);
       continue;
     }
-    sim_->CheckHeld(node_, lock, lease->token());
-  }
-  for (const std::string& lock : lost) Drop(lock);
-  if (conn_ >= 0 && session_ != 0) {
-    if (!held_.empty() && rng_->Chance(0.15)) {
-      const auto& [lock, lease] = *held_.begin();
-      wire::Request r;
-      r.mutable_release()->set_session_id(session_);
-      r.mutable_release()->set_lock(lock);
-      r.mutable_release()->set_token(lease->token());
-      Send(Pending{.kind = Pending::Kind::kRelease, .timeout = kRequestTimeout, .lock = lock,
-                   .token = lease->token()},
-           r);
-      Drop(lock);  // the caller gave it up at once
-    } else if (acquiring_ && pending_.contains(acquire_id_) &&
-               !pending_.at(acquire_id_).withdrawn && rng_->Chance(0.05)) {
-      // The caller gives up waiting: withdraw the Acquire from the lock's queue. A grant that
-      // crosses it is given back.
-      pending_.at(acquire_id_).withdrawn = true;
-      acquiring_ = false;
-      wire::Request r;
-      r.mutable_withdraw_acquire()->set_session_id(session_);
-      r.mutable_withdraw_acquire()->set_acquire_request_id(acquire_id_);
-      Send(Pending{.kind = Pending::Kind::kWithdraw, .timeout = kRequestTimeout,
-                   .acquire_id = acquire_id_},
-           r);
-    } else if (held_.empty() && !acquiring_ && rng_->Chance(0.5)) {
-      const std::string lock = absl::StrCat("lock-", rng_->Below(sim_->options().locks));
-      const absl::Duration ttl = rng_->Between(absl::Seconds(1), absl::Seconds(4));
-      const absl::Duration wait =
-          rng_->Chance(0.5) ? absl::ZeroDuration() : rng_->Between(absl::Milliseconds(100), absl::Seconds(3));
-      wire::Request r;
-      r.mutable_acquire()->set_session_id(session_);
-      r.mutable_acquire()->set_lock(lock);
-      r.mutable_acquire()->set_ttl_ms(absl::ToInt64Milliseconds(ttl));
-      r.mutable_acquire()->set_wait_timeout_ms(absl::ToInt64Milliseconds(wait));
-      acquiring_ = true;
-      Send(Pending{.kind = Pending::Kind::kAcquire, .timeout = wait + kRequestTimeout, .lock = lock,
-                   .ttl = ttl},
-           r);
-      acquire_id_ = next_request_;
-    } else if (held_.empty() && !acquiring_ && rng_->Chance(0.01)) {
-      wire::Request r;
-      r.mutable_close_session()->set_session_id(session_);
-      Send(Pending{.kind = Pending::Kind::kClose, .timeout = kRequestTimeout}, r);
-      session_ = 0;
+    if (gone_sessions_.contains(held.session)) {
+      sim_->Fail(absl::StrCat("client ", node_, " passed checkStillHeld for ", lock, " (token ",
+                              held.lease->token(), ") after lockd told it that session ",
+                              held.session, " is gone"));
+    }
+    sim_->CheckHeld(node_, lock, held.lease->token(), held.session);
+    // Now and then the check asks lockd too (checkStillHeld with Confirm::kWithServer).
+    if (rng_->Chance(0.05)) core_->Validate(now, held.lease);
+    if (rng_->Chance(0.1)) {
+      // The caller checked, then stalls before its step (a GC pause, a slow hop).
+      const absl::Duration stall = rng_->Chance(0.5) ? absl::ZeroDuration()
+                                                     : rng_->Between(absl::Milliseconds(1), absl::Seconds(3));
+      Held h = held;
+      std::string name = lock;
+      world_->At(world_->now() + Ns(stall), node_, [this, name, h] { Step(name, h); });
     }
   }
-  if (session_ == 0 && conn_ >= 0 && !opening_) {
-    wire::Request open;
-    open.mutable_open_session()->set_ttl_ms(absl::ToInt64Milliseconds(session_ttl_));
-    opening_ = true;
-    Send(Pending{.kind = Pending::Kind::kOpen, .timeout = kRequestTimeout}, open);
+  for (const std::string& lock : lost) held_.erase(lock);
+  // Locks lockd keeps for this client's session that it neither holds a handle for nor is
+  // acquiring (a grant handed to nobody, or one it gave up): lockd's own expiry ends one
+  // within its TTL (4 s at most) unless the client keeps renewing it.
+  const SessionId session = core_->session_id();
+  if (session != 0) {
+    for (int l = 0; l < sim_->options().locks; ++l) {
+      const std::string lock = absl::StrCat("lock-", l);
+      const auto* h = sim_->Holder(lock);
+      if (h == nullptr || h->session != session) continue;
+      auto mine = held_.find(lock);
+      if ((mine != held_.end() && mine->second.lease->token() == h->token) ||
+          (acquire_op_ != 0 && acquiring_ == lock)) {
+        orphans_.erase({lock, h->token});
+        continue;
+      }
+      // A grant whose answer was lost with its connection is unknown to the client; lockd
+      // ends it within its TTL (at most 4 s) of when it last restarted or stalled.
+      auto [it, fresh] = orphans_.try_emplace({lock, h->token}, world_->now());
+      const int64_t since = std::max(it->second, sim_->lockd_undisturbed_since());
+      if (!fresh && world_->now() - since > Ns(absl::Seconds(5))) {
+        auto g = given_up_.find({lock, h->token});
+        sim_->Fail(absl::StrCat("lockd has kept ", lock, " (token ", h->token, ") for client ",
+                                node_, "'s session ", session,
+                                " for 5 s, and the client holds no handle for it",
+                                g == given_up_.end() ? "" : " (it gave it up: ",
+                                g == given_up_.end() ? "" : g->second.why,
+                                g == given_up_.end() ? "" : ")"));
+        orphans_.erase(it);
+      }
+    }
   }
+  if (acquire_op_ != 0 && !acquire_cancelled_ && rng_->Chance(0.05)) {
+    // The caller gives up waiting: the core withdraws the Acquire from the lock's queue.
+    acquire_cancelled_ = core_->Cancel(now, acquire_op_);
+    if (acquire_cancelled_ && acquire_rid_ != 0) withdrawn_acquires_.insert(acquire_rid_);
+  } else if (!held_.empty() && rng_->Chance(0.15)) {
+    auto it = std::next(held_.begin(), static_cast<long>(rng_->Below(held_.size())));
+    const Held held = it->second;
+    const std::string lock = it->first;
+    held_.erase(it);
+    // Released; awaited, or sent with the next request (releaseWithNextRequest).
+    const bool await = rng_->Chance(0.5);
+    GiveUp(lock, held.lease->token(), held.session,
+           await ? "released" : "released with the next request");
+    core_->Release(now, held.lease, await);
+  } else if (held_.empty() && acquire_op_ == 0 && rng_->Chance(0.5)) {
+    acquiring_ = absl::StrCat("lock-", rng_->Below(sim_->options().locks));
+    const absl::Duration ttl = rng_->Between(absl::Seconds(1), absl::Seconds(4));
+    const absl::Duration wait =
+        rng_->Chance(0.5) ? absl::ZeroDuration() : rng_->Between(absl::Milliseconds(100), absl::Seconds(3));
+    acquire_cancelled_ = false;
+    acquire_rid_ = 0;
+    acquire_op_ = core_->Acquire(now, acquiring_, wait, ttl);
+  } else if (held_.empty() && acquire_op_ == 0 && rng_->Chance(0.01)) {
+    core_->Close(now);
+  }
+  Apply();
   work_->ArmAt(now + rng_->Between(absl::Milliseconds(10), absl::Milliseconds(150)), [this] { Work(); });
 }
-
-void SimClient::OnResponse(int conn, const wire::Response& r) {
-  auto it = pending_.find(r.request_id());
-  if (it == pending_.end()) return;
-  Pending p = std::move(it->second);
-  pending_.erase(it);
-  const MonoTime now = time_.Now();
-  if (r.code() == wire::PERMISSION_DENIED) {
-    // Every client drives only its own session, resumed with its own secret first.
-    sim_->Fail(absl::StrCat("lockd refused client ", node_, "'s own session ", session_, ": ",
-                            r.message()));
-  }
-  if (r.code() == wire::SESSION_NOT_FOUND && session_ != 0 && p.kind != Pending::Kind::kOpen) {
-    // lockd no longer has the session: every lock it held is gone.
-    DropAll();
-    session_ = 0;
-    session_deadline_ = MonoTime::Min();
-  }
-  switch (p.kind) {
-    case Pending::Kind::kHello:
-    case Pending::Kind::kResume:
-    case Pending::Kind::kClose:
-      break;
-    case Pending::Kind::kWithdraw:
-      if (r.code() == wire::OK && r.withdraw_acquire().withdrawn()) {
-        withdrawn_.insert(p.acquire_id);
-        sim_->CountWithdrawal();
-      }
-      break;
-    case Pending::Kind::kOpen:
-      opening_ = false;
-      if (r.code() == wire::OK) {
-        session_ = r.open_session().session_id();
-        secret_ = r.open_session().secret();
-        session_deadline_ = Deadline(p.t_send, session_ttl_);
-      }
-      break;
-    case Pending::Kind::kAcquire: {
-      if (!p.withdrawn) acquiring_ = false;
-      if (withdrawn_.erase(r.request_id()) > 0 && r.code() != wire::CANCELLED) {
-        sim_->Fail(absl::StrCat("lockd answered Acquire ", r.request_id(), " of client ", node_,
-                                " with ", wire::Code_Name(r.code()),
-                                " after it said it had withdrawn it"));
-      }
-      if (r.code() != wire::OK || !r.acquire().granted()) break;
-      const FenceToken token = r.acquire().token();
-      sim_->CountGrant(token);
-      if (session_ == 0) break;
-      if (p.withdrawn) {
-        // The grant crossed the withdrawal: nobody waits for it, so give it back.
-        wire::Request back;
-        back.mutable_release()->set_session_id(session_);
-        back.mutable_release()->set_lock(p.lock);
-        back.mutable_release()->set_token(token);
-        back.mutable_release()->set_relinquish(true);
-        Send(Pending{.kind = Pending::Kind::kRelease, .timeout = kRequestTimeout, .lock = p.lock,
-                     .token = token},
-             back);
-        break;
-      }
-      // The lease runs from the acquire's send, never from the reply (D1), and ends no later
-      // than the session's own estimate would.
-      auto lease = std::make_shared<LeaseState>(
-          p.lock, token, p.ttl, std::min(Deadline(p.t_send, p.ttl), session_deadline_));
-      if (lease->Check(now) != LossReason::kNone) break;  // granted too late to use
-      held_[p.lock] = std::move(lease);
-      break;
-    }
-    case Pending::Kind::kKeepAlive: {
-      if (r.code() != wire::OK) break;  // a failure never extends a deadline (D5)
-      session_deadline_ = std::max(session_deadline_, Deadline(p.t_send, session_ttl_));
-      const auto& codes = r.keep_alive().lock_codes();
-      for (size_t i = 0; i < p.renewed.size() && i < static_cast<size_t>(codes.size()); ++i) {
-        const auto& [lock, token] = p.renewed[i];
-        if (codes[i] == wire::OK && sim_->WasStale(conn, r.request_id(), lock)) {
-          sim_->Fail(absl::StrCat("lockd renewed ", lock, " for token ", token,
-                                  ", which was stale when the renewal arrived"));
-        }
-        if (codes[i] == wire::FENCED_OUT) sim_->CountFencedOut();
-        auto h = held_.find(lock);
-        if (h == held_.end() || h->second->token() != token) continue;
-        if (codes[i] == wire::OK) {
-          // D5: a later success never moves the deadline earlier; Extend refuses a lease that
-          // already ran out.
-          if (!h->second->Extend(Deadline(p.t_send, std::min(h->second->ttl(), session_ttl_)), now)) {
-            held_.erase(h);
-          }
-        } else {
-          h->second->MarkLost(LossReason::kFencedOut);
-          held_.erase(h);
-        }
-      }
-      break;
-    }
-    case Pending::Kind::kRelease:
-      if (r.code() == wire::OK && sim_->WasStale(conn, r.request_id(), p.lock)) {
-        sim_->Fail(absl::StrCat("lockd accepted a release of ", p.lock, " with token ", p.token,
-                                ", which was stale when it arrived"));
-      }
-      if (r.code() == wire::FENCED_OUT) sim_->CountFencedOut();
-      break;
-  }
-}
-
 }  // namespace
 
 std::string CheckOptions(const SimOptions& o) {

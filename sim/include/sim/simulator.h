@@ -1,7 +1,7 @@
 // The deterministic simulator: one seed drives lockd's real core (lock service, dispatch, reply
-// gate, expiry, stall watch) and its real local commit log over a simulated disk, with simulated
-// clients that follow the client library's lease rules (ADR-006 D1, D2, D5 and checkStillHeld),
-// over a simulated network, on simulated clocks that may run at different rates. Faults: network
+// gate, expiry, stall watch) and its real local commit log over a simulated disk, with clients
+// that are the client library's own core (lock-client/core: every rule of ADR-006), over a
+// simulated network, on simulated clocks that may run at different rates. Faults: network
 // delay, cuts and one-way partitions; slow, failed and torn disk writes; pauses of clients and of
 // lockd; lockd crashes that lose everything after the last sync, then recovery.
 //
@@ -13,7 +13,11 @@
 //   - no client passes checkStillHeld for a lock while another session holds it on lockd, as long
 //     as the clock-rate bound and the margin hold (with them broken on purpose, such overlaps are
 //     counted and reported instead, and every stale request must still be fenced out);
-//   - waiters are granted in FIFO order.
+//   - waiters are granted in FIFO order;
+//   - no lease of a session passes a check once lockd told its client the session is gone;
+//   - what a client gives up is given back, again after a resume on a new connection, and no
+//     grant is kept for a client that holds no handle for it;
+//   - the client core completes every operation once.
 // The same seed and options give the same run, event for event: trace_hash repeats.
 //
 // Nothing here is global: a Simulation owns everything it runs. Not thread-safe.
