@@ -59,6 +59,10 @@ class AsyncClient {
                      CompletionToken&& token) {
     return boost::asio::async_initiate<CompletionToken, void(absl::StatusOr<LockHandle>)>(
         [this](auto handler, std::string name, absl::Duration w, absl::Duration t) {
+          // Started and tracked under one lock: a cancel() from another thread that sees the
+          // acquire's effect (its waiter on lockd) finds it tracked. acquireAsync never calls
+          // back from within itself, so nothing here waits for this lock.
+          std::lock_guard<std::mutex> lock(mu_);
           auto pending = client_->acquireAsync(name, w, t, Completion(std::move(handler)));
           Track(std::move(pending));
         },
@@ -131,8 +135,7 @@ class AsyncClient {
     };
   }
 
-  void Track(std::shared_ptr<PendingAcquire> op) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Track(std::shared_ptr<PendingAcquire> op) {  // mu_ held
     std::erase_if(pending_, [](const std::weak_ptr<PendingAcquire>& w) { return w.expired(); });
     pending_.push_back(std::move(op));
   }
