@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdio>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <variant>
@@ -52,8 +54,41 @@ uint64_t Millis(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Mi
 const std::string& LockHandle::lock() const { return state_ ? state_->lock() : kNoLock; }
 uint64_t LockHandle::token() const { return state_ ? state_->token() : 0; }
 
+namespace client_internal {
+// What a ScopedLock holds on to: its client, until the client is destroyed. Its mutex is held
+// while a guard calls the client, so that the client is not destroyed under the call.
+class ClientAnchor {
+ public:
+  explicit ClientAnchor(Client* client) : client_(client) {}
+  // Runs fn(client) with the client alive, or fn(nullptr) once it is destroyed.
+  template <typename F>
+  auto With(F fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fn(client_);
+  }
+  void Forget() {
+    std::lock_guard<std::mutex> lock(mu_);
+    client_ = nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  Client* client_;
+};
+}  // namespace client_internal
+
+namespace {
+std::string GoneMessage(const LockHandle& handle) {
+  return absl::StrCat("the Client that acquired lock \"", handle.lock(), "\" (token ",
+                      handle.token(),
+                      ") was destroyed: its session was closed, and lockd released the lock");
+}
+}  // namespace
+
 ScopedLock::ScopedLock(ScopedLock&& other) noexcept
-    : client_(std::exchange(other.client_, nullptr)), handle_(std::move(other.handle_)) {}
+    : client_(std::move(other.client_)), handle_(std::move(other.handle_)) {
+  other.client_ = nullptr;
+}
 
 ScopedLock& ScopedLock::operator=(ScopedLock&& other) noexcept {
   if (this != &other) {
@@ -66,9 +101,13 @@ ScopedLock& ScopedLock::operator=(ScopedLock&& other) noexcept {
 
 ScopedLock::~ScopedLock() {
   if (client_ == nullptr) return;
-  Client* client = client_;
-  const LockHandle handle = handle_;
-  if (absl::Status s = release(); !s.ok()) client->reportScopedReleaseFailure(handle, s);
+  auto anchor = std::exchange(client_, nullptr);
+  anchor->With([&](Client* client) {
+    if (client == nullptr) return;  // gone, and the lock with its session
+    if (absl::Status s = client->release(handle_); !s.ok()) {
+      client->reportScopedReleaseFailure(handle_, s);
+    }
+  });
 }
 
 void ScopedLock::checkStillHeld() const {
@@ -77,29 +116,47 @@ void ScopedLock::checkStillHeld() const {
                             handle_.token() == 0 ? LossReason::kEmptyHandle : LossReason::kReleased,
                             "checkStillHeld on a ScopedLock that owns no lock");
   }
-  client_->checkStillHeld(handle_);
+  client_->With([&](Client* client) {
+    if (client == nullptr) {
+      throw LockLostException(handle_.lock(), handle_.token(), LossReason::kReleased,
+                              GoneMessage(handle_));
+    }
+    client->checkStillHeld(handle_);
+  });
 }
 
 void ScopedLock::beginIrreversibleStep(const StepCost& step) const {
   checkStillHeld();
-  client_->beginIrreversibleStep(handle_, step);
+  client_->With([&](Client* client) {
+    if (client == nullptr) {
+      throw LockLostException(handle_.lock(), handle_.token(), LossReason::kReleased,
+                              GoneMessage(handle_));
+    }
+    client->beginIrreversibleStep(handle_, step);
+  });
 }
 
 absl::Duration ScopedLock::remaining() const {
-  return client_ == nullptr ? absl::ZeroDuration() : client_->remaining(handle_);
+  if (client_ == nullptr) return absl::ZeroDuration();
+  return client_->With([&](Client* client) {
+    return client == nullptr ? absl::ZeroDuration() : client->remaining(handle_);
+  });
 }
 
 absl::Status ScopedLock::release() {
   if (client_ == nullptr) return absl::FailedPreconditionError("the ScopedLock owns no lock");
-  Client* client = std::exchange(client_, nullptr);
-  return client->release(handle_);
+  auto anchor = std::exchange(client_, nullptr);
+  return anchor->With([&](Client* client) {
+    if (client == nullptr) return absl::FailedPreconditionError(GoneMessage(handle_));
+    return client->release(handle_);
+  });
 }
 
 absl::StatusOr<ScopedLock> Client::acquireScoped(std::string_view lock, absl::Duration wait,
                                                  absl::Duration ttl) {
   auto handle = acquire(lock, wait, ttl);
   if (!handle.ok()) return handle.status();
-  return ScopedLock(this, *std::move(handle));
+  return ScopedLock(anchor(), *std::move(handle));
 }
 
 absl::StatusOr<std::optional<ScopedLock>> Client::tryAcquireScoped(std::string_view lock,
@@ -107,7 +164,7 @@ absl::StatusOr<std::optional<ScopedLock>> Client::tryAcquireScoped(std::string_v
   auto handle = tryAcquire(lock, ttl);
   if (!handle.ok()) return handle.status();
   if (!handle->has_value()) return std::optional<ScopedLock>();
-  return std::optional<ScopedLock>(ScopedLock(this, **std::move(handle)));
+  return std::optional<ScopedLock>(ScopedLock(anchor(), **std::move(handle)));
 }
 
 // One acquire in flight. Its outcome is handed over exactly once, by whoever finishes it first:
@@ -202,6 +259,7 @@ class ClientImpl final : public Client {
         absl::StrCat("a ScopedLock could not release lock \"", handle.lock(), "\" (token ",
                       handle.token(), "): ", status.ToString()));
   }
+  std::shared_ptr<client_internal::ClientAnchor> anchor() const override { return anchor_; }
   uint64_t sessionId() const override {
     absl::MutexLock lock(&mu_);
     return session_id_;
@@ -336,6 +394,11 @@ class ClientImpl final : public Client {
   // One line to the injected log, or to the default one.
   void Log(LogLevel level, const std::string& message) const;
   [[noreturn]] void ThrowLost(const LeaseState& state, LossReason reason) const;
+  static absl::Status ForeignHandle(const LockHandle& handle) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lock \"", handle.lock(), "\" (token ", handle.token(),
+        ") was acquired through another Client: use that one (this one leaves it as it is)"));
+  }
 
   static absl::Duration CostliestStep(const std::vector<StepCost>& steps) {
     absl::Duration costliest = absl::ZeroDuration();
@@ -400,7 +463,18 @@ class ClientImpl final : public Client {
   absl::flat_hash_map<AcquireOp*, std::shared_ptr<AcquireOp>> acquires_ ABSL_GUARDED_BY(mu_);
   // The asynchronous calls' slow paths, and then their callbacks (both started on first use).
   TaskThread slow_;
-  TaskThread callbacks_;
+  // A pointer: a callback that destroys the client leaves it to delete itself (TaskThread::
+  // StopFromItsThread).
+  std::unique_ptr<TaskThread> callbacks_ = std::make_unique<TaskThread>();
+  // Handed to ScopedLocks; forgotten first in the destructor.
+  const std::shared_ptr<client_internal::ClientAnchor> anchor_ =
+      std::make_shared<client_internal::ClientAnchor>(this);
+  // The leases this client grants name it, so that another client refuses them.
+  const uint64_t owner_ = NextOwnerId();
+  static uint64_t NextOwnerId() {
+    static std::atomic<uint64_t> next{1ull << 62};  // apart from ClientCore's ids
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
   // Behind onLost and whenLost; stopped first in the destructor, so that no callback runs
   // while the client is taken apart, and destroyed after the threads that Poke() it.
   std::unique_ptr<LossWatcher> watcher_ = std::make_unique<LossWatcher>(clock_);
@@ -486,9 +560,17 @@ absl::Status ClientImpl::Start() {
 }
 
 ClientImpl::~ClientImpl() {
+  anchor_->Forget();  // waits for a ScopedLock's call in progress; later ones find no client
   // No callback runs from here on; the heartbeat, still running until it is joined below, may
-  // still Poke() the stopped watcher (a fenced-out or session-lost answer).
-  watcher_->Stop();
+  // still Poke() the stopped watcher (a fenced-out or session-lost answer). Destroyed from an
+  // onLost callback, the watcher ends its thread once that callback returns, and deletes
+  // itself (its thread cannot join itself).
+  const bool from_watcher = watcher_->OnItsThread();
+  if (from_watcher) {
+    watcher_->StopFromItsThread();
+  } else {
+    watcher_->Stop();
+  }
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -526,8 +608,15 @@ ClientImpl::~ClientImpl() {
   // Calls still in flight fail now, while everything their completions touch exists; then the
   // callbacks they handed over run, and the I/O thread stops.
   channel_->Close();
-  callbacks_.Stop();
+  if (callbacks_->OnItsThread()) {
+    // Destroyed from a callback: the others run after it returns, then the thread ends.
+    callbacks_->StopFromItsThread();
+    (void)callbacks_.release();
+  } else {
+    callbacks_->Stop();
+  }
   channel_.reset();
+  if (from_watcher) (void)watcher_.release();
 }
 
 absl::Status ClientImpl::EnsureSessionLocked() {
@@ -1106,7 +1195,7 @@ absl::StatusOr<LockHandle> ClientImpl::Publish(const std::string& lock, uint64_t
     return absl::UnavailableError("session was lost while the acquire was in flight");
   }
   auto state = std::make_shared<LeaseState>(lock, token, granted_ttl,
-                                            std::min(lock_deadline, session_deadline_));
+                                            std::min(lock_deadline, session_deadline_), owner_);
   held_[lock] = HeldLock{state, lock_deadline};
   return LockHandle(std::move(state));
 }
@@ -1191,7 +1280,7 @@ std::shared_ptr<PendingAcquire> ClientImpl::acquireAsync(
         !result.ok()           ? absl::StatusOr<LockHandle>(result.status())
         : result->has_value()  ? absl::StatusOr<LockHandle>(**std::move(result))
                                : absl::UnavailableError("lockd answered a waiting acquire with no grant");
-    callbacks_.Post([done, outcome = std::move(outcome)]() mutable { done(std::move(outcome)); });
+    callbacks_->Post([done, outcome = std::move(outcome)]() mutable { done(std::move(outcome)); });
   };
   absl::Status args = CheckAcquireArgs(wait, ttl);
   if (args.ok() && wait == absl::ZeroDuration()) {
@@ -1225,6 +1314,7 @@ std::shared_ptr<PendingAcquire> ClientImpl::acquireAsync(
 std::optional<absl::Status> ClientImpl::PrepareRelease(const LockHandle& handle,
                                                        wire::Request* request) {
   if (handle.state_ == nullptr) return absl::InvalidArgumentError("empty lock handle");
+  if (handle.state_->owner() != owner_) return ForeignHandle(handle);
   LeaseState& state = *handle.state_;
   uint64_t session;
   bool was_held = false;
@@ -1293,7 +1383,7 @@ absl::Status ClientImpl::releaseWithNextRequest(const LockHandle& handle) {
 
 void ClientImpl::releaseAsync(const LockHandle& handle, std::function<void(absl::Status)> done) {
   auto deliver = [this, done = std::move(done)](absl::Status status) {
-    callbacks_.Post([done, status = std::move(status)] { done(status); });
+    callbacks_->Post([done, status = std::move(status)] { done(status); });
   };
   wire::Request request;
   if (std::optional<absl::Status> settled = PrepareRelease(handle, &request)) {
@@ -1320,11 +1410,12 @@ absl::Status ClientImpl::RenewOutcome(const LockHandle& handle, const absl::Stat
 
 void ClientImpl::renewAsync(const LockHandle& handle, std::function<void(absl::Status)> done) {
   auto deliver = [this, done = std::move(done)](absl::Status status) {
-    callbacks_.Post([done, status = std::move(status)] { done(status); });
+    callbacks_->Post([done, status = std::move(status)] { done(status); });
   };
   if (handle.state_ == nullptr) {
     return deliver(absl::InvalidArgumentError("renewAsync on an empty handle"));
   }
+  if (handle.state_->owner() != owner_) return deliver(ForeignHandle(handle));
   slow_.Post([this, handle, deliver] {
     bool stopping;
     {
@@ -1361,6 +1452,11 @@ void ClientImpl::checkStillHeld(const LockHandle& handle, Confirm confirm) const
   LossReason reason = state->Check(clock_->Now());
   if (reason != LossReason::kNone) ThrowLost(*state, reason);
   if (confirm == Confirm::kLocal) return;
+  if (state->owner() != owner_) {
+    // lockd would answer for this client's session, which does not hold it.
+    throw LockLostException(state->lock(), state->token(), LossReason::kUnconfirmed,
+                            std::string(ForeignHandle(handle).message()));
+  }
   // FR-13: one Validate hop. Its measured time counts against the lease like any other hop:
   // the deadline is checked again when the answer is in.
   const MonoTime start = clock_->Now();

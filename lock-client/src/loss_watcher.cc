@@ -25,6 +25,13 @@ void LossWatcher::Stop() {
   // Destroyed outside mu_: a dropped whenLost promise wakes its future's waiter.
 }
 
+void LossWatcher::StopFromItsThread() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stop_ = true;
+  delete_on_exit_ = true;
+  thread_.detach();
+}
+
 void LossWatcher::Watch(std::shared_ptr<LeaseState> state,
                         std::function<void(LossReason)> on_lost) {
   {
@@ -74,9 +81,12 @@ void LossWatcher::Run() {
       it = entries_.erase(it);
     }
     if (!due.empty()) {
-      lock.unlock();
-      for (auto& [on_lost, reason] : due) on_lost(reason);
-      lock.lock();
+      for (auto& [on_lost, reason] : due) {
+        if (stop_) break;  // a callback destroyed the client: the others are dropped
+        lock.unlock();
+        on_lost(reason);
+        lock.lock();
+      }
       continue;
     }
     auto woken = [this] { return poked_ || stop_; };
@@ -90,6 +100,10 @@ void LossWatcher::Run() {
       constexpr absl::Duration kLongestSleep = absl::Milliseconds(500);
       cv_.wait_for(lock, absl::ToChronoNanoseconds(std::min(next - now, kLongestSleep)), woken);
     }
+  }
+  if (delete_on_exit_) {
+    lock.unlock();
+    delete this;
   }
 }
 

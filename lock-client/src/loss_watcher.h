@@ -42,6 +42,11 @@ class LossWatcher {
   // still pending without a call; a Watch() after it is dropped too. The object stays usable,
   // so a client that stops its watcher first may still Poke() it while it shuts down.
   void Stop();
+  // Whether the calling thread is the watcher's (a callback is calling).
+  bool OnItsThread() const { return thread_.get_id() == std::this_thread::get_id(); }
+  // Stop() for a callback that destroys the client: no further callback is made, and once the
+  // calling callback returns the thread deletes this object itself (the owner must not).
+  void StopFromItsThread();
   // Watches not yet fired or dropped.
   size_t pending() const;
 
@@ -58,6 +63,7 @@ class LossWatcher {
   std::vector<Entry> entries_;  // guarded by mu_
   bool poked_ = false;          // guarded by mu_
   bool stop_ = false;           // guarded by mu_
+  bool delete_on_exit_ = false; // guarded by mu_
   const uint64_t subscription_;
   std::thread thread_;
 };

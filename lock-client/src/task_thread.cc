@@ -31,11 +31,25 @@ void TaskThread::Stop() {
   stopped_ = true;
 }
 
+void TaskThread::StopFromItsThread() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopping_ = true;
+  delete_on_exit_ = true;
+  thread_.detach();
+}
+
 void TaskThread::Run() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     wake_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
-    if (tasks_.empty()) return;  // stopping, and everything posted has run
+    if (tasks_.empty()) {  // stopping, and everything posted has run
+      if (delete_on_exit_) {
+        stopped_ = true;
+        lock.unlock();
+        delete this;
+      }
+      return;
+    }
     std::function<void()> task = std::move(tasks_.front());
     tasks_.pop_front();
     lock.unlock();

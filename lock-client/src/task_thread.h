@@ -28,6 +28,13 @@ class TaskThread {
   // Runs every task posted so far, then ends the thread. Must not be called from a task.
   void Stop();
 
+  // Whether the calling thread is this object's thread (a task is calling).
+  bool OnItsThread() const { return thread_.get_id() == std::this_thread::get_id(); }
+  // Stop() for a task that destroys the owner (a user's callback destroying the client): the
+  // thread runs what is posted and then deletes this object itself. The owner must not delete
+  // it; nothing may be posted after.
+  void StopFromItsThread();
+
  private:
   void Run();
 
@@ -36,6 +43,7 @@ class TaskThread {
   std::deque<std::function<void()>> tasks_;
   bool stopping_ = false;
   bool stopped_ = false;
+  bool delete_on_exit_ = false;
   std::thread thread_;
 };
 

@@ -46,6 +46,7 @@ namespace fencelock {
 
 namespace client_internal {
 class LeaseState;
+class ClientAnchor;
 }  // namespace client_internal
 
 // Why a lock is no longer held.
@@ -222,8 +223,10 @@ class PendingAcquire {
 // A lock held for a scope. Move-only; destroying it releases the lock if this guard still
 // holds it, and a release that fails is reported to the client's log sink (ClientOptions::log),
 // never thrown. A lock already lost (deadline passed, fenced out) is given back the same way
-// release() gives it back. The guard must not outlive its Client. Get one from
-// Client::acquireScoped or Client::tryAcquireScoped.
+// release() gives it back. A guard that outlives its Client holds nothing any more (the
+// client closed its session, and lockd released the lock with it): checkStillHeld throws
+// (kReleased), remaining() is zero, release() returns kFailedPrecondition saying so, and its
+// destruction does nothing. Get one from Client::acquireScoped or Client::tryAcquireScoped.
 class ScopedLock {
  public:
   ScopedLock() = default;  // holds nothing
@@ -252,8 +255,10 @@ class ScopedLock {
 
  private:
   friend class Client;
-  ScopedLock(Client* client, LockHandle handle) : client_(client), handle_(std::move(handle)) {}
-  Client* client_ = nullptr;
+  ScopedLock(std::shared_ptr<client_internal::ClientAnchor> client, LockHandle handle)
+      : client_(std::move(client)), handle_(std::move(handle)) {}
+  // The client it came from, for as long as that lives; nullptr once released or moved from.
+  std::shared_ptr<client_internal::ClientAnchor> client_;
   LockHandle handle_;
 };
 
@@ -267,7 +272,9 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Create(const ClientOptions& options);
 
   // Closes the session (lockd releases every lock it holds and grants waiters) and stops the
-  // client's threads. Blocks for at most one request timeout.
+  // client's threads. Blocks for at most one request timeout. May be called from one of the
+  // client's own callbacks (onLost, the asynchronous calls' `done`): the callbacks still
+  // pending are then dropped (onLost) or run with kCancelled after it returns (`done`).
   virtual ~Client() = default;
 
   // Waits up to `wait` for `lock` and returns it with a fresh token; `ttl` zero means the
@@ -397,6 +404,8 @@ class Client {
   // A ScopedLock's release at destruction failed: tell the client's log sink.
   virtual void reportScopedReleaseFailure(const LockHandle& handle,
                                           const absl::Status& status) const = 0;
+  // What a ScopedLock holds on to: this client until it is destroyed.
+  virtual std::shared_ptr<client_internal::ClientAnchor> anchor() const = 0;
 };
 
 }  // namespace fencelock

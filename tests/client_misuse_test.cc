@@ -1,0 +1,131 @@
+// Misuse of the client library is an error, never a crash (issue 34): a ScopedLock that
+// outlives its Client, a Client destroyed inside one of its own callbacks, and a handle
+// released through a Client that did not acquire it. Against a real lockd.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/notification.h"
+#include "lock-client/client.h"
+#include "lockd_process.h"
+
+namespace fencelock {
+namespace {
+
+using testing::LockdProcess;
+
+class ClientMisuseTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Client> NewClient(Clock* clock = nullptr) {
+    ClientOptions options;
+    options.server = lockd_.tcp_address();
+    options.clock = clock;
+    options.log = [](LogLevel, const std::string&) {};
+    auto client = Client::Create(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  LockdProcess lockd_;
+};
+
+TEST_F(ClientMisuseTest, AScopedLockThatOutlivesItsClientHoldsNothingAndSaysWhy) {
+  auto client = NewClient();
+  auto guard = client->acquireScoped("outlived", absl::Seconds(5));
+  ASSERT_TRUE(guard.ok()) << guard.status();
+  EXPECT_TRUE(guard->owns());
+  client.reset();  // the session closes; lockd releases the lock with it
+  try {
+    guard->checkStillHeld();
+    ADD_FAILURE() << "checkStillHeld passed on a lock whose client is gone";
+  } catch (const LockLostException& e) {
+    EXPECT_EQ(e.reason(), LossReason::kReleased);
+    EXPECT_NE(std::string(e.what()).find("was destroyed"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(guard->remaining(), absl::ZeroDuration());
+  absl::Status released = guard->release();
+  EXPECT_TRUE(absl::IsFailedPrecondition(released)) << released;
+  EXPECT_NE(released.message().find("was destroyed"), std::string::npos) << released;
+  // And the lock is free for the next one.
+  auto other = NewClient();
+  auto next = other->tryAcquire("outlived");
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_TRUE(next->has_value());
+}
+
+TEST_F(ClientMisuseTest, AScopedLockDestroyedAfterItsClientDoesNothing) {
+  auto client = NewClient();
+  {
+    auto guard = client->acquireScoped("outlived-too", absl::Seconds(5));
+    ASSERT_TRUE(guard.ok()) << guard.status();
+    client.reset();
+  }  // destroyed here, after its client: nothing to do, nothing touched
+  SUCCEED();
+}
+
+TEST_F(ClientMisuseTest, AClientMayBeDestroyedInsideItsOwnOnLostCallback) {
+  SimulatedClock clock;
+  auto client = NewClient(&clock);
+  auto lock = client->acquire("destroyed-in-callback", absl::Seconds(5));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  auto second = client->acquire("destroyed-in-callback-2", absl::Seconds(5));
+  ASSERT_TRUE(second.ok()) << second.status();
+  absl::Notification destroyed;
+  std::promise<LossReason> other_call;
+  auto callback = [&](LossReason) {
+    client.reset();  // from the client's own watcher thread
+    destroyed.Notify();
+  };
+  ASSERT_TRUE(client->onLost(*lock, callback).ok());
+  ASSERT_TRUE(client->onLost(*second, callback).ok());
+  clock.Advance(absl::Hours(1));  // both deadlines pass at once
+  ASSERT_TRUE(destroyed.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(client, nullptr);
+  // The lock was released with the session: another client gets it.
+  auto other = NewClient();
+  auto next = other->acquire("destroyed-in-callback", absl::Seconds(5));
+  EXPECT_TRUE(next.ok()) << next.status();
+}
+
+TEST_F(ClientMisuseTest, AClientMayBeDestroyedInsideAnAsynchronousCallback) {
+  auto client = NewClient();
+  absl::Notification destroyed;
+  client->acquireAsync("destroyed-in-done", absl::Seconds(5), absl::ZeroDuration(),
+                       [&](absl::StatusOr<LockHandle> lock) {
+                         EXPECT_TRUE(lock.ok()) << lock.status();
+                         client.reset();  // from the client's own callback thread
+                         destroyed.Notify();
+                       });
+  ASSERT_TRUE(destroyed.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  auto other = NewClient();
+  auto next = other->acquire("destroyed-in-done", absl::Seconds(5));
+  EXPECT_TRUE(next.ok()) << next.status();
+}
+
+TEST_F(ClientMisuseTest, AHandleReleasedThroughAnotherClientIsRefusedAndStaysHeld) {
+  auto owner = NewClient();
+  auto stranger = NewClient();
+  auto lock = owner->acquire("foreign", absl::Seconds(5));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  absl::Status s = stranger->release(*lock);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("another Client"), std::string::npos) << s;
+  s = stranger->releaseWithNextRequest(*lock);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  std::promise<absl::Status> async;
+  stranger->releaseAsync(*lock, [&](absl::Status status) { async.set_value(status); });
+  s = async.get_future().get();
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THROW(stranger->checkStillHeld(*lock, Confirm::kWithServer), LockLostException);
+  // The owner still holds it, and releases it.
+  EXPECT_NO_THROW(owner->checkStillHeld(*lock, Confirm::kWithServer));
+  EXPECT_TRUE(owner->release(*lock).ok());
+  auto next = stranger->tryAcquire("foreign");
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_TRUE(next->has_value());
+}
+
+}  // namespace
+}  // namespace fencelock
