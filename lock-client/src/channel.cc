@@ -26,6 +26,7 @@
 #include "clock/monotonic_event.h"
 #include "net/asio.h"
 #include "net/asio_ssl.h"
+#include "protocol/address.h"
 #include "protocol/codes.h"
 #include "protocol/frame.h"
 #include "protocol/version.h"
@@ -180,31 +181,13 @@ struct Connection {
 };
 
 absl::StatusOr<Endpoint> ResolveAddress(asio::io_context& io, const std::string& address) {
-  if (address.rfind("unix:", 0) == 0) {
-    const std::string path = address.substr(5);
-    if (path.empty() || path.size() >= sizeof(sockaddr_un::sun_path)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bad unix socket path in \"", address, "\""));
-    }
-    return Endpoint(asio::local::stream_protocol::endpoint(path));
+  auto parsed = protocol::ParseAddress(address);
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->unix_socket()) {
+    return Endpoint(asio::local::stream_protocol::endpoint(parsed->path));
   }
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "server address \"", address, "\" is neither host:port nor unix:/path"));
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  const std::string port_text = address.substr(colon + 1);
-  unsigned port = 0;
-  auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-  if (ec != std::errc() || end != port_text.data() + port_text.size() || port == 0 ||
-      port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad port \"", port_text, "\" in server address \"", address, "\""));
-  }
+  const std::string& host = parsed->host;
+  const std::string port_text = std::to_string(parsed->port);
   boost::system::error_code rec;
   asio::ip::tcp::resolver resolver(io);
   auto results = resolver.resolve(host, port_text, asio::ip::tcp::resolver::numeric_service, rec);

@@ -19,6 +19,7 @@
 #include "lock-client/core/lease.h"
 #include "logging/logging.h"
 #include "loss_watcher.h"
+#include "protocol/address.h"
 #include "protocol/codes.h"
 #include "protocol/version.h"
 #include "task_thread.h"
@@ -507,7 +508,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   if (options.heartbeat_interval < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("heartbeat interval must not be negative");
   }
-  if (options.server.empty()) return absl::InvalidArgumentError("server address is empty");
+  if (auto addresses = protocol::ParseAddressList(options.server); !addresses.ok()) {
+    return addresses.status();
+  }
   // Progress must be possible while everything reports healthy (ADR-006 6.3, 6.5): the usable
   // lease has to cover the costliest declared step.
   const absl::Duration lease = std::min(options.session_ttl, options.default_lock_ttl);

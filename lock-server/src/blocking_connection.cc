@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "clock/clock.h"
+#include "protocol/address.h"
 #include "protocol/version.h"
 
 namespace fencelock::server {
@@ -75,28 +76,17 @@ absl::StatusOr<int> ConnectSocket(int family, const sockaddr* addr, socklen_t le
 }
 
 absl::StatusOr<int> Dial(const std::string& server, MonoTime deadline) {
-  if (server.rfind("unix:", 0) == 0) {
-    const std::string path = server.substr(5);
+  auto parsed = protocol::ParseAddress(server);
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->unix_socket()) {
     sockaddr_un addr{};
-    if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unix socket path \"", path, "\" must be 1 to ", sizeof(addr.sun_path) - 1, " bytes"));
-    }
     addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.data(), path.size());
+    std::memcpy(addr.sun_path, parsed->path.data(), parsed->path.size());
     return ConnectSocket(AF_UNIX, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr),
                          deadline, server);
   }
-  const size_t colon = server.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == server.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bad lockd address \"", server, "\": expected host:port or unix:/path"));
-  }
-  std::string host = server.substr(0, colon);
-  const std::string port = server.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
+  const std::string& host = parsed->host;
+  const std::string port = std::to_string(parsed->port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
