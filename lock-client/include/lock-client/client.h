@@ -199,8 +199,10 @@ struct ClientOptions {
   // reads it), every line whatever `log_level` says; must not block, nor call the client. Default: nullptr, timestamped lines through spdlog on
   // standard error ("2026-12-01T19:30:00.123456Z warning fencelock-client: ...").
   std::function<void(LogLevel, const std::string&)> log;
-  // The least level the default log writes. Default: kInfo.
-  LogLevel log_level = LogLevel::kInfo;
+  // The least level the default log writes. Default: kWarning, so that a process with many
+  // Clients stays quiet while nothing goes wrong (kInfo adds each session opened or resumed,
+  // and heartbeats answered again after failures).
+  LogLevel log_level = LogLevel::kWarning;
 };
 
 enum class Confirm { kLocal, kWithServer };
