@@ -7,7 +7,7 @@ namespace fencelock::client_internal {
 
 LossWatcher::~LossWatcher() {
   Stop();
-  clock_->Unsubscribe(subscription_);  // returns once no Poke() from the clock is running
+  if (subscribed_) clock_->Unsubscribe(subscription_);  // returns once no Poke() is running
 }
 
 void LossWatcher::Stop() {
@@ -26,10 +26,16 @@ void LossWatcher::Stop() {
 }
 
 void LossWatcher::StopFromItsThread() {
-  std::lock_guard<std::mutex> lock(mu_);
-  stop_ = true;
-  delete_on_exit_ = true;
-  thread_.detach();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    delete_on_exit_ = true;
+    thread_.detach();
+  }
+  // Now, not when the thread deletes this object: the clock is the caller's, and it need
+  // only outlive the client's destructor, which is running.
+  clock_->Unsubscribe(subscription_);
+  subscribed_ = false;
 }
 
 void LossWatcher::Watch(std::shared_ptr<LeaseState> state,

@@ -65,6 +65,7 @@ class LossWatcher {
   bool stop_ = false;           // guarded by mu_
   bool delete_on_exit_ = false; // guarded by mu_
   const uint64_t subscription_;
+  bool subscribed_ = true;  // until StopFromItsThread() ends the subscription early
   std::thread thread_;
 };
 
