@@ -29,6 +29,7 @@
 #include "protocol/address.h"
 #include "protocol/codes.h"
 #include "protocol/frame.h"
+#include "protocol/session.h"
 #include "protocol/version.h"
 
 namespace fencelock::client_internal {
@@ -457,24 +458,16 @@ absl::Status AsioChannel::ConnectOne(const std::string& address, const std::stri
     asio::post(io_, [this, conn] { asio::co_spawn(io_, TlsReadLoop(conn), asio::detached); });
   }
 
-  wire::Request hello;
-  hello.mutable_hello()->set_min_version(protocol::kMinProtocolVersion);
-  hello.mutable_hello()->set_max_version(protocol::kMaxProtocolVersion);
-  hello.mutable_hello()->set_client_name(client_name);
-  auto reply = Call(std::move(hello), std::max(give_up - clock_->Now(), absl::Milliseconds(1)));
-  absl::Status status = reply.ok() ? protocol::StatusFromCode(reply->response.code(),
-                                                              reply->response.message())
-                                   : reply.status();
-  if (!status.ok()) {
+  auto reply = Call(protocol::HelloRequest(client_name),
+                    std::max(give_up - clock_->Now(), absl::Milliseconds(1)));
+  absl::StatusOr<uint32_t> version =
+      reply.ok() ? protocol::ReadHelloReply(reply->response, address, leader) : reply.status();
+  if (!version.ok()) {
     Close();
-    if (reply.ok() && reply->response.code() == wire::NOT_LEADER && leader != nullptr) {
-      *leader = reply->response.hello().leader();
-    }
-    return absl::Status(status.code(),
-                        absl::StrCat("lockd at ", address, " refused Hello: ", status.message()));
+    return version.status();
   }
   absl::MutexLock lock(&mu_);
-  version_ = reply->response.hello().version();
+  version_ = *version;
   return absl::OkStatus();
 }
 

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "clock/clock.h"
 #include "protocol/address.h"
+#include "protocol/session.h"
 #include "protocol/version.h"
 
 namespace fencelock::server {
@@ -184,22 +185,17 @@ absl::StatusOr<std::unique_ptr<BlockingConnection>> BlockingConnection::Connect(
     if (absl::Status s = conn->StartTls(); !s.ok()) return s;
   }
   if (!options.hello) return conn;
-  wire::Request hello;
-  hello.mutable_hello()->set_min_version(protocol::kMinProtocolVersion);
-  hello.mutable_hello()->set_max_version(protocol::kMaxProtocolVersion);
-  hello.mutable_hello()->set_client_name(options.client_name);
-  auto reply = conn->Call(hello);
+  auto reply = conn->Call(protocol::HelloRequest(options.client_name));
   if (!reply.ok()) return reply.status();
-  if (reply->code() == wire::NOT_LEADER) {
+  std::string leader;
+  auto version = protocol::ReadHelloReply(*reply, options.server, &leader);
+  if (!version.ok()) {
+    absl::Status refused = version.status();
     // A standby replica: the caller may follow it (kStandbyLeaderPayload holds the address).
-    absl::Status standby = absl::UnavailableError(
-        absl::StrCat("lockd at ", options.server, " refused Hello: ", reply->message()));
-    standby.SetPayload(kStandbyLeaderPayload, absl::Cord(reply->hello().leader()));
-    return standby;
-  }
-  if (reply->code() != wire::OK) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("lockd at ", options.server, " refused Hello: ", reply->message()));
+    if (reply->code() == wire::NOT_LEADER) {
+      refused.SetPayload(kStandbyLeaderPayload, absl::Cord(leader));
+    }
+    return refused;
   }
   return conn;
 }

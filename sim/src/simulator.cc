@@ -21,8 +21,8 @@
 #include "lock-server/local_commit_log.h"
 #include "lock-server/server_core.h"
 #include "lock-server/storage.h"
-#include "protocol/codes.h"
 #include "protocol/frame.h"
+#include "protocol/session.h"
 #include "protocol/version.h"
 #include "sim_disk.h"
 
@@ -922,10 +922,8 @@ void Simulation::EndASession() {
   conns_.push_back(std::move(c));
   sinks_.push_back(std::make_unique<Sink>(this, stranger));
   std::vector<std::string> payloads;
-  wire::Request r;
+  wire::Request r = protocol::HelloRequest("stranger");
   r.set_request_id(1);
-  r.mutable_hello()->set_min_version(protocol::kMinProtocolVersion);
-  r.mutable_hello()->set_max_version(protocol::kMaxProtocolVersion);
   payloads.push_back(r.SerializeAsString());
   r.Clear();
   r.set_request_id(2);
@@ -1060,10 +1058,8 @@ void SimClient::Apply() {
 void SimClient::Dial(const client_core::Dial& dial) {
   dialing_ = sim_->OpenConnection(node_);
   dial_replica_ = dial.replica;
-  wire::Request hello;
+  wire::Request hello = protocol::HelloRequest("sim-client");
   hello.set_request_id(hello_id_ = ++next_request_);
-  hello.mutable_hello()->set_min_version(protocol::kMinProtocolVersion);
-  hello.mutable_hello()->set_max_version(protocol::kMaxProtocolVersion);
   sim_->ClientSend(dialing_, hello);
   dial_timeout_->ArmAt(time_.Now() + dial.timeout, [this] {
     if (dialing_ < 0) return;
@@ -1095,12 +1091,13 @@ void SimClient::OnResponse(int conn, const wire::Response& r) {
     const int d = dialing_;
     dialing_ = -1;
     dial_timeout_->Cancel();
-    if (r.code() != wire::OK) {
+    std::string leader;
+    auto version = protocol::ReadHelloReply(r, "lockd:7420", &leader);
+    if (!version.ok()) {
       sim_->CutConnection(d);
-      core_->OnDialFailed(time_.Now(), dial_replica_, protocol::StatusFromCode(r.code(), r.message()),
-                          r.hello().leader());
+      core_->OnDialFailed(time_.Now(), dial_replica_, version.status(), leader);
     } else {
-      core_->OnDialed(time_.Now(), dial_replica_, static_cast<uint64_t>(d) + 1, r.hello().version());
+      core_->OnDialed(time_.Now(), dial_replica_, static_cast<uint64_t>(d) + 1, *version);
     }
     Apply();
     return;

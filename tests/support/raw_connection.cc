@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "process/process.h"
 #include "protocol/frame.h"
+#include "protocol/session.h"
 #include "protocol/version.h"
 
 namespace fencelock::testing {
@@ -208,13 +209,7 @@ namespace request {
 
 uint64_t Millis(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
 
-wire::Request Hello() {
-  wire::Request r;
-  r.mutable_hello()->set_min_version(protocol::kMinProtocolVersion);
-  r.mutable_hello()->set_max_version(protocol::kMaxProtocolVersion);
-  r.mutable_hello()->set_client_name("raw-test");
-  return r;
-}
+wire::Request Hello() { return protocol::HelloRequest("raw-test"); }
 wire::Request OpenSession(absl::Duration ttl) {
   wire::Request r;
   r.mutable_open_session()->set_ttl_ms(Millis(ttl));
