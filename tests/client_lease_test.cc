@@ -168,9 +168,15 @@ TEST_F(ClientLeaseTest, D5FailedHeartbeatNeverExtendsAndTheDeadlineStillEndsTheL
   ASSERT_TRUE(lock.ok()) << lock.status();
   clock_.Advance(absl::Seconds(10));
   proxy_.Set(Dir::kToClient, Mode::kHold);  // replies never come back in time
+  // The request timeout runs on the client's clock: 2 s of it pass while the answer is held.
+  std::thread waiting([&] {
+    while (proxy_.bytes_held(Dir::kToClient) == 0) absl::SleepFor(absl::Milliseconds(1));
+    clock_.Advance(absl::Seconds(2));
+  });
   absl::Status renewed = client->renewNow();
+  waiting.join();
   EXPECT_EQ(renewed.code(), absl::StatusCode::kDeadlineExceeded) << renewed;
-  EXPECT_EQ(client->remaining(*lock), absl::Seconds(11));  // still t0 + 21 s
+  EXPECT_EQ(client->remaining(*lock), absl::Seconds(9));  // still t0 + 21 s
 
   // The server still holds the lock (its lease is 30 s of real time), but at the client's
   // deadline the client stops believing it holds it.
@@ -194,13 +200,24 @@ TEST_F(ClientLeaseTest, ALockGivenUpWhileCutOffIsReleasedBeforeItIsAcquiredAgain
   proxy_.Set(Dir::kToServer, Mode::kDrop);  // nothing the client sends arrives
   clock_.Advance(kUsable + absl::Seconds(1));  // the client's deadline passes; lockd's has not
   EXPECT_EQ(ReasonThrown(*client, *lock), LossReason::kDeadlinePassed);
-  // The heartbeat gives the lock up (its relinquish is dropped) and then times out.
+  // The heartbeat gives the lock up (its relinquish is dropped) and then times out, once its
+  // request timeout passes on the client's clock; so do redials' backoffs. The clock moves
+  // 2.5 times as fast as real time until the lock is acquired again.
+  std::atomic<bool> moving{true};
+  std::thread mover([&] {
+    while (moving) {
+      absl::SleepFor(absl::Milliseconds(20));
+      clock_.Advance(absl::Milliseconds(50));
+    }
+  });
   EXPECT_FALSE(client->renewNow().ok());
   proxy_.CutAll();
   proxy_.Set(Dir::kToServer, Mode::kPass);
   auto again = client->acquire("x", absl::Seconds(5));
   // The client may notice the cut only when it next writes; then the next attempt reconnects.
   if (absl::IsUnavailable(again.status())) again = client->acquire("x", absl::Seconds(5));
+  moving = false;
+  mover.join();
   ASSERT_TRUE(again.ok()) << again.status();  // was INVALID_ARGUMENT: "already holds lock"
   EXPECT_GT(again->token(), lock->token());
   EXPECT_NO_THROW(client->checkStillHeld(*again));
@@ -215,13 +232,19 @@ TEST_F(ClientLeaseTest, D5ServerSayingTheSessionIsGoneLosesTheLockAtOnce) {
   ASSERT_TRUE(lock.ok()) << lock.status();
   proxy_.Set(Dir::kToServer, Mode::kDrop);
   absl::SleepFor(absl::Milliseconds(800));  // the session expires on lockd
-  proxy_.CutAll();
-  proxy_.Set(Dir::kToServer, Mode::kPass);
   // The client clock has not moved: by its own arithmetic the lease is still good.
   EXPECT_GT(client->remaining(*lock), absl::ZeroDuration());
-  absl::Status renewed = client->renewNow();  // reconnects; lockd says the session is gone
-  EXPECT_EQ(renewed.code(), absl::StatusCode::kNotFound) << renewed;
-  EXPECT_EQ(ReasonThrown(*client, *lock), LossReason::kSessionLost);
+  proxy_.Set(Dir::kToServer, Mode::kPass);
+  proxy_.CutAll();
+  // The client reconnects at once; resuming, it hears that lockd no longer has the session,
+  // and the lock is lost then, whatever its own arithmetic says.
+  LossReason reason = LossReason::kNone;
+  for (int i = 0; i < 1000 && reason == LossReason::kNone; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+    reason = ReasonThrown(*client, *lock);
+  }
+  EXPECT_EQ(reason, LossReason::kSessionLost);
+  EXPECT_EQ(client->remaining(*lock), absl::ZeroDuration());
   // The client opens a new session for the next acquire.
   auto again = client->acquire("x", absl::Seconds(5));
   ASSERT_TRUE(again.ok()) << again.status();
@@ -266,10 +289,10 @@ TEST_F(ClientLeaseTest, AcquireRenewsFirstWhenTheSessionLeaseNoLongerCoversAStep
 }
 
 TEST_F(ClientLeaseTest, AFailedHeartbeatIsTriedAgainSoonerThanThePeriod) {
-  // A 2 s period and requests that give up after 100 ms. While lockd's answers do not arrive,
-  // every heartbeat fails: tried again only at the period, 3 s would see at most two tries;
-  // from 20 ms, doubling, they see at least five, so that leases are renewed soon after lockd
-  // answers again.
+  // A 2 s period and requests that give up after 100 ms, on the client's clock. While lockd's
+  // answers do not arrive, every heartbeat fails: tried again only at the period, 4 s would see
+  // at most two tries; from 20 ms, doubling, they see at least five, so that leases are
+  // renewed soon after lockd answers again.
   auto client = NewClient(absl::Seconds(60), absl::Milliseconds(100), absl::Seconds(2));
   auto held = client->acquire("x", absl::Seconds(5));
   ASSERT_TRUE(held.ok()) << held.status();
@@ -277,7 +300,10 @@ TEST_F(ClientLeaseTest, AFailedHeartbeatIsTriedAgainSoonerThanThePeriod) {
       "lock_heartbeat_failures_total", "Heartbeats that failed or timed out (D5)");
   proxy_.Set(Dir::kToClient, Mode::kHold);
   const double before = failures.value();
-  absl::SleepFor(absl::Seconds(3));
+  for (int step = 0; step < 400; ++step) {  // 4 s in 10 ms steps, each given time to act on
+    clock_.Advance(absl::Milliseconds(10));
+    absl::SleepFor(absl::Milliseconds(2));
+  }
   const double tries = failures.value() - before;
   proxy_.CutAll();
   proxy_.Release(Dir::kToClient);

@@ -260,7 +260,9 @@ uint64_t ClientCore::Close(MonoTime now) {
   for (const auto& [op, o] : ops_) {
     if (op != id) others.push_back(op);
   }
-  for (uint64_t op : others) Complete(op, absl::CancelledError("the client was closed"));
+  for (uint64_t op : others) {
+    Complete(op, absl::CancelledError("the client was closed (its Client destroyed)"));
+  }
   want_session_ = false;
   unsettled_.clear();  // the session's locks go with it
   deferred_.clear();

@@ -176,8 +176,10 @@ struct ClientOptions {
   // How long connecting (TCP or Unix connect, any TLS handshake, and Hello) may take.
   // Default: 5 s.
   absl::Duration connect_timeout = absl::Seconds(5);
-  // Source of t_send and "now" for every lease decision. Default: nullptr, the real
-  // boot-time clock (CLOCK_BOOTTIME). Tests pass a SimulatedClock; it must outlive the client.
+  // Source of t_send and "now" for every lease decision, and for every time the client counts:
+  // request timeouts, the heartbeat period, retry backoff (only a single connect attempt's
+  // timeout runs on the monotonic clock). Default: nullptr, the real boot-time clock
+  // (CLOCK_BOOTTIME). Tests pass a SimulatedClock; it must outlive the client.
   Clock* clock = nullptr;
   // Name sent in Hello, for the server's logs. Default: "fencelock-client".
   std::string client_name = "fencelock-client";
@@ -194,9 +196,9 @@ struct ClientOptions {
   // Receives the client's log lines with their level. kInfo: a session opened, resumed on a
   // new connection, or renewed again after failed heartbeats. kWarning: heartbeats started to
   // fail, a session or a lock was lost (and why), the margin-revisit trigger (ADR-006 6.5), a
-  // ScopedLock's failed release. Called from the client's threads, or from a thread inside a
-  // call of the client (a releaseWithNextRequest's FENCED_OUT answer is logged by whichever call
-  // reads it), every line whatever `log_level` says; must not block, nor call the client. Default: nullptr, timestamped lines through spdlog on
+  // ScopedLock's failed release. Called from the I/O thread the process's Clients share, or
+  // from a thread inside a call of the client, every line whatever `log_level` says; must not
+  // block, nor call the client. Default: nullptr, timestamped lines through spdlog on
   // standard error ("2026-12-01T19:30:00.123456Z warning fencelock-client: ...").
   std::function<void(LogLevel, const std::string&)> log;
   // The least level the default log writes. Default: kWarning, so that a process with many
@@ -264,8 +266,10 @@ class ScopedLock {
   LockHandle handle_;
 };
 
-// A connection to lockd with one session. All methods are thread-safe. Blocking methods block
-// the calling thread only; the heartbeat runs on the client's own threads.
+// One session with lockd. All methods are thread-safe. Blocking methods block the calling
+// thread only. The Clients of a process share one I/O thread, which also runs their
+// heartbeats, and per lockd replica one connection (up to 64 sessions each); a Client starts a
+// thread of its own only for onLost callbacks, and one for the asynchronous calls' callbacks.
 class Client {
  public:
   // Connects, negotiates the protocol version and opens a session. Returns kInvalidArgument for
@@ -274,7 +278,7 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Create(const ClientOptions& options);
 
   // Closes the session (lockd releases every lock it holds and grants waiters) and stops the
-  // client's threads. Blocks for at most one request timeout. May be called from one of the
+  // client's own threads. Blocks for at most one request timeout. May be called from one of the
   // client's own callbacks (onLost, the asynchronous calls' `done`): the callbacks still
   // pending are then dropped (onLost) or run with kCancelled after it returns (`done`).
   virtual ~Client() = default;
@@ -380,10 +384,10 @@ class Client {
 
   // The asynchronous forms, for event loops; lock-client/async.h adapts them to Asio completion
   // tokens (coroutines, callbacks, futures). The blocking calls above are built on the same
-  // requests, reply handling and lease arithmetic. None of these blocks the calling thread:
-  // what may block (reconnecting, renewing a session whose lease ran short, renewing a grant
-  // that queued for so long that less than a heartbeat period of lease is left) runs on a
-  // thread of the client's. `done` is called exactly once, on the client's callback thread, one
+  // requests, reply handling and lease arithmetic (the client core). None of these blocks the
+  // calling thread: what takes several exchanges (reconnecting, renewing a session whose lease
+  // ran short, renewing a grant that queued for so long that less than a heartbeat period of
+  // lease is left) goes on as replies arrive on the shared I/O thread. `done` is called exactly once, on the client's callback thread, one
   // callback at a time, never from within the call that started or cancelled the operation; it
   // should not block for long. Operations still pending when the client is destroyed complete
   // with kCancelled before the destructor returns.

@@ -1,0 +1,820 @@
+#include <utility>  // first: Boost 1.74's Asio uses std::exchange without it (GCC 12, C++20)
+
+#include "runtime.h"
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <boost/asio/generic/stream_protocol.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "protocol/address.h"
+#include "protocol/frame.h"
+#include "protocol/session.h"
+
+namespace fencelock::client_internal {
+namespace {
+
+namespace asio = boost::asio;
+using Socket = asio::generic::stream_protocol::socket;
+using client_core::ClientCore;
+using client_core::Completion;
+
+// A connection that lockd does not read for so long that this much waits to be written is
+// given up: its requests fail, and the Clients on it dial again.
+constexpr size_t kMaxUnwritten = size_t{64} << 20;
+
+class DriverImpl;
+
+struct Conn {
+  explicit Conn(asio::io_context& io) : socket(io), timer(io), resolver(io) {}
+
+  uint64_t id = 0;
+  std::string key;  // what a connection must match to be shared: address, TLS, names
+  std::string address;
+  std::string server_name;
+  std::string client_name;
+  std::shared_ptr<net::TlsContext> tls_context;
+
+  // ---- guarded by Runtime::mu_ ----
+  enum class State { kDialing, kUp, kClosed };
+  State state = State::kDialing;
+  bool retired = false;  // a Client gave up on it: no new Client joins it
+  uint32_t version = 0;
+  std::vector<std::pair<std::weak_ptr<DriverImpl>, size_t>> dialers;  // with their replica
+  std::vector<std::weak_ptr<DriverImpl>> attached;
+
+  // ---- the write side, guarded by wmu ----
+  std::mutex wmu;
+  std::string out;       // frames not written yet
+  bool writing = false;  // a thread (or the I/O thread's wait) is writing `out`
+  bool closed = false;
+  std::unordered_map<uint64_t, std::weak_ptr<DriverImpl>> routes;  // request id to its driver
+  // Held around send() and the socket's close, so that a send never reaches a descriptor
+  // number that was closed and reused.
+  std::mutex fd_mu;
+  int fd = -1;  // plaintext only; -1 once closed
+
+  // ---- the I/O thread's ----
+  Socket socket;
+  std::optional<asio::ssl::context> ssl_context;  // Asio's handle on tls_context
+  std::unique_ptr<asio::ssl::stream<Socket&>> tls;
+  asio::steady_timer timer;  // the dial's timeout
+  asio::ip::tcp::resolver resolver;
+  protocol::FrameDecoder decoder;
+  std::array<char, 65536> in{};
+  std::string tls_chunk;  // what a TLS write is writing
+  uint64_t hello_id = 0;
+
+  size_t Load() const { return attached.size() + dialers.size(); }
+};
+
+class Runtime {
+ public:
+  // The process's runtime: made by the first Client, never destroyed (its thread waits for work
+  // until the process ends).
+  static Runtime& Get() {
+    static Runtime* runtime = new Runtime();
+    return *runtime;
+  }
+
+  asio::io_context& io() { return io_; }
+  uint64_t NextRequestId() { return next_request_.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+  void Dial(const std::shared_ptr<DriverImpl>& driver, const client_core::Dial& dial,
+            const std::shared_ptr<net::TlsContext>& tls, const std::string& server_name,
+            const std::string& client_name);
+  // Called under the driver's lock: `driver` is on `conn` from now on. False if it closed.
+  bool Attach(const std::shared_ptr<Conn>& conn, const std::shared_ptr<DriverImpl>& driver);
+  // `driver` no longer uses `conn`; with `retire`, no new driver joins it.
+  void Leave(const DriverImpl* driver, uint64_t conn, bool retire);
+  std::shared_ptr<Conn> Find(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = conns_.find(id);
+    return it == conns_.end() ? nullptr : it->second;
+  }
+
+  // Appends `request` (framed) to `conn`'s buffer, routed back to `driver`. False if the
+  // connection is closed.
+  static bool Append(Conn& conn, const wire::Request& request,
+                     const std::weak_ptr<DriverImpl>& driver);
+  // Writes what `conn` has buffered, unless a thread is writing it already (which then takes
+  // it along).
+  void Flush(const std::shared_ptr<Conn>& conn);
+
+ private:
+  Runtime() : work_(asio::make_work_guard(io_)), thread_([this] { io_.run(); }) {
+    thread_.detach();
+  }
+
+  void StartDial(const std::shared_ptr<Conn>& conn, absl::Duration timeout);
+  void Connected(const std::shared_ptr<Conn>& conn);
+  void Read(const std::shared_ptr<Conn>& conn);
+  void Deliver(const std::shared_ptr<Conn>& conn);
+  void HelloAnswered(const std::shared_ptr<Conn>& conn, const wire::Response& reply);
+  void WritePlain(const std::shared_ptr<Conn>& conn);
+  void WriteTls(const std::shared_ptr<Conn>& conn);
+  // Ends `conn` (I/O thread or not): dialers learn `status` (and `leader`), drivers on it
+  // that it is gone.
+  void Fail(const std::shared_ptr<Conn>& conn, const absl::Status& status,
+            const std::string& leader = "");
+  // Closes the socket (I/O thread).
+  static void CloseSocket(const std::shared_ptr<Conn>& conn);
+
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::atomic<uint64_t> next_request_{0};
+  std::mutex mu_;
+  std::map<uint64_t, std::shared_ptr<Conn>> conns_;  // open and dialing
+  uint64_t next_conn_ = 0;
+  std::thread thread_;
+};
+
+// ---- a driver ----
+
+class DriverImpl final : public Driver, public std::enable_shared_from_this<DriverImpl> {
+ public:
+  explicit DriverImpl(Options options)
+      : options_(std::move(options)),
+        clock_(options_.clock),
+        core_(WithIds(options_.core)),
+        timer_(Runtime::Get().io()) {}
+
+  void Subscribe() {
+    std::weak_ptr<DriverImpl> weak = shared_from_this();
+    subscription_ = clock_->Subscribe([weak] {
+      if (auto self = weak.lock()) {
+        asio::post(Runtime::Get().io(), [self] { self->Tick(); });
+      }
+    });
+  }
+
+  Completion Run(const Call& call) override {
+    auto waiter = std::make_shared<Waiter>();
+    if (!Process([&](ClientCore& core, MonoTime now) {
+          handlers_[call(core, now)] = Handler{.waiter = waiter};
+        })) {
+      return Completion{.status = absl::CancelledError("the client was destroyed")};
+    }
+    while (waiter->done.load(std::memory_order_acquire) == 0) {
+      waiter->done.wait(0, std::memory_order_acquire);
+    }
+    return std::move(waiter->result);
+  }
+
+  void Start(const Call& call, Done done) override {
+    if (!Process([&](ClientCore& core, MonoTime now) {
+          handlers_[call(core, now)] = Handler{.done = done};
+        })) {
+      done(Completion{.status = absl::CancelledError("the client was destroyed")});
+    }
+  }
+
+  void Do(const std::function<void(ClientCore&, MonoTime)>& call) override {
+    Process([&](ClientCore& core, MonoTime now) { call(core, now); });
+  }
+
+  void Read(const std::function<void(const ClientCore&)>& read) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    read(core_);
+  }
+
+  void Shutdown() override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      shut_ = true;
+      carried_.wait(lock, [&] { return carrying_ == 0; });
+    }
+    clock_->Unsubscribe(subscription_);
+    std::shared_ptr<Conn> conn;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      conn = std::move(attached_);
+    }
+    if (conn != nullptr) Runtime::Get().Leave(this, conn->id, false);
+    auto self = shared_from_this();
+    asio::post(Runtime::Get().io(), [self] { self->timer_.cancel(); });
+  }
+
+  // ---- from the runtime ----
+
+  void Dialed(size_t replica, const std::shared_ptr<Conn>& conn, uint32_t version) {
+    auto self = shared_from_this();
+    Process([&](ClientCore& core, MonoTime now) {
+      if (!Runtime::Get().Attach(conn, self)) {
+        core.OnDialFailed(now, replica,
+                          absl::UnavailableError(absl::StrCat("the connection to lockd at ",
+                                                              conn->address, " closed")),
+                          "");
+        return;
+      }
+      core.OnDialed(now, replica, conn->id, version);
+      if (core.conn() == conn->id) attached_ = conn;
+    });
+  }
+
+  void DialFailed(size_t replica, const absl::Status& status, const std::string& leader) {
+    Process([&](ClientCore& core, MonoTime now) {
+      core.OnDialFailed(now, replica, status, leader);
+    });
+  }
+
+  void Disconnected(uint64_t conn) {
+    Process([&](ClientCore& core, MonoTime now) {
+      if (attached_ != nullptr && attached_->id == conn) attached_ = nullptr;
+      core.OnDisconnected(now, conn);
+    });
+  }
+
+  void Responses(uint64_t conn, const std::vector<wire::Response>& responses) {
+    Process([&](ClientCore& core, MonoTime now) {
+      for (const wire::Response& r : responses) core.OnResponse(now, conn, r);
+    });
+  }
+
+  // The timer fired, or the clock moved (I/O thread).
+  void Tick() {
+    Process([&](ClientCore& core, MonoTime now) {
+      armed_at_ = MonoTime::Max();
+      core.OnTick(now);
+    });
+  }
+
+ private:
+  struct Waiter {
+    std::atomic<uint32_t> done{0};
+    Completion result;
+  };
+  struct Handler {
+    std::shared_ptr<Waiter> waiter;
+    Done done;
+  };
+  // What a pass over the core left to do outside its lock.
+  struct Batch {
+    std::optional<client_core::Dial> dial;
+    std::vector<std::pair<uint64_t, bool>> leave;  // connection, retire
+    std::vector<std::shared_ptr<Conn>> flush;
+    std::vector<std::pair<Handler, Completion>> done;
+    bool lost = false;
+    std::vector<client_core::LogLine> logs;
+    bool rearm = false;
+  };
+
+  static client_core::CoreOptions WithIds(client_core::CoreOptions options) {
+    options.next_request_id = [] { return Runtime::Get().NextRequestId(); };
+    return options;
+  }
+
+  // Runs `f` on the core under the lock with the clock's now, then carries out the actions.
+  // False (nothing run) once shut down.
+  template <typename F>
+  bool Process(F&& f) {
+    Batch batch;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shut_) return false;
+      f(core_, clock_->Now());
+      Collect(batch);
+      ++carrying_;
+    }
+    Carry(batch);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--carrying_ == 0) carried_.notify_all();
+    }
+    return true;
+  }
+
+  // mu_ held.
+  void Collect(Batch& batch) {
+    client_core::Actions actions = core_.TakeActions();
+    for (uint64_t c : actions.close) {
+      const bool retire = attached_ != nullptr && attached_->id == c;
+      if (retire) attached_ = nullptr;
+      batch.leave.emplace_back(c, retire);
+    }
+    std::weak_ptr<DriverImpl> self = weak_from_this();
+    for (client_core::Outgoing& o : actions.sends) {
+      std::shared_ptr<Conn> conn = attached_ != nullptr && attached_->id == o.conn
+                                       ? attached_
+                                       : Runtime::Get().Find(o.conn);
+      if (conn == nullptr || !Runtime::Append(*conn, o.request, self)) continue;
+      if (batch.flush.empty() || batch.flush.back() != conn) batch.flush.push_back(conn);
+    }
+    for (Completion& c : actions.completions) {
+      auto it = handlers_.find(c.op);
+      if (it == handlers_.end()) continue;
+      batch.done.emplace_back(std::move(it->second), std::move(c));
+      handlers_.erase(it);
+    }
+    batch.dial = std::move(actions.dial);
+    batch.lost = !actions.lost.empty();
+    batch.logs = std::move(actions.logs);
+    const MonoTime wake = core_.NextWakeup();
+    if (wake < armed_at_) {
+      armed_at_ = wake;
+      batch.rearm = true;
+    }
+  }
+
+  void Carry(Batch& batch) {
+    Runtime& runtime = Runtime::Get();
+    for (const auto& conn : batch.flush) runtime.Flush(conn);
+    for (auto [conn, retire] : batch.leave) runtime.Leave(this, conn, retire);
+    for (auto& [handler, completion] : batch.done) {
+      if (handler.waiter != nullptr) {
+        handler.waiter->result = std::move(completion);
+        handler.waiter->done.store(1, std::memory_order_release);
+        handler.waiter->done.notify_one();
+      } else if (handler.done) {
+        handler.done(std::move(completion));
+      }
+    }
+    if (batch.lost && options_.on_lost) options_.on_lost();
+    for (const auto& line : batch.logs) {
+      if (options_.log) options_.log(line.level, line.message);
+    }
+    if (batch.rearm) {
+      auto self = shared_from_this();
+      asio::post(runtime.io(), [self] { self->Arm(); });
+    }
+    if (batch.dial) {
+      runtime.Dial(shared_from_this(), *batch.dial, options_.tls, options_.tls_server_name,
+                   options_.client_name);
+    }
+  }
+
+  // Sets the timer for the core's next wakeup (I/O thread).
+  void Arm() {
+    MonoTime wake;
+    MonoTime now;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shut_) return;
+      wake = core_.NextWakeup();
+      armed_at_ = wake;
+      now = clock_->Now();
+    }
+    if (wake == MonoTime::Max()) {
+      timer_.cancel();
+      return;
+    }
+    timer_.expires_after(absl::ToChronoNanoseconds(std::max(wake - now, absl::ZeroDuration())));
+    std::weak_ptr<DriverImpl> weak = weak_from_this();
+    timer_.async_wait([weak](boost::system::error_code ec) {
+      if (ec) return;  // re-armed or cancelled
+      if (auto self = weak.lock()) {
+        self->Tick();
+        self->Arm();
+      }
+    });
+  }
+
+  const Options options_;
+  Clock* const clock_;
+  mutable std::mutex mu_;
+  std::condition_variable carried_;
+  ClientCore core_;                      // guarded by mu_
+  std::map<uint64_t, Handler> handlers_; // guarded by mu_
+  std::shared_ptr<Conn> attached_;       // guarded by mu_: the connection the core is on
+  MonoTime armed_at_ = MonoTime::Max();  // guarded by mu_
+  bool shut_ = false;                    // guarded by mu_
+  int carrying_ = 0;                     // guarded by mu_: passes carrying out actions
+  uint64_t subscription_ = 0;
+  asio::steady_timer timer_;  // the I/O thread's
+};
+
+// ---- the runtime ----
+
+std::string KeyOf(const std::string& address, const std::shared_ptr<net::TlsContext>& tls,
+                  const std::string& server_name, const std::string& client_name) {
+  return absl::StrCat(address, "\n", reinterpret_cast<uintptr_t>(tls.get()), "\n", server_name,
+                      "\n", client_name);
+}
+
+void Runtime::Dial(const std::shared_ptr<DriverImpl>& driver, const client_core::Dial& dial,
+                   const std::shared_ptr<net::TlsContext>& tls, const std::string& server_name,
+                   const std::string& client_name) {
+  const bool use_tls = tls != nullptr && dial.address.rfind("unix:", 0) != 0;
+  const std::string key = KeyOf(dial.address, use_tls ? tls : nullptr, server_name, client_name);
+  std::shared_ptr<Conn> up;
+  uint32_t version = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, conn] : conns_) {
+      if (conn->key != key || conn->retired || conn->state == Conn::State::kClosed ||
+          conn->Load() >= kSessionsPerConnection) {
+        continue;
+      }
+      if (conn->state == Conn::State::kDialing) {
+        conn->dialers.emplace_back(driver, dial.replica);
+        return;
+      }
+      up = conn;
+      version = conn->version;
+      break;
+    }
+    if (up == nullptr) {
+      auto conn = std::make_shared<Conn>(io_);
+      conn->id = ++next_conn_;
+      conn->key = key;
+      conn->address = dial.address;
+      conn->server_name = server_name.empty() ? net::ServerNameOf(dial.address) : server_name;
+      conn->client_name = client_name;
+      if (use_tls) conn->tls_context = tls;
+      conn->dialers.emplace_back(driver, dial.replica);
+      conns_[conn->id] = conn;
+      asio::post(io_, [this, conn, timeout = dial.timeout] { StartDial(conn, timeout); });
+      return;
+    }
+  }
+  driver->Dialed(dial.replica, up, version);
+}
+
+bool Runtime::Attach(const std::shared_ptr<Conn>& conn,
+                     const std::shared_ptr<DriverImpl>& driver) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (conn->state != Conn::State::kUp) return false;
+  conn->attached.push_back(driver);
+  return true;
+}
+
+void Runtime::Leave(const DriverImpl* driver, uint64_t id, bool retire) {
+  std::shared_ptr<Conn> idle;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    Conn& conn = *it->second;
+    std::erase_if(conn.attached, [&](const std::weak_ptr<DriverImpl>& w) {
+      auto d = w.lock();
+      return d == nullptr || d.get() == driver;
+    });
+    if (retire) conn.retired = true;
+    if (conn.state == Conn::State::kUp && conn.attached.empty()) {
+      conn.state = Conn::State::kClosed;
+      idle = it->second;
+      conns_.erase(it);
+    }
+  }
+  if (idle != nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(idle->wmu);
+      idle->closed = true;
+    }
+    asio::post(io_, [idle] { CloseSocket(idle); });
+  }
+}
+
+bool Runtime::Append(Conn& conn, const wire::Request& request,
+                     const std::weak_ptr<DriverImpl>& driver) {
+  const size_t size = request.ByteSizeLong();
+  std::lock_guard<std::mutex> lock(conn.wmu);
+  if (conn.closed) return false;
+  const size_t at = conn.out.size();
+  conn.out.resize(at + protocol::kFrameHeaderBytes + size);
+  protocol::WriteFrameHeader(static_cast<uint32_t>(size), conn.out.data() + at);
+  request.SerializeWithCachedSizesToArray(
+      reinterpret_cast<uint8_t*>(conn.out.data() + at + protocol::kFrameHeaderBytes));
+  conn.routes[request.request_id()] = driver;
+  return true;
+}
+
+void Runtime::Flush(const std::shared_ptr<Conn>& conn) {
+  {
+    std::lock_guard<std::mutex> lock(conn->wmu);
+    if (conn->writing || conn->closed || conn->out.empty()) return;
+    if (conn->out.size() > kMaxUnwritten) {
+      conn->writing = true;  // for good: the connection ends
+      asio::post(io_, [this, conn] {
+        Fail(conn, absl::UnavailableError(absl::StrCat(
+                       "lockd at ", conn->address, " stopped reading: ", kMaxUnwritten >> 20,
+                       " MiB of requests wait to be written")));
+      });
+      return;
+    }
+    conn->writing = true;
+  }
+  if (conn->tls_context != nullptr) {
+    asio::post(io_, [this, conn] { WriteTls(conn); });
+    return;
+  }
+  WritePlain(conn);
+}
+
+// Writes `out` until it is empty (taking along what others append meanwhile), with `writing`
+// claimed. A full socket hands the rest to the I/O thread, which waits until it can write.
+void Runtime::WritePlain(const std::shared_ptr<Conn>& conn) {
+  std::string chunk;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(conn->wmu);
+      if (conn->closed || conn->out.empty()) {
+        conn->writing = false;
+        return;
+      }
+      chunk.swap(conn->out);
+      conn->out.clear();
+    }
+    size_t sent = 0;
+    int error = 0;
+    {
+      std::lock_guard<std::mutex> lock(conn->fd_mu);
+      while (sent < chunk.size() && conn->fd >= 0) {
+        // send() with MSG_NOSIGNAL: a peer that closed gives EPIPE, not a SIGPIPE.
+        const ssize_t n = ::send(conn->fd, chunk.data() + sent, chunk.size() - sent,
+                                 MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) {
+          sent += static_cast<size_t>(n);
+        } else if (n < 0 && errno == EINTR) {
+          continue;
+        } else {
+          error = n < 0 ? errno : EPIPE;
+          break;
+        }
+      }
+      if (conn->fd < 0 && sent < chunk.size()) error = EBADF;
+    }
+    if (sent == chunk.size()) {
+      chunk.clear();
+      continue;
+    }
+    if (error == EAGAIN || error == EWOULDBLOCK) {
+      {
+        std::lock_guard<std::mutex> lock(conn->wmu);
+        conn->out.insert(0, chunk, sent);
+      }
+      asio::post(io_, [this, conn] {
+        if (conn->socket.is_open()) {
+          conn->socket.async_wait(Socket::wait_write, [this, conn](boost::system::error_code ec) {
+            if (!ec) WritePlain(conn);
+          });
+        }
+      });
+      return;  // `writing` stays claimed: the I/O thread goes on
+    }
+    asio::post(io_, [this, conn, error] {
+      Fail(conn, absl::UnavailableError(absl::StrCat("writing to lockd at ", conn->address,
+                                                     " failed: ", std::strerror(error))));
+    });
+    return;
+  }
+}
+
+void Runtime::WriteTls(const std::shared_ptr<Conn>& conn) {
+  {
+    std::lock_guard<std::mutex> lock(conn->wmu);
+    if (conn->closed || conn->out.empty() || conn->tls == nullptr) {
+      conn->writing = false;
+      return;
+    }
+    conn->tls_chunk.swap(conn->out);
+    conn->out.clear();
+  }
+  asio::async_write(*conn->tls, asio::buffer(conn->tls_chunk),
+                    [this, conn](boost::system::error_code ec, size_t) {
+                      if (ec) {
+                        return Fail(conn, absl::UnavailableError(absl::StrCat(
+                                              "writing to lockd at ", conn->address,
+                                              " failed: ", ec.message())));
+                      }
+                      WriteTls(conn);
+                    });
+}
+
+void Runtime::StartDial(const std::shared_ptr<Conn>& conn, absl::Duration timeout) {
+  auto failed = [this, conn](std::string why) {
+    Fail(conn, absl::UnavailableError(
+                   absl::StrCat("cannot connect to lockd at ", conn->address, ": ", why)));
+  };
+  auto parsed = protocol::ParseAddress(conn->address);
+  if (!parsed.ok()) return Fail(conn, parsed.status());
+  conn->timer.expires_after(absl::ToChronoNanoseconds(timeout));
+  conn->timer.async_wait([failed, timeout](boost::system::error_code ec) {
+    if (!ec) failed(absl::StrCat("no answer within ", absl::FormatDuration(timeout)));
+  });
+  auto connect = [this, conn, failed](const asio::generic::stream_protocol::endpoint& ep) {
+    conn->socket.async_connect(ep, [this, conn, failed](boost::system::error_code ec) {
+      if (ec == asio::error::no_descriptors || ec.value() == ENFILE) {
+        return failed(absl::StrCat(ec.message(), " (out of file descriptors)"));
+      }
+      if (ec) return failed(ec.message());
+      Connected(conn);
+    });
+  };
+  if (parsed->unix_socket()) {
+    return connect(asio::local::stream_protocol::endpoint(parsed->path));
+  }
+  conn->resolver.async_resolve(
+      parsed->host, std::to_string(parsed->port), asio::ip::tcp::resolver::numeric_service,
+      [conn, failed, connect](boost::system::error_code ec,
+                              asio::ip::tcp::resolver::results_type results) {
+        if (ec || results.empty()) {
+          return failed(absl::StrCat("cannot resolve \"", conn->address,
+                                     "\": ", ec ? ec.message() : "no address"));
+        }
+        connect(results.begin()->endpoint());
+      });
+}
+
+void Runtime::Connected(const std::shared_ptr<Conn>& conn) {
+  boost::system::error_code ec;
+  if (conn->socket.local_endpoint(ec).protocol().family() != AF_UNIX) {
+    const int one = 1;
+    ::setsockopt(conn->socket.native_handle(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
+  auto hello = [this, conn] {
+    wire::Request request = protocol::HelloRequest(conn->client_name);
+    conn->hello_id = NextRequestId();
+    request.set_request_id(conn->hello_id);
+    Append(*conn, request, {});
+    Flush(conn);
+    Read(conn);
+  };
+  if (conn->tls_context == nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(conn->fd_mu);
+      conn->fd = conn->socket.native_handle();
+    }
+    return hello();
+  }
+  SSL_CTX_up_ref(conn->tls_context->native());  // Asio's context holds a reference of its own
+  conn->ssl_context.emplace(conn->tls_context->native());
+  conn->tls = std::make_unique<asio::ssl::stream<Socket&>>(conn->socket, *conn->ssl_context);
+  if (absl::Status s = net::ExpectServerName(conn->tls->native_handle(), conn->server_name);
+      !s.ok()) {
+    return Fail(conn, absl::UnavailableError(absl::StrCat("cannot connect to lockd at ",
+                                                          conn->address, ": ", s.message())));
+  }
+  conn->tls->async_handshake(asio::ssl::stream_base::client,
+                             [this, conn, hello](boost::system::error_code ec) {
+                               if (ec) {
+                                 return Fail(conn, absl::UnavailableError(absl::StrCat(
+                                                       "cannot connect to lockd at ",
+                                                       conn->address, ": TLS handshake failed: ",
+                                                       ec.message())));
+                               }
+                               hello();
+                             });
+}
+
+void Runtime::Read(const std::shared_ptr<Conn>& conn) {
+  auto handler = [this, conn](boost::system::error_code ec, size_t n) {
+    if (ec) {
+      return Fail(conn, absl::UnavailableError(absl::StrCat(
+                            "the connection to lockd at ", conn->address, " ended: ",
+                            ec == asio::error::eof ? "closed by lockd" : ec.message())));
+    }
+    conn->decoder.Feed(std::string_view(conn->in.data(), n));
+    Deliver(conn);
+    if (conn->socket.is_open()) Read(conn);
+  };
+  if (conn->tls != nullptr) {
+    conn->tls->async_read_some(asio::buffer(conn->in), handler);
+  } else {
+    conn->socket.async_read_some(asio::buffer(conn->in), handler);
+  }
+}
+
+void Runtime::Deliver(const std::shared_ptr<Conn>& conn) {
+  std::vector<std::pair<std::shared_ptr<DriverImpl>, std::vector<wire::Response>>> batches;
+  std::string payload;
+  for (;;) {
+    const protocol::FrameDecoder::Result next = conn->decoder.Next(&payload);
+    if (next == protocol::FrameDecoder::Result::kNeedMore) break;
+    if (next == protocol::FrameDecoder::Result::kTooLarge) {
+      return Fail(conn, absl::UnavailableError(absl::StrCat(
+                            "lockd at ", conn->address, " sent a frame of ",
+                            conn->decoder.announced_length(), " bytes, more than the most")));
+    }
+    wire::Response response;
+    if (!response.ParseFromString(payload)) {
+      return Fail(conn, absl::UnavailableError(
+                            absl::StrCat("lockd at ", conn->address, " sent an unreadable reply")));
+    }
+    // Before Hello is answered, an answer with no request id is lockd refusing the connection
+    // (admission, plaintext on its TLS port): Hello's answer too.
+    if (conn->hello_id != 0 &&
+        (response.request_id() == conn->hello_id || response.request_id() == 0)) {
+      conn->hello_id = 0;
+      HelloAnswered(conn, response);
+      if (!conn->socket.is_open()) return;
+      continue;
+    }
+    std::shared_ptr<DriverImpl> driver;
+    {
+      std::lock_guard<std::mutex> lock(conn->wmu);
+      auto it = conn->routes.find(response.request_id());
+      if (it == conn->routes.end()) continue;
+      driver = it->second.lock();
+      conn->routes.erase(it);
+    }
+    if (driver == nullptr) continue;
+    auto batch = std::find_if(batches.begin(), batches.end(),
+                              [&](const auto& b) { return b.first == driver; });
+    if (batch == batches.end()) {
+      batches.emplace_back(driver, std::vector<wire::Response>{});
+      batch = batches.end() - 1;
+    }
+    batch->second.push_back(std::move(response));
+  }
+  for (auto& [driver, responses] : batches) driver->Responses(conn->id, responses);
+}
+
+void Runtime::HelloAnswered(const std::shared_ptr<Conn>& conn, const wire::Response& reply) {
+  std::string leader;
+  absl::StatusOr<uint32_t> version = protocol::ReadHelloReply(reply, conn->address, &leader);
+  if (!version.ok()) return Fail(conn, version.status(), leader);
+  conn->timer.cancel();
+  std::vector<std::pair<std::weak_ptr<DriverImpl>, size_t>> dialers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (conn->state != Conn::State::kDialing) return;
+    conn->state = Conn::State::kUp;
+    conn->version = *version;
+    dialers.swap(conn->dialers);
+  }
+  for (auto& [weak, replica] : dialers) {
+    if (auto driver = weak.lock()) driver->Dialed(replica, conn, *version);
+  }
+  // Nobody stayed: the connection is idle.
+  bool idle = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (conn->state == Conn::State::kUp && conn->attached.empty()) {
+      conn->state = Conn::State::kClosed;
+      conns_.erase(conn->id);
+      idle = true;
+    }
+  }
+  if (idle) {
+    {
+      std::lock_guard<std::mutex> lock(conn->wmu);
+      conn->closed = true;
+    }
+    CloseSocket(conn);
+  }
+}
+
+void Runtime::Fail(const std::shared_ptr<Conn>& conn, const absl::Status& status,
+                   const std::string& leader) {
+  std::vector<std::pair<std::weak_ptr<DriverImpl>, size_t>> dialers;
+  std::vector<std::weak_ptr<DriverImpl>> attached;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (conn->state != Conn::State::kClosed) {
+      conn->state = Conn::State::kClosed;
+      conns_.erase(conn->id);
+    }
+    dialers.swap(conn->dialers);
+    attached.swap(conn->attached);
+  }
+  {
+    std::lock_guard<std::mutex> lock(conn->wmu);
+    conn->closed = true;
+    conn->out.clear();
+    conn->routes.clear();
+  }
+  CloseSocket(conn);
+  for (auto& [weak, replica] : dialers) {
+    if (auto driver = weak.lock()) driver->DialFailed(replica, status, leader);
+  }
+  for (auto& weak : attached) {
+    if (auto driver = weak.lock()) driver->Disconnected(conn->id);
+  }
+}
+
+void Runtime::CloseSocket(const std::shared_ptr<Conn>& conn) {
+  boost::system::error_code ec;
+  conn->timer.cancel();
+  conn->resolver.cancel();
+  std::lock_guard<std::mutex> lock(conn->fd_mu);
+  conn->fd = -1;
+  conn->socket.close(ec);
+}
+
+}  // namespace
+
+std::shared_ptr<Driver> Driver::Create(Options options) {
+  auto driver = std::make_shared<DriverImpl>(std::move(options));
+  driver->Subscribe();
+  return driver;
+}
+
+}  // namespace fencelock::client_internal
