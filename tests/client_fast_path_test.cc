@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -271,6 +273,49 @@ TEST_F(ClientFastPathTest, AnIdleConnectionLockdClosedIsNoticedBeforeTheNextAcqu
   auto b = client->acquire("fast/r", absl::Seconds(5));
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_TRUE(client->release(*b).ok());
+}
+
+// Established TCP connections whose far end is lockd's port (from /proc/net/tcp).
+int ConnectionsTo(int port) {
+  std::ifstream table("/proc/net/tcp");
+  std::string line;
+  std::getline(table, line);  // the header
+  int count = 0;
+  while (std::getline(table, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state;
+    fields >> slot >> local >> remote >> state;
+    const size_t colon = remote.find(':');
+    if (state == "01" && colon != std::string::npos &&
+        std::stoi(remote.substr(colon + 1), nullptr, 16) == port) {
+      ++count;
+    }
+  }
+  return count;
+}
+
+// The Clients of a process share one connection per replica, up to lockd's 64 sessions per
+// connection: a 65th opens a second one rather than being refused its session.
+TEST_F(ClientFastPathTest, SixtyFourClientsShareOneConnectionAndTheNextOpensAnother) {
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < 65; ++i) {
+    clients.push_back(NewClient());
+    ASSERT_NE(clients.back(), nullptr) << "client " << i;
+    if (i == 63) EXPECT_EQ(ConnectionsTo(lockd_.port()), 1);
+  }
+  EXPECT_EQ(ConnectionsTo(lockd_.port()), 2);
+  for (size_t i = 0; i < clients.size(); ++i) {
+    auto h = clients[i]->acquire("fast/many/" + std::to_string(i), absl::Seconds(5));
+    EXPECT_TRUE(h.ok()) << "client " << i << ": " << h.status();
+  }
+  clients.clear();
+  // The last Client gone, so are the connections.
+  bool closed = false;
+  for (int i = 0; i < 500 && !closed; ++i) {
+    closed = ConnectionsTo(lockd_.port()) == 0;
+    if (!closed) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(closed);
 }
 
 TEST_F(ClientFastPathTest, CallersOnManyThreadsShareOneConnection) {

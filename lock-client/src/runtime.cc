@@ -2,7 +2,10 @@
 
 #include "runtime.h"
 
+#include <linux/futex.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <boost/asio/generic/stream_protocol.hpp>
@@ -110,13 +113,20 @@ class Runtime {
     return it == conns_.end() ? nullptr : it->second;
   }
 
-  // Appends `request` (framed) to `conn`'s buffer, routed back to `driver`. False if the
-  // connection is closed.
-  static bool Append(Conn& conn, const wire::Request& request,
-                     const std::weak_ptr<DriverImpl>& driver);
-  // Writes what `conn` has buffered, unless a thread is writing it already (which then takes
-  // it along).
-  void Flush(const std::shared_ptr<Conn>& conn);
+  // What a thread that appended to a connection does next.
+  struct Write {
+    std::shared_ptr<Conn> conn;
+    bool claimed = false;   // it writes: nobody else was writing
+    std::string chunk;      // plaintext: what it took from the buffer to write
+    bool overflow = false;  // the buffer passed kMaxUnwritten: the connection is to end
+  };
+  // Appends `request` (framed) to the connection's buffer, routed back to `driver`. With
+  // `last` (its batch's last request for this connection) it also claims the writing if no
+  // thread has it, taking the buffer (plaintext). False if the connection is closed.
+  static bool Append(Write& write, const wire::Request& request,
+                     const std::weak_ptr<DriverImpl>& driver, bool last);
+  // Carries out `write`: writes what it claimed (with what others append meanwhile).
+  void Flush(Write& write);
 
  private:
   Runtime() : work_(asio::make_work_guard(io_)), thread_([this] { io_.run(); }) {
@@ -128,7 +138,7 @@ class Runtime {
   void Read(const std::shared_ptr<Conn>& conn);
   void Deliver(const std::shared_ptr<Conn>& conn);
   void HelloAnswered(const std::shared_ptr<Conn>& conn, const wire::Response& reply);
-  void WritePlain(const std::shared_ptr<Conn>& conn);
+  void WritePlain(const std::shared_ptr<Conn>& conn, std::string chunk = "");
   void WriteTls(const std::shared_ptr<Conn>& conn);
   // Ends `conn` (I/O thread or not): dialers learn `status` (and `leader`), drivers on it
   // that it is gone.
@@ -172,9 +182,7 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
         })) {
       return Completion{.status = absl::CancelledError("the client was destroyed")};
     }
-    while (waiter->done.load(std::memory_order_acquire) == 0) {
-      waiter->done.wait(0, std::memory_order_acquire);
-    }
+    waiter->Wait();
     return std::move(waiter->result);
   }
 
@@ -257,10 +265,24 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
   }
 
  private:
+  // A blocking call's wait for its completion: one futex, no spinning (libstdc++'s
+  // atomic::wait yields the processor in a loop first, a syscall each time).
   struct Waiter {
     std::atomic<uint32_t> done{0};
     Completion result;
+    void Wait() {
+      while (done.load(std::memory_order_acquire) == 0) {
+        ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&done), FUTEX_WAIT_PRIVATE, 0, nullptr,
+                  nullptr, 0);
+      }
+    }
+    void Wake() {
+      done.store(1, std::memory_order_release);
+      ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&done), FUTEX_WAKE_PRIVATE, 1, nullptr,
+                nullptr, 0);
+    }
   };
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
   struct Handler {
     std::shared_ptr<Waiter> waiter;
     Done done;
@@ -269,7 +291,7 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
   struct Batch {
     std::optional<client_core::Dial> dial;
     std::vector<std::pair<uint64_t, bool>> leave;  // connection, retire
-    std::vector<std::shared_ptr<Conn>> flush;
+    std::vector<Runtime::Write> flush;
     std::vector<std::pair<Handler, Completion>> done;
     bool lost = false;
     std::vector<client_core::LogLine> logs;
@@ -310,12 +332,18 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
       batch.leave.emplace_back(c, retire);
     }
     std::weak_ptr<DriverImpl> self = weak_from_this();
-    for (client_core::Outgoing& o : actions.sends) {
-      std::shared_ptr<Conn> conn = attached_ != nullptr && attached_->id == o.conn
-                                       ? attached_
-                                       : Runtime::Get().Find(o.conn);
-      if (conn == nullptr || !Runtime::Append(*conn, o.request, self)) continue;
-      if (batch.flush.empty() || batch.flush.back() != conn) batch.flush.push_back(conn);
+    for (size_t i = 0; i < actions.sends.size(); ++i) {
+      const uint64_t id = actions.sends[i].conn;
+      if (batch.flush.empty() || batch.flush.back().conn == nullptr ||
+          batch.flush.back().conn->id != id) {
+        batch.flush.push_back(Runtime::Write{
+            .conn = attached_ != nullptr && attached_->id == id ? attached_
+                                                                : Runtime::Get().Find(id)});
+      }
+      Runtime::Write& write = batch.flush.back();
+      if (write.conn == nullptr) continue;
+      const bool last = i + 1 == actions.sends.size() || actions.sends[i + 1].conn != id;
+      (void)Runtime::Append(write, actions.sends[i].request, self, last);
     }
     for (Completion& c : actions.completions) {
       auto it = handlers_.find(c.op);
@@ -335,13 +363,12 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
 
   void Carry(Batch& batch) {
     Runtime& runtime = Runtime::Get();
-    for (const auto& conn : batch.flush) runtime.Flush(conn);
+    for (Runtime::Write& write : batch.flush) runtime.Flush(write);
     for (auto [conn, retire] : batch.leave) runtime.Leave(this, conn, retire);
     for (auto& [handler, completion] : batch.done) {
       if (handler.waiter != nullptr) {
         handler.waiter->result = std::move(completion);
-        handler.waiter->done.store(1, std::memory_order_release);
-        handler.waiter->done.notify_one();
+        handler.waiter->Wake();
       } else if (handler.done) {
         handler.done(std::move(completion));
       }
@@ -482,8 +509,9 @@ void Runtime::Leave(const DriverImpl* driver, uint64_t id, bool retire) {
   }
 }
 
-bool Runtime::Append(Conn& conn, const wire::Request& request,
-                     const std::weak_ptr<DriverImpl>& driver) {
+bool Runtime::Append(Write& write, const wire::Request& request,
+                     const std::weak_ptr<DriverImpl>& driver, bool last) {
+  Conn& conn = *write.conn;
   const size_t size = request.ByteSizeLong();
   std::lock_guard<std::mutex> lock(conn.wmu);
   if (conn.closed) return false;
@@ -493,37 +521,47 @@ bool Runtime::Append(Conn& conn, const wire::Request& request,
   request.SerializeWithCachedSizesToArray(
       reinterpret_cast<uint8_t*>(conn.out.data() + at + protocol::kFrameHeaderBytes));
   conn.routes[request.request_id()] = driver;
+  if (conn.out.size() > kMaxUnwritten) {
+    write.overflow = true;
+    conn.writing = true;  // for good: the connection ends
+    return true;
+  }
+  if (last && !conn.writing) {
+    conn.writing = true;
+    write.claimed = true;
+    if (conn.tls_context == nullptr) {
+      write.chunk.swap(conn.out);
+      conn.out.clear();
+    }
+  }
   return true;
 }
 
-void Runtime::Flush(const std::shared_ptr<Conn>& conn) {
-  {
-    std::lock_guard<std::mutex> lock(conn->wmu);
-    if (conn->writing || conn->closed || conn->out.empty()) return;
-    if (conn->out.size() > kMaxUnwritten) {
-      conn->writing = true;  // for good: the connection ends
-      asio::post(io_, [this, conn] {
-        Fail(conn, absl::UnavailableError(absl::StrCat(
-                       "lockd at ", conn->address, " stopped reading: ", kMaxUnwritten >> 20,
-                       " MiB of requests wait to be written")));
-      });
-      return;
-    }
-    conn->writing = true;
+void Runtime::Flush(Write& write) {
+  const std::shared_ptr<Conn>& conn = write.conn;
+  if (conn == nullptr) return;
+  if (write.overflow) {
+    asio::post(io_, [this, conn] {
+      Fail(conn, absl::UnavailableError(absl::StrCat(
+                     "lockd at ", conn->address, " stopped reading: ", kMaxUnwritten >> 20,
+                     " MiB of requests wait to be written")));
+    });
+    return;
   }
+  if (!write.claimed) return;
   if (conn->tls_context != nullptr) {
     asio::post(io_, [this, conn] { WriteTls(conn); });
     return;
   }
-  WritePlain(conn);
+  WritePlain(conn, std::move(write.chunk));
 }
 
-// Writes `out` until it is empty (taking along what others append meanwhile), with `writing`
-// claimed. A full socket hands the rest to the I/O thread, which waits until it can write.
-void Runtime::WritePlain(const std::shared_ptr<Conn>& conn) {
-  std::string chunk;
+// Writes `chunk`, then `out` until it is empty (taking along what others append meanwhile),
+// with `writing` claimed. A full socket hands the rest to the I/O thread, which waits until it
+// can write.
+void Runtime::WritePlain(const std::shared_ptr<Conn>& conn, std::string chunk) {
   for (;;) {
-    {
+    if (chunk.empty()) {
       std::lock_guard<std::mutex> lock(conn->wmu);
       if (conn->closed || conn->out.empty()) {
         conn->writing = false;
@@ -563,7 +601,7 @@ void Runtime::WritePlain(const std::shared_ptr<Conn>& conn) {
       asio::post(io_, [this, conn] {
         if (conn->socket.is_open()) {
           conn->socket.async_wait(Socket::wait_write, [this, conn](boost::system::error_code ec) {
-            if (!ec) WritePlain(conn);
+            if (!ec) WritePlain(conn, "");
           });
         }
       });
@@ -621,6 +659,10 @@ void Runtime::StartDial(const std::shared_ptr<Conn>& conn, absl::Duration timeou
   if (parsed->unix_socket()) {
     return connect(asio::local::stream_protocol::endpoint(parsed->path));
   }
+  // A numeric address needs no resolver (whose thread Asio starts on first use).
+  boost::system::error_code numeric;
+  const asio::ip::address ip = asio::ip::make_address(parsed->host, numeric);
+  if (!numeric) return connect(asio::ip::tcp::endpoint(ip, parsed->port));
   conn->resolver.async_resolve(
       parsed->host, std::to_string(parsed->port), asio::ip::tcp::resolver::numeric_service,
       [conn, failed, connect](boost::system::error_code ec,
@@ -643,8 +685,9 @@ void Runtime::Connected(const std::shared_ptr<Conn>& conn) {
     wire::Request request = protocol::HelloRequest(conn->client_name);
     conn->hello_id = NextRequestId();
     request.set_request_id(conn->hello_id);
-    Append(*conn, request, {});
-    Flush(conn);
+    Write write{.conn = conn};
+    Append(write, request, {}, true);
+    Flush(write);
     Read(conn);
   };
   if (conn->tls_context == nullptr) {
@@ -693,7 +736,7 @@ void Runtime::Read(const std::shared_ptr<Conn>& conn) {
 }
 
 void Runtime::Deliver(const std::shared_ptr<Conn>& conn) {
-  std::vector<std::pair<std::shared_ptr<DriverImpl>, std::vector<wire::Response>>> batches;
+  std::vector<wire::Response> responses;
   std::string payload;
   for (;;) {
     const protocol::FrameDecoder::Result next = conn->decoder.Next(&payload);
@@ -717,14 +760,24 @@ void Runtime::Deliver(const std::shared_ptr<Conn>& conn) {
       if (!conn->socket.is_open()) return;
       continue;
     }
-    std::shared_ptr<DriverImpl> driver;
-    {
-      std::lock_guard<std::mutex> lock(conn->wmu);
-      auto it = conn->routes.find(response.request_id());
+    responses.push_back(std::move(response));
+  }
+  if (responses.empty()) return;
+  // Each reply to the driver whose request it answers, all of one driver's in one pass; the
+  // routes are looked up under one lock for the whole read.
+  std::vector<std::pair<std::shared_ptr<DriverImpl>, std::vector<wire::Response>>> batches;
+  std::vector<std::weak_ptr<DriverImpl>> owners(responses.size());
+  {
+    std::lock_guard<std::mutex> lock(conn->wmu);
+    for (size_t i = 0; i < responses.size(); ++i) {
+      auto it = conn->routes.find(responses[i].request_id());
       if (it == conn->routes.end()) continue;
-      driver = it->second.lock();
+      owners[i] = std::move(it->second);
       conn->routes.erase(it);
     }
+  }
+  for (size_t i = 0; i < responses.size(); ++i) {
+    std::shared_ptr<DriverImpl> driver = owners[i].lock();
     if (driver == nullptr) continue;
     auto batch = std::find_if(batches.begin(), batches.end(),
                               [&](const auto& b) { return b.first == driver; });
@@ -732,9 +785,9 @@ void Runtime::Deliver(const std::shared_ptr<Conn>& conn) {
       batches.emplace_back(driver, std::vector<wire::Response>{});
       batch = batches.end() - 1;
     }
-    batch->second.push_back(std::move(response));
+    batch->second.push_back(std::move(responses[i]));
   }
-  for (auto& [driver, responses] : batches) driver->Responses(conn->id, responses);
+  for (auto& [driver, mine] : batches) driver->Responses(conn->id, mine);
 }
 
 void Runtime::HelloAnswered(const std::shared_ptr<Conn>& conn, const wire::Response& reply) {
