@@ -224,17 +224,21 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
 
   void Dialed(size_t replica, const std::shared_ptr<Conn>& conn, uint32_t version) {
     auto self = shared_from_this();
+    std::optional<client_core::Dial> again;
     Process([&](ClientCore& core, MonoTime now) {
       if (!Runtime::Get().Attach(conn, self)) {
-        core.OnDialFailed(now, replica,
-                          absl::UnavailableError(absl::StrCat("the connection to lockd at ",
-                                                              conn->address, " closed")),
-                          "");
+        // It closed in between (its last Client left, or lockd ended it): dial again, which
+        // finds another connection or makes one, rather than fail the core's dial.
+        if (last_dial_ && last_dial_->replica == replica) again = last_dial_;
         return;
       }
       core.OnDialed(now, replica, conn->id, version);
       if (core.conn() == conn->id) attached_ = conn;
     });
+    if (again) {
+      Runtime::Get().Dial(self, *again, options_.tls, options_.tls_server_name,
+                          options_.client_name);
+    }
   }
 
   void DialFailed(size_t replica, const absl::Status& status, const std::string& leader) {
@@ -352,6 +356,7 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
       handlers_.erase(it);
     }
     batch.dial = std::move(actions.dial);
+    if (batch.dial) last_dial_ = batch.dial;
     batch.lost = !actions.lost.empty();
     batch.logs = std::move(actions.logs);
     const MonoTime wake = core_.NextWakeup();
@@ -420,6 +425,7 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
   ClientCore core_;                      // guarded by mu_
   std::map<uint64_t, Handler> handlers_; // guarded by mu_
   std::shared_ptr<Conn> attached_;       // guarded by mu_: the connection the core is on
+  std::optional<client_core::Dial> last_dial_;  // guarded by mu_: the core's last dial
   MonoTime armed_at_ = MonoTime::Max();  // guarded by mu_
   bool shut_ = false;                    // guarded by mu_
   int carrying_ = 0;                     // guarded by mu_: passes carrying out actions
