@@ -452,7 +452,8 @@ ClientImpl::~ClientImpl() {
   std::future<void> close = closed->get_future();
   driver_->Start([](ClientCore& core, MonoTime now) { return core.Close(now); },
                  [closed](Completion) { closed->set_value(); });
-  (void)close.wait_for(absl::ToChronoNanoseconds(options_.request_timeout));
+  (void)close.wait_for(
+      absl::ToChronoNanoseconds(std::min(options_.request_timeout, absl::Hours(24 * 365))));
   driver_->Shutdown();
   if (callbacks_->OnItsThread()) {
     // Destroyed from a callback: the others run after it returns, then the thread ends.

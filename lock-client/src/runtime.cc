@@ -407,7 +407,8 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
       timer_.cancel();
       return;
     }
-    timer_.expires_after(absl::ToChronoNanoseconds(std::max(wake - now, absl::ZeroDuration())));
+    timer_.expires_after(absl::ToChronoNanoseconds(
+        std::clamp(wake - now, absl::ZeroDuration(), absl::Hours(24 * 365))));
     std::weak_ptr<DriverImpl> weak = weak_from_this();
     timer_.async_wait([weak](boost::system::error_code ec) {
       if (ec) return;  // re-armed or cancelled
@@ -649,7 +650,8 @@ void Runtime::StartDial(const std::shared_ptr<Conn>& conn, absl::Duration timeou
   };
   auto parsed = protocol::ParseAddress(conn->address);
   if (!parsed.ok()) return Fail(conn, parsed.status());
-  conn->timer.expires_after(absl::ToChronoNanoseconds(timeout));
+  // Bounded: an absurd timeout (absl::InfiniteDuration()) would overflow the steady clock.
+  conn->timer.expires_after(absl::ToChronoNanoseconds(std::min(timeout, absl::Hours(24 * 365))));
   conn->timer.async_wait([failed, timeout](boost::system::error_code ec) {
     if (!ec) failed(absl::StrCat("no answer within ", absl::FormatDuration(timeout)));
   });
