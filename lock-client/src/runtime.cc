@@ -98,6 +98,7 @@ class Runtime {
   }
 
   asio::io_context& io() { return io_; }
+  bool OnItsThread() const { return std::this_thread::get_id() == thread_id_; }
   uint64_t NextRequestId() { return next_request_.fetch_add(1, std::memory_order_relaxed) + 1; }
 
   void Dial(const std::shared_ptr<DriverImpl>& driver, const client_core::Dial& dial,
@@ -130,6 +131,7 @@ class Runtime {
 
  private:
   Runtime() : work_(asio::make_work_guard(io_)), thread_([this] { io_.run(); }) {
+    thread_id_ = thread_.get_id();
     thread_.detach();
   }
 
@@ -154,6 +156,7 @@ class Runtime {
   std::map<uint64_t, std::shared_ptr<Conn>> conns_;  // open and dialing
   uint64_t next_conn_ = 0;
   std::thread thread_;
+  std::thread::id thread_id_;
 };
 
 // ---- a driver ----
@@ -216,8 +219,24 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
       conn = std::move(attached_);
     }
     if (conn != nullptr) Runtime::Get().Leave(this, conn->id, false);
-    auto self = shared_from_this();
-    asio::post(Runtime::Get().io(), [self] { self->timer_.cancel(); });
+    // The I/O thread lets go of this driver before its Client is gone: what it had queued for
+    // it (a tick, an arming) runs first, and a reply it was handing over meanwhile (which holds
+    // the driver for that moment) is handed over by the next pass. So the driver is destroyed
+    // with its Client, on the Client's thread, never by the I/O thread, which runs on while the
+    // process exits (and whose destroying a driver then raced the exit's own clean-up).
+    Runtime& runtime = Runtime::Get();
+    if (runtime.OnItsThread()) {
+      asio::post(runtime.io(), [self = shared_from_this()] { self->timer_.cancel(); });
+      return;
+    }
+    do {
+      auto passed = std::make_shared<Waiter>();
+      asio::post(runtime.io(), [this, passed] {
+        timer_.cancel();  // its handler holds the driver weakly
+        passed->Wake();
+      });
+      passed->Wait();
+    } while (weak_from_this().use_count() > 1);  // the Client's own reference
   }
 
   // ---- from the runtime ----
