@@ -758,7 +758,21 @@ void ClientCore::Publish(MonoTime now, uint64_t id, Op& op, uint64_t token,
 void ClientCore::OnResponse(MonoTime now, uint64_t conn, const wire::Response& r) {
   if (link_ != Link::kUp || conn != conn_) return;
   auto it = pending_.find(r.request_id());
-  if (it == pending_.end()) return;  // a reply nobody waits for (a timed-out heartbeat's)
+  if (it == pending_.end()) {
+    // A reply nobody waits for (a timed-out heartbeat's) extends nothing; but if it says that
+    // lockd no longer has the session, the session's locks are gone all the same.
+    auto late = std::find_if(late_.begin(), late_.end(),
+                             [&](const auto& l) { return l.first == r.request_id(); });
+    if (late != late_.end()) {
+      const uint64_t session = late->second;
+      late_.erase(late);
+      if (r.code() == wire::SESSION_NOT_FOUND && session != 0 && session == session_id_) {
+        LoseSession(now, LossReason::kSessionLost);
+        Pump(now);
+      }
+    }
+    return;
+  }
   Pending p = std::move(it->second);
   pending_.erase(it);
   if (r.code() == wire::SESSION_NOT_FOUND && p.session != 0 && p.session == session_id_ &&
@@ -1078,6 +1092,7 @@ void ClientCore::OnTick(MonoTime now) {
         heartbeat_failures_.Increment();
         Pending copy = std::move(p);
         pending_.erase(it);
+        RememberLate(rid, copy.session);
         if (alive) {
           Complete(copy.op, absl::DeadlineExceededError(absl::StrCat(
                                 "lockd did not answer the heartbeat within ",
@@ -1117,6 +1132,7 @@ void ClientCore::OnTick(MonoTime now) {
       case Kind::kGrantRenewal: {
         Pending copy = std::move(p);
         pending_.erase(it);
+        RememberLate(rid, copy.session);
         OnGrantRenewalReply(now, copy, nullptr);
         break;
       }
@@ -1144,6 +1160,7 @@ void ClientCore::OnTick(MonoTime now) {
       case Kind::kClose: {
         const uint64_t op = p.op;
         const Kind kind = p.kind;
+        RememberLate(rid, p.session);
         pending_.erase(it);
         if (alive) {
           Complete(op, kind == Kind::kClose
@@ -1185,6 +1202,12 @@ MonoTime ClientCore::NextWakeup() const {
     next = std::min(next, redial_at_);
   }
   return next;
+}
+
+void ClientCore::RememberLate(uint64_t request_id, uint64_t session) {
+  if (session == 0) return;
+  if (late_.size() >= kMaxLate) late_.pop_front();
+  late_.emplace_back(request_id, session);
 }
 
 void ClientCore::RecordRtt(absl::Duration rtt) {

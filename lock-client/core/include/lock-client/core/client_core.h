@@ -264,6 +264,7 @@ class ClientCore {
   void Sweep(MonoTime now);
   void CountLoss(LossReason reason);
   void RecordRtt(absl::Duration rtt);
+  void RememberLate(uint64_t request_id, uint64_t session);
   bool SessionLeaseShort(MonoTime now) const {
     return session_deadline_ - now <= options_.costliest_step;
   }
@@ -306,6 +307,10 @@ class ClientCore {
   std::map<uint64_t, Pending> pending_;  // by request id, on conn_
   std::map<std::string, Unsettled> unsettled_;
   static constexpr size_t kMaxUnsettled = 4096;
+  // Requests given up at their timeout, with the session they named (the newest kMaxLate): a
+  // late answer that the session is gone still ends it.
+  std::deque<std::pair<uint64_t, uint64_t>> late_;
+  static constexpr size_t kMaxLate = 64;
   std::vector<wire::Request> deferred_;  // releases that go with the next request
 
   // The heartbeat.
