@@ -231,8 +231,16 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
       const auto& r = req.release();
       if (absl::Status s = authorize(r.session_id()); !s.ok()) return finish(s);
       resp.mutable_release();
-      return finish(service.Release(r.session_id(), r.lock(), r.token(), now, r.relinquish(),
-                                    service.SentByItsDriver(r.session_id(), conn.caller)));
+      absl::Status released = service.Release(r.session_id(), r.lock(), r.token(), now,
+                                               r.relinquish(),
+                                               service.SentByItsDriver(r.session_id(), conn.caller));
+      // The releaser's own OK does not wait for its release to be durable (ADR 0003): it
+      // reflects only the session and the grant it ended. Whatever shows the lock free to
+      // anyone else (a grant, a push to a waiter, a FENCED_OUT, a listing) still waits.
+      if (released.ok()) {
+        out.reflects = Dispatched::Reflects{.session = r.session_id(), .grants = {r.token()}};
+      }
+      return finish(released);
     }
     case wire::Request::kValidate: {
       const auto& v = req.validate();

@@ -40,6 +40,8 @@ class ReplyGate {
   std::vector<std::pair<ConnectionId, uint64_t>> TakeAll();
   // The connection is gone: its held replies are dropped.
   void Drop(ConnectionId c) { held_.erase(c); }
+  // No reply is held.
+  bool empty() const { return held_.empty(); }
   // Replies of `c` held now.
   size_t held(ConnectionId c) const {
     auto it = held_.find(c);

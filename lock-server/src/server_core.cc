@@ -97,6 +97,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
         service_(WithLogs(options_.service), std::move(opened.state)),
         log_(std::move(opened.log)),
         gate_([this](ConnectionId c, std::string frames) { Deliver(c, frames); }),
+        lazy_flush_(time->NewTimer()),
         expiry_(time, [this] { OnExpiryDue(); }),
         stall_(time, options_.stall_threshold,
                [this](absl::Duration gap) { OnStall(gap); }) {
@@ -145,6 +146,8 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   }
   void Stop() {
     stopped_ = true;
+    lazy_flush_->Cancel();
+    log_->Flush();  // what waited for company
     expiry_.Stop();
     stall_.Stop();
     limiter_.Flush();
@@ -429,6 +432,9 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   LockService service_;
   std::unique_ptr<CommitLog> log_;
   ReplyGate gate_;
+  // How long records that no reply waits for may wait for others to share their sync.
+  static constexpr absl::Duration kLazyFlush = absl::Milliseconds(2);
+  std::unique_ptr<Timer> lazy_flush_;
   ExpiryTimer expiry_;
   StallWatch stall_;
   bool stopped_ = true;
@@ -476,7 +482,7 @@ void ServerCore::Impl::AfterRequest() {
     }
     Reply(route.connection, resp);
   }
-  log_->StartIfIdle();
+  if (!gate_.empty()) log_->StartIfIdle();  // else nothing waits: see ScheduleFlush
   ScheduleFlush();
   // After a disk fault nothing expires (expiries are mutations too): the timer stays off rather
   // than waking again and again for a deadline it may not act on.
@@ -490,6 +496,17 @@ void ServerCore::Impl::ScheduleFlush() {
   flush_scheduled_ = true;
   time_->Post([this] {
     flush_scheduled_ = false;
+    if (stopped_) return log_->Flush();
+    // No reply waits for the pending records (a release answered before it is durable, ADR
+    // 0003): they wait up to kLazyFlush for the next request's records, so that a release and
+    // the acquire after it share one sync. Anything that waits flushes them at once.
+    if (gate_.empty() && log_->fault() == nullptr) {
+      if (lazy_flush_->armed_for() == MonoTime::Max()) {
+        lazy_flush_->ArmAt(time_->Now() + kLazyFlush, [this] { log_->Flush(); });
+      }
+      return;
+    }
+    lazy_flush_->Cancel();
     log_->Flush();
   });
 }

@@ -114,6 +114,21 @@ class ServerCoreTest : public ::testing::Test {
     r.mutable_resume_session()->set_secret(secret);
     Send(c, r);
   }
+  // Acquires `lock` for `session`, lets its batch commit, and returns the granted token.
+  uint64_t Hold(ConnectionId c, Sink* sink, uint64_t session, const std::string& lock) {
+    Acquire(c, session, lock, absl::Seconds(30));
+    time_.Advance(kSyncTime * 4);
+    auto granted = sink->Take();
+    EXPECT_EQ(granted.size(), 1u);
+    return granted.empty() ? 0 : granted[0].acquire().token();
+  }
+  static wire::Request Release(uint64_t session, const std::string& lock, uint64_t token) {
+    wire::Request r;
+    r.mutable_release()->set_session_id(session);
+    r.mutable_release()->set_lock(lock);
+    r.mutable_release()->set_token(token);
+    return r;
+  }
   // Every file of the state directory that holds `bytes`.
   std::vector<std::string> FilesHolding(const std::string& bytes) {
     std::vector<std::string> out;
@@ -167,11 +182,7 @@ TEST_F(ServerCoreTest, AKeepAliveWaitsOnlyForTheRecordsItReflects) {
   ConnectionId a, b;
   const uint64_t sa = Session(&a_sink, &a, absl::Seconds(10));
   const uint64_t sb = Session(&b_sink, &b, absl::Seconds(10));
-  Acquire(a, sa, "held", absl::Seconds(30));
-  time_.Advance(kSyncTime * 4);
-  auto granted = a_sink.Take();
-  ASSERT_EQ(granted.size(), 1u);
-  const uint64_t token = granted[0].acquire().token();
+  const uint64_t token = Hold(a, &a_sink, sa, "held");
   auto keep_alive = [&](uint64_t session, std::vector<std::pair<std::string, uint64_t>> locks) {
     wire::Request r;
     r.mutable_keep_alive()->set_session_id(session);
@@ -208,20 +219,97 @@ TEST_F(ServerCoreTest, AKeepAliveWaitsOnlyForTheRecordsItReflects) {
   EXPECT_EQ(replies[0].acquire().token(), pending_token);
   EXPECT_EQ(replies[1].keep_alive().lock_codes(0), wire::OK);
 
-  // A renewal that answers FENCED_OUT reflects a release that may not be durable yet: it
-  // waits for every record applied before it.
-  wire::Request release;
-  release.mutable_release()->set_session_id(sb);
-  release.mutable_release()->set_lock("pending");
-  release.mutable_release()->set_token(pending_token);
-  Send(b, release);
+  // The releaser's own OK reflects only its session and the grant it ended, both committed:
+  // it leaves before the release is durable (ADR 0003). A renewal that answers FENCED_OUT
+  // reflects the release itself: it waits for every record applied before it.
+  Send(b, Release(sb, "pending", pending_token));
   time_.RunDue();
+  replies = b_sink.Take();
+  ASSERT_EQ(replies.size(), 1u) << "the releaser's OK waited for its release's batch";
+  EXPECT_EQ(replies[0].code(), wire::OK);
   Send(b, keep_alive(sb, {{"pending", pending_token}}));
   EXPECT_TRUE(b_sink.Take().empty()) << "a FENCED_OUT left before the release was committed";
   time_.Advance(kSyncTime * 4);
   replies = b_sink.Take();
-  ASSERT_EQ(replies.size(), 2u);
-  EXPECT_EQ(replies[1].keep_alive().lock_codes(0), wire::FENCED_OUT);
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].keep_alive().lock_codes(0), wire::FENCED_OUT);
+}
+
+// ADR 0003: a release is acknowledged to its sender before it is durable, and nothing that
+// shows the lock free to anyone else is: a waiter's grant waits for the release's batch. A
+// crash before that batch finds the lock with its releaser's session, and no grant was
+// acknowledged on the lost release.
+TEST_F(ServerCoreTest, AReleaseIsAcknowledgedAtOnceAndTheLockShownFreeOnlyOnceDurable) {
+  Start(&mem_);
+  Sink a_sink, b_sink;
+  ConnectionId a, b;
+  const uint64_t sa = Session(&a_sink, &a, absl::Seconds(10));
+  const uint64_t sb = Session(&b_sink, &b, absl::Seconds(10));
+  const uint64_t token = Hold(a, &a_sink, sa, "payout/1");
+  Acquire(b, sb, "payout/1", absl::Seconds(30), absl::Seconds(30));  // queued behind A
+  time_.Advance(kSyncTime * 4);
+  ASSERT_TRUE(b_sink.Take().empty());
+
+  const wire::Request release = Release(sa, "payout/1", token);
+  Send(a, release);
+  auto released = a_sink.Take();
+  ASSERT_EQ(released.size(), 1u) << "the release waited for its own batch";
+  EXPECT_EQ(released[0].code(), wire::OK);
+  EXPECT_TRUE(b_sink.Take().empty()) << "the waiter's grant left before the release was durable";
+  // A crash now finds the lock held by its releaser's session, under the same token.
+  {
+    auto recovered = Recover(&mem_, kDir, time_.Now());
+    ASSERT_TRUE(recovered.ok()) << recovered.status();
+    const HolderState* holder = recovered->state.FindHolder("payout/1");
+    ASSERT_NE(holder, nullptr);
+    EXPECT_EQ(holder->session, sa);
+    EXPECT_EQ(holder->token, token);
+  }
+
+  // A release of a lock the session does not hold (here, the same one again) is refused, and
+  // the refusal reflects the release: it waits as every other reply does.
+  Send(a, release);
+  EXPECT_TRUE(a_sink.Take().empty()) << "a FENCED_OUT left before the release was committed";
+  time_.Advance(kSyncTime * 4);
+  auto pushed = b_sink.Take();
+  ASSERT_EQ(pushed.size(), 1u);
+  EXPECT_TRUE(pushed[0].acquire().granted());
+  EXPECT_GT(pushed[0].acquire().token(), token);
+  auto refused = a_sink.Take();
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].code(), wire::OK);
+}
+
+// What no reply waits for (a release answered early) waits a moment for the next request's
+// records, so that a release and the acquire after it share one sync; alone, it is synced
+// within that moment.
+TEST_F(ServerCoreTest, AReleaseSharesItsSyncWithTheNextAcquireOrIsSyncedAlone) {
+  Start(&mem_);
+  Sink sink;
+  ConnectionId c;
+  const uint64_t session = Session(&sink, &c, absl::Seconds(10));
+  const uint64_t first = Hold(c, &sink, session, "payout/1");
+  const uint64_t syncs = core_->log().stats().commits;
+  Send(c, Release(session, "payout/1", first));
+  time_.RunDue();
+  ASSERT_EQ(sink.Take().size(), 1u);
+  time_.Advance(absl::Microseconds(100));  // the worker's next request, a round trip later
+  Acquire(c, session, "payout/2", absl::Seconds(30));
+  time_.Advance(kSyncTime * 4);
+  ASSERT_EQ(sink.Take().size(), 1u);
+  EXPECT_EQ(core_->log().stats().commits, syncs + 1) << "the release had a sync of its own";
+
+  // Nothing follows this release: it is on the disk a moment later all the same.
+  Send(c, Release(session, "payout/2", first + 1));
+  time_.RunDue();
+  auto released = sink.Take();
+  ASSERT_EQ(released.size(), 1u);
+  EXPECT_EQ(released[0].code(), wire::OK);
+  time_.Advance(absl::Milliseconds(2) + kSyncTime * 4);
+  auto recovered = Recover(&mem_, kDir, time_.Now());
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  EXPECT_EQ(recovered->state.FindHolder("payout/2"), nullptr);
+  EXPECT_EQ(core_->log().stats().commits, syncs + 2);
 }
 
 TEST_F(ServerCoreTest, LeasesExpireOnTheInjectedClockAndTheWaiterIsPushed) {

@@ -265,6 +265,7 @@ uint64_t ClientCore::Close(MonoTime now) {
   }
   want_session_ = false;
   unsettled_.clear();  // the session's locks go with it
+  recent_releases_.clear();
   deferred_.clear();
   if (session_id_ == 0 || !Ready()) {
     session_id_ = 0;
@@ -562,6 +563,7 @@ void ClientCore::LoseSession(MonoTime now, LossReason reason) {
   }
   held_.clear();
   unsettled_.clear();  // the session's locks went with it
+  recent_releases_.clear();
   session_id_ = 0;
   secret_.clear();
   session_deadline_ = MonoTime::Min();
@@ -828,6 +830,17 @@ void ClientCore::OnResponse(MonoTime now, uint64_t conn, const wire::Response& r
       Log(LogLevel::kInfo,
           absl::StrCat("session ", session_id_, " resumed on a new connection to lockd (",
                        options_.replicas[replica_], ")"));
+      // A lockd that restarted may have lost the last releases it answered (ADR 0003): they
+      // are given back again, with the relinquishes lost with the old connection. A lock
+      // released for good gets a FENCED_OUT that lockd does not count.
+      for (const Released& released : recent_releases_) {
+        if (released.session != session_id_ || held_.contains(released.lock) ||
+            unsettled_.contains(released.lock) || unsettled_.size() >= kMaxUnsettled) {
+          continue;
+        }
+        unsettled_.emplace(released.lock, Unsettled{released.session, released.token});
+      }
+      recent_releases_.clear();
       for (auto& [lock, u] : unsettled_) {
         if (u.request == 0) SendRelinquish(now, lock, u);
       }
@@ -846,9 +859,11 @@ void ClientCore::OnResponse(MonoTime now, uint64_t conn, const wire::Response& r
       break;
     case Kind::kRelease:
       if (r.code() == wire::FENCED_OUT) fenced_out_.Increment();
+      if (r.code() == wire::OK) RememberReleased(p);
       if (alive) Complete(p.op, protocol::StatusFromCode(r.code(), r.message()));
       break;
     case Kind::kUnawaitedRelease:
+      if (r.code() == wire::OK) RememberReleased(p);
       // A release nobody waits for: only a token that no longer held its lock is news.
       if (r.code() == wire::FENCED_OUT) {
         fenced_out_.Increment();
@@ -1202,6 +1217,12 @@ MonoTime ClientCore::NextWakeup() const {
     next = std::min(next, redial_at_);
   }
   return next;
+}
+
+void ClientCore::RememberReleased(const Pending& p) {
+  if (p.session == 0 || p.session != session_id_) return;
+  if (recent_releases_.size() >= kMaxRecentReleases) recent_releases_.pop_front();
+  recent_releases_.push_back(Released{p.session, p.lock, p.token});
 }
 
 void ClientCore::RememberLate(uint64_t request_id, uint64_t session) {

@@ -61,6 +61,15 @@ class ClientCoreTest : public ::testing::Test {
     return r.value_or(wire::Request());
   }
 
+  // The relinquishing Release of `lock` under `token` the core sent; taken.
+  wire::Request MustTakeRelinquish(const std::string& lock, uint64_t token) {
+    wire::Request r = MustTake(wire::Request::kRelease);
+    EXPECT_TRUE(r.release().relinquish());
+    EXPECT_EQ(r.release().lock(), lock);
+    EXPECT_EQ(r.release().token(), token);
+    return r;
+  }
+
   void Reply(const wire::Request& request, wire::Response response) {
     response.set_request_id(request.request_id());
     if (response.code() == wire::CODE_UNSPECIFIED) response.set_code(wire::OK);
@@ -241,13 +250,37 @@ TEST_F(ClientCoreTest, ARelinquishLostWithItsConnectionIsSentAgainAfterTheResume
   EXPECT_EQ(resume.resume_session().session_id(), 101u);
   EXPECT_FALSE(Take(wire::Request::kRelease).has_value());  // not before the resume
   Reply(resume, wire::Response());
-  wire::Request again = MustTake(wire::Request::kRelease);
-  EXPECT_TRUE(again.release().relinquish());
-  EXPECT_EQ(again.release().lock(), "a");
-  EXPECT_EQ(again.release().token(), 5u);
+  wire::Request again = MustTakeRelinquish("a", 5);
   EXPECT_EQ(core_->unsettled(), 1u);
   Reply(again, wire::Response());
   EXPECT_EQ(core_->unsettled(), 0u);
+}
+
+// lockd answers a release before it is durable (ADR 0003): a lockd that restarted may hold the
+// lock again for the session. After a resume the client gives its last released locks back
+// again, so that its next acquire of the name is not refused as "already holds".
+TEST_F(ClientCoreTest, ReleasesAnsweredBeforeAReconnectAreGivenBackAgainAfterTheResume) {
+  Make({});
+  Connect(absl::Seconds(30));
+  auto lease = Hold("a", absl::Seconds(10), 5);
+  ASSERT_NE(lease, nullptr);
+  const uint64_t op = core_->Release(now_, lease, true);
+  Drain();
+  Reply(MustTake(wire::Request::kRelease), wire::Response());
+  ASSERT_TRUE(Completed(op).has_value() && Completed(op)->status.ok());
+  EXPECT_EQ(core_->unsettled(), 0u);
+  Reconnect();
+  wire::Request resume = MustTake(wire::Request::kResumeSession);
+  EXPECT_FALSE(Take(wire::Request::kRelease).has_value());  // not before the resume
+  Reply(resume, wire::Response());
+  wire::Request again = MustTakeRelinquish("a", 5);
+  ReplyCode(again, wire::FENCED_OUT);  // released for good: nothing to give back
+  EXPECT_EQ(core_->unsettled(), 0u);
+  EXPECT_TRUE(lost_.empty());
+  // Once only: the next resume sends nothing.
+  Reconnect();
+  Reply(MustTake(wire::Request::kResumeSession), wire::Response());
+  EXPECT_FALSE(Take(wire::Request::kRelease).has_value());
 }
 
 // A session lockd lost cannot be resumed: its locks are lost (reported once), and the next

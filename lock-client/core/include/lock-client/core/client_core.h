@@ -265,6 +265,7 @@ class ClientCore {
   void CountLoss(LossReason reason);
   void RecordRtt(absl::Duration rtt);
   void RememberLate(uint64_t request_id, uint64_t session);
+  void RememberReleased(const Pending& p);
   bool SessionLeaseShort(MonoTime now) const {
     return session_deadline_ - now <= options_.costliest_step;
   }
@@ -307,6 +308,16 @@ class ClientCore {
   std::map<uint64_t, Pending> pending_;  // by request id, on conn_
   std::map<std::string, Unsettled> unsettled_;
   static constexpr size_t kMaxUnsettled = 4096;
+  // The session's last releases that lockd answered OK: lockd answers a release before it is
+  // durable (ADR 0003), so a lockd that restarts may hold them again. After a resume they are
+  // given back again (relinquished), as lost relinquishes are. The newest kMaxRecentReleases.
+  struct Released {
+    uint64_t session;
+    std::string lock;
+    uint64_t token;
+  };
+  std::deque<Released> recent_releases_;
+  static constexpr size_t kMaxRecentReleases = 64;
   // Requests given up at their timeout, with the session they named (the newest kMaxLate): a
   // late answer that the session is gone still ends it.
   std::deque<std::pair<uint64_t, uint64_t>> late_;
