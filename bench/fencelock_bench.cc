@@ -68,6 +68,7 @@
 #include "peers.h"
 #include "process/flags.h"
 #include "process/process.h"
+#include "protocol/requests.h"
 
 ABSL_FLAG(std::string, lockd, "", "path to the lockd binary");
 ABSL_FLAG(std::string, out, "", "folder for results.json and summary.md (default: none)");
@@ -111,6 +112,7 @@ namespace fencelock::bench {
 namespace {
 
 using server::BlockingConnection;
+namespace req = protocol::request;
 using fencelock::Client;
 
 // --- floors ------------------------------------------------------------------------------
@@ -225,19 +227,14 @@ absl::Status OpenSessions(Heartbeater& h, const std::string& address, size_t cou
   auto conn = Connect(address);
   if (!conn.ok()) return conn.status();
   h.conn = std::move(*conn);
-  const uint64_t ttl = static_cast<uint64_t>(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_session_ttl)));
+  const absl::Duration ttl = absl::GetFlag(FLAGS_session_ttl);
   for (size_t i = 0; i < count; ++i) {
-    wire::Request open;
-    open.mutable_open_session()->set_ttl_ms(ttl);
-    auto opened = h.conn->Call(open);
+    auto opened = h.conn->Call(req::OpenSession(ttl));
     if (!opened.ok()) return opened.status();
     if (opened->code() != wire::OK) return absl::UnavailableError(opened->message());
     const uint64_t session = opened->open_session().session_id();
-    wire::Request acquire;
-    acquire.mutable_acquire()->set_session_id(session);
-    acquire.mutable_acquire()->set_lock(absl::StrCat("hb/", first + i));
-    acquire.mutable_acquire()->set_ttl_ms(ttl);
-    auto granted = h.conn->Call(acquire);
+    auto granted = h.conn->Call(
+        req::Acquire(session, absl::StrCat("hb/", first + i), absl::ZeroDuration(), ttl));
     if (!granted.ok()) return granted.status();
     if (granted->code() != wire::OK) return absl::UnavailableError(granted->message());
     h.sessions.emplace_back(session, granted->acquire().token());
@@ -283,11 +280,8 @@ HeartbeatResult RunHeartbeats(std::vector<Heartbeater>& hs, double seconds, cons
         if (due[next] >= end) break;
         const MonoTime now = Now();
         if (due[next] > now) absl::SleepFor(due[next] - now);
-        wire::Request ka;
-        ka.mutable_keep_alive()->set_session_id(h.sessions[next].first);
-        auto* ref = ka.mutable_keep_alive()->add_locks();
-        ref->set_lock(absl::StrCat("hb/", base + next));
-        ref->set_token(h.sessions[next].second);
+        const wire::Request ka = req::KeepAlive(
+            h.sessions[next].first, absl::StrCat("hb/", base + next), h.sessions[next].second);
         const MonoTime sent = Now();
         auto reply = h.conn->Call(ka);
         const MonoTime got = Now();
@@ -314,23 +308,17 @@ HeartbeatResult RunHeartbeats(std::vector<Heartbeater>& hs, double seconds, cons
     threads.emplace_back([&, c] {
       auto conn = Connect(address);
       if (!conn.ok()) return;
-      wire::Request open;
-      open.mutable_open_session()->set_ttl_ms(60'000);
-      auto opened = (*conn)->Call(open);
+      auto opened = (*conn)->Call(req::OpenSession(absl::Minutes(1)));
       if (!opened.ok() || opened->code() != wire::OK) return;
       const uint64_t session = opened->open_session().session_id();
       const std::string lock = absl::StrCat("load/", c);
       while (!stop.load()) {
-        wire::Request a;
-        a.mutable_acquire()->set_session_id(session);
-        a.mutable_acquire()->set_lock(lock);
-        auto g = (*conn)->Call(a);
+        auto g = (*conn)->Call(req::Acquire(session, lock));
         if (!g.ok() || g->code() != wire::OK) break;
-        wire::Request r;
-        r.mutable_release()->set_session_id(session);
-        r.mutable_release()->set_lock(lock);
-        r.mutable_release()->set_token(g->acquire().token());
-        if (auto rel = (*conn)->Call(r); !rel.ok() || rel->code() != wire::OK) break;
+        if (auto rel = (*conn)->Call(req::Release(session, lock, g->acquire().token()));
+            !rel.ok() || rel->code() != wire::OK) {
+          break;
+        }
         ++cycles;
       }
     });
@@ -502,21 +490,14 @@ class RawCycler : public Cycler {
       : conn_(std::move(conn)), session_(session), lock_(std::move(lock)), wait_(wait) {}
   absl::StatusOr<int64_t> Cycle() override {
     const MonoTime start = Now();
-    wire::Request a;
-    a.mutable_acquire()->set_session_id(session_);
-    a.mutable_acquire()->set_lock(lock_);
-    a.mutable_acquire()->set_wait_timeout_ms(wait_ ? 10'000 : 0);
-    auto g = conn_->Call(a);
+    auto g = conn_->Call(
+        req::Acquire(session_, lock_, wait_ ? absl::Seconds(10) : absl::ZeroDuration()));
     if (!g.ok()) return g.status();
     if (g->code() != wire::OK || !g->acquire().granted()) {
       return absl::FailedPreconditionError(absl::StrCat("acquire: ", g->message()));
     }
     const int64_t took = NanosSince(start);
-    wire::Request r;
-    r.mutable_release()->set_session_id(session_);
-    r.mutable_release()->set_lock(lock_);
-    r.mutable_release()->set_token(g->acquire().token());
-    auto rel = conn_->Call(r);
+    auto rel = conn_->Call(req::Release(session_, lock_, g->acquire().token()));
     if (!rel.ok()) return rel.status();
     if (rel->code() != wire::OK) return absl::FailedPreconditionError(absl::StrCat("release: ", rel->message()));
     return took;
@@ -538,25 +519,13 @@ class PipelinedRawCycler : public Cycler {
   ~PipelinedRawCycler() override {
     // The last cycle's lock, so that the next run's sessions find it free.
     if (token_ == 0) return;
-    wire::Request r;
-    r.mutable_release()->set_session_id(session_);
-    r.mutable_release()->set_lock(lock_);
-    r.mutable_release()->set_token(token_);
-    (void)conn_->Call(r);
+    (void)conn_->Call(req::Release(session_, lock_, token_));
   }
   absl::StatusOr<int64_t> Cycle() override {
     const MonoTime start = Now();
     std::vector<wire::Request> requests;
-    if (token_ != 0) {
-      wire::Request& r = requests.emplace_back();
-      r.mutable_release()->set_session_id(session_);
-      r.mutable_release()->set_lock(lock_);
-      r.mutable_release()->set_token(token_);
-    }
-    wire::Request& a = requests.emplace_back();
-    a.mutable_acquire()->set_session_id(session_);
-    a.mutable_acquire()->set_lock(lock_);
-    a.mutable_acquire()->set_wait_timeout_ms(10'000);
+    if (token_ != 0) requests.push_back(req::Release(session_, lock_, token_));
+    requests.push_back(req::Acquire(session_, lock_, absl::Seconds(10)));
     // One write, as the library's releaseWithNextRequest() makes.
     auto ids = conn_->SendAll(std::move(requests));
     if (!ids.ok()) return ids.status();
@@ -634,20 +603,14 @@ class LockdStreamCycler : public StreamCycler {
 
  private:
   void SendAcquire(std::string* out) {
-    wire::Request a;
+    wire::Request a = req::Acquire(session_, lock_, absl::Seconds(10));
     a.set_request_id(acquire_id_ = ++next_id_);
-    a.mutable_acquire()->set_session_id(session_);
-    a.mutable_acquire()->set_lock(lock_);
-    a.mutable_acquire()->set_wait_timeout_ms(10'000);
     started_ = Now();
     (void)protocol::AppendFrame(a.SerializeAsString(), out);
   }
   void SendRelease(uint64_t token, std::string* out) {
-    wire::Request r;
+    wire::Request r = req::Release(session_, lock_, token);
     r.set_request_id(release_id_ = ++next_id_);
-    r.mutable_release()->set_session_id(session_);
-    r.mutable_release()->set_lock(lock_);
-    r.mutable_release()->set_token(token);
     (void)protocol::AppendFrame(r.SerializeAsString(), out);
   }
 
@@ -678,9 +641,7 @@ absl::StatusOr<std::pair<std::unique_ptr<BlockingConnection>, uint64_t>> Connect
     const std::string& address) {
   auto conn = Connect(address);
   if (!conn.ok()) return conn.status();
-  wire::Request open;
-  open.mutable_open_session()->set_ttl_ms(60'000);
-  auto opened = (*conn)->Call(open);
+  auto opened = (*conn)->Call(req::OpenSession(absl::Minutes(1)));
   if (!opened.ok()) return opened.status();
   if (opened->code() != wire::OK) return absl::UnavailableError(opened->message());
   return std::make_pair(std::move(*conn), opened->open_session().session_id());

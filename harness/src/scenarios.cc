@@ -26,6 +26,7 @@
 #include "payout-demo/cluster.h"
 #include "payout-demo/store.h"
 #include "process/history.h"
+#include "protocol/requests.h"
 
 namespace fencelock::harness {
 namespace {
@@ -35,6 +36,7 @@ using payout::ClusterOptions;
 using payout::PayoutKey;
 using Dir = FaultProxy::Direction;
 using Mode = FaultProxy::Mode;
+namespace req = protocol::request;
 
 // Every scenario's processes use these. The usable lease, 4 s x 0.7 = 2.8 s, covers a rail
 // submit's worst case, 300 ms + 2 s (D4), with room for the heartbeat.
@@ -644,16 +646,11 @@ absl::Status NoisyNeighbour(Env& env, Outcome& out) {
     // Cheap listings back to back, and KeepAlives naming 1,000 tokens it never held.
     auto conn = server::BlockingConnection::Connect(options);
     if (!conn.ok()) return;
-    wire::Request open;
-    open.mutable_open_session()->set_ttl_ms(60000);
-    auto session = (*conn)->Call(open);
+    auto session = (*conn)->Call(req::OpenSession(absl::Minutes(1)));
     if (!session.ok()) return;
-    wire::Request ka;
-    ka.mutable_keep_alive()->set_session_id(session->open_session().session_id());
+    wire::Request ka = req::KeepAlive(session->open_session().session_id());
     for (int t = 1; t <= 1000; ++t) {
-      auto* ref = ka.mutable_keep_alive()->add_locks();
-      ref->set_lock(absl::StrCat("payout-", t % 50));
-      ref->set_token(static_cast<uint64_t>(t));
+      req::AddLock(ka, absl::StrCat("payout-", t % 50), static_cast<uint64_t>(t));
     }
     wire::Request list;
     list.mutable_list_locks()->set_limit(1);
@@ -704,38 +701,16 @@ absl::Status Stranger(Env& env, Outcome& out) {
       if (!listed.ok()) break;
       std::vector<wire::Request> attacks;
       for (const wire::LockInfo& l : listed->list().locks()) {
-        wire::Request r;
-        r.mutable_release()->set_session_id(l.session_id());
-        r.mutable_release()->set_lock(l.lock());
-        r.mutable_release()->set_token(l.token());
-        attacks.push_back(r);
-        r.Clear();
-        auto* ka = r.mutable_keep_alive();
-        ka->set_session_id(l.session_id());
-        auto* ref = ka->add_locks();
-        ref->set_lock(l.lock());
-        ref->set_token(l.token());
-        attacks.push_back(r);
-        r.Clear();
-        r.mutable_validate()->set_lock(l.lock());
-        r.mutable_validate()->set_token(l.token());
-        r.mutable_validate()->set_session_id(l.session_id());
-        attacks.push_back(r);
-        r.Clear();
-        r.mutable_acquire()->set_session_id(l.session_id());
-        r.mutable_acquire()->set_lock(l.lock() + "-stolen");
-        attacks.push_back(r);
+        attacks.push_back(req::Release(l.session_id(), l.lock(), l.token()));
+        attacks.push_back(req::KeepAlive(l.session_id(), l.lock(), l.token()));
+        attacks.push_back(req::Validate(l.lock(), l.token(), l.session_id()));
+        attacks.push_back(req::Acquire(l.session_id(), l.lock() + "-stolen"));
       }
       for (const wire::SessionInfo& s : listed->list().sessions()) {
-        wire::Request r;
         std::string secret(16, '\0');
         for (char& ch : secret) ch = static_cast<char>(guesses());
-        r.mutable_resume_session()->set_session_id(s.session_id());
-        r.mutable_resume_session()->set_secret(secret);
-        attacks.push_back(r);
-        r.Clear();
-        r.mutable_close_session()->set_session_id(s.session_id());
-        attacks.push_back(r);
+        attacks.push_back(req::Resume(s.session_id(), secret));
+        attacks.push_back(req::Close(s.session_id()));
       }
       for (const wire::Request& r : attacks) {
         auto reply = (*conn)->Call(r);
@@ -1050,10 +1025,7 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
       int64_t last_ok = 0, confirmed = 0;
       const int64_t give_up = history::NowNanos() + absl::ToInt64Nanoseconds(absl::Seconds(5));
       while (history::NowNanos() < give_up) {
-        wire::Request validate;
-        validate.mutable_validate()->set_lock(held->lock());
-        validate.mutable_validate()->set_token(held->token());
-        auto reply = (*conn)->Call(validate);
+        auto reply = (*conn)->Call(req::Validate(held->lock(), held->token()));
         if (!reply.ok() || reply->code() != wire::OK) break;
         last_ok = history::NowNanos();
         ++confirmed;
@@ -1104,10 +1076,7 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
       int64_t tries = 0, resumed = 0;
       for (const wire::SessionInfo& s : listed->list().sessions()) {
         for (const std::string& secret : candidates) {
-          wire::Request r;
-          r.mutable_resume_session()->set_session_id(s.session_id());
-          r.mutable_resume_session()->set_secret(secret);
-          auto reply = (*conn)->Call(r);
+          auto reply = (*conn)->Call(req::Resume(s.session_id(), secret));
           if (!reply.ok()) return reply.status();
           ++tries;
           if (reply->code() == wire::OK) {

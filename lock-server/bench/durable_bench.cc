@@ -40,6 +40,8 @@
 #include "net/asio_ssl.h"
 #include "net/tls.h"
 #include "protocol/frame.h"
+#include "protocol/requests.h"
+#include "protocol/session.h"
 
 ABSL_FLAG(std::string, lockd, "", "path to the lockd binary");
 ABSL_FLAG(std::string, clients, "1,8,64", "client counts to measure");
@@ -64,6 +66,7 @@ namespace {
 using asio::awaitable;
 using asio::use_awaitable;
 using Clock = std::chrono::steady_clock;
+namespace req = protocol::request;
 
 // One request/response exchange on a connection (no pipelining), over TLS when `tls` is set.
 class Conn {
@@ -95,10 +98,7 @@ class Conn {
   // The TLS handshake if any, then Hello.
   awaitable<void> Hello() {
     if (tls_) co_await tls_->async_handshake(asio::ssl::stream_base::client, use_awaitable);
-    wire::Request hello;
-    hello.mutable_hello()->set_min_version(1);
-    hello.mutable_hello()->set_max_version(1);
-    co_await Call(hello);
+    co_await Call(protocol::HelloRequest("lockd_durable_bench", {.min = 1, .max = 1}));
   }
   awaitable<wire::Response> Read() {
     std::string payload;
@@ -151,18 +151,12 @@ awaitable<void> RunClient(asio::io_context& io, int port, asio::ssl::context* tl
   socket.set_option(asio::ip::tcp::no_delay(true));
   Conn conn(std::move(socket), tls);
   co_await conn.Hello();
-  wire::Request open;
-  open.mutable_open_session()->set_ttl_ms(600'000);
-  const uint64_t session = (co_await conn.Call(open)).open_session().session_id();
+  const uint64_t session =
+      (co_await conn.Call(req::OpenSession(absl::Minutes(10)))).open_session().session_id();
   const std::string lock = "bench-" + std::to_string(session) + "-" + std::to_string(index);
   if (absl::GetFlag(FLAGS_validate_only)) {
-    wire::Request acquire;
-    acquire.mutable_acquire()->set_session_id(session);
-    acquire.mutable_acquire()->set_lock(lock);
-    const uint64_t token = (co_await conn.Call(acquire)).acquire().token();
-    wire::Request validate;
-    validate.mutable_validate()->set_lock(lock);
-    validate.mutable_validate()->set_token(token);
+    const uint64_t token = (co_await conn.Call(req::Acquire(session, lock))).acquire().token();
+    const wire::Request validate = req::Validate(lock, token);
     while (!shared.stop) {
       const auto t0 = Clock::now();
       wire::Response first = co_await conn.Call(validate);
@@ -180,16 +174,10 @@ awaitable<void> RunClient(asio::io_context& io, int port, asio::ssl::context* tl
     co_return;
   }
   if (absl::GetFlag(FLAGS_pipeline)) {
-    wire::Request acquire;
-    acquire.mutable_acquire()->set_session_id(session);
-    acquire.mutable_acquire()->set_lock(lock);
-    acquire.mutable_acquire()->set_wait_timeout_ms(10'000);
+    const wire::Request acquire = req::Acquire(session, lock, absl::Seconds(10));
     wire::Response granted = co_await conn.Call(acquire);
-    wire::Request release;
-    release.mutable_release()->set_session_id(session);
-    release.mutable_release()->set_lock(lock);
     while (!shared.stop && granted.code() == wire::OK) {
-      release.mutable_release()->set_token(granted.acquire().token());
+      const wire::Request release = req::Release(session, lock, granted.acquire().token());
       const auto t0 = Clock::now();
       auto [released, next] = co_await conn.CallPair(release, acquire);
       const auto t1 = Clock::now();
@@ -206,22 +194,15 @@ awaitable<void> RunClient(asio::io_context& io, int port, asio::ssl::context* tl
     co_return;
   }
   while (!shared.stop) {
-    wire::Request acquire;
-    acquire.mutable_acquire()->set_session_id(session);
-    acquire.mutable_acquire()->set_lock(lock);
-    acquire.mutable_acquire()->set_wait_timeout_ms(10'000);
     const auto t0 = Clock::now();
-    wire::Response granted = co_await conn.Call(acquire);
+    wire::Response granted = co_await conn.Call(req::Acquire(session, lock, absl::Seconds(10)));
     const auto t1 = Clock::now();
     if (granted.code() != wire::OK || !granted.acquire().granted()) {
       ++shared.errors;
       break;
     }
-    wire::Request release;
-    release.mutable_release()->set_session_id(session);
-    release.mutable_release()->set_lock(lock);
-    release.mutable_release()->set_token(granted.acquire().token());
-    wire::Response released = co_await conn.Call(release);
+    wire::Response released =
+        co_await conn.Call(req::Release(session, lock, granted.acquire().token()));
     if (released.code() != wire::OK) {
       ++shared.errors;
       break;

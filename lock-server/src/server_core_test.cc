@@ -16,9 +16,13 @@
 #include "lock-server/testing/legacy_state.h"
 #include "lock-server/testing/test_envs.h"
 #include "protocol/frame.h"
+#include "protocol/requests.h"
+#include "protocol/session.h"
 
 namespace fencelock::server {
 namespace {
+
+namespace req = protocol::request;
 
 constexpr char kDir[] = "/state";
 constexpr absl::Duration kSyncTime = absl::Milliseconds(5);
@@ -89,30 +93,15 @@ class ServerCoreTest : public ::testing::Test {
     core_->Receive(c, std::span<const std::string>(&payload, 1));
   }
   void Hello(ConnectionId c) {
-    wire::Request r;
-    r.mutable_hello()->set_min_version(1);
-    r.mutable_hello()->set_max_version(1);
-    Send(c, r);
+    Send(c, protocol::HelloRequest("server_core_test", {.min = 1, .max = 1}));
   }
-  void OpenSession(ConnectionId c, absl::Duration ttl) {
-    wire::Request r;
-    r.mutable_open_session()->set_ttl_ms(absl::ToInt64Milliseconds(ttl));
-    Send(c, r);
-  }
+  void OpenSession(ConnectionId c, absl::Duration ttl) { Send(c, req::OpenSession(ttl)); }
   void Acquire(ConnectionId c, uint64_t session, const std::string& lock, absl::Duration ttl,
                absl::Duration wait = absl::ZeroDuration()) {
-    wire::Request r;
-    r.mutable_acquire()->set_session_id(session);
-    r.mutable_acquire()->set_lock(lock);
-    r.mutable_acquire()->set_ttl_ms(absl::ToInt64Milliseconds(ttl));
-    r.mutable_acquire()->set_wait_timeout_ms(absl::ToInt64Milliseconds(wait));
-    Send(c, r);
+    Send(c, req::Acquire(session, lock, wait, ttl));
   }
   void Resume(ConnectionId c, uint64_t session, const std::string& secret) {
-    wire::Request r;
-    r.mutable_resume_session()->set_session_id(session);
-    r.mutable_resume_session()->set_secret(secret);
-    Send(c, r);
+    Send(c, req::Resume(session, secret));
   }
   // Acquires `lock` for `session`, lets its batch commit, and returns the granted token.
   uint64_t Hold(ConnectionId c, Sink* sink, uint64_t session, const std::string& lock) {
@@ -121,13 +110,6 @@ class ServerCoreTest : public ::testing::Test {
     auto granted = sink->Take();
     EXPECT_EQ(granted.size(), 1u);
     return granted.empty() ? 0 : granted[0].acquire().token();
-  }
-  static wire::Request Release(uint64_t session, const std::string& lock, uint64_t token) {
-    wire::Request r;
-    r.mutable_release()->set_session_id(session);
-    r.mutable_release()->set_lock(lock);
-    r.mutable_release()->set_token(token);
-    return r;
   }
   // Every file of the state directory that holds `bytes`.
   std::vector<std::string> FilesHolding(const std::string& bytes) {
@@ -184,13 +166,8 @@ TEST_F(ServerCoreTest, AKeepAliveWaitsOnlyForTheRecordsItReflects) {
   const uint64_t sb = Session(&b_sink, &b, absl::Seconds(10));
   const uint64_t token = Hold(a, &a_sink, sa, "held");
   auto keep_alive = [&](uint64_t session, std::vector<std::pair<std::string, uint64_t>> locks) {
-    wire::Request r;
-    r.mutable_keep_alive()->set_session_id(session);
-    for (const auto& [lock, t] : locks) {
-      auto* ref = r.mutable_keep_alive()->add_locks();
-      ref->set_lock(lock);
-      ref->set_token(t);
-    }
+    wire::Request r = req::KeepAlive(session);
+    for (const auto& [lock, t] : locks) req::AddLock(r, lock, t);
     return r;
   };
 
@@ -222,7 +199,7 @@ TEST_F(ServerCoreTest, AKeepAliveWaitsOnlyForTheRecordsItReflects) {
   // The releaser's own OK reflects only its session and the grant it ended, both committed:
   // it leaves before the release is durable (ADR 0003). A renewal that answers FENCED_OUT
   // reflects the release itself: it waits for every record applied before it.
-  Send(b, Release(sb, "pending", pending_token));
+  Send(b, req::Release(sb, "pending", pending_token));
   time_.RunDue();
   replies = b_sink.Take();
   ASSERT_EQ(replies.size(), 1u) << "the releaser's OK waited for its release's batch";
@@ -250,7 +227,7 @@ TEST_F(ServerCoreTest, AReleaseIsAcknowledgedAtOnceAndTheLockShownFreeOnlyOnceDu
   time_.Advance(kSyncTime * 4);
   ASSERT_TRUE(b_sink.Take().empty());
 
-  const wire::Request release = Release(sa, "payout/1", token);
+  const wire::Request release = req::Release(sa, "payout/1", token);
   Send(a, release);
   auto released = a_sink.Take();
   ASSERT_EQ(released.size(), 1u) << "the release waited for its own batch";
@@ -290,7 +267,7 @@ TEST_F(ServerCoreTest, AReleaseSharesItsSyncWithTheNextAcquireOrIsSyncedAlone) {
   const uint64_t session = Session(&sink, &c, absl::Seconds(10));
   const uint64_t first = Hold(c, &sink, session, "payout/1");
   const uint64_t syncs = core_->log().stats().commits;
-  Send(c, Release(session, "payout/1", first));
+  Send(c, req::Release(session, "payout/1", first));
   time_.RunDue();
   ASSERT_EQ(sink.Take().size(), 1u);
   time_.Advance(absl::Microseconds(100));  // the worker's next request, a round trip later
@@ -300,7 +277,7 @@ TEST_F(ServerCoreTest, AReleaseSharesItsSyncWithTheNextAcquireOrIsSyncedAlone) {
   EXPECT_EQ(core_->log().stats().commits, syncs + 1) << "the release had a sync of its own";
 
   // Nothing follows this release: it is on the disk a moment later all the same.
-  Send(c, Release(session, "payout/2", first + 1));
+  Send(c, req::Release(session, "payout/2", first + 1));
   time_.RunDue();
   auto released = sink.Take();
   ASSERT_EQ(released.size(), 1u);

@@ -22,6 +22,7 @@
 #include "lock-server/server_core.h"
 #include "lock-server/storage.h"
 #include "protocol/frame.h"
+#include "protocol/requests.h"
 #include "protocol/session.h"
 #include "protocol/version.h"
 #include "sim_disk.h"
@@ -925,14 +926,11 @@ void Simulation::EndASession() {
   wire::Request r = protocol::HelloRequest("stranger");
   r.set_request_id(1);
   payloads.push_back(r.SerializeAsString());
-  r.Clear();
+  r = protocol::request::Resume(session, secrets_by_session_.at(session).second);
   r.set_request_id(2);
-  r.mutable_resume_session()->set_session_id(session);
-  r.mutable_resume_session()->set_secret(secrets_by_session_.at(session).second);
   payloads.push_back(r.SerializeAsString());
-  r.Clear();
+  r = protocol::request::Close(session);
   r.set_request_id(3);
-  r.mutable_close_session()->set_session_id(session);
   payloads.push_back(r.SerializeAsString());
   world_.At(world_.now(), kLockd, [this, stranger, payloads = std::move(payloads)] {
     if (!core_ || !conns_[stranger]->open) return;
@@ -1205,10 +1203,8 @@ void SimClient::Step(const std::string& lock, Held held) {
   // beside the core's requests, whatever the client believes.
   const uint64_t conn = core_->conn();
   if (conn == 0) return;
-  wire::Request validate;
+  wire::Request validate = protocol::request::Validate(lock, held.lease->token());
   validate.set_request_id(++next_request_);
-  validate.mutable_validate()->set_lock(lock);
-  validate.mutable_validate()->set_token(held.lease->token());
   sent_[validate.request_id()] = {static_cast<int>(conn) - 1, validate};
   sim_->ClientSend(static_cast<int>(conn) - 1, validate);
 }

@@ -192,9 +192,7 @@ uint64_t RawConnection::HelloAndOpenSession(absl::Duration ttl) {
     std::fprintf(stderr, "RawConnection: Hello refused\n");
     std::abort();
   }
-  wire::Request r;
-  r.mutable_open_session()->set_ttl_ms(absl::ToInt64Milliseconds(ttl));
-  wire::Response reply = Call(r);
+  wire::Response reply = Call(request::OpenSession(ttl));
   if (reply.code() != wire::OK) {
     std::fprintf(stderr, "RawConnection: OpenSession refused: %s\n", reply.message().c_str());
     std::abort();
@@ -207,72 +205,7 @@ uint64_t RawConnection::HelloAndOpenSession(absl::Duration ttl) {
 namespace fencelock::testing {
 namespace request {
 
-uint64_t Millis(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
-
 wire::Request Hello() { return protocol::HelloRequest("raw-test"); }
-wire::Request OpenSession(absl::Duration ttl) {
-  wire::Request r;
-  r.mutable_open_session()->set_ttl_ms(Millis(ttl));
-  return r;
-}
-wire::Request Acquire(uint64_t session, const std::string& lock, absl::Duration wait,
-                      absl::Duration ttl) {
-  wire::Request r;
-  r.mutable_acquire()->set_session_id(session);
-  r.mutable_acquire()->set_lock(lock);
-  r.mutable_acquire()->set_wait_timeout_ms(Millis(wait));
-  r.mutable_acquire()->set_ttl_ms(Millis(ttl));
-  return r;
-}
-wire::Request Release(uint64_t session, const std::string& lock, uint64_t token) {
-  wire::Request r;
-  r.mutable_release()->set_session_id(session);
-  r.mutable_release()->set_lock(lock);
-  r.mutable_release()->set_token(token);
-  return r;
-}
-wire::Request KeepAlive(uint64_t session, const std::string& lock, uint64_t token) {
-  wire::Request r;
-  r.mutable_keep_alive()->set_session_id(session);
-  auto* ref = r.mutable_keep_alive()->add_locks();
-  ref->set_lock(lock);
-  ref->set_token(token);
-  return r;
-}
-wire::Request Close(uint64_t session) {
-  wire::Request r;
-  r.mutable_close_session()->set_session_id(session);
-  return r;
-}
-wire::Request Validate(const std::string& lock, uint64_t token, uint64_t as_holder) {
-  wire::Request r;
-  r.mutable_validate()->set_lock(lock);
-  r.mutable_validate()->set_token(token);
-  r.mutable_validate()->set_session_id(as_holder);
-  return r;
-}
-wire::Request Resume(uint64_t session, const std::string& secret) {
-  wire::Request r;
-  r.mutable_resume_session()->set_session_id(session);
-  r.mutable_resume_session()->set_secret(secret);
-  return r;
-}
-wire::Request WithdrawAcquire(uint64_t session, uint64_t acquire_request_id) {
-  wire::Request r;
-  r.mutable_withdraw_acquire()->set_session_id(session);
-  r.mutable_withdraw_acquire()->set_acquire_request_id(acquire_request_id);
-  return r;
-}
-wire::Request GetStats() {
-  wire::Request r;
-  r.mutable_get_stats();
-  return r;
-}
-wire::Request ListLocks(uint32_t limit) {
-  wire::Request r;
-  r.mutable_list_locks()->set_limit(limit);
-  return r;
-}
 
 }  // namespace request
 

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "fencelock/wire.pb.h"
 #include "lock-server/blocking_connection.h"
+#include "protocol/requests.h"
 
 namespace fencelock::testing {
 
@@ -53,25 +54,11 @@ int FreeLoopbackPort();
 // A plain blocking TCP socket connected to 127.0.0.1:`port`, or -1.
 int ConnectLoopback(int port);
 
-// Requests as tests write them (request ids are set when sent).
+// Requests as tests write them (request ids are set when sent): protocol/requests.h, and a
+// Hello that names the tests.
 namespace request {
+using namespace ::fencelock::protocol::request;  // NOLINT: the protocol's builders
 wire::Request Hello();
-wire::Request OpenSession(absl::Duration ttl);
-// `wait` zero: answer at once; `ttl` zero: lockd's default lease.
-wire::Request Acquire(uint64_t session, const std::string& lock,
-                      absl::Duration wait = absl::ZeroDuration(),
-                      absl::Duration ttl = absl::ZeroDuration());
-wire::Request Release(uint64_t session, const std::string& lock, uint64_t token);
-// Renews `session` and its hold on `lock` with `token`.
-wire::Request KeepAlive(uint64_t session, const std::string& lock, uint64_t token);
-wire::Request Close(uint64_t session);
-// A resource's check of `token`; with `as_holder`, the holder's own confirmation (FR-13).
-wire::Request Validate(const std::string& lock, uint64_t token, uint64_t as_holder = 0);
-wire::Request Resume(uint64_t session, const std::string& secret);
-// Takes the Acquire this connection sent with `acquire_request_id` out of its queue (v3).
-wire::Request WithdrawAcquire(uint64_t session, uint64_t acquire_request_id);
-wire::Request GetStats();
-wire::Request ListLocks(uint32_t limit);
 }  // namespace request
 
 class RawConnection;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "protocol/codes.h"
+#include "protocol/requests.h"
 #include "protocol/version.h"
 
 namespace fencelock {
@@ -36,7 +37,7 @@ const char* LossReasonName(LossReason reason) {
 namespace client_core {
 namespace {
 
-uint64_t Millis(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
+namespace req = protocol::request;
 
 // After a failed exchange or dial round the next try comes sooner than a period, from here
 // doubling up to the period: leases are renewed as soon as lockd answers again.
@@ -149,10 +150,8 @@ bool ClientCore::Cancel(MonoTime now, uint64_t id) {
       version_ >= protocol::kWithdrawProtocolVersion) {
     // An older lockd does not know the request (it would close the connection): its waiter
     // stays until its wait runs out, and a grant that comes is relinquished.
-    wire::Request withdraw;
-    withdraw.mutable_withdraw_acquire()->set_session_id(op.session);
-    withdraw.mutable_withdraw_acquire()->set_acquire_request_id(op.request);
-    Send(now, std::move(withdraw), Pending{.kind = Kind::kWithdraw, .session = op.session});
+    Send(now, req::WithdrawAcquire(op.session, op.request),
+         Pending{.kind = Kind::kWithdraw, .session = op.session});
   }
   // Its request, if any, stays pending without an operation: a grant that crosses is
   // relinquished when it arrives.
@@ -191,11 +190,7 @@ uint64_t ClientCore::Release(MonoTime now, const std::shared_ptr<LeaseState>& le
     return id;
   }
   lease->MarkLost(LossReason::kReleased);
-  wire::Request request;
-  auto* r = request.mutable_release();
-  r->set_session_id(session_id_);
-  r->set_lock(lease->lock());
-  r->set_token(lease->token());
+  wire::Request request = req::Release(session_id_, lease->lock(), lease->token());
   if (!Ready()) {
     // Given back when the session is resumed on a new connection.
     Relinquish(now, session_id_, lease->lock(), lease->token());
@@ -272,9 +267,7 @@ uint64_t ClientCore::Close(MonoTime now) {
     Complete(id, absl::OkStatus());
     return id;
   }
-  wire::Request close;
-  close.mutable_close_session()->set_session_id(session_id_);
-  Send(now, std::move(close),
+  Send(now, req::Close(session_id_),
        Pending{.kind = Kind::kClose, .op = id, .timeout_at = now + options_.request_timeout,
                .session = session_id_});
   session_id_ = 0;
@@ -534,20 +527,15 @@ void ClientCore::StartSession(MonoTime now) {
   if (session_id_ != 0) {
     // lockd lets only the connection a session is bound to drive it: a session that may have
     // survived on the server is resumed here, with its secret, before anything else is sent.
-    wire::Request resume;
-    resume.mutable_resume_session()->set_session_id(session_id_);
-    resume.mutable_resume_session()->set_secret(secret_);
     session_state_ = SessionState::kResuming;
-    Send(now, std::move(resume),
+    Send(now, req::Resume(session_id_, secret_),
          Pending{.kind = Kind::kResume, .timeout_at = now + options_.request_timeout,
                  .session = session_id_});
     return;
   }
   if (!want_session_ && waiting_.empty()) return;
-  wire::Request open;
-  open.mutable_open_session()->set_ttl_ms(Millis(options_.session_ttl));
   session_state_ = SessionState::kOpening;
-  Send(now, std::move(open),
+  Send(now, req::OpenSession(options_.session_ttl),
        Pending{.kind = Kind::kOpen, .timeout_at = now + options_.request_timeout});
 }
 
@@ -613,11 +601,7 @@ void ClientCore::Pump(MonoTime now) {
         std::erase(waiting_, id);
         op.stage = Stage::kSent;
         // As its holder: lockd also checks that this connection's session holds the lock.
-        wire::Request request;
-        request.mutable_validate()->set_session_id(session_id_);
-        request.mutable_validate()->set_lock(op.lease->lock());
-        request.mutable_validate()->set_token(op.lease->token());
-        Send(now, std::move(request),
+        Send(now, req::Validate(op.lease->lock(), op.lease->token(), session_id_),
              Pending{.kind = Kind::kValidate, .op = id,
                      .timeout_at = now + options_.request_timeout, .session = session_id_,
                      .lock = op.lease->lock(), .token = op.lease->token()});
@@ -649,15 +633,9 @@ void ClientCore::PumpAcquire(MonoTime now, uint64_t id, Op& op) {
       // This client gave the lock up earlier and cannot know lockd heard (the relinquish may
       // have been lost with its connection): lockd would refuse the acquire, since the session
       // still holds it. Release it again and wait for the answer first.
-      wire::Request release;
-      auto* r = release.mutable_release();
-      r->set_session_id(session_id_);
-      r->set_lock(op.lock);
-      r->set_token(u->second.token);
-      r->set_relinquish(true);
       op.stage = Stage::kSettling;
       u->second.request = Send(
-          now, std::move(release),
+          now, req::Release(session_id_, op.lock, u->second.token, /*relinquish=*/true),
           Pending{.kind = Kind::kSettle, .op = id, .timeout_at = now + options_.request_timeout,
                   .session = session_id_, .lock = op.lock, .token = u->second.token});
       return;
@@ -667,15 +645,9 @@ void ClientCore::PumpAcquire(MonoTime now, uint64_t id, Op& op) {
 }
 
 void ClientCore::SendAcquire(MonoTime now, uint64_t id, Op& op) {
-  wire::Request request;
-  auto* a = request.mutable_acquire();
-  a->set_session_id(session_id_);
-  a->set_lock(op.lock);
-  a->set_ttl_ms(Millis(op.ttl));
-  a->set_wait_timeout_ms(Millis(op.wait));
   op.stage = Stage::kSent;
   op.session = session_id_;
-  op.request = Send(now, std::move(request),
+  op.request = Send(now, req::Acquire(session_id_, op.lock, op.wait, op.ttl),
                     Pending{.kind = Kind::kAcquire, .op = id,
                             .timeout_at = now + op.wait + options_.request_timeout,
                             .session = session_id_, .lock = op.lock});
@@ -683,15 +655,11 @@ void ClientCore::SendAcquire(MonoTime now, uint64_t id, Op& op) {
 
 void ClientCore::SendKeepAlive(MonoTime now, uint64_t op, bool background) {
   Sweep(now);
-  wire::Request request;
-  auto* ka = request.mutable_keep_alive();
-  ka->set_session_id(session_id_);
+  wire::Request request = req::KeepAlive(session_id_);
   Pending p{.kind = Kind::kKeepAlive, .op = op, .timeout_at = now + KeepAliveTimeout(),
             .session = session_id_, .background = background};
   for (const auto& [name, held] : held_) {
-    auto* ref = ka->add_locks();
-    ref->set_lock(name);
-    ref->set_token(held.state->token());
+    req::AddLock(request, name, held.state->token());
     p.renewed.push_back(held.state);
   }
   if (background) beat_in_flight_ = true;
@@ -721,13 +689,7 @@ void ClientCore::SendRelinquish(MonoTime now, const std::string& lock, Unsettled
   // Release.relinquish: no answer is awaited, and a stale token is not counted as fenced out
   // by lockd. lockd's answer settles it; if it never comes, the next acquire of this name
   // releases again first, and a new connection sends it again after the resume.
-  wire::Request release;
-  auto* r = release.mutable_release();
-  r->set_session_id(u.session);
-  r->set_lock(lock);
-  r->set_token(u.token);
-  r->set_relinquish(true);
-  u.request = Send(now, std::move(release),
+  u.request = Send(now, req::Release(u.session, lock, u.token, /*relinquish=*/true),
                    Pending{.kind = Kind::kRelinquish, .session = u.session, .lock = lock,
                            .token = u.token});
 }
@@ -1032,13 +994,7 @@ void ClientCore::OnAcquireReply(MonoTime now, Pending& p, const wire::Response& 
                     std::max(HeartbeatIntervalWith(op.granted_ttl), options_.costliest_step);
   if (!late) return Publish(now, p.op, op, token, lock_deadline);
   op.stage = Stage::kRenewingGrant;
-  wire::Request request;
-  auto* ka = request.mutable_keep_alive();
-  ka->set_session_id(p.session);
-  auto* ref = ka->add_locks();
-  ref->set_lock(op.lock);
-  ref->set_token(token);
-  Send(now, std::move(request),
+  Send(now, req::KeepAlive(p.session, op.lock, token),
        Pending{.kind = Kind::kGrantRenewal, .op = p.op,
                .timeout_at = now + options_.request_timeout, .session = p.session,
                .lock = op.lock, .token = token});
