@@ -12,6 +12,8 @@
 
 #include "fencelock/wire.pb.h"
 #include "protocol/frame.h"
+#include "protocol/requests.h"
+#include "protocol/session.h"
 #include "protocol/version.h"
 #include "lock-server/state_machine.h"
 #include "lock-server/storage.h"
@@ -20,6 +22,7 @@ namespace {
 
 using namespace fencelock;
 using namespace fencelock::server;
+namespace request = fencelock::protocol::request;
 
 void Write(const std::filesystem::path& dir, const std::string& name, const std::string& bytes) {
   std::filesystem::create_directories(dir);
@@ -42,57 +45,31 @@ std::string Step(uint8_t clock_step, const wire::Request& r, int connection = 0)
   return out + frame;
 }
 
-wire::Request Hello() {
-  wire::Request r;
-  r.set_request_id(1);
-  r.mutable_hello()->set_min_version(protocol::VersionRange{}.min);
-  r.mutable_hello()->set_max_version(protocol::VersionRange{}.max);
-  r.mutable_hello()->set_client_name("seed");
+wire::Request WithId(uint64_t id, wire::Request r) {
+  r.set_request_id(id);
   return r;
 }
 
+wire::Request Hello() { return WithId(1, protocol::HelloRequest("seed")); }
+
 wire::Request Open(uint64_t id, uint64_t ttl_ms) {
-  wire::Request r;
-  r.set_request_id(id);
-  r.mutable_open_session()->set_ttl_ms(ttl_ms);
-  return r;
+  return WithId(id, request::OpenSession(absl::Milliseconds(ttl_ms)));
 }
 
 wire::Request Acquire(uint64_t id, uint64_t session, const std::string& lock, uint64_t wait_ms) {
-  wire::Request r;
-  r.set_request_id(id);
-  r.mutable_acquire()->set_session_id(session);
-  r.mutable_acquire()->set_lock(lock);
-  r.mutable_acquire()->set_ttl_ms(2000);
-  r.mutable_acquire()->set_wait_timeout_ms(wait_ms);
-  return r;
+  return WithId(id, request::Acquire(session, lock, absl::Milliseconds(wait_ms), absl::Seconds(2)));
 }
 
 wire::Request KeepAlive(uint64_t id, uint64_t session, const std::string& lock, uint64_t token) {
-  wire::Request r;
-  r.set_request_id(id);
-  r.mutable_keep_alive()->set_session_id(session);
-  auto* l = r.mutable_keep_alive()->add_locks();
-  l->set_lock(lock);
-  l->set_token(token);
-  return r;
+  return WithId(id, request::KeepAlive(session, lock, token));
 }
 
 wire::Request Release(uint64_t id, uint64_t session, const std::string& lock, uint64_t token) {
-  wire::Request r;
-  r.set_request_id(id);
-  r.mutable_release()->set_session_id(session);
-  r.mutable_release()->set_lock(lock);
-  r.mutable_release()->set_token(token);
-  return r;
+  return WithId(id, request::Release(session, lock, token));
 }
 
 wire::Request Resume(uint64_t id, uint64_t session, const std::string& secret) {
-  wire::Request r;
-  r.set_request_id(id);
-  r.mutable_resume_session()->set_session_id(session);
-  r.mutable_resume_session()->set_secret(secret);
-  return r;
+  return WithId(id, request::Resume(session, secret));
 }
 
 std::string RecordPayload(const Record& r) {
@@ -123,13 +100,8 @@ int main(int argc, char** argv) {
   wire::Request list;
   list.set_request_id(10);
   list.mutable_list_locks()->set_include_sessions(true);
-  wire::Request validate;
-  validate.set_request_id(11);
-  validate.mutable_validate()->set_lock("a");
-  validate.mutable_validate()->set_token(1);
-  wire::Request close;
-  close.set_request_id(12);
-  close.mutable_close_session()->set_session_id(1);
+  const wire::Request validate = WithId(11, request::Validate("a", 1));
+  const wire::Request close = WithId(12, request::Close(1));
   Write(root / "dispatch_fuzz", "conversation",
         Step(0, Hello()) + Step(0, Open(2, 5000)) + Step(1, Acquire(3, 1, "a", 0)) +
             Step(5, KeepAlive(4, 1, "a", 1)) + Step(1, validate) + Step(1, list) + Step(1, stats) +
@@ -143,11 +115,7 @@ int main(int argc, char** argv) {
   // same request id for session 2 (not its session) and for a session of its own, which it has
   // no such Acquire for; then a withdrawal of an Acquire already granted.
   auto withdraw = [](uint64_t id, uint64_t session, uint64_t acquire_id) {
-    wire::Request r;
-    r.set_request_id(id);
-    r.mutable_withdraw_acquire()->set_session_id(session);
-    r.mutable_withdraw_acquire()->set_acquire_request_id(acquire_id);
-    return r;
+    return WithId(id, request::WithdrawAcquire(session, acquire_id));
   };
   Write(root / "dispatch_fuzz", "withdraw",
         Step(0, Hello()) + Step(0, Open(2, 3000)) + Step(0, Open(3, 3000)) +
@@ -158,8 +126,7 @@ int main(int argc, char** argv) {
             Step(1, Release(9, 1, "q", 1)) + Step(1, withdraw(10, 2, 8)));
   // Connection 1 drives connection 0's session: refused until it resumes it with its secret
   // (dispatch_fuzz's first is "fuzz-secret-0001"), after which connection 0 is refused.
-  wire::Request validate_as_holder = validate;
-  validate_as_holder.mutable_validate()->set_session_id(1);
+  const wire::Request validate_as_holder = WithId(11, request::Validate("a", 1, 1));
   Write(root / "dispatch_fuzz", "resume",
         Step(0, Hello()) + Step(0, Open(2, 5000)) + Step(0, Acquire(3, 1, "a", 0)) +
             Step(0, Hello(), 1) + Step(1, KeepAlive(4, 1, "a", 1), 1) +

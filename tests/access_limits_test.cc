@@ -262,9 +262,7 @@ TEST(LimitsTest, SessionsPerConnectionLimitRefusesOnlyThatConnection) {
   RawConnection b = RawConnection::Tcp(lockd.port());
   EXPECT_NE(b.HelloAndOpenSession(absl::Seconds(30)), 0u);
   EXPECT_EQ(a.Call(Acquire(s1, "x", absl::ZeroDuration())).code(), wire::OK);  // a still works
-  wire::Request close;
-  close.mutable_close_session()->set_session_id(s1);
-  ASSERT_EQ(a.Call(close).code(), wire::OK);
+  ASSERT_EQ(a.Call(testing::request::Close(s1)).code(), wire::OK);
   EXPECT_EQ(a.Call(OpenSession(absl::Seconds(30))).code(), wire::OK);  // a closed one frees room
 }
 

@@ -63,16 +63,10 @@ class ClientFastPathTest : public ::testing::Test {
   bool Free(const std::string& lock) {
     RawConnection probe = RawConnection::Tcp(lockd_.port());
     probe.Hello();
-    wire::Request open;
-    open.mutable_open_session()->set_ttl_ms(10'000);
-    const uint64_t session = probe.Call(open).open_session().session_id();
-    wire::Request acquire;
-    acquire.mutable_acquire()->set_session_id(session);
-    acquire.mutable_acquire()->set_lock(lock);
-    const wire::Response r = probe.Call(acquire);
-    wire::Request close;
-    close.mutable_close_session()->set_session_id(session);
-    probe.Call(close);
+    const uint64_t session =
+        probe.Call(testing::request::OpenSession(absl::Seconds(10))).open_session().session_id();
+    const wire::Response r = probe.Call(testing::request::Acquire(session, lock));
+    probe.Call(testing::request::Close(session));
     return r.code() == wire::OK && r.acquire().granted();
   }
   template <typename Pred>

@@ -135,23 +135,16 @@ TEST(DiskFullTest, AfterAFaultNothingUndurableIsShownAndLockdIdles) {
   const uint64_t session = c.HelloAndOpenSession(absl::Seconds(1));  // expires soon
   uint64_t token = 0;
   for (const char* name : {"a", "b", "c"}) {
-    wire::Request acquire;
-    acquire.mutable_acquire()->set_session_id(session);
-    acquire.mutable_acquire()->set_lock(name);
-    acquire.mutable_acquire()->set_ttl_ms(30000);
-    const wire::Response r = c.Call(acquire);
+    const wire::Response r =
+        c.Call(testing::request::Acquire(session, name, absl::ZeroDuration(), absl::Seconds(30)));
     ASSERT_EQ(r.code(), wire::OK) << r.message();
     token = r.acquire().token();  // c's
   }
   disk.SetDiskFull(true);
-  wire::Request release;
-  release.mutable_release()->set_session_id(session);
-  release.mutable_release()->set_lock("c");
-  release.mutable_release()->set_token(token);
   // Applied in memory, never durable. Its sender is told OK before its batch is written (ADR
   // 0003): the batch's failure costs the lock's availability until its lease ends, never its
   // safety.
-  EXPECT_EQ(c.Call(release).code(), wire::OK);
+  EXPECT_EQ(c.Call(testing::request::Release(session, "c", token)).code(), wire::OK);
 
   wire::Request list;
   list.mutable_list_locks();

@@ -112,11 +112,7 @@ class Renewer {
   void Run() {
     while (!stop_) {
       absl::SleepFor(ttl_ / 3);
-      wire::Request ka;
-      ka.mutable_keep_alive()->set_session_id(session_);
-      auto* ref = ka.mutable_keep_alive()->add_locks();
-      ref->set_lock("well-behaved");
-      ref->set_token(token_);
+      wire::Request ka = testing::request::KeepAlive(session_, "well-behaved", token_);
       const MonoTime sent = Now();
       ka.set_request_id(++request_id_);
       if (!conn_.SendRequest(ka)) {
@@ -297,13 +293,8 @@ TEST(FairServiceTest, AStrangersStaleTokensAreRefusedWithoutRaisingFencedOut) {
   // A stranger lists all 20,000 stale tokens in one KeepAlive of its own session.
   RawConnection stranger = RawConnection::Tcp(lockd.port());
   const uint64_t s = stranger.HelloAndOpenSession(absl::Minutes(5));
-  wire::Request ka;
-  ka.mutable_keep_alive()->set_session_id(s);
-  for (const auto& [lock, token] : ended) {
-    auto* ref = ka.mutable_keep_alive()->add_locks();
-    ref->set_lock(lock);
-    ref->set_token(token);
-  }
+  wire::Request ka = testing::request::KeepAlive(s);
+  for (const auto& [lock, token] : ended) testing::request::AddLock(ka, lock, token);
   wire::Response reply = stranger.Call(ka);
   ASSERT_EQ(reply.code(), wire::OK);
   ASSERT_EQ(reply.keep_alive().lock_codes_size(), 20000);

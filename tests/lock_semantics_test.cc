@@ -24,6 +24,7 @@ namespace {
 
 using testing::LockdProcess;
 using testing::RawConnection;
+namespace request = testing::request;
 
 struct Transport {
   const char* name;
@@ -47,9 +48,7 @@ class LockSemanticsTest : public ::testing::TestWithParam<Transport> {
   wire::StatsReply Stats() {
     RawConnection admin = Raw();
     admin.Hello();
-    wire::Request r;
-    r.mutable_get_stats();
-    return admin.Call(r).stats();
+    return admin.Call(request::GetStats()).stats();
   }
   // Waits (polling the server's own count) until `n` acquires are queued.
   void WaitForWaiters(uint64_t n) {
@@ -58,11 +57,7 @@ class LockSemanticsTest : public ::testing::TestWithParam<Transport> {
   }
   static wire::Response RawAcquire(RawConnection& c, uint64_t session, const std::string& lock,
                                    absl::Duration ttl) {
-    wire::Request r;
-    r.mutable_acquire()->set_session_id(session);
-    r.mutable_acquire()->set_lock(lock);
-    r.mutable_acquire()->set_ttl_ms(absl::ToInt64Milliseconds(ttl));
-    return c.Call(r);
+    return c.Call(request::Acquire(session, lock, absl::ZeroDuration(), ttl));
   }
 
   LockdProcess lockd_;
@@ -224,11 +219,8 @@ TEST_P(LockSemanticsTest, ReleasingALockAlreadyLostIsNotCountedAsFencedOut) {
   // fence: the session is not its own, and nothing is counted as fenced out.
   RawConnection stranger = Raw();
   stranger.Hello();
-  wire::Request release;
-  release.mutable_release()->set_session_id(paused->sessionId());
-  release.mutable_release()->set_lock("p");
-  release.mutable_release()->set_token(lost->token());
-  EXPECT_EQ(stranger.Call(release).code(), wire::PERMISSION_DENIED);
+  EXPECT_EQ(stranger.Call(request::Release(paused->sessionId(), "p", lost->token())).code(),
+            wire::PERMISSION_DENIED);
   EXPECT_EQ(Stats().fenced_out_total(), 0u);
 
   // A lease's own session sending its stale token without the relinquish flag is a stale
@@ -241,12 +233,9 @@ TEST_P(LockSemanticsTest, ReleasingALockAlreadyLostIsNotCountedAsFencedOut) {
                              .token();
   ASSERT_GT(stale, 0u);
   ASSERT_TRUE(other->acquire("q", absl::Seconds(20)).ok());  // once the 300 ms lease ends
-  release.mutable_release()->set_session_id(session);
-  release.mutable_release()->set_lock("q");
-  release.mutable_release()->set_token(stale);
-  EXPECT_EQ(raw.Call(release).code(), wire::FENCED_OUT);
-  release.mutable_release()->set_relinquish(true);
-  EXPECT_EQ(raw.Call(release).code(), wire::FENCED_OUT);
+  EXPECT_EQ(raw.Call(request::Release(session, "q", stale)).code(), wire::FENCED_OUT);
+  EXPECT_EQ(raw.Call(request::Release(session, "q", stale, /*relinquish=*/true)).code(),
+            wire::FENCED_OUT);
   EXPECT_EQ(Stats().fenced_out_total(), 1u);
 }
 
@@ -277,11 +266,8 @@ TEST_P(LockSemanticsTest, FrozenLockdDoesNotCostClientsTheirLeases) {
   const uint64_t token = RawAcquire(holder, session, "s", absl::Milliseconds(500)).acquire().token();
   ASSERT_EQ(kill(lockd_.pid(), SIGSTOP), 0);
   absl::SleepFor(absl::Milliseconds(1500));
-  wire::Request ka;
+  wire::Request ka = request::KeepAlive(session, "s", token);
   ka.set_request_id(77);
-  ka.mutable_keep_alive()->set_session_id(session);
-  ka.mutable_keep_alive()->add_locks()->set_lock("s");
-  ka.mutable_keep_alive()->mutable_locks(0)->set_token(token);
   ASSERT_TRUE(holder.SendRequest(ka));
   ASSERT_EQ(kill(lockd_.pid(), SIGCONT), 0);
   auto reply = holder.ReadResponse();
@@ -298,9 +284,8 @@ TEST(StallCompensationTest, DisabledTheFrozenLockdExpiresTheSessionOnWaking) {
   const uint64_t session = holder.HelloAndOpenSession(absl::Milliseconds(500));
   ASSERT_EQ(kill(lockd.pid(), SIGSTOP), 0);
   absl::SleepFor(absl::Milliseconds(1500));
-  wire::Request ka;
+  wire::Request ka = request::KeepAlive(session);
   ka.set_request_id(78);
-  ka.mutable_keep_alive()->set_session_id(session);
   ASSERT_TRUE(holder.SendRequest(ka));
   ASSERT_EQ(kill(lockd.pid(), SIGCONT), 0);
   auto reply = holder.ReadResponse();
@@ -317,20 +302,12 @@ TEST_P(LockSemanticsTest, StaleTokenIsFencedOutOnReleaseAndValidate) {
   auto current = b->acquire("x", absl::Seconds(20));  // granted once the 300 ms lease ends
   ASSERT_TRUE(current.ok()) << current.status();
 
-  wire::Request release;
-  release.mutable_release()->set_session_id(session);
-  release.mutable_release()->set_lock("x");
-  release.mutable_release()->set_token(stale);
-  wire::Response r = old_holder.Call(release);
+  wire::Response r = old_holder.Call(request::Release(session, "x", stale));
   EXPECT_EQ(r.code(), wire::FENCED_OUT);
   EXPECT_THAT(r.message(), ::testing::HasSubstr("current token"));
 
-  wire::Request validate;
-  validate.mutable_validate()->set_lock("x");
-  validate.mutable_validate()->set_token(stale);
-  EXPECT_EQ(old_holder.Call(validate).code(), wire::FENCED_OUT);
-  validate.mutable_validate()->set_token(current->token());
-  EXPECT_EQ(old_holder.Call(validate).code(), wire::OK);
+  EXPECT_EQ(old_holder.Call(request::Validate("x", stale)).code(), wire::FENCED_OUT);
+  EXPECT_EQ(old_holder.Call(request::Validate("x", current->token())).code(), wire::OK);
 
   EXPECT_EQ(Stats().fenced_out_total(), 2u);
   EXPECT_NO_THROW(b->checkStillHeld(*current));
@@ -343,11 +320,8 @@ TEST_P(LockSemanticsTest, WaiterWhoseSessionExpiresIsToldAndStopsWaiting) {
   ASSERT_TRUE(held.ok());
   RawConnection waiter = Raw();
   const uint64_t session = waiter.HelloAndOpenSession(absl::Milliseconds(300));
-  wire::Request acquire;
+  wire::Request acquire = request::Acquire(session, "x", absl::Seconds(60));
   acquire.set_request_id(77);
-  acquire.mutable_acquire()->set_session_id(session);
-  acquire.mutable_acquire()->set_lock("x");
-  acquire.mutable_acquire()->set_wait_timeout_ms(60'000);
   ASSERT_TRUE(waiter.SendRequest(acquire));
   auto pushed = waiter.ReadResponse(absl::Seconds(10));
   ASSERT_TRUE(pushed.has_value());

@@ -95,9 +95,7 @@ TEST_F(ProtocolErrorTest, WrongProtocolVersionNamesBothRanges) {
 
 TEST_F(ProtocolErrorTest, RequestBeforeHelloIsRefused) {
   RawConnection bad = RawConnection::Tcp(lockd_.port());
-  wire::Request open;
-  open.mutable_open_session()->set_ttl_ms(1000);
-  wire::Response reply = bad.Call(open);
+  wire::Response reply = bad.Call(testing::request::OpenSession(absl::Seconds(1)));
   EXPECT_EQ(reply.code(), wire::HELLO_REQUIRED);
   EXPECT_THAT(reply.message(), HasSubstr("must be Hello"));
   EXPECT_TRUE(bad.ClosedByPeer());
@@ -125,18 +123,12 @@ TEST_F(ProtocolErrorTest, UnknownMessageTypeIsRefused) {
 TEST_F(ProtocolErrorTest, BadArgumentsAreErrorsThatKeepTheConnection) {
   RawConnection conn = RawConnection::Tcp(lockd_.port());
   const uint64_t session = conn.HelloAndOpenSession(absl::Seconds(10));
-  wire::Request acquire;
-  acquire.mutable_acquire()->set_session_id(session);
-  acquire.mutable_acquire()->set_lock("");
-  wire::Response reply = conn.Call(acquire);
+  wire::Response reply = conn.Call(testing::request::Acquire(session, ""));
   EXPECT_EQ(reply.code(), wire::INVALID_ARGUMENT);
   EXPECT_THAT(reply.message(), HasSubstr("lock name"));
-  wire::Request unknown_session;
-  unknown_session.mutable_keep_alive()->set_session_id(session + 1000);
-  EXPECT_EQ(conn.Call(unknown_session).code(), wire::SESSION_NOT_FOUND);
+  EXPECT_EQ(conn.Call(testing::request::KeepAlive(session + 1000)).code(), wire::SESSION_NOT_FOUND);
   // Still usable.
-  acquire.mutable_acquire()->set_lock("fine");
-  reply = conn.Call(acquire);
+  reply = conn.Call(testing::request::Acquire(session, "fine"));
   EXPECT_EQ(reply.code(), wire::OK);
   EXPECT_TRUE(reply.acquire().granted());
   ExpectBystanderStillWorks();
@@ -171,9 +163,7 @@ TEST(UnixSocketTest, ClientAndProtocolErrorsOverUnixSocket) {
   ASSERT_TRUE(lock.ok()) << lock.status();
 
   RawConnection bad = RawConnection::Unix(lockd.unix_path());
-  wire::Request open;
-  open.mutable_open_session();
-  EXPECT_EQ(bad.Call(open).code(), wire::HELLO_REQUIRED);
+  EXPECT_EQ(bad.Call(testing::request::OpenSession(absl::ZeroDuration())).code(), wire::HELLO_REQUIRED);
   EXPECT_TRUE(bad.ClosedByPeer());
 
   EXPECT_TRUE((*client)->renewNow().ok());

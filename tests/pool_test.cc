@@ -129,14 +129,10 @@ TEST_F(PoolProtocolTest, AVersionOneClientKeepsItsLocksAndIsToldPoolsNeedVersion
   const wire::Response greeted = old.Call(hello);
   ASSERT_EQ(greeted.code(), wire::OK) << greeted.message();
   EXPECT_EQ(greeted.hello().version(), 1u);
-  wire::Request open;
-  open.mutable_open_session()->set_ttl_ms(10'000);
-  const wire::Response session = old.Call(open);
+  const wire::Response session = old.Call(testing::request::OpenSession(absl::Seconds(10)));
   ASSERT_EQ(session.code(), wire::OK);
-  wire::Request acquire;
-  acquire.mutable_acquire()->set_session_id(session.open_session().session_id());
-  acquire.mutable_acquire()->set_lock("l");
-  const wire::Response granted = old.Call(acquire);
+  const wire::Response granted =
+      old.Call(testing::request::Acquire(session.open_session().session_id(), "l"));
   ASSERT_EQ(granted.code(), wire::OK);
   EXPECT_TRUE(granted.acquire().granted());
   wire::Request status;

@@ -62,21 +62,18 @@ TEST(PrometheusTest, ScrapedFencedOutCounterReachesOneAndTheAlertFires) {
   // old holder's release is fenced out.
   RawConnection old_holder = RawConnection::Tcp(lockd.port());
   const uint64_t session = old_holder.HelloAndOpenSession(absl::Seconds(30));
-  wire::Request acquire;
-  acquire.mutable_acquire()->set_session_id(session);
-  acquire.mutable_acquire()->set_lock("payout-7");
-  acquire.mutable_acquire()->set_ttl_ms(300);
-  const uint64_t stale = old_holder.Call(acquire).acquire().token();
+  const uint64_t stale = old_holder
+                             .Call(testing::request::Acquire(session, "payout-7",
+                                                             absl::ZeroDuration(),
+                                                             absl::Milliseconds(300)))
+                             .acquire()
+                             .token();
   ClientOptions options;
   options.server = lockd.tcp_address();
   auto client = Client::Create(options);
   ASSERT_TRUE(client.ok());
   ASSERT_TRUE((*client)->acquire("payout-7", absl::Seconds(10)).ok());
-  wire::Request release;
-  release.mutable_release()->set_session_id(session);
-  release.mutable_release()->set_lock("payout-7");
-  release.mutable_release()->set_token(stale);
-  ASSERT_EQ(old_holder.Call(release).code(), wire::FENCED_OUT);
+  ASSERT_EQ(old_holder.Call(testing::request::Release(session, "payout-7", stale)).code(), wire::FENCED_OUT);
 
   const std::string value =
       WaitFor(web_port, "/api/v1/query?query=lock_fenced_out_total", {"\"1\"]"});
