@@ -15,7 +15,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -295,7 +297,9 @@ TEST_F(ClientFastPathTest, SixtyFourClientsShareOneConnectionAndTheNextOpensAnot
   for (int i = 0; i < 65; ++i) {
     clients.push_back(NewClient());
     ASSERT_NE(clients.back(), nullptr) << "client " << i;
-    if (i == 63) EXPECT_EQ(ConnectionsTo(lockd_.port()), 1);
+    if (i == 63) {
+      EXPECT_EQ(ConnectionsTo(lockd_.port()), 1);
+    }
   }
   EXPECT_EQ(ConnectionsTo(lockd_.port()), 2);
   for (size_t i = 0; i < clients.size(); ++i) {
@@ -310,6 +314,48 @@ TEST_F(ClientFastPathTest, SixtyFourClientsShareOneConnectionAndTheNextOpensAnot
     if (!closed) absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_TRUE(closed);
+}
+
+// Threads of this process (/proc/self/task).
+int ThreadsOfThisProcess() {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    (void)entry;
+    ++n;
+  }
+  return n;
+}
+
+// A Client costs at most one thread of its own: onLost and the asynchronous calls' callbacks
+// run on it, and it starts only when one of them is used. The deadline that onLost reports
+// comes from the client's own timer (the runtime's), on the client's clock.
+TEST_F(ClientFastPathTest, OnLostAndAsyncCallbacksShareTheClientsOneThread) {
+  auto first = NewClient();  // the shared I/O thread exists from here on
+  const int before = ThreadsOfThisProcess();
+  SimulatedClock clock;
+  auto client = NewClient(absl::Seconds(60), &clock, absl::Hours(1));  // no heartbeat
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(ThreadsOfThisProcess(), before) << "a Client that calls back nothing started a thread";
+  std::promise<std::pair<absl::StatusOr<LockHandle>, std::thread::id>> granted;
+  client->acquireAsync("fast/threads", absl::Seconds(5), absl::Seconds(30),
+                       [&](absl::StatusOr<LockHandle> h) {
+                         granted.set_value({std::move(h), std::this_thread::get_id()});
+                       });
+  auto [handle, async_thread] = granted.get_future().get();
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  std::promise<std::pair<LossReason, std::thread::id>> lost;
+  ASSERT_TRUE(client
+                  ->onLost(*handle,
+                           [&](LossReason r) { lost.set_value({r, std::this_thread::get_id()}); })
+                  .ok());
+  EXPECT_EQ(ThreadsOfThisProcess(), before + 1);
+  clock.Advance(absl::Seconds(31));  // past any deadline of a 30 s lease
+  std::future<std::pair<LossReason, std::thread::id>> fired = lost.get_future();
+  ASSERT_EQ(fired.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  const auto [reason, loss_thread] = fired.get();
+  EXPECT_EQ(reason, LossReason::kDeadlinePassed);
+  EXPECT_EQ(loss_thread, async_thread);
+  EXPECT_EQ(ThreadsOfThisProcess(), before + 1);
 }
 
 TEST_F(ClientFastPathTest, CallersOnManyThreadsShareOneConnection) {

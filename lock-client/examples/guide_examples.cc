@@ -70,7 +70,7 @@ int PayEach(Client& client, fencelock::fence::TokenFence& rail,
 bool ReactToLoss(Client& client) {
   auto lock = client.acquire("report-7", absl::Seconds(10));
   if (!lock.ok()) return false;
-  // Called once, on the client's loss-watcher thread, the moment the lease is gone: at its
+  // Called once, on the client's callback thread, the moment the lease is gone: at its
   // deadline (a timer) or when lockd says so. Never for a lock released below.
   absl::Status watched = client.onLost(*lock, [](LossReason reason) {
     std::fprintf(stderr, "report-7 lost: %s; stopping its work\n",

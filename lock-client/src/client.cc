@@ -361,12 +361,13 @@ class ClientImpl final : public Client {
                    : std::make_unique<logging::Logger>(
                          "fencelock-client", static_cast<logging::Level>(options_.log_level),
                          logging::Streams::kStderr);
+  // The thread of every callback: the asynchronous calls' and onLost's (started on first
+  // use). A pointer: a callback that destroys the client leaves it to delete itself
+  // (TaskThread::StopFromItsThread).
+  std::unique_ptr<TaskThread> callbacks_ = std::make_unique<TaskThread>();
   // Behind onLost and whenLost; stopped first in the destructor, so that no callback runs
   // while the client is taken apart. Made before the driver, which pokes it.
-  std::unique_ptr<LossWatcher> watcher_ = std::make_unique<LossWatcher>(clock_);
-  // The asynchronous calls' callbacks (started on first use). A pointer: a callback that
-  // destroys the client leaves it to delete itself (TaskThread::StopFromItsThread).
-  std::unique_ptr<TaskThread> callbacks_ = std::make_unique<TaskThread>();
+  std::unique_ptr<LossWatcher> watcher_ = std::make_unique<LossWatcher>(clock_, callbacks_.get());
   const std::shared_ptr<Driver> driver_;
   // The core's id: what the leases this client grants name as their owner.
   uint64_t owner_ = 0;
@@ -436,14 +437,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
 
 ClientImpl::~ClientImpl() {
   anchor_->Forget();  // waits for a ScopedLock's call in progress; later ones find no client
-  // No onLost callback runs from here on. Destroyed from one, the watcher ends its thread once
-  // that callback returns, and deletes itself (its thread cannot join itself).
-  const bool from_watcher = watcher_->OnItsThread();
-  if (from_watcher) {
-    watcher_->StopFromItsThread();
-  } else {
-    watcher_->Stop();
-  }
+  // No onLost callback starts from here on, and none is running unless this is one.
+  watcher_->Stop();
   // Closes the session: lockd releases every lock it holds; operations still pending complete
   // with kCancelled (their callbacks are posted to the callback thread).
   // The core gives up after the request timeout on the client's clock; the wait is bounded on
@@ -462,7 +457,6 @@ ClientImpl::~ClientImpl() {
   } else {
     callbacks_->Stop();
   }
-  if (from_watcher) (void)watcher_.release();
 }
 
 std::shared_ptr<PendingAcquire> ClientImpl::acquireAsync(

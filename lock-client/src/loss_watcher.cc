@@ -1,116 +1,105 @@
 #include "loss_watcher.h"
 
-#include <algorithm>
-#include <chrono>
+#include <utility>
 
 namespace fencelock::client_internal {
 
+LossWatcher::LossWatcher(Clock* clock, TaskThread* callbacks)
+    : shared_(std::make_shared<Shared>(clock)),
+      callbacks_(callbacks),
+      subscription_(clock->Subscribe([this] { Poke(); })) {}
+
 LossWatcher::~LossWatcher() {
-  Stop();
-  if (subscribed_) clock_->Unsubscribe(subscription_);  // returns once no Poke() is running
+  // The owner's Stop() waited for a running callback already; here nothing waits, for the
+  // owner may be destroyed from that very callback (whose thread then no longer says so).
+  std::vector<Entry> dropped;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->stop = true;
+    dropped.swap(shared_->entries);
+  }
+  shared_->clock->Unsubscribe(subscription_);  // returns once no Poke() is running
 }
 
 void LossWatcher::Stop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
   std::vector<Entry> dropped;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    dropped.swap(entries_);
+    std::unique_lock<std::mutex> lock(shared_->mu);
+    shared_->stop = true;
+    if (!callbacks_->OnItsThread()) {
+      shared_->idle.wait(lock, [&] { return !shared_->running; });
+    }
+    dropped.swap(shared_->entries);
   }
-  // Destroyed outside mu_: a dropped whenLost promise wakes its future's waiter.
+  // Destroyed outside the lock: a dropped whenLost promise wakes its future's waiter.
 }
 
-void LossWatcher::StopFromItsThread() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-    delete_on_exit_ = true;
-    thread_.detach();
-  }
-  // Now, not when the thread deletes this object: the clock is the caller's, and it need
-  // only outlive the client's destructor, which is running.
-  clock_->Unsubscribe(subscription_);
-  subscribed_ = false;
+bool LossWatcher::NeedsLook(Shared& s) {
+  if (s.stop || s.entries.empty() || s.posted) return false;
+  s.posted = true;
+  return true;
+}
+
+void LossWatcher::PostLook() {
+  callbacks_->Post([shared = shared_] { Look(shared); });
 }
 
 void LossWatcher::Watch(std::shared_ptr<LeaseState> state,
                         std::function<void(LossReason)> on_lost) {
+  bool post = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return;  // stopped: dropped without a call
-    entries_.push_back({std::move(state), std::move(on_lost)});
-    poked_ = true;
-    if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    if (shared_->stop) return;  // stopped: dropped without a call
+    shared_->entries.push_back({std::move(state), std::move(on_lost)});
+    post = NeedsLook(*shared_);
   }
-  cv_.notify_all();
+  if (post) PostLook();
 }
 
 void LossWatcher::Poke() {
+  bool post = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    poked_ = true;
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    post = NeedsLook(*shared_);
   }
-  cv_.notify_all();
+  if (post) PostLook();
 }
 
 size_t LossWatcher::pending() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return entries_.size();
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->entries.size();
 }
 
-void LossWatcher::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
-    poked_ = false;
-    const MonoTime now = clock_->Now();
-    MonoTime next = MonoTime::Max();
-    std::vector<std::pair<std::function<void(LossReason)>, LossReason>> due;
-    for (auto it = entries_.begin(); it != entries_.end();) {
-      LossReason reason = it->state->Check(now);
-      if (reason == LossReason::kDeadlinePassed) {
-        // Recorded, so that a release racing with this moment cannot also claim the lease:
-        // the first reason recorded wins, and a lease lost here stays lost.
-        it->state->MarkLost(LossReason::kDeadlinePassed);
-        reason = it->state->Check(now);
-      }
-      if (reason == LossReason::kNone) {
-        next = std::min(next, it->state->deadline());
-        ++it;
-        continue;
-      }
-      if (reason != LossReason::kReleased) due.emplace_back(std::move(it->on_lost), reason);
-      it = entries_.erase(it);
+void LossWatcher::Look(const std::shared_ptr<Shared>& s) {
+  std::unique_lock<std::mutex> lock(s->mu);
+  s->posted = false;
+  if (s->stop) return;
+  const MonoTime now = s->clock->Now();
+  std::vector<std::pair<std::function<void(LossReason)>, LossReason>> due;
+  for (auto it = s->entries.begin(); it != s->entries.end();) {
+    LossReason reason = it->state->Check(now);
+    if (reason == LossReason::kDeadlinePassed) {
+      // Recorded, so that a release racing with this moment cannot also claim the lease: the
+      // first reason recorded wins, and a lease lost here stays lost.
+      it->state->MarkLost(LossReason::kDeadlinePassed);
+      reason = it->state->Check(now);
     }
-    if (!due.empty()) {
-      for (auto& [on_lost, reason] : due) {
-        if (stop_) break;  // a callback destroyed the client: the others are dropped
-        lock.unlock();
-        on_lost(reason);
-        lock.lock();
-      }
+    if (reason == LossReason::kNone) {
+      ++it;
       continue;
     }
-    auto woken = [this] { return poked_ || stop_; };
-    if (next == MonoTime::Max()) {
-      cv_.wait(lock, woken);
-    } else {
-      // Sleeps for the time left on the Clock, measured on the monotonic clock; on waking
-      // the loop asks the Clock again, so a wait that ends early never fires early. At most
-      // kLongestSleep at a time: the boot-time clock counts a suspend that the monotonic
-      // clock does not, and after a resume the watcher must not sleep past a deadline.
-      constexpr absl::Duration kLongestSleep = absl::Milliseconds(500);
-      cv_.wait_for(lock, absl::ToChronoNanoseconds(std::min(next - now, kLongestSleep)), woken);
-    }
+    if (reason != LossReason::kReleased) due.emplace_back(std::move(it->on_lost), reason);
+    it = s->entries.erase(it);
   }
-  if (delete_on_exit_) {
+  s->running = true;
+  for (auto& [on_lost, reason] : due) {
+    if (s->stop) break;  // a callback destroyed the client: the others are dropped
     lock.unlock();
-    delete this;
+    on_lost(reason);
+    lock.lock();
   }
+  s->running = false;
+  s->idle.notify_all();
 }
 
 }  // namespace fencelock::client_internal

@@ -1,11 +1,12 @@
-// Loss notification: the timer behind Client::onLost and Client::whenLost.
+// Loss notification: what is behind Client::onLost and Client::whenLost.
 //
-// A LossWatcher keeps the watched leases and one thread that sleeps until the earliest of
-// their deadlines on the client's Clock. When a deadline passes, or a lease is marked lost
-// (lockd said fenced out or session gone; the client calls Poke() then), it calls that lease's
-// callback once with the reason. A lease released by its client is dropped without a call. The
-// thread sleeps on the monotonic clock and looks at the Clock again when it wakes, so it never
-// fires early. On a SimulatedClock it also wakes whenever a test moves the clock.
+// A LossWatcher keeps the watched leases and calls each one's callback once, on the client's
+// callback thread (the TaskThread the asynchronous calls' callbacks run on), when the lease is
+// lost for any reason but kReleased: when it is poked (the client core reported a loss, which
+// it does at the moment a deadline passes, from its own timer on the client's Clock, or when
+// lockd says fenced out or session gone; a SimulatedClock's move pokes it too) and finds the
+// lease lost. A lease released by its client is dropped without a call. It has no thread of
+// its own: a Client has at most one, for all its callbacks.
 #ifndef FENCELOCK_LOCK_CLIENT_LOSS_WATCHER_H_
 #define FENCELOCK_LOCK_CLIENT_LOSS_WATCHER_H_
 
@@ -13,40 +14,35 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "clock/clock.h"
 #include "lock-client/core/lease.h"
+#include "task_thread.h"
 
 namespace fencelock::client_internal {
 
 class LossWatcher {
  public:
-  // Subscribes to `clock`'s moves (Clock::Subscribe) here, not under mu_: the clock calls
-  // Poke() while holding its own lock.
-  explicit LossWatcher(Clock* clock)
-      : clock_(clock), subscription_(clock->Subscribe([this] { Poke(); })) {}
-  // Stop(), then ends the subscription to the clock.
+  // Subscribes to `clock`'s moves (Clock::Subscribe) here, not under a lock: the clock calls
+  // Poke() while holding its own. Callbacks run on `callbacks`, which outlives this object or
+  // runs its last tasks after it (a task holds what it needs).
+  LossWatcher(Clock* clock, TaskThread* callbacks);
+  // Drops the watches and ends the subscription to the clock; waits for nothing (Stop() does).
   ~LossWatcher();
   LossWatcher(const LossWatcher&) = delete;
   LossWatcher& operator=(const LossWatcher&) = delete;
 
-  // Calls `on_lost(reason)` once, on the watcher's thread, when `state` is lost for any reason
-  // but kReleased. At once (on that thread) if it already is. The first call starts the thread.
+  // Calls `on_lost(reason)` once, on the callback thread, when `state` is lost for any reason
+  // but kReleased; soon after this call if it already is.
   void Watch(std::shared_ptr<LeaseState> state, std::function<void(LossReason)> on_lost);
-  // Something may have been lost or released: look at every watch again now. Harmless after
-  // Stop().
+  // Something may have been lost or released: look at every watch again. Harmless after
+  // Stop(); posts nothing while nothing is watched.
   void Poke();
-  // Stops and joins the thread (waiting for a callback that is running) and drops the watches
-  // still pending without a call; a Watch() after it is dropped too. The object stays usable,
-  // so a client that stops its watcher first may still Poke() it while it shuts down.
+  // No callback starts after this returns, and none is running then unless this is called
+  // from a callback (the client destroyed in its onLost). The watches still pending are
+  // dropped without a call; a Watch() after it is dropped too.
   void Stop();
-  // Whether the calling thread is the watcher's (a callback is calling).
-  bool OnItsThread() const { return thread_.get_id() == std::this_thread::get_id(); }
-  // Stop() for a callback that destroys the client: no further callback is made, and once the
-  // calling callback returns the thread deletes this object itself (the owner must not).
-  void StopFromItsThread();
   // Watches not yet fired or dropped.
   size_t pending() const;
 
@@ -55,18 +51,25 @@ class LossWatcher {
     std::shared_ptr<LeaseState> state;
     std::function<void(LossReason)> on_lost;
   };
-  void Run();
+  // What a posted look holds, so that it may run after the watcher is gone.
+  struct Shared {
+    explicit Shared(Clock* c) : clock(c) {}
+    Clock* const clock;
+    std::mutex mu;
+    std::condition_variable idle;
+    std::vector<Entry> entries;  // guarded by mu
+    bool stop = false;           // guarded by mu
+    bool posted = false;         // guarded by mu: a look is on its way
+    bool running = false;        // guarded by mu: callbacks are being called
+  };
+  // Posts a look unless one is on its way (mu held); returns whether the caller must post.
+  static bool NeedsLook(Shared& s);
+  void PostLook();
+  static void Look(const std::shared_ptr<Shared>& s);
 
-  Clock* const clock_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Entry> entries_;  // guarded by mu_
-  bool poked_ = false;          // guarded by mu_
-  bool stop_ = false;           // guarded by mu_
-  bool delete_on_exit_ = false; // guarded by mu_
+  const std::shared_ptr<Shared> shared_;
+  TaskThread* const callbacks_;
   const uint64_t subscription_;
-  bool subscribed_ = true;  // until StopFromItsThread() ends the subscription early
-  std::thread thread_;
 };
 
 }  // namespace fencelock::client_internal

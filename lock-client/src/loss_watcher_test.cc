@@ -1,6 +1,6 @@
-// The loss timer on simulated time: it fires exactly at the deadline (never a nanosecond
-// before), once, never for a released lease, at once for a lease already lost, and when the
-// client marks a lease lost on lockd's word.
+// Loss notification on simulated time: a watch fires when the clock reaches the deadline
+// (never a nanosecond before), once, never for a released lease, at once for a lease already
+// lost, and when the client marks a lease lost on lockd's word; on the callback thread.
 #include "loss_watcher.h"
 
 #include <atomic>
@@ -40,11 +40,12 @@ class LossWatcherTest : public ::testing::Test {
     for (int i = 0; i < 10'000 && Calls().size() < n; ++i) absl::SleepFor(absl::Milliseconds(1));
     return Calls();
   }
-  // Lets the watcher's thread run, so that a call that should not happen has had its chance.
+  // Lets the callback thread run, so that a call that should not happen has had its chance.
   static void Settle() { absl::SleepFor(absl::Milliseconds(50)); }
 
   SimulatedClock clock_;
-  LossWatcher watcher_{&clock_};
+  TaskThread callbacks_;
+  LossWatcher watcher_{&clock_, &callbacks_};
   uint64_t token_ = 0;
   std::mutex mu_;
   std::vector<Call> calls_;
@@ -145,13 +146,15 @@ TEST_F(LossWatcherTest, ManyLeasesEachFireAtTheirOwnDeadline) {
 
 TEST(LossWatcherStopTest, DestroyingTheWatcherDropsPendingWatchesWithoutACall) {
   SimulatedClock clock;
+  TaskThread callbacks;
   std::atomic<int> calls{0};
   {
-    LossWatcher watcher(&clock);
+    LossWatcher watcher(&clock, &callbacks);
     auto lease = std::make_shared<LeaseState>("x", 1, absl::Seconds(30), clock.Now() + kUsable);
     watcher.Watch(lease, [&](LossReason) { ++calls; });
   }
   clock.Advance(kUsable * 2);  // no subscriber left to hear it
+  callbacks.Stop();             // and nothing posted calls
   EXPECT_EQ(calls.load(), 0);
 }
 
@@ -165,7 +168,8 @@ namespace {
 // leases lost and Poke(): after Stop() nothing is called, and nothing breaks.
 TEST(LossWatcherStopTest, AfterStopPokesAndWatchesAreHarmlessAndCallNothing) {
   SimulatedClock clock;
-  LossWatcher watcher(&clock);
+  TaskThread callbacks;
+  LossWatcher watcher(&clock, &callbacks);
   std::atomic<int> calls{0};
   auto pending = std::make_shared<LeaseState>("x", 1, absl::Seconds(30), clock.Now() + kUsable);
   watcher.Watch(pending, [&](LossReason) { ++calls; });

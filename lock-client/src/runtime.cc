@@ -43,6 +43,9 @@ using client_core::Completion;
 // given up: its requests fail, and the Clients on it dial again.
 constexpr size_t kMaxUnwritten = size_t{64} << 20;
 
+// The longest a driver's timer sleeps before it looks at the Clock again (see Arm).
+constexpr absl::Duration kLongestSleep = absl::Milliseconds(500);
+
 class DriverImpl;
 
 struct Conn {
@@ -426,8 +429,11 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
       timer_.cancel();
       return;
     }
+    // At most kLongestSleep at a time: the timer runs on the monotonic clock, which a suspend
+    // stops while the boot-time clock of the leases runs on; after a resume a deadline that
+    // passed meanwhile (and onLost with it) is noticed within that much.
     timer_.expires_after(absl::ToChronoNanoseconds(
-        std::clamp(wake - now, absl::ZeroDuration(), absl::Hours(24 * 365))));
+        std::clamp(wake - now, absl::ZeroDuration(), kLongestSleep)));
     std::weak_ptr<DriverImpl> weak = weak_from_this();
     timer_.async_wait([weak](boost::system::error_code ec) {
       if (ec) return;  // re-armed or cancelled

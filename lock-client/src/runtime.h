@@ -13,8 +13,11 @@
 // unique in the process), and wakes the caller waiting for it: a blocking call costs one
 // wake-up for its reply. Over TLS the I/O thread does the writing too.
 //
-// Timers: each Driver keeps one timer for its core's NextWakeup(). Timers only trigger a look
-// at the Driver's Clock; on a SimulatedClock, every move of the clock does too.
+// Timers: each Driver keeps one timer for its core's NextWakeup(), sleeping at most 500 ms at
+// a time (the monotonic clock stops in a suspend; the leases' clock does not). Timers only
+// trigger a look at the Driver's Clock; on a SimulatedClock, every move of the clock does too.
+// A lease's deadline is one of those wake-ups: the core reports the loss then, and onLost is
+// called on the Client's callback thread.
 #ifndef FENCELOCK_LOCK_CLIENT_SRC_RUNTIME_H_
 #define FENCELOCK_LOCK_CLIENT_SRC_RUNTIME_H_
 

@@ -364,9 +364,9 @@ class Client {
   //   - kSessionLost: lockd answered that the session is gone.
   // Never for a lock released through release() or a ScopedLock (even if the deadline passes
   // afterwards), never twice. A handle already lost gets its call at once. The call runs on the
-  // client's own loss-watcher thread, one at a time: it must not block for long, and must not
-  // destroy the client. Callbacks still pending when the client is destroyed are dropped
-  // without a call. kInvalidArgument for an empty handle or an empty callback.
+  // client's own callback thread (the asynchronous calls' callbacks run there too), one at a
+  // time: it must not block for long. It may destroy the client; callbacks still pending when
+  // the client is destroyed are dropped without a call. kInvalidArgument for an empty handle or an empty callback.
   virtual absl::Status onLost(const LockHandle& handle,
                               std::function<void(LossReason)> on_lost) = 0;
   // onLost as a future: ready with the reason when the lock is lost. For a lock that is
