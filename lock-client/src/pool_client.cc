@@ -1,6 +1,7 @@
 #include "lock-client/pool_client.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
@@ -11,31 +12,21 @@
 #include "clock/clock.h"
 #include "fencelock/wire.pb.h"
 #include "protocol/codes.h"
+#include "protocol/requests.h"
 #include "protocol/version.h"
 
 namespace fencelock {
 namespace {
 
 using client_internal::Channel;
+namespace req = protocol::request;
 
 absl::Duration FromMillis(uint64_t ms) {
   return absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(ms, INT64_MAX / 1'000'000)));
 }
 
-void SetOwner(const PoolOwnerId& owner, wire::PoolOwnerRef* out) {
-  out->set_epoch(owner.epoch);
-  out->set_key(owner.key);
-}
-
-wire::PoolLeaseOp LeaseOp(const std::string& pool, const std::string& profile,
-                          const std::string& slot, uint64_t token, const PoolOwnerId& owner) {
-  wire::PoolLeaseOp op;
-  op.set_pool(pool);
-  op.set_profile(profile);
-  op.set_slot(slot);
-  op.set_token(token);
-  SetOwner(owner, op.mutable_owner());
-  return op;
+wire::PoolOwnerRef OwnerRef(const PoolOwnerId& owner) {
+  return req::Owner(owner.epoch, owner.key);
 }
 
 PoolView ViewOf(const wire::PoolStatusReply& r) {
@@ -82,68 +73,41 @@ class PoolClientImpl final : public PoolClient {
 
   absl::StatusOr<uint64_t> publish(const std::string& pool, uint64_t generation, uint64_t budget,
                                    const std::vector<PoolProfileDef>& profiles) override {
-    wire::Request req;
-    auto* r = req.mutable_pool_publish();
-    r->set_pool(pool);
-    r->set_generation(generation);
-    r->set_budget(budget);
+    std::vector<wire::PoolProfile> defs;
     for (const PoolProfileDef& p : profiles) {
-      auto* out = r->add_profiles();
-      out->set_id(p.id);
-      out->set_cost(p.cost);
-      out->set_reserved(p.reserved);
-      out->set_lendable(p.lendable);
-      out->set_borrow(p.borrow);
+      wire::PoolProfile& out = defs.emplace_back();
+      out.set_id(p.id);
+      out.set_cost(p.cost);
+      out.set_reserved(p.reserved);
+      out.set_lendable(p.lendable);
+      out.set_borrow(p.borrow);
     }
-    auto reply = Call(std::move(req));
+    auto reply = Call(req::PoolPublish(pool, generation, budget, defs));
     if (!reply.ok()) return reply.status();
     return reply->pool_publish().generation();
   }
 
   absl::StatusOr<PoolOwnerId> claim(const std::string& pool, const std::string& profile,
                                     uint64_t generation) override {
-    wire::Request req;
-    req.mutable_pool_claim()->set_pool(pool);
-    req.mutable_pool_claim()->set_profile(profile);
-    req.mutable_pool_claim()->set_generation(generation);
-    auto reply = Call(std::move(req));
+    auto reply = Call(req::PoolClaim(pool, profile, generation));
     if (!reply.ok()) return reply.status();
     return PoolOwnerId{reply->pool_claim().owner().epoch(), reply->pool_claim().owner().key()};
   }
 
   absl::Status ack(const std::string& pool, const std::string& profile, const PoolOwnerId& owner,
                    uint64_t generation) override {
-    wire::Request req;
-    auto* r = req.mutable_pool_ack();
-    r->set_pool(pool);
-    r->set_profile(profile);
-    SetOwner(owner, r->mutable_owner());
-    r->set_generation(generation);
-    return Call(std::move(req)).status();
+    return Call(req::PoolAck(pool, profile, OwnerRef(owner), generation)).status();
   }
 
   absl::Status setDemand(const std::string& pool, const std::string& profile,
                          const PoolOwnerId& owner, uint64_t slots) override {
-    wire::Request req;
-    auto* r = req.mutable_pool_set_demand();
-    r->set_pool(pool);
-    r->set_profile(profile);
-    SetOwner(owner, r->mutable_owner());
-    r->set_slots(slots);
-    return Call(std::move(req)).status();
+    return Call(req::PoolSetDemand(pool, profile, OwnerRef(owner), slots)).status();
   }
 
   absl::StatusOr<PoolLeaseGrant> acquire(const std::string& pool, const std::string& profile,
                                          const std::string& slot, const PoolOwnerId& owner,
                                          absl::Duration ttl) override {
-    wire::Request req;
-    auto* r = req.mutable_pool_acquire();
-    r->set_pool(pool);
-    r->set_profile(profile);
-    r->set_slot(slot);
-    SetOwner(owner, r->mutable_owner());
-    r->set_ttl_ms(static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(ttl))));
-    auto reply = Call(std::move(req));
+    auto reply = Call(req::PoolAcquire(pool, profile, slot, OwnerRef(owner), ttl));
     if (!reply.ok()) return reply.status();
     const auto& a = reply->pool_acquire();
     return PoolLeaseGrant{a.granted(), a.token(), FromMillis(a.ttl_ms()), a.decision(),
@@ -153,9 +117,7 @@ class PoolClientImpl final : public PoolClient {
   absl::StatusOr<absl::Duration> renew(const std::string& pool, const std::string& profile,
                                        const std::string& slot, uint64_t token,
                                        const PoolOwnerId& owner) override {
-    wire::Request req;
-    *req.mutable_pool_renew() = LeaseOp(pool, profile, slot, token, owner);
-    auto reply = Call(std::move(req));
+    auto reply = Call(req::PoolRenew(pool, profile, slot, token, OwnerRef(owner)));
     if (!reply.ok()) return reply.status();
     return FromMillis(reply->pool_lease().ttl_ms());
   }
@@ -163,51 +125,33 @@ class PoolClientImpl final : public PoolClient {
   absl::StatusOr<uint64_t> activate(const std::string& pool, const std::string& profile,
                                     const std::string& slot, uint64_t token,
                                     const PoolOwnerId& owner) override {
-    wire::Request req;
-    *req.mutable_pool_activate() = LeaseOp(pool, profile, slot, token, owner);
-    return Decision(std::move(req));
+    return Decision(req::PoolActivate(pool, profile, slot, token, OwnerRef(owner)));
   }
 
   absl::StatusOr<uint64_t> release(const std::string& pool, const std::string& profile,
                                    const std::string& slot, uint64_t token,
                                    const PoolOwnerId& owner) override {
-    wire::Request req;
-    *req.mutable_pool_release() = LeaseOp(pool, profile, slot, token, owner);
-    return Decision(std::move(req));
+    return Decision(req::PoolRelease(pool, profile, slot, token, OwnerRef(owner)));
   }
 
   absl::StatusOr<uint64_t> recover(const std::string& pool, const std::string& profile,
                                    const std::string& slot, uint64_t token,
                                    const std::string& evidence) override {
-    wire::Request req;
-    auto* r = req.mutable_pool_recover();
-    r->set_pool(pool);
-    r->set_profile(profile);
-    r->set_slot(slot);
-    r->set_token(token);
-    r->set_evidence(evidence);
-    return Decision(std::move(req));
+    return Decision(req::PoolRecover(pool, profile, slot, token, evidence));
   }
 
   absl::Status drain(const std::string& pool, bool draining) override {
-    wire::Request req;
-    req.mutable_pool_drain()->set_pool(pool);
-    req.mutable_pool_drain()->set_draining(draining);
-    return Call(std::move(req)).status();
+    return Call(req::PoolDrain(pool, draining)).status();
   }
 
   absl::StatusOr<PoolView> status(const std::string& pool) override {
-    wire::Request req;
-    req.mutable_pool_status()->set_pool(pool);
-    auto reply = Call(std::move(req));
+    auto reply = Call(req::PoolStatus(pool));
     if (!reply.ok()) return reply.status();
     return ViewOf(reply->pool_status());
   }
 
   absl::Status stop() override {
-    wire::Request req;
-    req.mutable_pool_stop();
-    return Call(std::move(req)).status();
+    return Call(req::PoolStop()).status();
   }
 
  private:

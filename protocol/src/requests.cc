@@ -98,4 +98,138 @@ wire::Request ListLocks(uint32_t limit) {
   return r;
 }
 
+wire::PoolOwnerRef Owner(uint64_t epoch, const std::string& key) {
+  wire::PoolOwnerRef owner;
+  owner.set_epoch(epoch);
+  owner.set_key(key);
+  return owner;
+}
+
+wire::Request PoolPublish(const std::string& pool, uint64_t generation, uint64_t budget,
+                          const std::vector<wire::PoolProfile>& profiles) {
+  wire::Request r;
+  auto* p = r.mutable_pool_publish();
+  p->set_pool(pool);
+  p->set_generation(generation);
+  p->set_budget(budget);
+  for (const wire::PoolProfile& profile : profiles) *p->add_profiles() = profile;
+  return r;
+}
+
+wire::Request PoolClaim(const std::string& pool, const std::string& profile,
+                        uint64_t generation) {
+  wire::Request r;
+  auto* c = r.mutable_pool_claim();
+  c->set_pool(pool);
+  c->set_profile(profile);
+  c->set_generation(generation);
+  return r;
+}
+
+wire::Request PoolAck(const std::string& pool, const std::string& profile,
+                      const wire::PoolOwnerRef& owner, uint64_t generation) {
+  wire::Request r;
+  auto* a = r.mutable_pool_ack();
+  a->set_pool(pool);
+  a->set_profile(profile);
+  *a->mutable_owner() = owner;
+  a->set_generation(generation);
+  return r;
+}
+
+wire::Request PoolSetDemand(const std::string& pool, const std::string& profile,
+                            const wire::PoolOwnerRef& owner, uint64_t slots) {
+  wire::Request r;
+  auto* d = r.mutable_pool_set_demand();
+  d->set_pool(pool);
+  d->set_profile(profile);
+  *d->mutable_owner() = owner;
+  d->set_slots(slots);
+  return r;
+}
+
+wire::Request PoolAcquire(const std::string& pool, const std::string& profile,
+                          const std::string& slot, const wire::PoolOwnerRef& owner,
+                          absl::Duration ttl) {
+  wire::Request r;
+  auto* a = r.mutable_pool_acquire();
+  a->set_pool(pool);
+  a->set_profile(profile);
+  a->set_slot(slot);
+  *a->mutable_owner() = owner;
+  a->set_ttl_ms(Millis(ttl));
+  return r;
+}
+
+namespace {
+
+wire::PoolLeaseOp LeaseOp(const std::string& pool, const std::string& profile,
+                          const std::string& slot, uint64_t token,
+                          const wire::PoolOwnerRef& owner) {
+  wire::PoolLeaseOp op;
+  op.set_pool(pool);
+  op.set_profile(profile);
+  op.set_slot(slot);
+  op.set_token(token);
+  *op.mutable_owner() = owner;
+  return op;
+}
+
+}  // namespace
+
+wire::Request PoolRenew(const std::string& pool, const std::string& profile,
+                        const std::string& slot, uint64_t token,
+                        const wire::PoolOwnerRef& owner) {
+  wire::Request r;
+  *r.mutable_pool_renew() = LeaseOp(pool, profile, slot, token, owner);
+  return r;
+}
+
+wire::Request PoolActivate(const std::string& pool, const std::string& profile,
+                           const std::string& slot, uint64_t token,
+                           const wire::PoolOwnerRef& owner) {
+  wire::Request r;
+  *r.mutable_pool_activate() = LeaseOp(pool, profile, slot, token, owner);
+  return r;
+}
+
+wire::Request PoolRelease(const std::string& pool, const std::string& profile,
+                          const std::string& slot, uint64_t token,
+                          const wire::PoolOwnerRef& owner) {
+  wire::Request r;
+  *r.mutable_pool_release() = LeaseOp(pool, profile, slot, token, owner);
+  return r;
+}
+
+wire::Request PoolRecover(const std::string& pool, const std::string& profile,
+                          const std::string& slot, uint64_t token, const std::string& evidence) {
+  wire::Request r;
+  auto* rec = r.mutable_pool_recover();
+  rec->set_pool(pool);
+  rec->set_profile(profile);
+  rec->set_slot(slot);
+  rec->set_token(token);
+  rec->set_evidence(evidence);
+  return r;
+}
+
+wire::Request PoolDrain(const std::string& pool, bool draining) {
+  wire::Request r;
+  r.mutable_pool_drain()->set_pool(pool);
+  r.mutable_pool_drain()->set_draining(draining);
+  return r;
+}
+
+wire::Request PoolStatus(const std::string& pool) {
+  wire::Request r;
+  r.mutable_pool_status()->set_pool(pool);
+  return r;
+}
+
+wire::Request PoolStop() {
+  wire::Request r;
+  r.mutable_pool_stop();
+  return r;
+}
+
 }  // namespace fencelock::protocol::request

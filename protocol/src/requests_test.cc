@@ -43,6 +43,27 @@ TEST(RequestsTest, EachBuilderFillsItsBodyAndNothingElse) {
   EXPECT_EQ(ListLocks(10).list_locks().limit(), 10u);
 }
 
+TEST(RequestsTest, PoolRequestsCarryTheOwnerAndTheLease) {
+  const wire::PoolOwnerRef owner = Owner(3, std::string("k\0y", 3));
+  const wire::Request a = PoolAcquire("p", "a", "s1", owner, absl::Seconds(4));
+  EXPECT_EQ(a.pool_acquire().owner().epoch(), 3u);
+  EXPECT_EQ(a.pool_acquire().owner().key(), std::string("k\0y", 3));
+  EXPECT_EQ(a.pool_acquire().ttl_ms(), 4000u);
+  const wire::Request r = PoolRelease("p", "a", "s1", 9, owner);
+  EXPECT_EQ(r.pool_release().slot(), "s1");
+  EXPECT_EQ(r.pool_release().token(), 9u);
+  EXPECT_EQ(PoolActivate("p", "a", "s1", 9, owner).pool_activate().SerializeAsString(),
+            r.pool_release().SerializeAsString());
+  wire::PoolProfile b;
+  b.set_id("b");
+  b.set_cost(2);
+  const wire::Request p = PoolPublish("p", 1, 4, {b});
+  ASSERT_EQ(p.pool_publish().profiles_size(), 1);
+  EXPECT_EQ(p.pool_publish().profiles(0).cost(), 2u);
+  EXPECT_TRUE(PoolDrain("p", true).pool_drain().draining());
+  EXPECT_TRUE(PoolStop().has_pool_stop());
+}
+
 TEST(RequestsTest, ANegativeDurationGoesOutAsZeroNotAsAHugeNumber) {
   EXPECT_EQ(OpenSession(-absl::Seconds(1)).open_session().ttl_ms(), 0u);
   const wire::Request a = Acquire(1, "l", -absl::Milliseconds(5), -absl::InfiniteDuration());

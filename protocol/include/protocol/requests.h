@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "fencelock/wire.pb.h"
@@ -33,6 +34,35 @@ wire::Request Validate(const std::string& lock, uint64_t token, uint64_t as_hold
 wire::Request WithdrawAcquire(uint64_t session, uint64_t acquire_request_id);
 wire::Request GetStats();
 wire::Request ListLocks(uint32_t limit);
+
+// Admission pools (protocol version 2). A manager's owner reference is the epoch and key its
+// claim returned.
+wire::PoolOwnerRef Owner(uint64_t epoch, const std::string& key);
+wire::Request PoolPublish(const std::string& pool, uint64_t generation, uint64_t budget,
+                          const std::vector<wire::PoolProfile>& profiles);
+wire::Request PoolClaim(const std::string& pool, const std::string& profile,
+                        uint64_t generation);
+wire::Request PoolAck(const std::string& pool, const std::string& profile,
+                      const wire::PoolOwnerRef& owner, uint64_t generation);
+wire::Request PoolSetDemand(const std::string& pool, const std::string& profile,
+                            const wire::PoolOwnerRef& owner, uint64_t slots);
+// `ttl` zero: lockd's default provisional lease.
+wire::Request PoolAcquire(const std::string& pool, const std::string& profile,
+                          const std::string& slot, const wire::PoolOwnerRef& owner,
+                          absl::Duration ttl = absl::ZeroDuration());
+wire::Request PoolRenew(const std::string& pool, const std::string& profile,
+                        const std::string& slot, uint64_t token, const wire::PoolOwnerRef& owner);
+wire::Request PoolActivate(const std::string& pool, const std::string& profile,
+                           const std::string& slot, uint64_t token,
+                           const wire::PoolOwnerRef& owner);
+wire::Request PoolRelease(const std::string& pool, const std::string& profile,
+                          const std::string& slot, uint64_t token,
+                          const wire::PoolOwnerRef& owner);
+wire::Request PoolRecover(const std::string& pool, const std::string& profile,
+                          const std::string& slot, uint64_t token, const std::string& evidence);
+wire::Request PoolDrain(const std::string& pool, bool draining);
+wire::Request PoolStatus(const std::string& pool);
+wire::Request PoolStop();
 
 }  // namespace fencelock::protocol::request
 
