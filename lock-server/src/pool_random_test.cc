@@ -29,9 +29,13 @@
 #include "lock-server/storage.h"
 #include "lock-server/testing/test_envs.h"
 #include "protocol/frame.h"
+#include "protocol/requests.h"
+#include "protocol/session.h"
 
 namespace fencelock::server {
 namespace {
+
+namespace req = protocol::request;
 
 constexpr char kDir[] = "/state";
 constexpr char kPool[] = "p";
@@ -108,13 +112,9 @@ class AdmissionRun {
     const int profiles = Pick(2, 4);
     budget_ = static_cast<uint64_t>(Pick(3, 12));
     uint64_t reserved = 0;
-    wire::Request publish;
-    auto* pp = publish.mutable_pool_publish();
-    pp->set_pool(kPool);
-    pp->set_generation(1);
-    pp->set_budget(budget_);
+    std::vector<wire::PoolProfile> defs(static_cast<size_t>(profiles));
     for (int i = 0; i < profiles; ++i) {
-      auto* p = pp->add_profiles();
+      wire::PoolProfile* p = &defs[static_cast<size_t>(i)];
       p->set_id(absl::StrCat("prof", i));
       p->set_cost(static_cast<uint64_t>(Pick(1, 3)));
       const uint64_t r = reserved < budget_ ? static_cast<uint64_t>(Pick(0, 2)) : 0;
@@ -126,7 +126,7 @@ class AdmissionRun {
       p->set_borrow(Pick(0, 1) == 1);
       profiles_.push_back(p->id());
     }
-    Call(-1, publish);
+    Call(-1, req::PoolPublish(kPool, 1, budget_, defs));
     for (size_t i = 0; i < profiles_.size(); ++i) Replace(i);
     for (int step = 0; step < steps && !::testing::Test::HasFatalFailure(); ++step) {
       Step();
@@ -186,10 +186,7 @@ class AdmissionRun {
     core_->Start();
     sink_ = std::make_unique<Sink>();
     conn_ = core_->Connect(sink_.get());
-    wire::Request hello;
-    hello.mutable_hello()->set_min_version(2);
-    hello.mutable_hello()->set_max_version(2);
-    Send(hello);
+    Send(protocol::HelloRequest("pool_random_test", {.min = 2, .max = 2}));
     Settle();
   }
   void Close() {
@@ -301,21 +298,7 @@ class AdmissionRun {
 
   // --- managers, workers, operator ----------------------------------------------------------
 
-  wire::PoolOwnerRef OwnerRef(const Manager& m) {
-    wire::PoolOwnerRef ref;
-    ref.set_epoch(m.epoch);
-    ref.set_key(m.key);
-    return ref;
-  }
-  wire::PoolLeaseOp LeaseOp(const Manager& m, const std::string& slot, uint64_t token) {
-    wire::PoolLeaseOp op;
-    op.set_pool(kPool);
-    op.set_profile(profiles_[m.profile]);
-    op.set_slot(slot);
-    op.set_token(token);
-    *op.mutable_owner() = OwnerRef(m);
-    return op;
-  }
+  static wire::PoolOwnerRef OwnerRef(const Manager& m) { return req::Owner(m.epoch, m.key); }
 
   // A new manager for profile `i` (its old one, if any, vanished): claims, then reconciles.
   void Replace(size_t i) {
@@ -323,11 +306,7 @@ class AdmissionRun {
       if (m.profile == i) m.alive = false;
     }
     managers_.push_back(Manager{.profile = i});
-    wire::Request claim;
-    claim.mutable_pool_claim()->set_pool(kPool);
-    claim.mutable_pool_claim()->set_profile(profiles_[i]);
-    claim.mutable_pool_claim()->set_generation(1);
-    Call(static_cast<int>(managers_.size() - 1), claim);
+    Call(static_cast<int>(managers_.size() - 1), req::PoolClaim(kPool, profiles_[i], 1));
     Settle();
     Reconcile(static_cast<int>(managers_.size() - 1), /*replacement=*/true);
   }
@@ -338,9 +317,7 @@ class AdmissionRun {
   void Reconcile(int mi, bool replacement) {
     Manager& m = managers_[mi];
     if (m.epoch == 0) return;
-    wire::Request status;
-    status.mutable_pool_status()->set_pool(kPool);
-    Send(status);
+    Send(req::PoolStatus(kPool));
     Settle();
     const PoolState* p = core_->service().state().FindPool(kPool);
     if (p == nullptr || core_->log().fault() != nullptr) return;
@@ -356,10 +333,9 @@ class AdmissionRun {
         continue;
       }
       if (!replacement && w == Worker::kCreated) continue;  // still before its activation
-      wire::Request release;
-      *release.mutable_pool_release() = LeaseOp(m, key.second, lease.token);
       workers_[lease.token] = Worker::kExited;  // removed, exactly, before the release
-      releases.push_back(std::move(release));
+      releases.push_back(
+          req::PoolRelease(kPool, profiles_[m.profile], key.second, lease.token, OwnerRef(m)));
     }
     for (wire::Request& release : releases) Call(mi, std::move(release));
     for (auto& [slot, token] : m.leases) {
@@ -422,34 +398,19 @@ class AdmissionRun {
     const int mi = alive[static_cast<size_t>(Pick(0, static_cast<int>(alive.size()) - 1))];
     Manager& m = managers_[mi];
     if (what < 20) {
-      wire::Request d;
-      auto* sd = d.mutable_pool_set_demand();
-      sd->set_pool(kPool);
-      sd->set_profile(profiles_[m.profile]);
-      *sd->mutable_owner() = OwnerRef(m);
-      sd->set_slots(static_cast<uint64_t>(Pick(0, 4)));
-      Call(mi, d);
+      Call(mi, req::PoolSetDemand(kPool, profiles_[m.profile], OwnerRef(m),
+                                  static_cast<uint64_t>(Pick(0, 4))));
     } else if (what < 42) {
       const std::string slot = absl::StrCat("s", ++slots_);
       m.leases[slot] = 0;
-      wire::Request a;
-      auto* pa = a.mutable_pool_acquire();
-      pa->set_pool(kPool);
-      pa->set_profile(profiles_[m.profile]);
-      pa->set_slot(slot);
-      *pa->mutable_owner() = OwnerRef(m);
-      Call(mi, a);
+      Call(mi, req::PoolAcquire(kPool, profiles_[m.profile], slot, OwnerRef(m)));
     } else if (what < 62) {
       // Activate or renew one of its created workers' leases.
       for (const auto& [slot, token] : m.leases) {
         if (token == 0 || workers_[token] != Worker::kCreated) continue;
-        wire::Request a;
-        if (Pick(0, 3) == 0) {
-          *a.mutable_pool_renew() = LeaseOp(m, slot, token);
-        } else {
-          *a.mutable_pool_activate() = LeaseOp(m, slot, token);
-        }
-        Call(mi, a);
+        const std::string& profile = profiles_[m.profile];
+        Call(mi, Pick(0, 3) == 0 ? req::PoolRenew(kPool, profile, slot, token, OwnerRef(m))
+                                 : req::PoolActivate(kPool, profile, slot, token, OwnerRef(m)));
         break;
       }
     } else if (what < 74) {
@@ -457,9 +418,7 @@ class AdmissionRun {
       for (const auto& [slot, token] : m.leases) {
         if (token == 0 || workers_[token] != Worker::kRunning) continue;
         workers_[token] = Worker::kExited;
-        wire::Request rel;
-        *rel.mutable_pool_release() = LeaseOp(m, slot, token);
-        Call(mi, rel);
+        Call(mi, req::PoolRelease(kPool, profiles_[m.profile], slot, token, OwnerRef(m)));
         break;
       }
     } else if (what < 79) {
@@ -480,14 +439,7 @@ class AdmissionRun {
         for (const auto& [key, lease] : p->leases) {
           auto w = workers_.find(lease.token);
           if (lease.active && (w == workers_.end() || w->second == Worker::kExited)) {
-            wire::Request rec;
-            auto* pr = rec.mutable_pool_recover();
-            pr->set_pool(kPool);
-            pr->set_profile(key.first);
-            pr->set_slot(key.second);
-            pr->set_token(lease.token);
-            pr->set_evidence("worker absent");
-            Call(-1, rec);
+            Call(-1, req::PoolRecover(kPool, key.first, key.second, lease.token, "worker absent"));
             break;
           }
         }
@@ -511,9 +463,8 @@ class AdmissionRun {
         if (!superseded) continue;
         const auto& [slot, token] = *old.leases.begin();
         if (token == 0) continue;
-        wire::Request rel;
-        *rel.mutable_pool_release() = LeaseOp(old, slot, token);
-        Send(rel);  // refused: FENCED_OUT
+        Send(req::PoolRelease(kPool, profiles_[old.profile], slot, token, OwnerRef(old)));
+        // refused: FENCED_OUT
         break;
       }
     }
@@ -565,23 +516,13 @@ TEST(PoolLimitsTest, AFullPoolOfLongNamesAnswersItsStatusInOneFrame) {
     const std::string payload = r.SerializeAsString();
     core.Receive(c, std::span<const std::string>(&payload, 1));
   };
-  wire::Request hello;
-  hello.mutable_hello()->set_min_version(2);
-  hello.mutable_hello()->set_max_version(2);
-  send(hello);
+  send(protocol::HelloRequest("pool_random_test", {.min = 2, .max = 2}));
   const std::string pool(limits.max_name_bytes, 'p'), profile(limits.max_name_bytes, 'a');
-  wire::Request publish;
-  publish.mutable_pool_publish()->set_pool(pool);
-  publish.mutable_pool_publish()->set_generation(1);
-  publish.mutable_pool_publish()->set_budget(limits.max_budget);
-  publish.mutable_pool_publish()->add_profiles()->set_id(profile);
-  publish.mutable_pool_publish()->mutable_profiles(0)->set_cost(1);
-  send(publish);
-  wire::Request claim;
-  claim.mutable_pool_claim()->set_pool(pool);
-  claim.mutable_pool_claim()->set_profile(profile);
-  claim.mutable_pool_claim()->set_generation(1);
-  send(claim);
+  wire::PoolProfile def;
+  def.set_id(profile);
+  def.set_cost(1);
+  send(req::PoolPublish(pool, 1, limits.max_budget, {def}));
+  send(req::PoolClaim(pool, profile, 1));
   time.Advance(absl::Seconds(1));
   wire::PoolOwnerRef owner;
   for (const wire::Response& r : sink.Take()) {
@@ -589,22 +530,13 @@ TEST(PoolLimitsTest, AFullPoolOfLongNamesAnswersItsStatusInOneFrame) {
   }
   ASSERT_EQ(owner.epoch(), 1u);
   for (uint64_t i = 0; i < limits.max_budget; ++i) {
-    wire::Request a;
-    auto* pa = a.mutable_pool_acquire();
-    pa->set_pool(pool);
-    pa->set_profile(profile);
     std::string slot = absl::StrCat(i, "-");
     slot.resize(limits.max_name_bytes, 's');
-    pa->set_slot(slot);
-    *pa->mutable_owner() = owner;
-    pa->set_ttl_ms(3'600'000);
-    send(a);
+    send(req::PoolAcquire(pool, profile, slot, owner, absl::Hours(1)));
   }
   time.Advance(absl::Seconds(1));
   (void)sink.Take();
-  wire::Request status;
-  status.mutable_pool_status()->set_pool(pool);
-  send(status);
+  send(req::PoolStatus(pool));
   time.Advance(absl::Seconds(1));
   auto replies = sink.Take();
   ASSERT_EQ(replies.size(), 1u);
