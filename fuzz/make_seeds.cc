@@ -94,11 +94,8 @@ int main(int argc, char** argv) {
         std::string("\x00\x03", 2) + std::string("\xff\xff\x00\x00", 4) + "tail");
 
   // dispatch_fuzz: a conversation, and one with a queued waiter and a stale token.
-  wire::Request stats;
-  stats.set_request_id(9);
-  stats.mutable_get_stats();
-  wire::Request list;
-  list.set_request_id(10);
+  const wire::Request stats = WithId(9, request::GetStats());
+  wire::Request list = WithId(10, request::ListLocks(0));
   list.mutable_list_locks()->set_include_sessions(true);
   const wire::Request validate = WithId(11, request::Validate("a", 1));
   const wire::Request close = WithId(12, request::Close(1));
@@ -137,75 +134,29 @@ int main(int argc, char** argv) {
   // Admission pools: publish, claim, demand, acquire, activate, release, a stranger's owner,
   // recover, drain, stop, status.
   {
-    wire::Request publish;
-    publish.set_request_id(20);
-    auto* pp = publish.mutable_pool_publish();
-    pp->set_pool("p");
-    pp->set_generation(1);
-    pp->set_budget(4);
-    pp->add_profiles()->set_id("a");
-    pp->mutable_profiles(0)->set_cost(1);
-    auto* b = pp->add_profiles();
-    b->set_id("b");
-    b->set_cost(2);
-    b->set_reserved(2);
-    b->set_lendable(true);
-    wire::Request claim;
-    claim.set_request_id(21);
-    claim.mutable_pool_claim()->set_pool("p");
-    claim.mutable_pool_claim()->set_profile("a");
-    claim.mutable_pool_claim()->set_generation(1);
-    wire::PoolOwnerRef owner;
-    owner.set_epoch(1);
-    owner.set_key("fuzz-secret-0001");
-    wire::Request demand;
-    demand.set_request_id(22);
-    demand.mutable_pool_set_demand()->set_pool("p");
-    demand.mutable_pool_set_demand()->set_profile("a");
-    *demand.mutable_pool_set_demand()->mutable_owner() = owner;
-    demand.mutable_pool_set_demand()->set_slots(3);
-    wire::Request acquire;
-    acquire.set_request_id(23);
-    acquire.mutable_pool_acquire()->set_pool("p");
-    acquire.mutable_pool_acquire()->set_profile("a");
-    acquire.mutable_pool_acquire()->set_slot("s1");
-    *acquire.mutable_pool_acquire()->mutable_owner() = owner;
-    acquire.mutable_pool_acquire()->set_ttl_ms(500);
-    wire::PoolLeaseOp op;
-    op.set_pool("p");
-    op.set_profile("a");
-    op.set_slot("s1");
-    op.set_token(1);
-    *op.mutable_owner() = owner;
-    wire::Request activate;
-    activate.set_request_id(24);
-    *activate.mutable_pool_activate() = op;
-    wire::Request renew;
-    renew.set_request_id(25);
-    *renew.mutable_pool_renew() = op;
-    wire::Request release;
-    release.set_request_id(26);
-    *release.mutable_pool_release() = op;
-    wire::Request stranger = release;
-    stranger.set_request_id(27);
-    stranger.mutable_pool_release()->mutable_owner()->set_key("guess");
-    wire::Request recover;
-    recover.set_request_id(28);
-    recover.mutable_pool_recover()->set_pool("p");
-    recover.mutable_pool_recover()->set_profile("a");
-    recover.mutable_pool_recover()->set_slot("s1");
-    recover.mutable_pool_recover()->set_token(1);
-    recover.mutable_pool_recover()->set_evidence("gone");
-    wire::Request drain;
-    drain.set_request_id(29);
-    drain.mutable_pool_drain()->set_pool("p");
-    drain.mutable_pool_drain()->set_draining(true);
-    wire::Request status;
-    status.set_request_id(30);
-    status.mutable_pool_status()->set_pool("p");
-    wire::Request stop;
-    stop.set_request_id(31);
-    stop.mutable_pool_stop();
+    wire::PoolProfile a;
+    a.set_id("a");
+    a.set_cost(1);
+    wire::PoolProfile b;
+    b.set_id("b");
+    b.set_cost(2);
+    b.set_reserved(2);
+    b.set_lendable(true);
+    const wire::Request publish = WithId(20, request::PoolPublish("p", 1, 4, {a, b}));
+    const wire::Request claim = WithId(21, request::PoolClaim("p", "a", 1));
+    const wire::PoolOwnerRef owner = request::Owner(1, "fuzz-secret-0001");
+    const wire::Request demand = WithId(22, request::PoolSetDemand("p", "a", owner, 3));
+    const wire::Request acquire =
+        WithId(23, request::PoolAcquire("p", "a", "s1", owner, absl::Milliseconds(500)));
+    const wire::Request activate = WithId(24, request::PoolActivate("p", "a", "s1", 1, owner));
+    const wire::Request renew = WithId(25, request::PoolRenew("p", "a", "s1", 1, owner));
+    const wire::Request release = WithId(26, request::PoolRelease("p", "a", "s1", 1, owner));
+    const wire::Request stranger =
+        WithId(27, request::PoolRelease("p", "a", "s1", 1, request::Owner(1, "guess")));
+    const wire::Request recover = WithId(28, request::PoolRecover("p", "a", "s1", 1, "gone"));
+    const wire::Request drain = WithId(29, request::PoolDrain("p", true));
+    const wire::Request status = WithId(30, request::PoolStatus("p"));
+    const wire::Request stop = WithId(31, request::PoolStop());
     Write(root / "dispatch_fuzz", "pools",
           Step(0, Hello()) + Step(0, publish) + Step(0, claim) + Step(0, demand) +
               Step(0, acquire) + Step(1, renew) + Step(1, activate) + Step(1, stranger) +
