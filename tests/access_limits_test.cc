@@ -39,10 +39,8 @@ wire::Request Stats() { return testing::request::GetStats(); }
 // Says Hello on `c` and returns the reply's code, or -1 if none came back. Unlike
 // RawConnection::Hello(), a refusal (and the close after it) is a result, not an abort.
 int HelloCode(RawConnection& c) {
-  wire::Request hello;
+  wire::Request hello = testing::request::Hello();
   hello.set_request_id(1);
-  hello.mutable_hello()->set_min_version(protocol::VersionRange{}.min);
-  hello.mutable_hello()->set_max_version(protocol::VersionRange{}.max);
   c.SendRequest(hello);
   auto reply = c.ReadResponse();
   return reply ? reply->code() : -1;

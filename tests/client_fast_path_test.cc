@@ -153,8 +153,7 @@ TEST_F(ClientFastPathTest, ACallerBlockedReadingHearsOfLockdsDeathAtOnce) {
   ASSERT_TRUE(Eventually([&] {
     RawConnection admin = RawConnection::Tcp(lockd_.port());
     admin.Hello();
-    wire::Request stats;
-    stats.mutable_get_stats();
+    const wire::Request stats = testing::request::GetStats();
     return admin.Call(stats).stats().waiters() == 1;
   }));
   lockd_.Kill();

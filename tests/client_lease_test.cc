@@ -87,8 +87,7 @@ class ClientLeaseTest : public ::testing::Test {
   uint64_t Waiters() {
     auto admin = testing::RawConnection::Tcp(lockd_.port());
     admin.Hello();
-    wire::Request r;
-    r.mutable_get_stats();
+    const wire::Request r = testing::request::GetStats();
     return admin.Call(r).stats().waiters();
   }
 

@@ -93,8 +93,7 @@ TEST(DiskFullTest, GrantsAreRefusedAndNothingAcknowledgedIsLost) {
     EXPECT_EQ(e.status().code(), absl::StatusCode::kUnavailable);
     EXPECT_GT(disk.refused(), 0);
 
-    wire::Request stats;
-    stats.mutable_get_stats();
+    const wire::Request stats = testing::request::GetStats();
     const wire::Response reply = Admin(lockd.port(), stats);
     EXPECT_THAT(reply.stats().disk_fault(), HasSubstr("No space left on device"));
     // Space comes back, but lockd does not resume on its own: its memory may hold mutations
@@ -105,8 +104,7 @@ TEST(DiskFullTest, GrantsAreRefusedAndNothingAcknowledgedIsLost) {
   }
 
   RunningServer restarted(dir, Env::Posix());
-  wire::Request list;
-  list.mutable_list_locks();
+  const wire::Request list = testing::request::ListLocks(0);
   const wire::Response reply = Admin(restarted.port(), list);
   std::map<std::string, uint64_t> held;
   for (const auto& l : reply.list().locks()) held[l.lock()] = l.token();
@@ -146,15 +144,13 @@ TEST(DiskFullTest, AfterAFaultNothingUndurableIsShownAndLockdIdles) {
   // safety.
   EXPECT_EQ(c.Call(testing::request::Release(session, "c", token)).code(), wire::OK);
 
-  wire::Request list;
-  list.mutable_list_locks();
+  const wire::Request list = testing::request::ListLocks(0);
   const wire::Response listed = Admin(lockd.port(), list);
   EXPECT_EQ(listed.code(), wire::UNAVAILABLE);
   EXPECT_EQ(listed.list().locks_size(), 0);
   EXPECT_THAT(listed.message(), HasSubstr("commit fault"));
   EXPECT_THAT(listed.message(), HasSubstr("restart it once the disk is fixed"));
-  wire::Request stats;
-  stats.mutable_get_stats();
+  const wire::Request stats = testing::request::GetStats();
   const wire::Response s = Admin(lockd.port(), stats);
   EXPECT_EQ(s.code(), wire::OK);
   EXPECT_THAT(s.stats().disk_fault(), HasSubstr("No space left on device"));

@@ -401,18 +401,11 @@ TEST_F(EtcdTest, EtcdHoldsNoSessionSecret) {
   ASSERT_EQ(session.secret().size(), 16u);
   ASSERT_TRUE(c.Call(request::Acquire(session.session_id(), "payout/1")).acquire().granted());
   // A pool manager's owner key is a secret too: whoever has it acts for the manager.
-  wire::Request publish;
-  publish.mutable_pool_publish()->set_pool("hosts");
-  publish.mutable_pool_publish()->set_generation(1);
-  publish.mutable_pool_publish()->set_budget(4);
-  publish.mutable_pool_publish()->add_profiles()->set_id("build");
-  publish.mutable_pool_publish()->mutable_profiles(0)->set_cost(1);
-  ASSERT_EQ(c.Call(publish).code(), wire::OK);
-  wire::Request claim;
-  claim.mutable_pool_claim()->set_pool("hosts");
-  claim.mutable_pool_claim()->set_profile("build");
-  claim.mutable_pool_claim()->set_generation(1);
-  const wire::Response claimed = c.Call(claim);
+  wire::PoolProfile build;
+  build.set_id("build");
+  build.set_cost(1);
+  ASSERT_EQ(c.Call(request::PoolPublish("hosts", 1, 4, {build})).code(), wire::OK);
+  const wire::Response claimed = c.Call(request::PoolClaim("hosts", "build", 1));
   ASSERT_EQ(claimed.code(), wire::OK) << claimed.message();
   const std::string owner_key = claimed.pool_claim().owner().key();
   ASSERT_FALSE(owner_key.empty());

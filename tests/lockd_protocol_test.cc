@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "lock-client/client.h"
 #include "lockd_process.h"
+#include "protocol/session.h"
 #include "raw_connection.h"
 
 namespace fencelock {
@@ -43,8 +44,7 @@ class ProtocolErrorTest : public ::testing::Test {
   uint64_t ProtocolErrors() {
     RawConnection admin = RawConnection::Tcp(lockd_.port());
     admin.Hello();
-    wire::Request stats;
-    stats.mutable_get_stats();
+    const wire::Request stats = testing::request::GetStats();
     return admin.Call(stats).stats().protocol_errors_total();
   }
 
@@ -83,10 +83,7 @@ TEST_F(ProtocolErrorTest, OversizeFrameIsRefusedWithoutReadingIt) {
 
 TEST_F(ProtocolErrorTest, WrongProtocolVersionNamesBothRanges) {
   RawConnection bad = RawConnection::Tcp(lockd_.port());
-  wire::Request hello;
-  hello.mutable_hello()->set_min_version(7);
-  hello.mutable_hello()->set_max_version(9);
-  wire::Response reply = bad.Call(hello);
+  wire::Response reply = bad.Call(protocol::HelloRequest("raw-test", {.min = 7, .max = 9}));
   EXPECT_EQ(reply.code(), wire::UNSUPPORTED_VERSION);
   EXPECT_THAT(reply.message(), HasSubstr("client speaks versions [7, 9], server speaks [1, 3]"));
   EXPECT_TRUE(bad.ClosedByPeer());

@@ -22,6 +22,7 @@
 #include "lock-server/testing/test_envs.h"
 #include "lockd_process.h"
 #include "metrics/http_get.h"
+#include "protocol/session.h"
 #include "raw_connection.h"
 
 namespace fencelock {
@@ -123,10 +124,7 @@ class PoolProtocolTest : public ::testing::Test {
 
 TEST_F(PoolProtocolTest, AVersionOneClientKeepsItsLocksAndIsToldPoolsNeedVersionTwo) {
   RawConnection old = RawConnection::Tcp(lockd_->port());
-  wire::Request hello;
-  hello.mutable_hello()->set_min_version(1);
-  hello.mutable_hello()->set_max_version(1);
-  const wire::Response greeted = old.Call(hello);
+  const wire::Response greeted = old.Call(protocol::HelloRequest("raw-test", {.min = 1, .max = 1}));
   ASSERT_EQ(greeted.code(), wire::OK) << greeted.message();
   EXPECT_EQ(greeted.hello().version(), 1u);
   const wire::Response session = old.Call(testing::request::OpenSession(absl::Seconds(10)));
@@ -135,9 +133,7 @@ TEST_F(PoolProtocolTest, AVersionOneClientKeepsItsLocksAndIsToldPoolsNeedVersion
       old.Call(testing::request::Acquire(session.open_session().session_id(), "l"));
   ASSERT_EQ(granted.code(), wire::OK);
   EXPECT_TRUE(granted.acquire().granted());
-  wire::Request status;
-  status.mutable_pool_status()->set_pool("p");
-  const wire::Response refused = old.Call(status);
+  const wire::Response refused = old.Call(testing::request::PoolStatus("p"));
   EXPECT_EQ(refused.code(), wire::UNSUPPORTED_VERSION);
   EXPECT_THAT(refused.message(), HasSubstr("need protocol version 2"));
   EXPECT_THAT(refused.message(), HasSubstr("negotiated version 1"));

@@ -5,6 +5,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lockd_process.h"
+#include "protocol/session.h"
 #include "raw_connection.h"
 
 namespace fencelock {
@@ -136,9 +137,8 @@ TEST_F(WithdrawAcquireTest, NoWaitingAcquireIsLeftThatCannotBeWithdrawn) {
 
 TEST_F(WithdrawAcquireTest, AnOlderVersionIsToldAndKeepsItsConnection) {
   RawConnection old = RawConnection::Tcp(lockd_.port());
-  wire::Request hello = request::Hello();
-  hello.mutable_hello()->set_max_version(2);
-  ASSERT_EQ(old.Call(hello).hello().version(), 2u);
+  ASSERT_EQ(old.Call(protocol::HelloRequest("raw-test", {.min = 1, .max = 2})).hello().version(),
+            2u);
   const uint64_t session = old.Call(request::OpenSession(absl::Seconds(60))).open_session().session_id();
   wire::Response refused = old.Call(request::WithdrawAcquire(session, 1));
   EXPECT_EQ(refused.code(), wire::UNSUPPORTED_VERSION);

@@ -226,8 +226,7 @@ wire::StatsReply Stats(int port, asio::ssl::context* tls) {
                                  use_awaitable);
         Conn conn(std::move(s), tls);
         co_await conn.Hello();
-        wire::Request stats;
-        stats.mutable_get_stats();
+        const wire::Request stats = req::GetStats();
         out = (co_await conn.Call(stats)).stats();
       },
       asio::detached);

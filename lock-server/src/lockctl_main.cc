@@ -28,6 +28,7 @@
 #include "protocol/codes.h"
 #include "process/flags.h"
 #include "protocol/limits.h"
+#include "protocol/requests.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:7420", "lockd address: host:port or unix:/path");
 ABSL_FLAG(bool, json, false, "print JSON instead of tables");
@@ -44,6 +45,7 @@ namespace fencelock {
 namespace {
 
 using server::BlockingConnection;
+namespace req = protocol::request;
 
 std::string Json(const google::protobuf::Message& m) {
   std::string out;
@@ -138,8 +140,7 @@ int Main(const std::string& command) {
   if (!connected.ok()) return Fail(connected.status());
   BlockingConnection& conn = **connected;
   if (command == "status") {
-    wire::Request r;
-    r.mutable_get_stats();
+    const wire::Request r = req::GetStats();
     auto reply = conn.Call(r);
     if (!reply.ok()) return Fail(reply.status());
     if (reply->code() != wire::OK) {

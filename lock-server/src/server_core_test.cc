@@ -416,19 +416,9 @@ TEST_F(ServerCoreTest, APoolOwnerKeyInClearIsRewrittenWithItsDigest) {
   EXPECT_EQ(FilesHolding(key), std::vector<std::string>{});
   Sink sink;
   const ConnectionId c = Connect(&sink);
-  wire::Request hello;
-  hello.mutable_hello()->set_min_version(1);
-  hello.mutable_hello()->set_max_version(3);
-  Send(c, hello);
+  Send(c, protocol::HelloRequest("server_core_test", {.min = 1, .max = 3}));
   auto ack = [&](const std::string& with) {
-    wire::Request r;
-    auto* a = r.mutable_pool_ack();
-    a->set_pool("hosts");
-    a->set_profile("build");
-    a->mutable_owner()->set_epoch(1);
-    a->mutable_owner()->set_key(with);
-    a->set_generation(1);
-    return r;
+    return req::PoolAck("hosts", "build", req::Owner(1, with), 1);
   };
   Send(c, ack(std::string(16, 'x')));
   Send(c, ack(key));
