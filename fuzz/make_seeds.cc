@@ -95,8 +95,7 @@ int main(int argc, char** argv) {
 
   // dispatch_fuzz: a conversation, and one with a queued waiter and a stale token.
   const wire::Request stats = WithId(9, request::GetStats());
-  wire::Request list = WithId(10, request::ListLocks(0));
-  list.mutable_list_locks()->set_include_sessions(true);
+  const wire::Request list = WithId(10, request::ListLocks({.include_sessions = true}));
   const wire::Request validate = WithId(11, request::Validate("a", 1));
   const wire::Request close = WithId(12, request::Close(1));
   Write(root / "dispatch_fuzz", "conversation",

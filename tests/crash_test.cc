@@ -74,10 +74,8 @@ std::map<std::string, uint64_t> HeldLocks(int port, const std::string& prefix) {
   std::map<std::string, uint64_t> held;
   std::string after;
   for (;;) {
-    wire::Request r;
-    r.mutable_list_locks()->set_prefix(prefix);
-    r.mutable_list_locks()->set_start_after(after);
-    const wire::Response reply = admin.Call(r);
+    const wire::Response reply =
+        admin.Call(testing::request::ListLocks({.prefix = prefix, .start_after = after}));
     EXPECT_EQ(reply.code(), wire::OK) << reply.message();
     for (const auto& l : reply.list().locks()) held[l.lock()] = l.token();
     if (!reply.list().more() || reply.list().locks().empty()) return held;

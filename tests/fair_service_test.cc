@@ -185,8 +185,8 @@ TEST(FairServiceTest, ASlowReaderIsHeldBackAndClosedWhileOthersKeepTheirLeases) 
   fcntl(fd, F_SETFL, O_NONBLOCK);
   std::string pending = Frame(Hello(), 1);
   int sent = 0;
-  wire::Request listing = ListLocks(200);
-  listing.mutable_list_locks()->set_start_after(std::string(1000, 'a'));
+  const wire::Request listing =
+      testing::request::ListLocks({.start_after = std::string(1000, 'a'), .limit = 200});
   for (int i = 0; i < 16500; ++i) pending += Frame(listing, 2 + i);
   size_t offset = 0;
   double rss_max = rss_before;

@@ -90,8 +90,7 @@ TEST_F(PermissionsTest, SighupReloadsKeepingSessionsAndABadFileChangesNothing) {
   EXPECT_EQ(names.locks(0).lock(), "admin/x");
   EXPECT_EQ(names.locks(1).token(), 0u);
   EXPECT_EQ(names.locks(1).session_id(), 0u);
-  wire::Request with_sessions = request::ListLocks(10);
-  with_sessions.mutable_list_locks()->set_include_sessions(true);
+  const wire::Request with_sessions = request::ListLocks({.limit = 10, .include_sessions = true});
   EXPECT_EQ(root.Call(with_sessions).code(), wire::PERMISSION_DENIED);
 
   // "inspect" shows them, and the sessions.

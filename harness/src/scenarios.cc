@@ -637,8 +637,7 @@ absl::Status NoisyNeighbour(Env& env, Outcome& out) {
     // Sends until lockd stops reading it, then never reads: lockd holds it back and closes it.
     auto conn = server::BlockingConnection::Connect(options);
     if (!conn.ok()) return;
-    wire::Request listing;
-    listing.mutable_list_locks()->set_start_after(std::string(1000, 'a'));
+    const wire::Request listing = req::ListLocks({.start_after = std::string(1000, 'a')});
     while (!stop && (*conn)->Send(listing).ok()) ++unread;
     while (!stop) absl::SleepFor(absl::Milliseconds(50));
   });
@@ -652,8 +651,7 @@ absl::Status NoisyNeighbour(Env& env, Outcome& out) {
     for (int t = 1; t <= 1000; ++t) {
       req::AddLock(ka, absl::StrCat("payout-", t % 50), static_cast<uint64_t>(t));
     }
-    wire::Request list;
-    list.mutable_list_locks()->set_limit(1);
+    const wire::Request list = req::ListLocks(1);
     for (int i = 0; !stop; ++i) {
       if (i % 50 == 0) {
         if (auto r = (*conn)->Call(ka); r.ok()) foreign += r->keep_alive().lock_codes_size();
@@ -695,9 +693,7 @@ absl::Status Stranger(Env& env, Outcome& out) {
     if (!conn.ok()) return;
     std::mt19937_64 guesses(env.seed);
     while (!stop) {
-      wire::Request list;
-      list.mutable_list_locks()->set_include_sessions(true);
-      auto listed = (*conn)->Call(list);
+      auto listed = (*conn)->Call(req::ListLocks({.include_sessions = true}));
       if (!listed.ok()) break;
       std::vector<wire::Request> attacks;
       for (const wire::LockInfo& l : listed->list().locks()) {
@@ -1006,8 +1002,7 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
           .server = absl::StrCat("127.0.0.1:", c.replica_port(old)), .timeout = absl::Seconds(2),
           .client_name = "resource", .tls = c.lockd_tls()});
       if (!conn.ok()) return conn.status();
-      wire::Request list;
-      list.mutable_list_locks()->set_prefix("hold/");
+      const wire::Request list = req::ListLocks({.prefix = "hold/"});
       std::optional<wire::LockInfo> held;
       for (int i = 0; i < 300 && !held.has_value(); ++i) {
         auto listed = (*conn)->Call(list);
@@ -1069,9 +1064,7 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
           .server = absl::StrCat("127.0.0.1:", c.replica_port(old)), .timeout = absl::Seconds(2),
           .client_name = "stranger", .tls = c.lockd_tls()});
       if (!conn.ok()) return conn.status();
-      wire::Request list;
-      list.mutable_list_locks()->set_include_sessions(true);
-      auto listed = (*conn)->Call(list);
+      auto listed = (*conn)->Call(req::ListLocks({.include_sessions = true}));
       if (!listed.ok()) return listed.status();
       int64_t tries = 0, resumed = 0;
       for (const wire::SessionInfo& s : listed->list().sessions()) {

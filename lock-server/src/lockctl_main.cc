@@ -74,14 +74,12 @@ absl::Status ForEachPage(BlockingConnection& conn, bool sessions,
   std::string after;
   uint64_t sessions_after = 0;
   for (bool locks_done = sessions;;) {
-    wire::Request r;
-    auto* q = r.mutable_list_locks();
-    q->set_prefix(absl::GetFlag(FLAGS_prefix));
-    q->set_start_after(after);
-    q->set_limit(protocol::kMaxListLimit);
-    q->set_skip_locks(locks_done);
-    q->set_include_sessions(sessions);
-    q->set_sessions_after(sessions_after);
+    const wire::Request r = req::ListLocks({.prefix = absl::GetFlag(FLAGS_prefix),
+                                            .start_after = after,
+                                            .limit = protocol::kMaxListLimit,
+                                            .include_sessions = sessions,
+                                            .skip_locks = locks_done,
+                                            .sessions_after = sessions_after});
     auto reply = conn.Call(r);
     if (!reply.ok()) return reply.status();
     if (reply->code() != wire::OK) return protocol::StatusFromCode(reply->code(), reply->message());

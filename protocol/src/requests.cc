@@ -98,6 +98,19 @@ wire::Request ListLocks(uint32_t limit) {
   return r;
 }
 
+wire::Request ListLocks(const ListQuery& query) {
+  wire::Request r;
+  auto* q = r.mutable_list_locks();
+  q->set_prefix(query.prefix);
+  q->set_start_after(query.start_after);
+  q->set_limit(query.limit);
+  q->set_include_sessions(query.include_sessions);
+  q->set_skip_locks(query.skip_locks);
+  q->set_sessions_after(query.sessions_after);
+  q->set_max_bytes(query.max_bytes);
+  return r;
+}
+
 wire::PoolOwnerRef Owner(uint64_t epoch, const std::string& key) {
   wire::PoolOwnerRef owner;
   owner.set_epoch(epoch);

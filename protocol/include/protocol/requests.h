@@ -34,6 +34,17 @@ wire::Request Validate(const std::string& lock, uint64_t token, uint64_t as_hold
 wire::Request WithdrawAcquire(uint64_t session, uint64_t acquire_request_id);
 wire::Request GetStats();
 wire::Request ListLocks(uint32_t limit);
+// A listing with options, each as wire.proto's ListLocks says (zero: the default).
+struct ListQuery {
+  std::string prefix;
+  std::string start_after;
+  uint32_t limit = 0;
+  bool include_sessions = false;
+  bool skip_locks = false;
+  uint64_t sessions_after = 0;
+  uint32_t max_bytes = 0;
+};
+wire::Request ListLocks(const ListQuery& query);
 
 // Admission pools (protocol version 2). A manager's owner reference is the epoch and key its
 // claim returned.
