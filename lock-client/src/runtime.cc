@@ -109,8 +109,9 @@ class Runtime {
             const std::string& client_name);
   // Called under the driver's lock: `driver` is on `conn` from now on. False if it closed.
   bool Attach(const std::shared_ptr<Conn>& conn, const std::shared_ptr<DriverImpl>& driver);
-  // `driver` no longer uses `conn`; with `retire`, no new driver joins it.
-  void Leave(const DriverImpl* driver, uint64_t conn, bool retire);
+  // `driver` no longer uses `conn`; with `retire`, no new driver joins it. True if it was the
+  // last: the connection closes (on the I/O thread).
+  bool Leave(const DriverImpl* driver, uint64_t conn, bool retire);
   std::shared_ptr<Conn> Find(uint64_t id) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = conns_.find(id);
@@ -221,7 +222,11 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
       std::lock_guard<std::mutex> lock(mu_);
       conn = std::move(attached_);
     }
-    if (conn != nullptr) Runtime::Get().Leave(this, conn->id, false);
+    // A connection this driver was the last on closes on the I/O thread; it is waited for
+    // below too, so that its TLS context is not let go of while the process exits.
+    std::weak_ptr<Conn> closing;
+    if (conn != nullptr && Runtime::Get().Leave(this, conn->id, false)) closing = conn;
+    conn.reset();
     // The I/O thread lets go of this driver before its Client is gone: what it had queued for
     // it (a tick, an arming) runs first, and a reply it was handing over meanwhile (which holds
     // the driver for that moment) is handed over by the next pass. So the driver is destroyed
@@ -232,14 +237,17 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
       asio::post(runtime.io(), [self = shared_from_this()] { self->timer_.cancel(); });
       return;
     }
-    do {
+    // Each pass runs after what the last one queued (a closed socket's cancelled reads, say);
+    // bounded, for a handler that would never let go.
+    for (int pass = 0; pass < 1000; ++pass) {
       auto passed = std::make_shared<Waiter>();
       asio::post(runtime.io(), [this, passed] {
         timer_.cancel();  // its handler holds the driver weakly
         passed->Wake();
       });
       passed->Wait();
-    } while (weak_from_this().use_count() > 1);  // the Client's own reference
+      if (weak_from_this().use_count() <= 1 && closing.expired()) break;  // the Client's own
+    }
   }
 
   // ---- from the runtime ----
@@ -514,12 +522,12 @@ bool Runtime::Attach(const std::shared_ptr<Conn>& conn,
   return true;
 }
 
-void Runtime::Leave(const DriverImpl* driver, uint64_t id, bool retire) {
+bool Runtime::Leave(const DriverImpl* driver, uint64_t id, bool retire) {
   std::shared_ptr<Conn> idle;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = conns_.find(id);
-    if (it == conns_.end()) return;
+    if (it == conns_.end()) return false;
     Conn& conn = *it->second;
     std::erase_if(conn.attached, [&](const std::weak_ptr<DriverImpl>& w) {
       auto d = w.lock();
@@ -539,6 +547,7 @@ void Runtime::Leave(const DriverImpl* driver, uint64_t id, bool retire) {
     }
     asio::post(io_, [idle] { CloseSocket(idle); });
   }
+  return idle != nullptr;
 }
 
 bool Runtime::Append(Write& write, const wire::Request& request,
