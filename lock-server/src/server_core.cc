@@ -506,7 +506,8 @@ void ServerCore::Impl::ScheduleFlush() {
       }
       return;
     }
-    lazy_flush_->Cancel();
+    // The grant path comes here every round: a timer that is not armed is left alone.
+    if (lazy_flush_->armed_for() != MonoTime::Max()) lazy_flush_->Cancel();
     log_->Flush();
   });
 }
