@@ -1,8 +1,10 @@
 // Issues 20 and 34: the client's fast path against a real lockd. A blocking call writes its
-// request on the caller's thread (with what other callers queued meanwhile) and the shared I/O
-// thread reads the reply; releaseWithNextRequest() holds its Release for the next request's
+// request on the caller's thread (with what other callers queued meanwhile) and reads the reply
+// itself if nobody else reads the connection, or the shared I/O thread reads it;
+// releaseWithNextRequest() holds its Release for the next request's
 // write. The cases are what could go wrong with that: a caller blocked reading when
-// lockd dies or the client closes, an idle connection lockd closed, callers on several threads
+// lockd dies or the client closes, a caller reading the replies of others, an idle connection
+// lockd closed, callers on several threads
 // sharing one connection, a Release that never goes out, a fenced-out one nobody waits for,
 // what waits to be written to a lockd that stops reading (then dies, or reads again), and a
 // process out of descriptors.
@@ -161,6 +163,48 @@ TEST_F(ClientFastPathTest, ACallerBlockedReadingHearsOfLockdsDeathAtOnce) {
   EXPECT_TRUE(Eventually([&] { return done.load(); }));
   waiter.join();
   EXPECT_EQ(waited.code(), absl::StatusCode::kUnavailable) << waited;
+}
+
+// A caller blocked in a long acquire reads the shared connection for its own reply (nobody
+// else read it when it sent): the replies to the other Clients on that connection arrive
+// first, and it hands each to its Client, a blocking caller or a callback, and reads on.
+TEST_F(ClientFastPathTest, ACallerReadingForItsOwnReplyHandsTheOthersTheirs) {
+  auto holder = NewClient();
+  auto held = holder->acquire("fast/lead/held", absl::Seconds(5));
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto waiting = NewClient();
+  absl::StatusOr<LockHandle> got = absl::UnknownError("not yet");
+  std::atomic<bool> done{false};
+  std::thread waiter([&] {
+    got = waiting->acquire("fast/lead/held", absl::Seconds(60));
+    done = true;
+  });
+  ASSERT_TRUE(Eventually([&] {
+    RawConnection admin = RawConnection::Tcp(lockd_.port());
+    admin.Hello();
+    return admin.Call(testing::request::GetStats()).stats().waiters() == 1;
+  }));
+  auto busy = NewClient();  // the same connection: same address and name
+  for (int i = 0; i < 200; ++i) {
+    auto lock = busy->acquire("fast/lead/busy", absl::Seconds(5));
+    ASSERT_TRUE(lock.ok()) << lock.status();
+    ASSERT_TRUE(busy->release(*lock).ok());
+  }
+  std::promise<absl::StatusOr<LockHandle>> called;
+  std::future<absl::StatusOr<LockHandle>> answer = called.get_future();
+  auto pending = busy->acquireAsync(
+      "fast/lead/async", absl::Seconds(5), absl::ZeroDuration(),
+      [&](absl::StatusOr<LockHandle> h) { called.set_value(std::move(h)); });
+  ASSERT_EQ(answer.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  absl::StatusOr<LockHandle> async_lock = answer.get();
+  ASSERT_TRUE(async_lock.ok()) << async_lock.status();
+  EXPECT_TRUE(busy->release(*async_lock).ok());
+  EXPECT_FALSE(done.load());
+  ASSERT_TRUE(holder->release(*held).ok());
+  EXPECT_TRUE(Eventually([&] { return done.load(); }));
+  waiter.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(waiting->release(*got).ok());
 }
 
 // A lockd that stops reading: the requests fill both sides' socket buffers, the rest waits in

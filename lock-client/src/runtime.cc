@@ -3,6 +3,9 @@
 #include "runtime.h"
 
 #include <linux/futex.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -12,6 +15,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -66,16 +70,32 @@ struct Conn {
   std::vector<std::pair<std::weak_ptr<DriverImpl>, size_t>> dialers;  // with their replica
   std::vector<std::weak_ptr<DriverImpl>> attached;
 
-  // ---- the write side, guarded by wmu ----
+  // ---- the write side and who reads, guarded by wmu ----
   std::mutex wmu;
   std::string out;       // frames not written yet
   bool writing = false;  // a thread (or the I/O thread's wait) is writing `out`
   bool closed = false;
   std::unordered_map<uint64_t, std::weak_ptr<DriverImpl>> routes;  // request id to its driver
+  // Who reads the socket: the I/O thread, a caller waiting for its own reply (plaintext only,
+  // see Runtime::Lead), or nobody (plaintext, nothing awaited). The holder owns `decoder` and
+  // `in`. Over TLS the I/O thread always reads.
+  enum class Reader { kNone, kIo, kCaller };
+  Reader reader = Reader::kNone;
+  bool close_after_lead = false;  // the socket was to close while a caller read it
+  bool write_blocked = false;     // plaintext: the socket is full; the I/O thread writes on
+  uint32_t events = 0;            // plaintext: what the runtime's epoll set watches it for
   // Held around send() and the socket's close, so that a send never reaches a descriptor
   // number that was closed and reused.
   std::mutex fd_mu;
-  int fd = -1;  // plaintext only; -1 once closed
+  int fd = -1;  // plaintext, once connected: the runtime's (not Asio's); -1 once closed
+  // Wakes the caller reading the socket when its call completed otherwise (plaintext; -1 if it
+  // could not be made: then callers never read).
+  int wake_fd = -1;
+
+  ~Conn() {
+    if (wake_fd >= 0) ::close(wake_fd);
+    if (fd >= 0) ::close(fd);
+  }
 
   // ---- the I/O thread's ----
   Socket socket;
@@ -83,6 +103,7 @@ struct Conn {
   std::unique_ptr<asio::ssl::stream<Socket&>> tls;
   asio::steady_timer timer;  // the dial's timeout
   asio::ip::tcp::resolver resolver;
+  // ---- the reader's (see `reader`) ----
   protocol::FrameDecoder decoder;
   std::array<char, 65536> in{};
   std::string tls_chunk;  // what a TLS write is writing
@@ -90,6 +111,40 @@ struct Conn {
 
   size_t Load() const { return attached.size() + dialers.size(); }
 };
+
+// A blocking call's wait for its completion. Its thread sleeps on one futex (no spinning:
+// libstdc++'s atomic::wait yields the processor in a loop first, a syscall each time), or, while
+// it reads its connection for its own reply (Runtime::Lead), in poll() with the connection's
+// wake_fd, which Wake() then writes.
+struct Waiter {
+  std::atomic<uint32_t> done{0};
+  Completion result;
+  const std::thread::id owner = std::this_thread::get_id();
+  std::mutex mu;
+  int polling = -1;  // guarded by mu: the wake_fd its thread polls, or -1
+
+  void Wait() {
+    while (done.load(std::memory_order_acquire) == 0) {
+      ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&done), FUTEX_WAIT_PRIVATE, 0, nullptr,
+                nullptr, 0);
+    }
+  }
+  void Wake() {
+    done.store(1, std::memory_order_release);
+    if (std::this_thread::get_id() == owner) return;  // completed by its own thread, awake
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (polling >= 0) {
+        const uint64_t one = 1;
+        (void)!::write(polling, &one, sizeof(one));
+        return;
+      }
+    }
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&done), FUTEX_WAKE_PRIVATE, 1, nullptr,
+              nullptr, 0);
+  }
+};
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
 
 class Runtime {
  public:
@@ -132,6 +187,14 @@ class Runtime {
                      const std::weak_ptr<DriverImpl>& driver, bool last);
   // Carries out `write`: writes what it claimed (with what others append meanwhile).
   void Flush(Write& write);
+  // After requests were appended to `conn`: if nobody reads it, the I/O thread starts to.
+  void EnsureReader(const std::shared_ptr<Conn>& conn);
+  // After a blocking caller's request was appended to `conn`: if nobody reads it, the caller
+  // reads it itself until `waiter` is done, handing every reply it reads to its driver as the
+  // I/O thread would, so that its own reply costs no hand-over between threads; then the I/O
+  // thread reads on if replies are still awaited. Returns at once if another thread reads.
+  // Plaintext only (TLS is the I/O thread's).
+  void Lead(const std::shared_ptr<Conn>& conn, Waiter& waiter);
 
  private:
   Runtime() : work_(asio::make_work_guard(io_)), thread_([this] { io_.run(); }) {
@@ -141,7 +204,6 @@ class Runtime {
 
   void StartDial(const std::shared_ptr<Conn>& conn, absl::Duration timeout);
   void Connected(const std::shared_ptr<Conn>& conn);
-  void Read(const std::shared_ptr<Conn>& conn);
   void Deliver(const std::shared_ptr<Conn>& conn);
   void HelloAnswered(const std::shared_ptr<Conn>& conn, const wire::Response& reply);
   void WritePlain(const std::shared_ptr<Conn>& conn, std::string chunk = "");
@@ -150,8 +212,23 @@ class Runtime {
   // that it is gone.
   void Fail(const std::shared_ptr<Conn>& conn, const absl::Status& status,
             const std::string& leader = "");
-  // Closes the socket (I/O thread).
-  static void CloseSocket(const std::shared_ptr<Conn>& conn);
+  // TLS: the I/O thread reads `conn` on and on.
+  void Read(const std::shared_ptr<Conn>& conn);
+  // Plaintext connections are read from the runtime's own epoll set, not Asio's, which would
+  // wake the I/O thread for every reply that arrives, the ones callers read themselves too.
+  // Each socket is in it edge-triggered, for EPOLLIN only while the I/O thread is its reader
+  // and EPOLLOUT only while its writing is blocked; always for EPOLLRDHUP, so that lockd
+  // closing a connection nobody reads is noticed at once. Asio waits on the set's descriptor.
+  absl::Status Register(const std::shared_ptr<Conn>& conn);
+  // Brings the set's watch of `conn` in line with its state (its wmu held).
+  void Rearm(Conn& conn);
+  void WatchSet();  // I/O thread
+  void OnEvents(const std::shared_ptr<Conn>& conn, uint32_t events);  // I/O thread
+  // The I/O thread reads `conn` dry (its reader), then hands the replies over.
+  void ReadPlain(const std::shared_ptr<Conn>& conn);
+  // Closes the socket, on the I/O thread; while a caller reads it, shuts it down instead and
+  // leaves the closing to the end of that caller's reading.
+  void CloseSocket(const std::shared_ptr<Conn>& conn);
 
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
@@ -161,6 +238,9 @@ class Runtime {
   uint64_t next_conn_ = 0;
   std::thread thread_;
   std::thread::id thread_id_;
+  // ---- the I/O thread's ----
+  std::unique_ptr<asio::posix::stream_descriptor> set_;  // the epoll set; null until made
+  std::unordered_map<uint64_t, std::weak_ptr<Conn>> registered_;  // in the set, by id
 };
 
 // ---- a driver ----
@@ -184,11 +264,15 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
 
   Completion Run(const Call& call) override {
     auto waiter = std::make_shared<Waiter>();
-    if (!Process([&](ClientCore& core, MonoTime now) {
-          handlers_[call(core, now)] = Handler{.waiter = waiter};
-        })) {
+    std::shared_ptr<Conn> lead;
+    if (!Process(
+            [&](ClientCore& core, MonoTime now) {
+              handlers_[call(core, now)] = Handler{.waiter = waiter};
+            },
+            &lead)) {
       return Completion{.status = absl::CancelledError("the client was destroyed")};
     }
+    if (lead != nullptr) Runtime::Get().Lead(lead, *waiter);
     waiter->Wait();
     return std::move(waiter->result);
   }
@@ -299,24 +383,6 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
   }
 
  private:
-  // A blocking call's wait for its completion: one futex, no spinning (libstdc++'s
-  // atomic::wait yields the processor in a loop first, a syscall each time).
-  struct Waiter {
-    std::atomic<uint32_t> done{0};
-    Completion result;
-    void Wait() {
-      while (done.load(std::memory_order_acquire) == 0) {
-        ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&done), FUTEX_WAIT_PRIVATE, 0, nullptr,
-                  nullptr, 0);
-      }
-    }
-    void Wake() {
-      done.store(1, std::memory_order_release);
-      ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&done), FUTEX_WAKE_PRIVATE, 1, nullptr,
-                nullptr, 0);
-    }
-  };
-  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
   struct Handler {
     std::shared_ptr<Waiter> waiter;
     Done done;
@@ -338,9 +404,10 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
   }
 
   // Runs `f` on the core under the lock with the clock's now, then carries out the actions.
-  // False (nothing run) once shut down.
+  // False (nothing run) once shut down. With `lead` (a blocking call), the one plaintext
+  // connection its requests went to, if so, is left for the caller to read (Runtime::Lead).
   template <typename F>
-  bool Process(F&& f) {
+  bool Process(F&& f, std::shared_ptr<Conn>* lead = nullptr) {
     Batch batch;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -349,7 +416,7 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
       Collect(batch);
       ++carrying_;
     }
-    Carry(batch);
+    Carry(batch, lead);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (--carrying_ == 0) carried_.notify_all();
@@ -396,9 +463,18 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
     }
   }
 
-  void Carry(Batch& batch) {
+  void Carry(Batch& batch, std::shared_ptr<Conn>* lead) {
     Runtime& runtime = Runtime::Get();
     for (Runtime::Write& write : batch.flush) runtime.Flush(write);
+    for (Runtime::Write& write : batch.flush) {
+      if (write.conn == nullptr) continue;
+      if (lead != nullptr && batch.flush.size() == 1 && write.conn->tls_context == nullptr &&
+          !runtime.OnItsThread()) {
+        *lead = write.conn;
+      } else {
+        runtime.EnsureReader(write.conn);
+      }
+    }
     for (auto [conn, retire] : batch.leave) runtime.Leave(this, conn, retire);
     for (auto& [handler, completion] : batch.done) {
       if (handler.waiter != nullptr) {
@@ -545,7 +621,7 @@ bool Runtime::Leave(const DriverImpl* driver, uint64_t id, bool retire) {
       std::lock_guard<std::mutex> lock(idle->wmu);
       idle->closed = true;
     }
-    asio::post(io_, [idle] { CloseSocket(idle); });
+    asio::post(io_, [this, idle] { CloseSocket(idle); });
   }
   return idle != nullptr;
 }
@@ -561,7 +637,8 @@ bool Runtime::Append(Write& write, const wire::Request& request,
   protocol::WriteFrameHeader(static_cast<uint32_t>(size), conn.out.data() + at);
   request.SerializeWithCachedSizesToArray(
       reinterpret_cast<uint8_t*>(conn.out.data() + at + protocol::kFrameHeaderBytes));
-  conn.routes[request.request_id()] = driver;
+  // Hello's answer is the I/O thread's own (no driver): nobody else awaits it.
+  if (!driver.expired()) conn.routes[request.request_id()] = driver;
   if (conn.out.size() > kMaxUnwritten) {
     write.overflow = true;
     conn.writing = true;  // for good: the connection ends
@@ -635,18 +712,11 @@ void Runtime::WritePlain(const std::shared_ptr<Conn>& conn, std::string chunk) {
       continue;
     }
     if (error == EAGAIN || error == EWOULDBLOCK) {
-      {
-        std::lock_guard<std::mutex> lock(conn->wmu);
-        conn->out.insert(0, chunk, sent);
-      }
-      asio::post(io_, [this, conn] {
-        if (conn->socket.is_open()) {
-          conn->socket.async_wait(Socket::wait_write, [this, conn](boost::system::error_code ec) {
-            if (!ec) WritePlain(conn, "");
-          });
-        }
-      });
-      return;  // `writing` stays claimed: the I/O thread goes on
+      std::lock_guard<std::mutex> lock(conn->wmu);
+      conn->out.insert(0, chunk, sent);
+      conn->write_blocked = true;
+      Rearm(*conn);
+      return;  // `writing` stays claimed: the I/O thread goes on once it can write
     }
     asio::post(io_, [this, conn, error] {
       Fail(conn, absl::UnavailableError(absl::StrCat("writing to lockd at ", conn->address,
@@ -730,14 +800,18 @@ void Runtime::Connected(const std::shared_ptr<Conn>& conn) {
     Write write{.conn = conn};
     Append(write, request, {}, true);
     Flush(write);
-    Read(conn);
+    if (conn->tls != nullptr) Read(conn);
   };
   if (conn->tls_context == nullptr) {
-    {
-      std::lock_guard<std::mutex> lock(conn->fd_mu);
-      conn->fd = conn->socket.native_handle();
+    if (absl::Status s = Register(conn); !s.ok()) {
+      return Fail(conn, absl::UnavailableError(absl::StrCat("cannot connect to lockd at ",
+                                                            conn->address, ": ", s.message())));
     }
     return hello();
+  }
+  {
+    std::lock_guard<std::mutex> lock(conn->wmu);
+    conn->reader = Conn::Reader::kIo;
   }
   SSL_CTX_up_ref(conn->tls_context->native());  // Asio's context holds a reference of its own
   conn->ssl_context.emplace(conn->tls_context->native());
@@ -760,7 +834,8 @@ void Runtime::Connected(const std::shared_ptr<Conn>& conn) {
 }
 
 void Runtime::Read(const std::shared_ptr<Conn>& conn) {
-  auto handler = [this, conn](boost::system::error_code ec, size_t n) {
+  conn->tls->async_read_some(asio::buffer(conn->in), [this, conn](boost::system::error_code ec,
+                                                                  size_t n) {
     if (ec) {
       return Fail(conn, absl::UnavailableError(absl::StrCat(
                             "the connection to lockd at ", conn->address, " ended: ",
@@ -769,12 +844,133 @@ void Runtime::Read(const std::shared_ptr<Conn>& conn) {
     conn->decoder.Feed(std::string_view(conn->in.data(), n));
     Deliver(conn);
     if (conn->socket.is_open()) Read(conn);
-  };
-  if (conn->tls != nullptr) {
-    conn->tls->async_read_some(asio::buffer(conn->in), handler);
-  } else {
-    conn->socket.async_read_some(asio::buffer(conn->in), handler);
+  });
+}
+
+absl::Status Runtime::Register(const std::shared_ptr<Conn>& conn) {
+  if (set_ == nullptr) {
+    // Made on the first plaintext connection (again after a failure: descriptors run out).
+    const int fd = ::epoll_create1(EPOLL_CLOEXEC);
+    if (fd < 0) {
+      return absl::UnavailableError(absl::StrCat("cannot make the client's epoll set: ",
+                                                 std::strerror(errno),
+                                                 errno == EMFILE ? " (out of file descriptors)" : ""));
+    }
+    set_ = std::make_unique<asio::posix::stream_descriptor>(io_, fd);
+    WatchSet();
   }
+  // Asio lets go of the socket (and takes it out of its own epoll); the runtime owns it now.
+  boost::system::error_code ec;
+  const int fd = conn->socket.release(ec);
+  if (ec) return absl::UnavailableError(ec.message());
+  std::lock_guard<std::mutex> lock(conn->wmu);
+  {
+    std::lock_guard<std::mutex> fd_lock(conn->fd_mu);
+    conn->fd = fd;
+  }
+  conn->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);  // -1: callers never read it
+  conn->reader = Conn::Reader::kIo;                         // Hello's answer
+  conn->events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+  epoll_event e{.events = conn->events, .data = {.u64 = conn->id}};
+  if (::epoll_ctl(set_->native_handle(), EPOLL_CTL_ADD, fd, &e) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot watch the connection: ", std::strerror(errno)));
+  }
+  registered_[conn->id] = conn;
+  return absl::OkStatus();
+}
+
+void Runtime::Rearm(Conn& conn) {
+  const uint32_t events = EPOLLRDHUP | EPOLLET |
+                          (conn.reader == Conn::Reader::kIo ? EPOLLIN : 0u) |
+                          (conn.write_blocked ? EPOLLOUT : 0u);
+  if (events == conn.events || conn.fd < 0 || conn.closed) return;
+  conn.events = events;
+  // A socket already readable (or writable) gives an event at once.
+  epoll_event e{.events = events, .data = {.u64 = conn.id}};
+  if (::epoll_ctl(set_->native_handle(), EPOLL_CTL_MOD, conn.fd, &e) != 0) {
+    asio::post(io_, [this, id = conn.id, error = errno] {
+      if (std::shared_ptr<Conn> failed = Find(id)) {
+        Fail(failed, absl::UnavailableError(absl::StrCat(
+                         "cannot watch the connection to lockd at ", failed->address, ": ",
+                         std::strerror(error))));
+      }
+    });
+  }
+}
+
+void Runtime::WatchSet() {
+  set_->async_wait(asio::posix::stream_descriptor::wait_read,
+                   [this](boost::system::error_code ec) {
+                     if (ec) return;
+                     constexpr int kBatch = 64;
+                     epoll_event events[kBatch];
+                     for (;;) {
+                       const int n = ::epoll_wait(set_->native_handle(), events, kBatch, 0);
+                       if (n < 0 && errno == EINTR) continue;
+                       for (int i = 0; i < n; ++i) {
+                         auto it = registered_.find(events[i].data.u64);
+                         if (it == registered_.end()) continue;
+                         if (auto conn = it->second.lock()) OnEvents(conn, events[i].events);
+                       }
+                       if (n < kBatch) break;
+                     }
+                     WatchSet();
+                   });
+}
+
+void Runtime::OnEvents(const std::shared_ptr<Conn>& conn, uint32_t events) {
+  if ((events & EPOLLOUT) != 0) {
+    bool write = false;
+    {
+      std::lock_guard<std::mutex> lock(conn->wmu);
+      write = std::exchange(conn->write_blocked, false);
+      Rearm(*conn);
+    }
+    if (write) WritePlain(conn, "");
+  }
+  if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0) return;
+  {
+    std::lock_guard<std::mutex> lock(conn->wmu);
+    // A caller reading it sees for itself; nobody reading it: lockd closed it (or wrote what
+    // nobody awaits), which the read finds out.
+    if (conn->closed || conn->reader == Conn::Reader::kCaller) return;
+    conn->reader = Conn::Reader::kIo;
+  }
+  ReadPlain(conn);
+}
+
+void Runtime::ReadPlain(const std::shared_ptr<Conn>& conn) {
+  int fd = -1;
+  {
+    std::lock_guard<std::mutex> lock(conn->wmu);
+    if (conn->closed) return;
+    fd = conn->fd;
+  }
+  // Edge-triggered: until a read finds less than it asked for (then nothing is left).
+  for (;;) {
+    const ssize_t n = ::recv(fd, conn->in.data(), conn->in.size(), MSG_DONTWAIT);
+    if (n > 0) {
+      conn->decoder.Feed(std::string_view(conn->in.data(), static_cast<size_t>(n)));
+      if (static_cast<size_t>(n) < conn->in.size()) break;
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      break;
+    } else {
+      Deliver(conn);  // what came before the end
+      return Fail(conn, absl::UnavailableError(absl::StrCat(
+                            "the connection to lockd at ", conn->address, " ended: ",
+                            n == 0 ? "closed by lockd" : std::strerror(errno))));
+    }
+  }
+  Deliver(conn);
+  // Reads on while a reply is awaited; else nobody reads until a request is sent again, so
+  // that its caller may read its reply itself.
+  std::lock_guard<std::mutex> lock(conn->wmu);
+  if (conn->closed || conn->reader != Conn::Reader::kIo) return;
+  if (conn->hello_id == 0 && conn->routes.empty()) conn->reader = Conn::Reader::kNone;
+  Rearm(*conn);
 }
 
 void Runtime::Deliver(const std::shared_ptr<Conn>& conn) {
@@ -799,7 +995,8 @@ void Runtime::Deliver(const std::shared_ptr<Conn>& conn) {
         (response.request_id() == conn->hello_id || response.request_id() == 0)) {
       conn->hello_id = 0;
       HelloAnswered(conn, response);
-      if (!conn->socket.is_open()) return;
+      std::lock_guard<std::mutex> lock(conn->wmu);
+      if (conn->closed) return;
       continue;
     }
     responses.push_back(std::move(response));
@@ -896,13 +1093,99 @@ void Runtime::Fail(const std::shared_ptr<Conn>& conn, const absl::Status& status
 }
 
 void Runtime::CloseSocket(const std::shared_ptr<Conn>& conn) {
+  if (!OnItsThread()) {
+    asio::post(io_, [this, conn] { CloseSocket(conn); });
+    return;
+  }
   boost::system::error_code ec;
   conn->timer.cancel();
   conn->resolver.cancel();
-  std::lock_guard<std::mutex> lock(conn->fd_mu);
-  conn->fd = -1;
-  conn->socket.close(ec);
+  std::lock_guard<std::mutex> lock(conn->wmu);
+  std::lock_guard<std::mutex> fd_lock(conn->fd_mu);
+  if (conn->reader == Conn::Reader::kCaller) {
+    // Its poll() wakes; the descriptor stays its until it stops reading (see Lead).
+    conn->close_after_lead = true;
+    if (conn->fd >= 0) ::shutdown(conn->fd, SHUT_RDWR);
+    return;
+  }
+  if (conn->fd >= 0) {
+    ::epoll_ctl(set_->native_handle(), EPOLL_CTL_DEL, conn->fd, nullptr);
+    ::close(conn->fd);
+    conn->fd = -1;
+    registered_.erase(conn->id);
+  }
+  conn->socket.close(ec);  // a socket still Asio's (dialing, or TLS)
 }
+
+void Runtime::EnsureReader(const std::shared_ptr<Conn>& conn) {
+  std::lock_guard<std::mutex> lock(conn->wmu);
+  if (conn->closed || conn->reader != Conn::Reader::kNone || conn->routes.empty()) return;
+  conn->reader = Conn::Reader::kIo;
+  Rearm(*conn);
+}
+
+void Runtime::Lead(const std::shared_ptr<Conn>& conn, Waiter& waiter) {
+  int fd = -1;
+  {
+    std::lock_guard<std::mutex> lock(conn->wmu);
+    if (conn->closed || conn->reader != Conn::Reader::kNone) return;
+    if (waiter.done.load(std::memory_order_acquire) != 0 || conn->wake_fd < 0) {
+      if (!conn->routes.empty()) {
+        conn->reader = Conn::Reader::kIo;
+        Rearm(*conn);
+      }
+      return;
+    }
+    conn->reader = Conn::Reader::kCaller;
+    std::lock_guard<std::mutex> fd_lock(conn->fd_mu);
+    fd = conn->fd;
+  }
+  {
+    std::lock_guard<std::mutex> lock(waiter.mu);
+    waiter.polling = conn->wake_fd;
+  }
+  while (fd >= 0 && waiter.done.load(std::memory_order_acquire) == 0) {
+    {
+      std::lock_guard<std::mutex> lock(conn->wmu);
+      if (conn->closed) break;
+    }
+    pollfd fds[2] = {{.fd = fd, .events = POLLIN, .revents = 0},
+                     {.fd = conn->wake_fd, .events = POLLIN, .revents = 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;  // the I/O thread reads on
+    }
+    if (fds[1].revents != 0) {
+      uint64_t count;
+      (void)!::read(conn->wake_fd, &count, sizeof(count));
+    }
+    if (fds[0].revents == 0) continue;
+    const ssize_t n = ::recv(fd, conn->in.data(), conn->in.size(), MSG_DONTWAIT);
+    if (n > 0) {
+      conn->decoder.Feed(std::string_view(conn->in.data(), static_cast<size_t>(n)));
+      Deliver(conn);
+    } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      Fail(conn, absl::UnavailableError(absl::StrCat(
+                     "the connection to lockd at ", conn->address, " ended: ",
+                     n == 0 ? "closed by lockd" : std::strerror(errno))));
+      break;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(waiter.mu);
+    waiter.polling = -1;
+  }
+  bool close = false;
+  {
+    std::lock_guard<std::mutex> lock(conn->wmu);
+    close = std::exchange(conn->close_after_lead, false);
+    conn->reader = !close && !conn->closed && !conn->routes.empty() ? Conn::Reader::kIo
+                                                                     : Conn::Reader::kNone;
+    Rearm(*conn);
+  }
+  if (close) CloseSocket(conn);
+}
+
 
 }  // namespace
 

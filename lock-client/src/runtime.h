@@ -8,10 +8,14 @@
 // and appended to their connection's write buffer under the Driver's mutex, so that one core's
 // requests reach lockd in the order it emitted them; then the thread that appended writes the
 // buffer with one send() unless another thread is writing it already, in which case that one
-// takes them along: concurrent callers' requests leave in one write. The I/O thread reads
-// every connection, hands each reply to the Driver whose request it answers (request ids are
-// unique in the process), and wakes the caller waiting for it: a blocking call costs one
-// wake-up for its reply. Over TLS the I/O thread does the writing too.
+// takes them along: concurrent callers' requests leave in one write. Replies are read by one
+// reader at a time per connection: a blocking caller whose request went out while nobody read
+// reads the connection itself until its own reply comes (no hand-over between threads);
+// otherwise the I/O thread reads. Whoever reads hands each reply to the Driver whose request
+// it answers (request ids are unique in the process) and wakes the caller waiting for it. The
+// I/O thread watches plaintext sockets in an epoll set of its own, for data only while it is
+// their reader (Asio's reactor would wake it for every reply), and always for lockd closing
+// them. Over TLS the I/O thread does all reading and writing.
 //
 // Timers: each Driver keeps one timer for its core's NextWakeup(), sleeping at most 500 ms at
 // a time (the monotonic clock stops in a suspend; the leases' clock does not). Timers only
