@@ -322,7 +322,10 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
       return;
     }
     // Each pass runs after what the last one queued (a closed socket's cancelled reads, say);
-    // bounded, for a handler that would never let go.
+    // bounded, for a handler that would never let go. An expired `closing` says only that the
+    // connection's destruction began (on the I/O thread, freeing its TLS stream and context):
+    // one more pass runs after the handler that destroys it has returned.
+    bool let_go = false;
     for (int pass = 0; pass < 1000; ++pass) {
       auto passed = std::make_shared<Waiter>();
       asio::post(runtime.io(), [this, passed] {
@@ -330,7 +333,8 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
         passed->Wake();
       });
       passed->Wait();
-      if (weak_from_this().use_count() <= 1 && closing.expired()) break;  // the Client's own
+      if (let_go) break;
+      let_go = weak_from_this().use_count() <= 1 && closing.expired();  // the Client's own
     }
   }
 
