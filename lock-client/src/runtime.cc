@@ -74,6 +74,10 @@ struct Conn {
   std::mutex wmu;
   std::string out;       // frames not written yet
   bool writing = false;  // a thread (or the I/O thread's wait) is writing `out`
+  // Plaintext: the I/O thread is handing over the replies of one read. What is appended
+  // meanwhile (the next requests of the callers it wakes) waits for the end of that pass and
+  // leaves in one write with the rest, instead of a send() each.
+  bool delivering = false;
   bool closed = false;
   std::unordered_map<uint64_t, std::weak_ptr<DriverImpl>> routes;  // request id to its driver
   // Who reads the socket: the I/O thread, a caller waiting for its own reply (plaintext only,
@@ -648,7 +652,7 @@ bool Runtime::Append(Write& write, const wire::Request& request,
     conn.writing = true;  // for good: the connection ends
     return true;
   }
-  if (last && !conn.writing) {
+  if (last && !conn.writing && !conn.delivering) {
     conn.writing = true;
     write.claimed = true;
     if (conn.tls_context == nullptr) {
@@ -968,13 +972,29 @@ void Runtime::ReadPlain(const std::shared_ptr<Conn>& conn) {
                             n == 0 ? "closed by lockd" : std::strerror(errno))));
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(conn->wmu);
+    conn->delivering = !conn->closed;
+  }
   Deliver(conn);
-  // Reads on while a reply is awaited; else nobody reads until a request is sent again, so
-  // that its caller may read its reply itself.
-  std::lock_guard<std::mutex> lock(conn->wmu);
-  if (conn->closed || conn->reader != Conn::Reader::kIo) return;
-  if (conn->hello_id == 0 && conn->routes.empty()) conn->reader = Conn::Reader::kNone;
-  Rearm(*conn);
+  std::string chunk;
+  {
+    // Reads on while a reply is awaited; else nobody reads until a request is sent again, so
+    // that its caller may read its reply itself.
+    std::lock_guard<std::mutex> lock(conn->wmu);
+    conn->delivering = false;
+    if (conn->closed) return;
+    if (!conn->writing && !conn->out.empty()) {
+      conn->writing = true;
+      chunk.swap(conn->out);
+    }
+    if (conn->reader == Conn::Reader::kIo) {
+      if (conn->hello_id == 0 && conn->routes.empty()) conn->reader = Conn::Reader::kNone;
+      Rearm(*conn);
+    }
+  }
+  // What the woken callers appended meanwhile.
+  if (!chunk.empty()) WritePlain(conn, std::move(chunk));
 }
 
 void Runtime::Deliver(const std::shared_ptr<Conn>& conn) {

@@ -8,7 +8,9 @@
 // and appended to their connection's write buffer under the Driver's mutex, so that one core's
 // requests reach lockd in the order it emitted them; then the thread that appended writes the
 // buffer with one send() unless another thread is writing it already, in which case that one
-// takes them along: concurrent callers' requests leave in one write. Replies are read by one
+// takes them along: concurrent callers' requests leave in one write. While the I/O thread hands
+// over the replies of one read, what the callers it wakes append waits for the end of that
+// pass and leaves in one write of the I/O thread's. Replies are read by one
 // reader at a time per connection: a blocking caller whose request went out while nobody read
 // reads the connection itself until its own reply comes (no hand-over between threads);
 // otherwise the I/O thread reads. Whoever reads hands each reply to the Driver whose request
