@@ -10,7 +10,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set_target_properties(lock_client lock_client_core clock metrics protocol net_tls logging fence
+set_target_properties(lock_client lock_client_core lockd_blocking clock metrics protocol net_tls logging fence
                       PROPERTIES POSITION_INDEPENDENT_CODE ON)
 
 set(FENCELOCK_INSTALL_INCLUDEDIR ${CMAKE_INSTALL_INCLUDEDIR}/fencelock)

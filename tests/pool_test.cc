@@ -36,8 +36,10 @@ using testing::RawConnection;
 
 class InProcessLockd {
  public:
-  InProcessLockd(const std::string& dir, Env* env) {
+  InProcessLockd(const std::string& dir, Env* env,
+                 absl::Duration idle_timeout = absl::Seconds(60)) {
     server::ServerOptions options;
+    options.idle_timeout = idle_timeout;
     options.data_dir = dir;
     options.env = env;
     options.tcp_port = 0;
@@ -114,6 +116,38 @@ TEST(PoolFaultTest, ADiskFaultBlocksAdmissionKeepsLeasesAndRestartRestoresThem) 
   auto g = c->acquire("p", "a", "s2", owner, absl::Seconds(30));
   ASSERT_TRUE(g.ok() && g->granted) << g.status();
   EXPECT_GT(g->token, active);
+}
+
+// lockd closes a manager's idle connection (here after 200 ms): the next call notices before
+// sending anything and goes out on a new connection, as if nothing had happened.
+TEST(PoolConnectionTest, ACallAfterLockdClosedTheIdleConnectionGoesOutOnANewOne) {
+  testing::TempDir tmp;
+  const std::string dir = tmp.path() + "/state";
+  ASSERT_TRUE(server::InitDataDir(Env::Posix(), dir, 1 << 20).ok());
+  InProcessLockd lockd(dir, Env::Posix(), absl::Milliseconds(200));
+  auto c = Client(lockd.address());
+  ASSERT_TRUE(c->publish("p", 1, 4, {{.id = "a"}}).ok());
+  absl::SleepFor(absl::Seconds(1));
+  auto claimed = c->claim("p", "a", 1);
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  auto view = c->status("p");
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->profiles.size(), 1u);
+}
+
+// A replica list whose first entry refuses connections: the call is made on the next one, and
+// an address that cannot be parsed is refused by Create, naming it.
+TEST(PoolConnectionTest, AReplicaListIsTriedInTurnAndABadOneIsRefusedAtCreate) {
+  testing::TempDir tmp;
+  const std::string dir = tmp.path() + "/state";
+  ASSERT_TRUE(server::InitDataDir(Env::Posix(), dir, 1 << 20).ok());
+  InProcessLockd lockd(dir, Env::Posix());
+  auto c = Client("unix:" + tmp.path() + "/nobody.sock," + lockd.address());
+  auto view = c->status("p");
+  EXPECT_EQ(view.status().code(), absl::StatusCode::kNotFound) << view.status();
+  auto bad = PoolClient::Create({.server = "127.0.0.1:99999"});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("99999"));
 }
 
 class PoolProtocolTest : public ::testing::Test {

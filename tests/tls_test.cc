@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lock-client/client.h"
+#include "lock-client/pool_client.h"
 #include "lockd_process.h"
 #include "net/tls.h"
 #include "process/process.h"
@@ -174,6 +175,17 @@ TEST_F(TlsTest, AClientWithACertificateFromTheCaIsServedUnderItsName) {
                    " --tls-ca=", admin.ca_file, " --tls-cert=", admin.cert_file,
                    " --tls-key=", admin.key_file, " status > ", out));
   EXPECT_THAT(testing::ReadTextFile(out), HasSubstr("health"));
+
+  // The pool client over TLS: lockd knows it by its certificate (and admin-1 may not list
+  // pools).
+  auto pools = PoolClient::Create({.server = absl::StrCat("127.0.0.1:", lockd_->port()),
+                                   .tls_ca_file = admin.ca_file,
+                                   .tls_cert_file = admin.cert_file,
+                                   .tls_key_file = admin.key_file});
+  ASSERT_TRUE(pools.ok()) << pools.status();
+  auto view = (*pools)->status("nosuchpool");
+  EXPECT_TRUE(absl::IsPermissionDenied(view.status())) << view.status();
+  EXPECT_THAT(view.status().message(), HasSubstr("cn:admin-1 may not see pool nosuchpool"));
 }
 
 TEST_F(TlsTest, NoCertificateAnUnknownCaAndAnExpiredCertificateAreRefusedAtTheHandshake) {

@@ -1,5 +1,8 @@
 #include "lock-client/pool_client.h"
 
+#include <poll.h>
+
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -7,18 +10,19 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "channel.h"
-#include "clock/clock.h"
 #include "fencelock/wire.pb.h"
+#include "lock-server/blocking_connection.h"
+#include "net/tls.h"
+#include "protocol/address.h"
 #include "protocol/codes.h"
 #include "protocol/requests.h"
-#include "protocol/version.h"
 
 namespace fencelock {
 namespace {
 
-using client_internal::Channel;
+using server::BlockingConnection;
 namespace req = protocol::request;
 
 absl::Duration FromMillis(uint64_t ms) {
@@ -66,10 +70,9 @@ PoolView ViewOf(const wire::PoolStatusReply& r) {
 
 class PoolClientImpl final : public PoolClient {
  public:
-  PoolClientImpl(const PoolClientOptions& options, std::shared_ptr<net::TlsContext> tls)
-      : options_(options), channel_(Channel::Create(Clock::Real(), std::move(tls),
-                                                    options.tls_server_name)) {}
-  ~PoolClientImpl() override { channel_->Close(); }
+  PoolClientImpl(const PoolClientOptions& options, std::vector<protocol::Address> replicas,
+                 std::shared_ptr<net::TlsContext> tls)
+      : options_(options), replicas_(std::move(replicas)), tls_(std::move(tls)) {}
 
   absl::StatusOr<uint64_t> publish(const std::string& pool, uint64_t generation, uint64_t budget,
                                    const std::vector<PoolProfileDef>& profiles) override {
@@ -164,22 +167,70 @@ class PoolClientImpl final : public PoolClient {
   // The reply when its code is OK; otherwise the code as a status with lockd's message.
   absl::StatusOr<wire::Response> Call(wire::Request request) {
     absl::MutexLock lock(&mu_);
-    if (!channel_->connected()) {
-      if (absl::Status s = channel_->Connect(options_.server, options_.client_name, options_.timeout);
-          !s.ok()) {
+    if (conn_ != nullptr && Ended(*conn_)) conn_.reset();
+    if (conn_ == nullptr) {
+      auto connected = Connect();
+      if (!connected.ok()) return connected.status();
+      conn_ = std::move(*connected);
+    }
+    auto reply = conn_->Call(std::move(request));
+    if (!reply.ok()) {
+      // Broken, or a reply that may still come: the next call starts on a new connection.
+      conn_.reset();
+      return reply.status();
+    }
+    if (reply->code() != wire::OK) return protocol::StatusFromCode(reply->code(), reply->message());
+    return reply;
+  }
+
+  // Whether lockd ended the idle connection (it restarted, failed over, or timed it out: it
+  // says why, then closes it), so that no request is sent on it that could only fail. Between
+  // calls nothing is awaited on it: anything to read is such an end.
+  static bool Ended(const BlockingConnection& conn) {
+    pollfd p{.fd = conn.fd(), .events = POLLIN | POLLRDHUP, .revents = 0};
+    return ::poll(&p, 1, 0) != 0;
+  }
+
+  // mu_ held. The replica that answered last first, then the others in order, each with the
+  // whole timeout (a standby or a replica that is down refuses at once). A standby that names
+  // the serving replica sends the next try there, if it is in the list.
+  absl::StatusOr<std::unique_ptr<BlockingConnection>> Connect() {
+    std::vector<size_t> order;
+    for (size_t n = 0; n < replicas_.size(); ++n) order.push_back((preferred_ + n) % replicas_.size());
+    std::vector<std::string> failures;
+    for (size_t n = 0; n < order.size(); ++n) {
+      const size_t i = order[n];
+      auto connected = BlockingConnection::Connect({.server = replicas_[i].text,
+                                                    .timeout = options_.timeout,
+                                                    .client_name = options_.client_name,
+                                                    .tls = tls_,
+                                                    .tls_server_name = options_.tls_server_name});
+      if (connected.ok()) {
+        preferred_ = i;
+        return connected;
+      }
+      const absl::Status& s = connected.status();
+      if (replicas_.size() == 1 || absl::IsInvalidArgument(s) || absl::IsFailedPrecondition(s)) {
         return s;
       }
+      failures.push_back(std::string(s.message()));
+      if (auto leader = s.GetPayload(server::kStandbyLeaderPayload); leader.has_value()) {
+        const std::string serving(leader->Flatten());
+        auto named = std::find_if(order.begin() + static_cast<std::ptrdiff_t>(n) + 1, order.end(),
+                                  [&](size_t j) { return replicas_[j].text == serving; });
+        if (named != order.end()) std::rotate(order.begin() + static_cast<std::ptrdiff_t>(n) + 1, named, named + 1);
+      }
     }
-    auto reply = channel_->Call(std::move(request), options_.timeout);
-    if (!reply.ok()) return reply.status();
-    const wire::Response& r = reply->response;
-    if (r.code() != wire::OK) return protocol::StatusFromCode(r.code(), r.message());
-    return r;
+    return absl::UnavailableError(
+        absl::StrCat("no lockd replica answered: ", absl::StrJoin(failures, "; ")));
   }
 
   const PoolClientOptions options_;
+  const std::vector<protocol::Address> replicas_;
+  const std::shared_ptr<net::TlsContext> tls_;
   absl::Mutex mu_;  // one call at a time: a reconnect is not raced
-  std::unique_ptr<Channel> channel_;
+  std::unique_ptr<BlockingConnection> conn_ ABSL_GUARDED_BY(mu_);
+  size_t preferred_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace
@@ -234,6 +285,8 @@ absl::StatusOr<std::unique_ptr<PoolClient>> PoolClient::Create(const PoolClientO
                                                    absl::FormatDuration(options.timeout),
                                                    " must be positive and at most 1h"));
   }
+  auto replicas = protocol::ParseAddressList(options.server);
+  if (!replicas.ok()) return replicas.status();
   std::shared_ptr<net::TlsContext> tls;
   const net::TlsFiles tls_files{.ca_file = options.tls_ca_file,
                                 .cert_file = options.tls_cert_file,
@@ -243,7 +296,7 @@ absl::StatusOr<std::unique_ptr<PoolClient>> PoolClient::Create(const PoolClientO
     if (!loaded.ok()) return loaded.status();
     tls = std::move(*loaded);
   }
-  return std::unique_ptr<PoolClient>(new PoolClientImpl(options, std::move(tls)));
+  return std::unique_ptr<PoolClient>(new PoolClientImpl(options, std::move(*replicas), std::move(tls)));
 }
 
 }  // namespace fencelock
