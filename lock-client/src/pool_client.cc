@@ -194,7 +194,7 @@ class PoolClientImpl final : public PoolClient {
   // mu_ held. The replica that answered last first, then the others in order, each with the
   // whole timeout (a standby or a replica that is down refuses at once). A standby that names
   // the serving replica sends the next try there, if it is in the list.
-  absl::StatusOr<std::unique_ptr<BlockingConnection>> Connect() {
+  absl::StatusOr<std::unique_ptr<BlockingConnection>> Connect() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<size_t> order;
     for (size_t n = 0; n < replicas_.size(); ++n) order.push_back((preferred_ + n) % replicas_.size());
     std::vector<std::string> failures;
