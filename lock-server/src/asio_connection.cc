@@ -207,25 +207,7 @@ void AsioConnection::MaybeResume() {
 
 void AsioConnection::Send(std::string_view frames) {
   if (closed_) return;
-  if (!writing_ && outbox_.empty() && !tls_) {
-    // Most replies fit in the socket buffer: send at once, and only hand what is left to the
-    // write coroutine. (Over TLS every write goes through the coroutine: a record cannot be
-    // left half-written.)
-    boost::system::error_code ec;
-    const size_t sent = socket_.write_some(asio::buffer(frames.data(), frames.size()), ec);
-    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
-      // Not from inside the core's call: close from the event loop.
-      asio::post(socket_.get_executor(), [self = shared_from_this()] { self->Close(); });
-      return;
-    }
-    if (sent == frames.size()) {
-      MaybeResume();  // a held reply went out: one fewer request in flight
-      return;
-    }
-    outbox_.append(frames.substr(sent));
-  } else {
-    outbox_ += frames;
-  }
+  outbox_ += frames;
   if (outbox_.size() + in_write_ > 4 * budget_.max_unread_reply_bytes) {
     // Far past the bound (replies pushed to a peer that reads nothing): not from inside the
     // core's call.
@@ -233,13 +215,42 @@ void AsioConnection::Send(std::string_view frames) {
                [self = shared_from_this()] { self->CloseFor(CloseReason::kSlowReader); });
     return;
   }
-  if (!writing_) {
-    writing_ = true;
-    asio::co_spawn(socket_.get_executor(), WriteLoop(shared_from_this()), asio::detached);
+  if (tls_ != nullptr) {
+    // Over TLS every write goes through the coroutine: a record cannot be left half-written.
+    if (!writing_) {
+      writing_ = true;
+      asio::co_spawn(socket_.get_executor(), WriteLoop(shared_from_this()), asio::detached);
+    }
+  } else if (!writing_ && !flush_posted_) {
+    // The replies of one pass of the event loop (the requests of one read, the grants one
+    // commit released) leave together, in one write once the pass ends: on a connection that
+    // many sessions share, a send a reply cost lockd most of its time, and on loopback each
+    // send also runs the peer's receive path.
+    flush_posted_ = true;
+    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->Flush(); });
   }
   // A held reply left the core's gate, so one fewer request is in flight, whether or not the
   // socket had room for it: reading may go on if only the held replies stopped it. (Waiting
   // for the write instead deadlocked a peer that reads nothing until it has sent everything.)
+  MaybeResume();
+}
+
+void AsioConnection::Flush() {
+  flush_posted_ = false;
+  if (closed_ || writing_ || outbox_.empty()) return;
+  // Most batches fit in the socket buffer: write at once, and only hand what is left to the
+  // write coroutine.
+  boost::system::error_code ec;
+  const size_t sent = socket_.write_some(asio::buffer(outbox_), ec);
+  if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+    Close();
+    return;
+  }
+  outbox_.erase(0, sent);
+  if (!outbox_.empty()) {
+    writing_ = true;
+    asio::co_spawn(socket_.get_executor(), WriteLoop(shared_from_this()), asio::detached);
+  }
   MaybeResume();
 }
 
@@ -284,8 +295,12 @@ void AsioConnection::Close() { CloseFor(CloseReason::kPeer); }
 
 void AsioConnection::CloseFor(CloseReason reason) {
   if (closed_) return;
-  closed_ = true;
   boost::system::error_code ec;
+  // Replies queued for the flush still go out if the socket takes them (lockd stopping).
+  if (tls_ == nullptr && !writing_ && !outbox_.empty() && socket_.is_open()) {
+    (void)socket_.write_some(asio::buffer(outbox_), ec);
+  }
+  closed_ = true;
   linger_.cancel();
   resume_.cancel();
   if (watched_) readiness_->Remove(socket_.native_handle());

@@ -83,6 +83,9 @@ class AsioConnection final : public ConnectionSink,
   // slow reader, or by anything else) meanwhile.
   asio::awaitable<bool> AwaitBudget();
   bool OverBudget() const;
+  // Plaintext: writes what the handlers that ran since the last flush queued, in one write;
+  // hands what the socket does not take to WriteLoop.
+  void Flush();
   // Wakes AwaitBudget() once the connection is back within its budget.
   void MaybeResume();
   void CloseFor(CloseReason reason);
@@ -104,6 +107,7 @@ class AsioConnection final : public ConnectionSink,
   std::string outbox_;
   size_t in_write_ = 0;  // bytes of the write in progress (taken out of outbox_)
   bool writing_ = false;
+  bool flush_posted_ = false;  // plaintext: a Flush() is queued on the event loop
   bool closing_ = false;
   bool closed_ = false;
 };
