@@ -1,7 +1,10 @@
 // Misuse of the client library is an error, never a crash (issue 34): a ScopedLock that
-// outlives its Client, a Client destroyed inside one of its own callbacks, and a handle
-// released through a Client that did not acquire it. Against a real lockd.
+// outlives its Client, a Client destroyed inside one of its own callbacks, a handle released
+// through a Client that did not acquire it, and a Client used in a child after fork(). Against
+// a real lockd.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -132,6 +135,62 @@ TEST_F(ClientMisuseTest, AHandleReleasedThroughAnotherClientIsRefusedAndStaysHel
   auto next = stranger->tryAcquire("foreign");
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_TRUE(next->has_value());
+}
+
+TEST_F(ClientMisuseTest, AForkedChildCannotUseItsParentsClientButMayMakeItsOwn) {
+  auto client = NewClient();
+  auto held = client->acquire("forked", absl::Seconds(5));
+  ASSERT_TRUE(held.ok()) << held.status();
+  const std::string address = lockd_.tcp_address();
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The child: exit codes, not gtest (whose state is the parent's). A hang fails too.
+    ::alarm(20);
+    int code = 0;
+    auto other = client->tryAcquire("forked-other");
+    if (!absl::IsFailedPrecondition(other.status())) code = 10;
+    try {
+      client->checkStillHeld(*held);
+      code = 11;
+    } catch (const LockLostException& e) {
+      if (std::string(e.what()).find("fork()") == std::string::npos) code = 12;
+    }
+    if (client->remaining(*held) != absl::ZeroDuration()) code = 13;
+    if (!absl::IsFailedPrecondition(client->release(*held))) code = 14;
+    std::promise<absl::Status> refused;
+    client->acquireAsync("forked-async", absl::Seconds(1), absl::ZeroDuration(),
+                         [&](absl::StatusOr<LockHandle> r) { refused.set_value(r.status()); });
+    auto answer = refused.get_future();
+    if (answer.wait_for(std::chrono::seconds(5)) != std::future_status::ready ||
+        !absl::IsFailedPrecondition(answer.get())) {
+      code = 18;
+    }
+    client.reset();  // the parent's connection and threads: let go of, never touched
+    ClientOptions options;
+    options.server = address;
+    options.log = [](LogLevel, const std::string&) {};
+    auto own = Client::Create(options);
+    if (!own.ok()) {
+      code = 15;
+    } else {
+      auto mine = (*own)->tryAcquire("forked-child");
+      if (!mine.ok() || !mine->has_value()) code = 16;
+      auto parents = (*own)->tryAcquire("forked");
+      if (!parents.ok() || parents->has_value()) code = 17;  // still the parent's
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child was killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  // The parent's Client, its connection and its lock are unharmed.
+  EXPECT_NO_THROW(client->checkStillHeld(*held, Confirm::kWithServer));
+  EXPECT_TRUE(client->release(*held).ok());
+  auto again = client->tryAcquire("forked-child");
+  ASSERT_TRUE(again.ok()) << again.status();
 }
 
 }  // namespace

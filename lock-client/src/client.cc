@@ -259,6 +259,7 @@ class ClientImpl final : public Client {
                       std::function<void(LossReason)> on_lost) override {
     if (handle.state_ == nullptr) return absl::InvalidArgumentError("onLost on an empty handle");
     if (!on_lost) return absl::InvalidArgumentError("onLost without a callback");
+    if (Inherited()) return client_internal::InheritedError();
     watcher_->Watch(handle.state_, std::move(on_lost));
     return absl::OkStatus();
   }
@@ -267,6 +268,10 @@ class ClientImpl final : public Client {
     std::future<LossReason> future = promise->get_future();
     if (handle.state_ == nullptr) {
       promise->set_value(LossReason::kEmptyHandle);
+      return future;
+    }
+    if (Inherited()) {
+      promise->set_value(LossReason::kSessionLost);  // the parent's session, not this process's
       return future;
     }
     watcher_->Watch(handle.state_, [promise](LossReason reason) { promise->set_value(reason); });
@@ -319,7 +324,7 @@ class ClientImpl final : public Client {
         driver_->Run([&](ClientCore& core, MonoTime now) {
                  return core.Release(now, handle.state_, await);
                }).status;
-    watcher_->Poke();  // its watches end without a call
+    if (!Inherited()) watcher_->Poke();  // its watches end without a call
     return status;
   }
   // renewAsync's outcome for `handle` after a heartbeat that returned `beat`.
@@ -347,8 +352,25 @@ class ClientImpl final : public Client {
   template <typename T>
   std::function<void(T)> OnCallbackThread(std::function<void(T)> done) {
     return [this, done = std::move(done)](T result) {
-      callbacks_->Post([done, result = std::move(result)]() mutable { done(std::move(result)); });
+      Callbacks().Post([done, result = std::move(result)]() mutable { done(std::move(result)); });
     };
+  }
+  // Made before fork() and used in the child (client_internal::ForkGeneration): the parent's
+  // threads are not here, so nothing may wait for them.
+  bool Inherited() const { return generation_ != client_internal::ForkGeneration(); }
+  [[noreturn]] void ThrowInherited(const LeaseState& state) const {
+    throw LockLostException(state.lock(), state.token(), LossReason::kSessionLost,
+                            absl::StrCat("lock \"", state.lock(), "\" (token ", state.token(),
+                                         ") is not held by this process: ",
+                                         client_internal::InheritedError().message()));
+  }
+  // The callback thread: in a child of fork(), one of the child's own (the parent's is not
+  // there), made on first use, so that an inherited Client's refusals reach their callbacks.
+  TaskThread& Callbacks() {
+    if (!Inherited()) return *callbacks_;
+    std::lock_guard<std::mutex> lock(child_mu_);  // never taken in the parent
+    if (child_callbacks_ == nullptr) child_callbacks_ = std::make_unique<TaskThread>();
+    return *child_callbacks_;
   }
 
   const ClientOptions options_;
@@ -365,6 +387,9 @@ class ClientImpl final : public Client {
   // use). A pointer: a callback that destroys the client leaves it to delete itself
   // (TaskThread::StopFromItsThread).
   std::unique_ptr<TaskThread> callbacks_ = std::make_unique<TaskThread>();
+  const uint64_t generation_ = client_internal::ForkGeneration();
+  std::mutex child_mu_;
+  std::unique_ptr<TaskThread> child_callbacks_;  // guarded by child_mu_
   // Behind onLost and whenLost; stopped first in the destructor, so that no callback runs
   // while the client is taken apart. Made before the driver, which pokes it.
   std::unique_ptr<LossWatcher> watcher_ = std::make_unique<LossWatcher>(clock_, callbacks_.get());
@@ -437,6 +462,21 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
 
 ClientImpl::~ClientImpl() {
   anchor_->Forget();  // waits for a ScopedLock's call in progress; later ones find no client
+  if (Inherited()) {
+    // A child of fork() destroys its copy of the parent's Client: the session, the
+    // connection and the threads are the parent's, so nothing is closed, stopped or joined
+    // (joining a thread the child lacks would never return); what they own is let go of.
+    (void)watcher_.release();
+    (void)callbacks_.release();
+    (void)new std::shared_ptr<Driver>(driver_);
+    if (child_callbacks_ != nullptr && child_callbacks_->OnItsThread()) {
+      child_callbacks_->StopFromItsThread();
+      (void)child_callbacks_.release();
+    } else if (child_callbacks_ != nullptr) {
+      child_callbacks_->Stop();
+    }
+    return;
+  }
   // No onLost callback starts from here on, and none is running unless this is one.
   watcher_->Stop();
   // Closes the session: lockd releases every lock it holds; operations still pending complete
@@ -498,7 +538,7 @@ void ClientImpl::releaseAsync(const LockHandle& handle, std::function<void(absl:
   driver_->Start(
       [&](ClientCore& core, MonoTime now) { return core.Release(now, handle.state_, true); },
       [deliver](Completion c) { deliver(c.status); });
-  watcher_->Poke();
+  if (!Inherited()) watcher_->Poke();
 }
 
 absl::Status ClientImpl::RenewOutcome(const LockHandle& handle, const absl::Status& beat) const {
@@ -540,6 +580,7 @@ void ClientImpl::checkStillHeld(const LockHandle& handle) const {
   // D3: two atomic loads and a clock read; nothing here allocates unless it throws.
   const LossReason reason = state->Check(clock_->Now());
   if (reason != LossReason::kNone) ThrowLost(*state, reason);
+  if (Inherited()) ThrowInherited(*state);
 }
 
 void ClientImpl::checkStillHeld(const LockHandle& handle, Confirm confirm) const {
@@ -549,6 +590,7 @@ void ClientImpl::checkStillHeld(const LockHandle& handle, Confirm confirm) const
   }
   LossReason reason = state->Check(clock_->Now());
   if (reason != LossReason::kNone) ThrowLost(*state, reason);
+  if (Inherited()) ThrowInherited(*state);
   if (confirm == Confirm::kLocal) return;
   if (state->owner() != owner_) {
     // lockd would answer for this client's session, which does not hold it.
@@ -589,6 +631,10 @@ void ClientImpl::beginIrreversibleStep(const LockHandle& handle, const StepCost&
     CountAbandoned(step, reason);
     ThrowLost(*state, reason);
   }
+  if (Inherited()) {
+    CountAbandoned(step, LossReason::kSessionLost);
+    ThrowInherited(*state);
+  }
   const absl::Duration left = state->deadline() - now;
   if (left > step.worst_case) return;
   CountAbandoned(step, LossReason::kInsufficientLease);
@@ -605,7 +651,7 @@ absl::Duration ClientImpl::remaining(const LockHandle& handle) const {
   const LeaseState* state = handle.state_.get();
   if (state == nullptr) return absl::ZeroDuration();
   const MonoTime now = clock_->Now();
-  if (state->Check(now) != LossReason::kNone) return absl::ZeroDuration();
+  if (state->Check(now) != LossReason::kNone || Inherited()) return absl::ZeroDuration();
   return state->deadline() - now;
 }
 

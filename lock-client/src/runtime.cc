@@ -10,6 +10,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include <atomic>
 #include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/io_context.hpp>
@@ -153,11 +155,9 @@ static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
 class Runtime {
  public:
   // The process's runtime: made by the first Client, never destroyed (its thread waits for work
-  // until the process ends).
-  static Runtime& Get() {
-    static Runtime* runtime = new Runtime();
-    return *runtime;
-  }
+  // until the process ends). A child of fork() makes its own on first use (the parent's thread
+  // is not in it); the parent's copy is left as it is.
+  static Runtime& Get();
 
   asio::io_context& io() { return io_; }
   bool OnItsThread() const { return std::this_thread::get_id() == thread_id_; }
@@ -260,13 +260,14 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
   void Subscribe() {
     std::weak_ptr<DriverImpl> weak = shared_from_this();
     subscription_ = clock_->Subscribe([weak] {
-      if (auto self = weak.lock()) {
+      if (auto self = weak.lock(); self != nullptr && !self->Inherited()) {
         asio::post(Runtime::Get().io(), [self] { self->Tick(); });
       }
     });
   }
 
   Completion Run(const Call& call) override {
+    if (Inherited()) return Completion{.status = InheritedError()};
     auto waiter = std::make_shared<Waiter>();
     std::shared_ptr<Conn> lead;
     if (!Process(
@@ -282,6 +283,7 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
   }
 
   void Start(const Call& call, Done done) override {
+    if (Inherited()) return done(Completion{.status = InheritedError()});
     if (!Process([&](ClientCore& core, MonoTime now) {
           handlers_[call(core, now)] = Handler{.done = done};
         })) {
@@ -294,11 +296,13 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
   }
 
   void Read(const std::function<void(const ClientCore&)>& read) const override {
+    if (Inherited()) return;  // its lock may be held by a thread the child lacks
     std::lock_guard<std::mutex> lock(mu_);
     read(core_);
   }
 
   void Shutdown() override {
+    if (Inherited()) return;  // the parent's: nothing of it is this process's to close
     {
       std::unique_lock<std::mutex> lock(mu_);
       shut_ = true;
@@ -395,6 +399,9 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
     std::shared_ptr<Waiter> waiter;
     Done done;
   };
+
+  // Made before a fork() of this process, and used in the child (see ForkGeneration).
+  bool Inherited() const { return generation_ != ForkGeneration(); }
   // What a pass over the core left to do outside its lock.
   struct Batch {
     std::optional<client_core::Dial> dial;
@@ -416,6 +423,7 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
   // connection its requests went to, if so, is left for the caller to read (Runtime::Lead).
   template <typename F>
   bool Process(F&& f, std::shared_ptr<Conn>* lead = nullptr) {
+    if (Inherited()) return false;
     Batch batch;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -538,6 +546,7 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
 
   const Options options_;
   Clock* const clock_;
+  const uint64_t generation_ = ForkGeneration();
   mutable std::mutex mu_;
   std::condition_variable carried_;
   ClientCore core_;                      // guarded by mu_
@@ -1211,7 +1220,41 @@ void Runtime::Lead(const std::shared_ptr<Conn>& conn, Waiter& waiter) {
 }
 
 
+std::atomic<uint64_t> g_fork_generation{0};
+std::atomic<Runtime*> g_runtime{nullptr};
+// Taken around fork() (pthread_atfork), so that no thread the child lacks can hold it there.
+std::mutex g_runtime_mu;
+
+Runtime& Runtime::Get() {
+  if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) return *runtime;
+  std::lock_guard<std::mutex> lock(g_runtime_mu);
+  if (Runtime* runtime = g_runtime.load(std::memory_order_acquire)) return *runtime;
+  static const bool registered = [] {
+    // In the child only its own thread runs: the parent's runtime (its I/O thread, its
+    // sockets, its locks) is left behind, never touched, and the next Client makes another.
+    ::pthread_atfork([] { g_runtime_mu.lock(); }, [] { g_runtime_mu.unlock(); },
+                     [] {
+                       g_runtime.store(nullptr, std::memory_order_release);
+                       g_fork_generation.fetch_add(1, std::memory_order_release);
+                       g_runtime_mu.unlock();
+                     });
+    return true;
+  }();
+  (void)registered;
+  auto* runtime = new Runtime();
+  g_runtime.store(runtime, std::memory_order_release);
+  return *runtime;
+}
+
 }  // namespace
+
+uint64_t ForkGeneration() { return g_fork_generation.load(std::memory_order_acquire); }
+
+absl::Status InheritedError() {
+  return absl::FailedPreconditionError(
+      "this Client was made before fork(), in the parent process: its session, locks and "
+      "connection are the parent's; make a new Client in this process");
+}
 
 std::shared_ptr<Driver> Driver::Create(Options options) {
   auto driver = std::make_shared<DriverImpl>(std::move(options));

@@ -43,6 +43,16 @@ namespace fencelock::client_internal {
 // by default); more Clients open another connection to the same replica.
 inline constexpr size_t kSessionsPerConnection = 64;
 
+// fork(): a child has none of its parent's threads, and its copies of the parent's sockets are
+// the parent's connections. The child's first Client gets a runtime of its own; a Driver made
+// before the fork is the parent's, and in the child it refuses every call (Inherited) without
+// touching anything the parent uses, and its Shutdown lets go of nothing.
+// How many fork()s this process is removed from the one that made a Driver: a Driver is
+// inherited when its generation is not the current one.
+uint64_t ForkGeneration();
+// What an inherited Client's calls answer.
+absl::Status InheritedError();
+
 class Driver {
  public:
   struct Options {
@@ -63,7 +73,9 @@ class Driver {
   static std::shared_ptr<Driver> Create(Options options);
   virtual ~Driver() = default;
 
-  // Runs `call` and blocks until its operation completes.
+  // Runs `call` and blocks until its operation completes. An inherited driver (see
+  // ForkGeneration) runs nothing here and in Start, Do and Read, and completes with
+  // InheritedError().
   virtual client_core::Completion Run(const Call& call) = 0;
   // Runs `call`; `done` gets the completion on whichever thread completes it (possibly this
   // one, before Start returns), without the driver's locks. It must not block.
