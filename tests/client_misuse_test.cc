@@ -3,11 +3,13 @@
 // through a Client that did not acquire it, and a Client used in a child after fork(). Against
 // a real lockd.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <string>
@@ -191,6 +193,27 @@ TEST_F(ClientMisuseTest, AForkedChildCannotUseItsParentsClientButMayMakeItsOwn) 
   EXPECT_TRUE(client->release(*held).ok());
   auto again = client->tryAcquire("forked-child");
   ASSERT_TRUE(again.ok()) << again.status();
+}
+
+// exec() after a Client: no descriptor of the client's lives on in the new program (a lockd
+// connection held open by a program that never speaks the protocol).
+TEST_F(ClientMisuseTest, NoDescriptorOfTheClientSurvivesExec) {
+  auto client = NewClient();
+  auto held = client->tryAcquire("cloexec");
+  ASSERT_TRUE(held.ok()) << held.status();
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(entry.path(), ec).string();
+    if (ec || (target.rfind("socket:", 0) != 0 && target.rfind("anon_inode:", 0) != 0)) continue;
+    const int fd = std::stoi(entry.path().filename().string());
+    const int flags = ::fcntl(fd, F_GETFD);
+    if (flags < 0) continue;  // the directory's own descriptor, closed meanwhile
+    ++checked;
+    EXPECT_NE(flags & FD_CLOEXEC, 0) << "descriptor " << fd << " (" << target
+                                     << ") would survive exec";
+  }
+  EXPECT_GE(checked, 2);  // at least the connection and the runtime's epoll set
 }
 
 }  // namespace

@@ -777,6 +777,22 @@ void Runtime::StartDial(const std::shared_ptr<Conn>& conn, absl::Duration timeou
     if (!ec) failed(absl::StrCat("no answer within ", absl::FormatDuration(timeout)));
   });
   auto connect = [this, conn, failed](const asio::generic::stream_protocol::endpoint& ep) {
+    // Close-on-exec from the start: a program the process execs (or a child of fork() that
+    // does) must not keep lockd's connection open. Asio would open it without.
+    const int fd = ::socket(ep.protocol().family(), SOCK_STREAM | SOCK_CLOEXEC,
+                            ep.protocol().protocol());
+    if (fd < 0) {
+      const int error = errno;
+      return failed(absl::StrCat(std::strerror(error), error == EMFILE || error == ENFILE
+                                                           ? " (out of file descriptors)"
+                                                           : ""));
+    }
+    boost::system::error_code assigned;
+    conn->socket.assign(ep.protocol(), fd, assigned);
+    if (assigned) {
+      ::close(fd);
+      return failed(assigned.message());
+    }
     conn->socket.async_connect(ep, [this, conn, failed](boost::system::error_code ec) {
       if (ec == asio::error::no_descriptors || ec.value() == ENFILE) {
         return failed(absl::StrCat(ec.message(), " (out of file descriptors)"));
