@@ -894,6 +894,24 @@ std::optional<history::Record> FirstGrantAfter(History& h, const std::string& ol
   return first;
 }
 
+// When `replica` began to serve after `from_ns`, by its own record. lockd writes its port file
+// (which is how the cluster learns that it serves) before that record, so the record may come
+// a little after the cluster noticed: it is waited for, not merely looked up.
+absl::StatusOr<history::Record> AwaitServingRecord(History& h, const std::string& replica,
+                                                   int64_t from_ns) {
+  std::optional<history::Record> serving;
+  absl::Status s = WaitUntil(
+      [&] {
+        serving = h.Find([&](const history::Record& r) {
+          return r.process == replica && r.event == "lockd-serving" && r.begin_ns > from_ns;
+        });
+        return serving.has_value();
+      },
+      absl::Seconds(30), absl::StrCat(replica, "'s lockd-serving record"));
+  if (!s.ok()) return s;
+  return *serving;
+}
+
 // The last act of `replica` and the ownership deadline it held for it.
 std::optional<history::Record> LastAct(History& h, const std::string& replica) {
   std::optional<history::Record> last;
@@ -1031,11 +1049,9 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
       }
       auto next = c.AwaitServingReplica(old, absl::Seconds(30));
       if (!next.ok()) return next.status();
-      const auto serving = h.Find([&](const history::Record& r) {
-        return r.process == c.replica_name(*next) && r.event == "lockd-serving" &&
-               r.begin_ns > fault_at;
-      });
-      out.Expect(serving.has_value() && last_ok < serving->begin_ns,
+      auto serving = AwaitServingRecord(h, c.replica_name(*next), fault_at);
+      if (!serving.ok()) return serving.status();
+      out.Expect(last_ok < serving->begin_ns,
                  absl::StrCat(old_name, " confirmed ", held->lock(), " token ", held->token(),
                               " after ", c.replica_name(*next), " began to serve"));
       out.Figure("confirmations after the delete",
@@ -1043,11 +1059,8 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
                               last_ok == 0 ? std::string("none")
                                            : Secs(absl::Nanoseconds(last_ok - fault_at)),
                               " after the delete",
-                              serving.has_value()
-                                  ? absl::StrCat("; ", c.replica_name(*next), " served ",
-                                                 Secs(absl::Nanoseconds(serving->begin_ns - fault_at)),
-                                                 " after it")
-                                  : std::string()));
+                              "; ", c.replica_name(*next), " served ",
+                              Secs(absl::Nanoseconds(serving->begin_ns - fault_at)), " after it"));
       what = absl::StrCat(c.etcd_prefix(), "/owner deleted with etcdctl while ", old_name,
                           " served");
       deposed = true;
@@ -1115,14 +1128,11 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
     auto next = c.AwaitServingReplica(old, absl::Seconds(30));
     if (!next.ok()) return next.status();
     // When it began to serve, by its own record (the harness may notice later).
-    const auto serving = h.Find([&](const history::Record& r) {
-      return r.process == c.replica_name(*next) && r.event == "lockd-serving" && r.begin_ns > fault_at;
-    });
-    if (serving.has_value()) {
-      out.Figure("takeover", absl::StrCat(c.replica_name(*next), " serving ",
-                                          Secs(absl::Nanoseconds(serving->begin_ns - fault_at)),
-                                          " after the fault"));
-    }
+    auto serving = AwaitServingRecord(h, c.replica_name(*next), fault_at);
+    if (!serving.ok()) return serving.status();
+    out.Figure("takeover", absl::StrCat(c.replica_name(*next), " serving ",
+                                        Secs(absl::Nanoseconds(serving->begin_ns - fault_at)),
+                                        " after the fault"));
     if (absl::Status s = WaitUntil([&] { return FirstGrantAfter(h, old_name, fault_at).has_value(); },
                                    absl::Seconds(30), "the first grant by another replica");
         !s.ok()) {
