@@ -44,7 +44,7 @@ class Host : public DispatchHost {
   LockService* service_;
   WaiterId waiters_ = 0;
   int secrets_ = 0;
-  Permissions permissions_;
+  Permissions permissions_ = Permissions::WithoutFile("uid:1");
 };
 
 [[noreturn]] void Fail(const std::string& what) {
@@ -69,7 +69,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     bool closed = false;
   };
   Connection conns[2];
-  conns[0].state.caller = Caller{1, ""};
+  // One peer on the Unix socket, which owns the state (the operator of pools, ADR 0004), and
+  // one on plaintext TCP, to which pools are closed.
+  conns[0].state.caller = Caller{1, "uid:1"};
   conns[1].state.caller = Caller{2, ""};
   MonoTime now = MonoTime::FromNanos(1'000'000'000'000);
   FenceToken last_token = 0;

@@ -123,8 +123,10 @@ TEST_F(EtcdTest, StateSurvivesAKilledLockdAndTokensKeepIncreasing) {
 // policy, the active lease, the owner epoch and the decision sequence, and never reissues a
 // token.
 TEST_F(EtcdTest, PoolLeasesSurviveAKilledLockdOnEtcd) {
-  LockdProcess lockd(Options("/fencelock/pools"));
-  auto c = PoolClient::Create({.server = lockd.tcp_address()});
+  LockdProcess::Options options = Options("/fencelock/pools");
+  options.unix_socket = true;  // managers reach pools there (ADR 0004)
+  LockdProcess lockd(options);
+  auto c = PoolClient::Create({.server = "unix:" + lockd.unix_path()});
   ASSERT_TRUE(c.ok());
   ASSERT_TRUE((*c)->publish("p", 1, 4, {{.id = "a"}}).ok());
   auto owner = (*c)->claim("p", "a", 1);
@@ -135,7 +137,7 @@ TEST_F(EtcdTest, PoolLeasesSurviveAKilledLockdOnEtcd) {
   ASSERT_TRUE(decision.ok()) << decision.status();
   lockd.Kill();
   lockd.Restart();
-  auto again = PoolClient::Create({.server = lockd.tcp_address()});
+  auto again = PoolClient::Create({.server = "unix:" + lockd.unix_path()});
   ASSERT_TRUE(again.ok());
   auto view = (*again)->status("p");
   ASSERT_TRUE(view.ok()) << view.status();
@@ -395,7 +397,9 @@ TEST_F(EtcdTest, AStandbyWaitsOutTheLeaseOfADeletedOwnerKey) {
 // Issue 33: a local user read a session's secret from etcd (`etcdctl get --prefix`), resumed
 // the session on the serving lockd and released its lock. etcd holds only digests.
 TEST_F(EtcdTest, EtcdHoldsNoSessionSecret) {
-  LockdProcess lockd(Options("/fencelock/s"));
+  LockdProcess::Options options = Options("/fencelock/s");
+  options.unix_socket = true;
+  LockdProcess lockd(options);
   RawConnection c = RawConnection::Tcp(lockd.port());
   const wire::OpenSessionReply session = Open(c);
   ASSERT_EQ(session.secret().size(), 16u);
@@ -404,8 +408,10 @@ TEST_F(EtcdTest, EtcdHoldsNoSessionSecret) {
   wire::PoolProfile build;
   build.set_id("build");
   build.set_cost(1);
-  ASSERT_EQ(c.Call(request::PoolPublish("hosts", 1, 4, {build})).code(), wire::OK);
-  const wire::Response claimed = c.Call(request::PoolClaim("hosts", "build", 1));
+  RawConnection manager = RawConnection::Unix(lockd.unix_path());  // pools: ADR 0004
+  manager.Hello();
+  ASSERT_EQ(manager.Call(request::PoolPublish("hosts", 1, 4, {build})).code(), wire::OK);
+  const wire::Response claimed = manager.Call(request::PoolClaim("hosts", "build", 1));
   ASSERT_EQ(claimed.code(), wire::OK) << claimed.message();
   const std::string owner_key = claimed.pool_claim().owner().key();
   ASSERT_FALSE(owner_key.empty());

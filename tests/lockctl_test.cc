@@ -102,8 +102,8 @@ TEST(LockctlTest, WithoutTheInspectRightHoldersAndTokensAreNotShown) {
 // Issue 33: a full pool table was reported as UNAVAILABLE, lockctl's exit status for an
 // unreachable lockd. Each kind of refusal has its own; unreachable stays 1.
 TEST(LockctlTest, RefusalsAndAnUnreachableLockdExitDifferently) {
-  testing::LockdProcess lockd;
-  const std::string server = "--server=" + lockd.tcp_address();
+  testing::LockdProcess lockd(testing::LockdProcess::Options{.unix_socket = true});
+  const std::string server = "--server=unix:" + lockd.unix_path();  // pools: ADR 0004
   for (int i = 0; i < 64; ++i) {
     auto [rc, out] = Lockctl(absl::StrCat(server, " pool publish --pool=p", i,
                                           " --generation=1 --budget=1 --profiles=a"));

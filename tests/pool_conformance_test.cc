@@ -207,9 +207,10 @@ Outcome ThroughLibrary(PoolClient& c, const Step& s) {
   return out;
 }
 
+// Managers reach pools on lockd's Unix socket (ADR 0004).
 TEST(PoolConformanceTest, TheLibraryPassesTheFixtures) {
-  LockdProcess lockd;
-  auto client = PoolClient::Create({.server = lockd.tcp_address()});
+  LockdProcess lockd(LockdProcess::Options{.unix_socket = true});
+  auto client = PoolClient::Create({.server = "unix:" + lockd.unix_path()});
   ASSERT_TRUE(client.ok());
   RunFixtures([&](const Step& s) { return ThroughLibrary(**client, s); });
 }
@@ -344,8 +345,8 @@ Outcome ThroughLockctl(const std::string& server, const Step& s) {
 }
 
 TEST(PoolConformanceTest, LockctlPassesTheFixtures) {
-  LockdProcess lockd;
-  RunFixtures([&](const Step& s) { return ThroughLockctl(lockd.tcp_address(), s); });
+  LockdProcess lockd(LockdProcess::Options{.unix_socket = true});
+  RunFixtures([&](const Step& s) { return ThroughLockctl("unix:" + lockd.unix_path(), s); });
 }
 
 }  // namespace

@@ -6,12 +6,19 @@
 //
 // lockd runs in-process for the disk fault (its file system is wrapped by a fault-injecting
 // Env); the rest starts lockd as a process.
+#include <grp.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 #include "fencelock/wire.pb.h"
 #include "gmock/gmock.h"
@@ -34,15 +41,19 @@ using server::FaultInjectingEnv;
 using testing::LockdProcess;
 using testing::RawConnection;
 
+// Managers reach pools on lockd's Unix socket (ADR 0004): this lockd listens on one beside
+// its state directory, and address() names it.
 class InProcessLockd {
  public:
   InProcessLockd(const std::string& dir, Env* env,
-                 absl::Duration idle_timeout = absl::Seconds(60)) {
+                 absl::Duration idle_timeout = absl::Seconds(60))
+      : unix_path_(dir + ".sock") {
     server::ServerOptions options;
     options.idle_timeout = idle_timeout;
     options.data_dir = dir;
     options.env = env;
     options.tcp_port = 0;
+    options.unix_socket_path = unix_path_;
     options.metrics_port = -1;
     auto server = server::Server::Create(options);
     EXPECT_TRUE(server.ok()) << server.status();
@@ -53,9 +64,10 @@ class InProcessLockd {
     server_->Shutdown();
     thread_.join();
   }
-  std::string address() const { return "127.0.0.1:" + std::to_string(server_->tcp_port()); }
+  std::string address() const { return "unix:" + unix_path_; }
 
  private:
+  std::string unix_path_;
   std::unique_ptr<server::Server> server_;
   std::thread thread_;
 };
@@ -142,7 +154,7 @@ TEST(PoolConnectionTest, AReplicaListIsTriedInTurnAndABadOneIsRefusedAtCreate) {
   const std::string dir = tmp.path() + "/state";
   ASSERT_TRUE(server::InitDataDir(Env::Posix(), dir, 1 << 20).ok());
   InProcessLockd lockd(dir, Env::Posix());
-  auto c = Client("unix:" + tmp.path() + "/nobody.sock," + lockd.address());
+  auto c = Client("127.0.0.1:1," + lockd.address());
   auto view = c->status("p");
   EXPECT_EQ(view.status().code(), absl::StatusCode::kNotFound) << view.status();
   auto bad = PoolClient::Create({.server = "127.0.0.1:99999"});
@@ -152,7 +164,9 @@ TEST(PoolConnectionTest, AReplicaListIsTriedInTurnAndABadOneIsRefusedAtCreate) {
 
 class PoolProtocolTest : public ::testing::Test {
  protected:
-  PoolProtocolTest() : lockd_(std::make_unique<LockdProcess>()) {}
+  PoolProtocolTest()
+      : lockd_(std::make_unique<LockdProcess>(LockdProcess::Options{.unix_socket = true})) {}
+  std::string unix_address() const { return "unix:" + lockd_->unix_path(); }
   std::unique_ptr<LockdProcess> lockd_;
 };
 
@@ -174,14 +188,14 @@ TEST_F(PoolProtocolTest, AVersionOneClientKeepsItsLocksAndIsToldPoolsNeedVersion
 }
 
 TEST_F(PoolProtocolTest, AStrangerWithTheEpochButNotTheKeyIsRefused) {
-  auto c = Client("127.0.0.1:" + std::to_string(lockd_->port()));
+  auto c = Client(unix_address());
   ASSERT_TRUE(c->publish("p", 1, 4, {{.id = "a"}}).ok());
   auto owner = c->claim("p", "a", 1);
   ASSERT_TRUE(owner.ok());
   auto g = c->acquire("p", "a", "s1", *owner, absl::ZeroDuration());
   ASSERT_TRUE(g.ok() && g->granted);
   PoolOwnerId guess{owner->epoch, std::string(16, '\0')};
-  auto stranger = Client("127.0.0.1:" + std::to_string(lockd_->port()));
+  auto stranger = Client(unix_address());
   EXPECT_EQ(stranger->release("p", "a", "s1", g->token, guess).status().code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(stranger->activate("p", "a", "s1", g->token, guess).status().code(),
@@ -193,7 +207,7 @@ TEST_F(PoolProtocolTest, AStrangerWithTheEpochButNotTheKeyIsRefused) {
 }
 
 TEST_F(PoolProtocolTest, MetricsShowEachPoolAndProfileAndUnknownDemandAsNaN) {
-  auto c = Client("127.0.0.1:" + std::to_string(lockd_->port()));
+  auto c = Client(unix_address());
   ASSERT_TRUE(c->publish("p", 1, 4, {{.id = "a", .cost = 2}, {.id = "b"}}).ok());
   auto a = c->claim("p", "a", 1);
   ASSERT_TRUE(a.ok());
@@ -261,6 +275,186 @@ TEST(PoolFlagsTest, AbsurdPoolTimingsAreRefusedNamingTheFlag) {
     const std::string name = flag.substr(0, flag.find('='));
     EXPECT_THAT(err, HasSubstr(name)) << flag;
   }
+}
+
+// Every pool request of a client, each answered with its status (ADR 0004's tests try them all).
+std::vector<std::pair<std::string, absl::Status>> EveryPoolRequest(PoolClient& c,
+                                                                     const PoolOwnerId& owner,
+                                                                     uint64_t token) {
+  return {
+      {"publish", c.publish("p", 2, 8, {{.id = "a"}, {.id = "b"}}).status()},
+      {"claim", c.claim("p", "a", 1).status()},
+      {"ack", c.ack("p", "a", owner, 1)},
+      {"set-demand", c.setDemand("p", "a", owner, 1)},
+      {"acquire", c.acquire("p", "a", "s2", owner, absl::ZeroDuration()).status()},
+      {"renew", c.renew("p", "a", "s1", token, owner).status()},
+      {"activate", c.activate("p", "a", "s1", token, owner).status()},
+      {"release", c.release("p", "a", "s1", token, owner).status()},
+      {"recover", c.recover("p", "a", "s1", token, "trust-me").status()},
+      {"drain", c.drain("p", true)},
+      {"status", c.status("p").status()},
+      {"stop", c.stop()},
+  };
+}
+
+// ADR 0004: without a permissions file, pools are served on the Unix socket only. A client on
+// loopback TCP is refused every pool request, naming the rule, even with the manager's owner
+// key; the manager on the Unix socket goes on as if nothing had happened.
+TEST(PoolTransportTest, OverTcpWithoutAFileEveryPoolRequestIsRefusedNamingTheRule) {
+  LockdProcess lockd(LockdProcess::Options{.unix_socket = true});
+  auto manager = Client("unix:" + lockd.unix_path());
+  ASSERT_TRUE(manager->publish("p", 1, 4, {{.id = "a"}, {.id = "b"}}).ok());
+  auto owner = manager->claim("p", "a", 1);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  auto g = manager->acquire("p", "a", "s1", *owner, absl::ZeroDuration());
+  ASSERT_TRUE(g.ok() && g->granted) << g.status();
+  auto tcp = Client("127.0.0.1:" + std::to_string(lockd.port()));
+  for (const auto& [what, status] : EveryPoolRequest(*tcp, *owner, g->token)) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << what << ": " << status;
+    EXPECT_THAT(status.message(), HasSubstr("served only on lockd's Unix socket (ADR 0004)"))
+        << what;
+    EXPECT_THAT(status.message(), HasSubstr("anonymous came over TCP")) << what;
+  }
+  // Nothing changed: the lease is the manager's, still provisional, and it goes on.
+  auto view = manager->status("p");
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->generation, 1u);
+  ASSERT_EQ(view->leases.size(), 1u);
+  EXPECT_FALSE(view->leases[0].active);
+  EXPECT_FALSE(view->draining);
+  EXPECT_TRUE(manager->activate("p", "a", "s1", g->token, *owner).ok());
+  EXPECT_TRUE(manager->release("p", "a", "s1", g->token, *owner).ok());
+  // Locks on TCP are unchanged.
+  RawConnection raw = RawConnection::Tcp(lockd.port());
+  ASSERT_EQ(raw.Call(protocol::HelloRequest("raw-test")).code(), wire::OK);
+  EXPECT_EQ(raw.Call(testing::request::OpenSession(absl::Seconds(10))).code(), wire::OK);
+}
+
+// With a permissions file, its rules open pools to network identities (here plaintext TCP's
+// `anonymous`; a TLS certificate's identity works the same way, tls_test).
+TEST(PoolTransportTest, APermissionsFileOpensPoolsToANamedNetworkIdentity) {
+  testing::TempDir tmp;
+  const std::string file = tmp.path() + "/permissions";
+  std::ofstream(file) << "anonymous operator\nanonymous manage p/a\n";
+  LockdProcess lockd(LockdProcess::Options{.extra_args = {"--permissions=" + file}});
+  auto tcp = Client("127.0.0.1:" + std::to_string(lockd.port()));
+  ASSERT_TRUE(tcp->publish("p", 1, 4, {{.id = "a"}, {.id = "b"}}).ok());
+  auto owner = tcp->claim("p", "a", 1);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  auto g = tcp->acquire("p", "a", "s1", *owner, absl::ZeroDuration());
+  ASSERT_TRUE(g.ok() && g->granted) << g.status();
+  EXPECT_TRUE(tcp->release("p", "a", "s1", g->token, *owner).ok());
+  auto b = tcp->claim("p", "b", 1);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(b.status().message(), HasSubstr("may not manage p/b"));
+}
+
+// Runs `body` in a child process as user `uid` (group `uid` too) and returns what it wrote;
+// "" when the child failed to drop its privileges or died.
+std::string RunAs(uid_t uid, const std::function<std::string()>& body) {
+  int fds[2];
+  if (pipe(fds) != 0) return "";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    if (setgroups(0, nullptr) != 0 || setresgid(uid, uid, uid) != 0 ||
+        setresuid(uid, uid, uid) != 0) {
+      _exit(1);
+    }
+    const std::string out = body();
+    (void)!write(fds[1], out.data(), out.size());
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) > 0;) out.append(buf, n);
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? out : "";
+}
+
+// ADR 0004, without a permissions file: the operator is the owner of lockd's state, and a
+// profile's manager is the identity that claimed it. Another user on the Unix socket (nobody)
+// cannot claim root's profile, act for it with root's owner key, publish, recover, drain or
+// stop; it may claim a profile nobody holds and manage it, and the operator may take it over.
+TEST(PoolRightsTest, WithoutAFileOnlyTheClaimerManagesAndOnlyTheStateOwnerOperates) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root, to act as another user";
+  constexpr uid_t kNobody = 65534;
+  LockdProcess lockd(
+      LockdProcess::Options{.unix_socket = true, .extra_args = {"--unix-socket-mode=0666"}});
+  const std::string socket_dir = lockd.unix_path().substr(0, lockd.unix_path().rfind('/'));
+  ASSERT_EQ(chmod(socket_dir.c_str(), 0755), 0);
+  const std::string address = "unix:" + lockd.unix_path();
+  auto root = Client(address);
+  ASSERT_TRUE(root->publish("p", 1, 4, {{.id = "a"}, {.id = "b"}}).ok());
+  auto owner = root->claim("p", "a", 1);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  auto g = root->acquire("p", "a", "s1", *owner, absl::ZeroDuration());
+  ASSERT_TRUE(g.ok() && g->granted) << g.status();
+  ASSERT_TRUE(root->activate("p", "a", "s1", g->token, *owner).ok());
+
+  // As nobody, with everything root's manager knows (its owner key included).
+  const std::string refused = RunAs(kNobody, [&] {
+    auto c = PoolClient::Create({.server = address, .timeout = absl::Seconds(5)});
+    if (!c.ok()) return "create: " + c.status().ToString() + "\n";
+    std::string out;
+    for (const auto& [what, status] : EveryPoolRequest(**c, *owner, g->token)) {
+      absl::StrAppend(&out, what, " ", absl::StatusCodeToString(status.code()), " ",
+                      status.message(), "\n");
+    }
+    return out;
+  });
+  ASSERT_FALSE(refused.empty()) << "the child could not run as nobody";
+  const std::vector<std::string> lines = absl::StrSplit(refused, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 12u) << refused;
+  for (const std::string& line : lines) {
+    const std::string what = line.substr(0, line.find(' '));
+    if (what == "status") {  // listing stays open to every local identity
+      EXPECT_THAT(line, HasSubstr(" OK")) << line;
+      continue;
+    }
+    EXPECT_THAT(line, HasSubstr("PERMISSION_DENIED")) << line;
+    if (what == "claim") {
+      EXPECT_THAT(line, HasSubstr("uid:0 manages it")) << line;
+    } else if (what == "publish" || what == "recover" || what == "drain" || what == "stop") {
+      EXPECT_THAT(line, HasSubstr("only the owner of lockd's state (uid:0) is the operator"))
+          << line;
+    } else {
+      EXPECT_THAT(line, HasSubstr("only the identity that claimed a profile manages it"))
+          << line;
+    }
+  }
+  // Root's lease is untouched, and root still manages it.
+  auto view = root->status("p");
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_EQ(view->leases.size(), 1u);
+  EXPECT_TRUE(view->leases[0].active);
+  EXPECT_EQ(view->profiles[0].owner_epoch, owner->epoch);
+  EXPECT_FALSE(view->draining);
+
+  // nobody may claim the profile no one holds, and manage it.
+  const std::string managed = RunAs(kNobody, [&] {
+    auto c = PoolClient::Create({.server = address, .timeout = absl::Seconds(5)});
+    if (!c.ok()) return c.status().ToString();
+    auto b = (*c)->claim("p", "b", 1);
+    if (!b.ok()) return "claim: " + b.status().ToString();
+    auto t = (*c)->acquire("p", "b", "s1", *b, absl::ZeroDuration());
+    if (!t.ok() || !t->granted) return std::string("acquire failed");
+    auto r = (*c)->release("p", "b", "s1", t->token, *b);
+    return r.ok() ? std::string("managed") : "release: " + r.status().ToString();
+  });
+  EXPECT_EQ(managed, "managed");
+  // The operator may take a profile over from another identity (a manager moved to another
+  // user); the identity that claimed it last manages it from then on.
+  auto taken = root->claim("p", "b", 1);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_TRUE(root->setDemand("p", "b", *taken, 1).ok());
+  // And the state's owner may stop lockd once nothing is leased and every pool drains.
+  EXPECT_TRUE(root->release("p", "a", "s1", g->token, *owner).ok());
+  EXPECT_TRUE(root->drain("p", true).ok());
+  EXPECT_TRUE(root->stop().ok());
 }
 
 TEST(PoolPermissionsTest, ManageAndOperatorRightsAreEnforced) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "protocol/codes.h"
 #include "protocol/version.h"
@@ -112,16 +113,62 @@ void DispatchPool(const wire::Request& req, ConnectionState& conn, DispatchHost&
   PoolService& pools = service.pools();
   const Permissions& permissions = host.permissions();
   const std::string& who = conn.caller.identity;
+  const std::string name = Permissions::Name(who);
+  const bool with_file = !permissions.source().empty();
+  // ADR 0004: managers reach pools on the Unix socket (an identity "uid:<n>", the kernel's
+  // word). Over TCP, plaintext or TLS, only a permissions file opens them, and its rules decide.
+  if (!with_file && !absl::StartsWith(who, "uid:")) {
+    return finish(service.Deny(absl::StrCat(
+        "pool requests are served only on lockd's Unix socket (ADR 0004), and ", name,
+        " came over TCP; to serve pools over the network, give its identity a \"manage\" or "
+        "\"operator\" rule in a permissions file (--permissions)")));
+  }
   auto operator_only = [&](const char* what) -> absl::Status {
     if (permissions.IsOperator(who)) return absl::OkStatus();
-    return service.Deny(absl::StrCat(Permissions::Name(who), " may not ", what, " (",
-                                     permissions.source(), " has no \"operator\" rule for it)"));
+    if (!with_file) {
+      return service.Deny(absl::StrCat(
+          name, " may not ", what, ": without a permissions file only the owner of lockd's state (",
+          permissions.state_owner().empty() ? "unknown" : permissions.state_owner(),
+          ") is the operator (ADR 0004)"));
+    }
+    return service.Deny(absl::StrCat(name, " may not ", what, " (", permissions.source(),
+                                     " has no \"operator\" rule for it)"));
   };
   auto manager_only = [&](const std::string& pool, const std::string& profile) -> absl::Status {
     if (permissions.MayManage(who, pool, profile)) return absl::OkStatus();
-    return service.Deny(absl::StrCat(Permissions::Name(who), " may not manage ", pool, "/",
-                                     profile, " (", permissions.source(),
-                                     " has no \"manage\" rule for it)"));
+    return service.Deny(absl::StrCat(name, " may not manage ", pool, "/", profile, " (",
+                                     permissions.source(), " has no \"manage\" rule for it)"));
+  };
+  // ADR 0004: a profile's manager is the identity that claimed it. The owner key is not enough:
+  // a request of the current epoch from another identity is refused, whatever it knows (one
+  // of an earlier epoch goes on, to be refused as stale).
+  auto claimer_only = [&](const std::string& pool, const std::string& profile,
+                          const wire::PoolOwnerRef& owner) -> absl::Status {
+    if (absl::Status s = manager_only(pool, profile); !s.ok()) return s;
+    const PoolOwnerState* current = pools.Owner(pool, profile);
+    if (current == nullptr || current->epoch != owner.epoch() || current->claimed_by.empty() ||
+        current->claimed_by == name) {
+      return absl::OkStatus();
+    }
+    return service.Deny(absl::StrCat(name, " may not act for ", pool, "/", profile, " epoch ",
+                                     current->epoch, ": ", current->claimed_by,
+                                     " claimed it, and only the identity that claimed a profile "
+                                     "manages it (ADR 0004)"));
+  };
+  // Without a file, a profile another identity claimed is taken over only by the same identity
+  // (a replacement manager) or by the operator; with one, its "manage" rules decide.
+  auto may_claim = [&](const std::string& pool, const std::string& profile) -> absl::Status {
+    if (absl::Status s = manager_only(pool, profile); !s.ok() || with_file) return s;
+    const PoolOwnerState* current = pools.Owner(pool, profile);
+    if (current == nullptr || current->claimed_by.empty() || current->claimed_by == name ||
+        permissions.IsOperator(who)) {
+      return absl::OkStatus();
+    }
+    return service.Deny(absl::StrCat(name, " may not claim ", pool, "/", profile, ": ",
+                                     current->claimed_by, " manages it (epoch ", current->epoch,
+                                     "); without a permissions file only that identity or the "
+                                     "operator (", permissions.state_owner(),
+                                     ") may claim it again (ADR 0004)"));
   };
   switch (req.body_case()) {
     case wire::Request::kPoolPublish: {
@@ -138,8 +185,9 @@ void DispatchPool(const wire::Request& req, ConnectionState& conn, DispatchHost&
     }
     case wire::Request::kPoolClaim: {
       const auto& r = req.pool_claim();
-      if (absl::Status s = manager_only(r.pool(), r.profile()); !s.ok()) return finish(s);
-      auto owner = pools.Claim(r.pool(), r.profile(), r.generation(), host.NewSessionSecret(), now);
+      if (absl::Status s = may_claim(r.pool(), r.profile()); !s.ok()) return finish(s);
+      auto owner =
+          pools.Claim(r.pool(), r.profile(), r.generation(), host.NewSessionSecret(), name, now);
       if (owner.ok()) {
         resp.mutable_pool_claim()->mutable_owner()->set_epoch(owner->epoch);
         resp.mutable_pool_claim()->mutable_owner()->set_key(owner->key);
@@ -148,17 +196,23 @@ void DispatchPool(const wire::Request& req, ConnectionState& conn, DispatchHost&
     }
     case wire::Request::kPoolAck: {
       const auto& r = req.pool_ack();
-      if (absl::Status s = manager_only(r.pool(), r.profile()); !s.ok()) return finish(s);
+      if (absl::Status s = claimer_only(r.pool(), r.profile(), r.owner()); !s.ok()) {
+        return finish(s);
+      }
       return finish(pools.Ack(r.pool(), r.profile(), OwnerOf(r.owner()), r.generation(), now));
     }
     case wire::Request::kPoolSetDemand: {
       const auto& r = req.pool_set_demand();
-      if (absl::Status s = manager_only(r.pool(), r.profile()); !s.ok()) return finish(s);
+      if (absl::Status s = claimer_only(r.pool(), r.profile(), r.owner()); !s.ok()) {
+        return finish(s);
+      }
       return finish(pools.SetDemand(r.pool(), r.profile(), OwnerOf(r.owner()), r.slots(), now));
     }
     case wire::Request::kPoolAcquire: {
       const auto& r = req.pool_acquire();
-      if (absl::Status s = manager_only(r.pool(), r.profile()); !s.ok()) return finish(s);
+      if (absl::Status s = claimer_only(r.pool(), r.profile(), r.owner()); !s.ok()) {
+        return finish(s);
+      }
       auto grant = pools.Acquire(r.pool(), r.profile(), r.slot(), OwnerOf(r.owner()),
                                  FromMillis(r.ttl_ms()), now);
       if (grant.ok()) {
@@ -181,7 +235,9 @@ void DispatchPool(const wire::Request& req, ConnectionState& conn, DispatchHost&
                                    : req.body_case() == wire::Request::kPoolActivate
                                        ? req.pool_activate()
                                        : req.pool_release();
-      if (absl::Status s = manager_only(r.pool(), r.profile()); !s.ok()) return finish(s);
+      if (absl::Status s = claimer_only(r.pool(), r.profile(), r.owner()); !s.ok()) {
+        return finish(s);
+      }
       const PoolOwner owner = OwnerOf(r.owner());
       auto* reply = resp.mutable_pool_lease();
       if (req.body_case() == wire::Request::kPoolRenew) {
@@ -228,14 +284,8 @@ void DispatchPool(const wire::Request& req, ConnectionState& conn, DispatchHost&
       return finish(status.status());
     }
     case wire::Request::kPoolStop: {
-      // A request that ends the service: only for an identity a permissions file names as
-      // operator. Without a file every peer is an operator, and any stranger on loopback could
-      // stop lockd.
-      if (permissions.source().empty()) {
-        return finish(service.Deny(
-            "lockd stops by request only for an identity its permissions file names as "
-            "operator (--permissions); without one, stop it with SIGTERM"));
-      }
+      // A request that ends the service: the operator's (without a file, the owner of lockd's
+      // state on the Unix socket).
       if (absl::Status s = operator_only("stop lockd"); !s.ok()) return finish(s);
       if (absl::Status s = pools.CheckRetired(); !s.ok()) return finish(s);
       host.RequestStop();

@@ -258,7 +258,8 @@ int main(int argc, char** argv) {
       "  lockctl ... pool renew|activate|release --pool=P --profile=A --slot=S --token=T --owner=O\n"
       "  lockctl ... pool recover --pool=P --profile=A --slot=S --token=T --evidence=TEXT\n"
       "  lockctl ... pool drain --pool=P [--off] | pool status --pool=P | pool stop\n"
-      "  --owner defaults to $FENCELOCK_POOL_OWNER\n"
+      "  --owner defaults to $FENCELOCK_POOL_OWNER; pools are served on lockd's Unix socket\n"
+      "  (--server=unix:PATH) unless its permissions file opens them to network identities\n"
       "  TLS: --tls-ca=PEM --tls-cert=PEM --tls-key=PEM [--tls-server-name=NAME]");
   const std::vector<std::string> args = fencelock::process::ParseFlags(argc, argv);
   if (args.size() >= 2 && args[1] == "pool") {

@@ -157,8 +157,15 @@ bool Permissions::MayManageAny(const std::string& identity, const std::string& p
   return false;
 }
 
+Permissions Permissions::WithoutFile(std::string state_owner) {
+  Permissions p;
+  p.state_owner_ = std::move(state_owner);
+  return p;
+}
+
 bool Permissions::IsOperator(const std::string& identity) const {
-  return all_allowed_ || For(identity).op;
+  if (all_allowed_) return !state_owner_.empty() && identity == state_owner_;
+  return For(identity).op;
 }
 
 std::string Permissions::DescribeAcquire(const std::string& identity) const {

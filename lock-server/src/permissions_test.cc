@@ -8,12 +8,18 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TEST(PermissionsTest, WithoutAFileEverythingIsAllowed) {
-  Permissions p;
+TEST(PermissionsTest, WithoutAFileEverythingButTheOperatorsRightsIsAllowed) {
+  Permissions p = Permissions::WithoutFile("uid:1");
   EXPECT_TRUE(p.MayAcquire("", "admin/x"));
   EXPECT_TRUE(p.MayAcquire("uid:1000", "anything"));
   EXPECT_TRUE(p.MayList(""));
+  EXPECT_TRUE(p.MayManage("uid:1000", "hosts", "build"));
+  // ADR 0004: the operator is the owner of lockd's state, and nobody else.
   EXPECT_TRUE(p.IsOperator("uid:1"));
+  EXPECT_FALSE(p.IsOperator("uid:1000"));
+  EXPECT_FALSE(p.IsOperator(""));
+  EXPECT_FALSE(Permissions().IsOperator("uid:1"));
+  EXPECT_FALSE(Permissions().IsOperator(""));
 }
 
 TEST(PermissionsTest, RulesAddUpAndAnythingNotGrantedIsRefused) {

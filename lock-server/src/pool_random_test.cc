@@ -39,6 +39,7 @@ namespace req = protocol::request;
 
 constexpr char kDir[] = "/state";
 constexpr char kPool[] = "p";
+constexpr char kIdentity[] = "uid:0";  // the managers' and the operator's, on the Unix socket
 constexpr absl::Duration kSyncTime = absl::Milliseconds(3);
 
 // What the checker knows of each worker, by its lease's token.
@@ -182,10 +183,13 @@ class AdmissionRun {
     options.stall_threshold = absl::ZeroDuration();
     options.service.pools.default_provisional_ttl = absl::Seconds(5);
     options.service.pools.demand_ttl = absl::Seconds(10);
+    // The managers and the operator are one identity on the Unix socket, which owns the state
+    // (ADR 0004).
+    options.permissions = Permissions::WithoutFile(kIdentity);
     core_ = std::make_unique<ServerCore>(options, &time_, std::move(*opened));
     core_->Start();
     sink_ = std::make_unique<Sink>();
-    conn_ = core_->Connect(sink_.get());
+    conn_ = core_->Connect(sink_.get(), kIdentity);
     Send(protocol::HelloRequest("pool_random_test", {.min = 2, .max = 2}));
     Settle();
   }
@@ -506,10 +510,12 @@ TEST(PoolLimitsTest, AFullPoolOfLongNamesAnswersItsStatusInOneFrame) {
   auto opened = OpenLocalCommitLog(o, time.Now(), [&](std::function<void()> f) { time.Post(std::move(f)); });
   ASSERT_TRUE(opened.ok());
   const PoolOptions limits;
-  ServerCore core(CoreOptions{.log = [](const std::string&) {}}, &time, std::move(*opened));
+  ServerCore core(CoreOptions{.log = [](const std::string&) {},
+                             .permissions = Permissions::WithoutFile(kIdentity)},
+                  &time, std::move(*opened));
   core.Start();
   Sink sink;
-  const ConnectionId c = core.Connect(&sink);
+  const ConnectionId c = core.Connect(&sink, kIdentity);
   uint64_t id = 0;
   auto send = [&](wire::Request r) {
     r.set_request_id(++id);

@@ -242,7 +242,7 @@ absl::StatusOr<uint64_t> PoolService::Publish(const std::string& pool, PoolPolic
 
 absl::StatusOr<PoolOwner> PoolService::Claim(const std::string& pool, const std::string& profile,
                                              uint64_t generation, std::string key,
-                                             MonoTime now) {
+                                             const std::string& claimed_by, MonoTime now) {
   auto p = FindPool(pool);
   if (!p.ok()) return p.status();
   if (absl::Status s = CheckName("profile", profile); !s.ok()) return s;
@@ -259,9 +259,16 @@ absl::StatusOr<PoolOwner> PoolService::Claim(const std::string& pool, const std:
   const uint64_t epoch = (current == nullptr ? 0 : current->epoch) + 1;
   // Only the digest is kept: whoever reads the log or etcd cannot act for the manager.
   commit_(record::PoolProfileClaimed{pool, profile, epoch,
-                                     PoolOwnerKeyDigest(pool, profile, epoch, key), generation},
+                                     PoolOwnerKeyDigest(pool, profile, epoch, key), generation,
+                                     claimed_by},
           now);
   return PoolOwner{epoch, std::move(key)};
+}
+
+const PoolOwnerState* PoolService::Owner(const std::string& pool,
+                                         const std::string& profile) const {
+  auto p = FindPool(pool);
+  return p.ok() ? (*p)->FindOwner(profile) : nullptr;
 }
 
 absl::Status PoolService::Ack(const std::string& pool, const std::string& profile,

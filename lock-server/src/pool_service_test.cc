@@ -39,7 +39,7 @@ class PoolServiceTest : public ::testing::Test {
   }
   PoolOwner Claim(const std::string& profile, uint64_t generation = 1, double at = 0) {
     auto o = pools().Claim("p", profile, generation, "key-" + profile + std::to_string(++keys_),
-                           At(at));
+                           "uid:1000", At(at));
     EXPECT_TRUE(o.ok()) << o.status();
     return o.ok() ? *o : PoolOwner{};
   }
@@ -575,7 +575,7 @@ TEST_F(PoolServiceTest, BadNamesAndFiguresAreRefusedWithoutChangingAnything) {
             absl::StatusCode::kNotFound);
   EXPECT_EQ(pools().SetDemand("p", "a", a, uint64_t{1} << 40, At(0)).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(pools().Claim("p", "a", 7, "k", At(0)).status().code(),
+  EXPECT_EQ(pools().Claim("p", "a", 7, "k", "uid:1000", At(0)).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
@@ -624,6 +624,10 @@ TEST_F(PoolServiceTest, RestartRestoresPolicyLeasesEpochsTombstonesAndDecisions)
     EXPECT_EQ(s->leases[1].expires_in, absl::Seconds(10));
     // Demand does not survive a restart.
     EXPECT_FALSE(s->profiles[1].pending_units.has_value());
+    // Who claimed each epoch (ADR 0004) is restored with it.
+    ASSERT_NE(after.pools().Owner("p", "b"), nullptr);
+    EXPECT_EQ(after.pools().Owner("p", "b")->claimed_by, "uid:1000");
+    EXPECT_EQ(after.pools().Owner("p", "b")->epoch, 2u);
     // The epochs: b's first manager is still stale, its second is still the owner.
     EXPECT_EQ(after.pools().SetDemand("p", "b", b1, 1, At(100)).code(),
               absl::StatusCode::kAborted);

@@ -94,6 +94,16 @@ std::string AddressOfOwner(const std::string& owner) {
   return address;
 }
 
+// ADR 0004: without a permissions file the operator of pools is the uid that owns lockd's
+// state: its data directory's owner, or on etcd (no directory here) lockd's own.
+std::string StateOwner(const ServerOptions& options) {
+  struct stat st {};
+  if (!options.data_dir.empty() && ::stat(options.data_dir.c_str(), &st) == 0) {
+    return absl::StrCat("uid:", st.st_uid);
+  }
+  return absl::StrCat("uid:", ::geteuid());
+}
+
 std::string Describe(const Permissions& p) {
   return absl::StrCat("permissions from ", p.source(), ": ", p.rule_count(),
                       p.rule_count() == 1 ? " rule" : " rules");
@@ -255,12 +265,16 @@ absl::Status ServerImpl::Init() {
   if (standby_) StopStandby();
   if (!opened.ok()) return opened.status();
   summary_.insert(summary_.end(), opened->summary.begin(), opened->summary.end());
-  Permissions permissions;
+  Permissions permissions = Permissions::WithoutFile(StateOwner(options_));
   if (!options_.permissions_file.empty()) {
     auto loaded = LoadPermissions(options_.env, options_.permissions_file);
     if (!loaded.ok()) return loaded.status();
     permissions = std::move(*loaded);
     Note(Describe(permissions));
+  } else {
+    Note(absl::StrCat("no permissions file: every peer may acquire and list locks; pools are "
+                      "served on the Unix socket only, and their operator is ",
+                      permissions.state_owner(), ", the owner of lockd's state (ADR 0004)"));
   }
   CoreOptions core_options{
       .service = ServiceOptions{.default_session_ttl = options_.default_session_ttl,

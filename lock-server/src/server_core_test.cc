@@ -415,7 +415,9 @@ TEST_F(ServerCoreTest, APoolOwnerKeyInClearIsRewrittenWithItsDigest) {
   time_.Advance(kSyncTime * 4);
   EXPECT_EQ(FilesHolding(key), std::vector<std::string>{});
   Sink sink;
-  const ConnectionId c = Connect(&sink);
+  // A manager on the Unix socket (ADR 0004). The claim is older than claimers' identities: any
+  // identity the rights admit may act for it.
+  const ConnectionId c = core_->Connect(&sink, "uid:1000");
   Send(c, protocol::HelloRequest("server_core_test", {.min = 1, .max = 3}));
   auto ack = [&](const std::string& with) {
     return req::PoolAck("hosts", "build", req::Owner(1, with), 1);

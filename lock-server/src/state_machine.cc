@@ -167,6 +167,10 @@ std::string StateMachine::DebugString() const {
       parts.push_back(absl::StrCat("pool:", name, "/", key.first, "/", key.second, "=",
                                    lease.token, lease.active ? "A" : "P"));
     }
+    for (const auto& [profile, owner] : pool.owners) {
+      parts.push_back(absl::StrCat("pool:", name, "/", profile, "/e", owner.epoch, "/g",
+                                   owner.acked_generation, "/by:", owner.claimed_by));
+    }
   }
   std::sort(parts.begin(), parts.end());
   return absl::StrJoin(parts, " ");
@@ -511,6 +515,7 @@ void StateMachine::ApplyOne(const record::PoolProfileClaimed& r, MonoTime) {
   owner.epoch = r.epoch;
   owner.key = r.key_digest;
   owner.acked_generation = r.generation;
+  owner.claimed_by = r.claimed_by;
   if (r.read_in_clear) ++secrets_read_in_clear_;
 }
 

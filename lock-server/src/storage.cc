@@ -117,6 +117,7 @@ state::LogRecord ToProto(uint64_t lsn, const Record& r) {
           o->set_epoch(rec.epoch);
           o->set_key_digest(rec.key_digest);
           o->set_generation(rec.generation);
+          o->set_claimed_by(rec.claimed_by);
         } else if constexpr (std::is_same_v<T, record::PoolPolicyAcked>) {
           auto* o = p.mutable_pool_policy_acked();
           o->set_pool(rec.pool);
@@ -211,7 +212,7 @@ absl::StatusOr<Record> FromProto(const state::LogRecord& p) {
     case state::LogRecord::kPoolProfileClaimed: {
       const auto& o = p.pool_profile_claimed();
       record::PoolProfileClaimed r{o.pool(), o.profile(), o.epoch(), o.key_digest(),
-                                   o.generation()};
+                                   o.generation(), o.claimed_by()};
       if (r.key_digest.empty() && !o.key().empty()) {  // an older lockd's: the key itself
         r.key_digest = PoolOwnerKeyDigest(o.pool(), o.profile(), o.epoch(), o.key());
         r.read_in_clear = true;
@@ -368,7 +369,7 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
         ++keys_in_clear;
       }
       if (!pool.owners.emplace(o.profile(), PoolOwnerState{o.epoch(), std::move(digest),
-                                                           o.acked_generation()})
+                                                           o.acked_generation(), o.claimed_by()})
                .second) {
         return Damaged(path, absl::StrCat("inconsistent snapshot: pool ", sp.name(),
                                           " owner of ", o.profile(), " appears twice"));
@@ -546,6 +547,7 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
       o->set_epoch(owner.epoch);
       o->set_key_digest(owner.key);
       o->set_acked_generation(owner.acked_generation);
+      o->set_claimed_by(owner.claimed_by);
     }
     for (const PoolTombstone& t : pool.tombstones) {
       auto* o = out->add_tombstones();

@@ -18,8 +18,9 @@
 // An identity is how lockd knows the peer: `uid:<n>` on the Unix socket, `anonymous` for
 // plaintext TCP on loopback (which has none), or `*`, whose rules every identity gets as well.
 // A prefix `*` means every lock. Rules add up; anything no rule grants is refused. Without a
-// file every identity may acquire every lock and list, as before permissions existed. No rule
-// ever lets an identity drive another's session (LockService::Authorize).
+// file every identity may acquire every lock and list, as before permissions existed, and may
+// manage pools; the one operator of pools is then the uid that owns lockd's state (ADR 0004).
+// No rule ever lets an identity drive another's session (LockService::Authorize).
 #ifndef FENCELOCK_LOCK_SERVER_PERMISSIONS_H_
 #define FENCELOCK_LOCK_SERVER_PERMISSIONS_H_
 
@@ -34,8 +35,10 @@ namespace fencelock::server {
 
 class Permissions {
  public:
-  // Everything allowed: lockd without a permissions file.
+  // lockd without a permissions file: everything allowed but the operator's rights, which
+  // belong to `state_owner` alone ("uid:<n>", the owner of lockd's state; empty: nobody).
   Permissions() = default;
+  static Permissions WithoutFile(std::string state_owner);
 
   // Parses a permissions file's text. Errors: kInvalidArgument naming `source`, the line and
   // the reason ("/etc/lockd/permissions line 3: unknown right \"aquire\"").
@@ -57,6 +60,8 @@ class Permissions {
   std::string DescribeAcquire(const std::string& identity) const;
   // Where the rules came from ("" without a file), and how many there are.
   const std::string& source() const { return source_; }
+  // Without a file: the operator's identity (see WithoutFile).
+  const std::string& state_owner() const { return state_owner_; }
   size_t rule_count() const { return rule_count_; }
 
  private:
@@ -73,6 +78,7 @@ class Permissions {
   const Rights& For(const std::string& identity) const;
 
   bool all_allowed_ = true;
+  std::string state_owner_;  // without a file: the operator
   std::string source_;
   size_t rule_count_ = 0;
   absl::flat_hash_map<std::string, Rights> rights_;  // each named identity's, `*`'s merged in

@@ -151,10 +151,15 @@ class PoolService {
   absl::StatusOr<uint64_t> Publish(const std::string& pool, PoolPolicy policy, MonoTime now);
 
   // A manager takes `profile`: a new epoch, whose owner key is `key` (random bytes from the
-  // caller). `generation` must be the current one. Requests of earlier epochs are refused from
-  // now on; their leases stay, for the new manager to reconcile.
+  // caller), claimed by identity `claimed_by` (kept with the epoch: ClaimedBy). `generation`
+  // must be the current one. Requests of earlier epochs are refused from now on; their leases
+  // stay, for the new manager to reconcile.
   absl::StatusOr<PoolOwner> Claim(const std::string& pool, const std::string& profile,
-                                  uint64_t generation, std::string key, MonoTime now);
+                                  uint64_t generation, std::string key,
+                                  const std::string& claimed_by, MonoTime now);
+  // The current owner of `profile`: its epoch (0 if never claimed) and the identity that
+  // claimed it ("" if unknown). Null for an unknown pool.
+  const PoolOwnerState* Owner(const std::string& pool, const std::string& profile) const;
   // The current owner enforces `generation` (the current one) from now on.
   absl::Status Ack(const std::string& pool, const std::string& profile, const PoolOwner& owner,
                    uint64_t generation, MonoTime now);

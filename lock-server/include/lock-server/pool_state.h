@@ -58,6 +58,7 @@ struct PoolOwnerState {
   // PoolOwnerKeyDigest() of what proves a request is this epoch's manager (never the key).
   std::string key;
   uint64_t acked_generation = 0;  // the policy generation this manager said it enforces
+  std::string claimed_by;         // who claimed this epoch ("" if unknown: an older record)
 };
 
 struct PoolTombstone {

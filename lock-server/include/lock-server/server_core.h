@@ -83,7 +83,8 @@ struct CoreOptions {
   // Where session secrets come from: 16 bytes each that nobody can guess. Default: the
   // kernel's random number generator (getrandom). The simulator passes its seeded one.
   std::function<std::string()> session_secrets;
-  // What each identity may acquire and list. Default: everything (no permissions file).
+  // What each identity may do. Default: everything but the operator's rights (no permissions
+  // file, and no known owner of the state: see Permissions::WithoutFile).
   Permissions permissions;
   // Called on the core's thread once a commit fault has been answered (every reply held for a
   // commit refused) and only if the log cannot come back from it (CommitLog::FaultEndsServing).

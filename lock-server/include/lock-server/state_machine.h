@@ -98,6 +98,9 @@ struct PoolProfileClaimed {
   // itself goes only to the manager that claimed.
   std::string key_digest;
   uint64_t generation;  // the policy generation it enforces
+  // The identity that claimed (Permissions::Name of the connection's): requests of this epoch
+  // must come from it (ADR 0004). Empty in a record written before identities were kept.
+  std::string claimed_by;
   // Decoded from a record that held the key itself (written before digests): counted in
   // StateMachine::secrets_read_in_clear, as for sessions.
   bool read_in_clear = false;
