@@ -267,13 +267,20 @@ TEST(PoolFlagsTest, AbsurdPoolTimingsAreRefusedNamingTheFlag) {
   testing::TempDir tmp;
   const std::string dir = tmp.path() + "/state";
   ASSERT_EQ(testing::InitDataDir(dir), 0);
-  for (const std::string flag : {"--pool-demand-ttl=0s", "--pool-demand-ttl=1000h",
+  for (const std::string flag : {"--pool-demand-ttl=0s", "--pool-demand-ttl=2s",
+                                 "--pool-demand-ttl=1000h",
                                  "--pool-provisional-ttl=1ms", "--pool-provisional-ttl=-5s"}) {
     auto [status, err] = testing::RunLockdToExit(
         {"serve", "--data-dir=" + dir, "--port=0", "--metrics-port=-1", flag});
     EXPECT_NE(status, 0) << flag;
     const std::string name = flag.substr(0, flag.find('='));
     EXPECT_THAT(err, HasSubstr(name)) << flag;
+    // Below the managers' cadences (seed ADR-0006), the refusal names both.
+    if (flag == "--pool-demand-ttl=2s") {
+      EXPECT_THAT(err, HasSubstr("at least 3s")) << err;
+      EXPECT_THAT(err, HasSubstr("every 1s")) << err;
+      EXPECT_THAT(err, HasSubstr("every 2s")) << err;
+    }
   }
 }
 

@@ -116,8 +116,9 @@ ABSL_FLAG(absl::Duration, session_ttl, fencelock::defaults::kSessionTtl,
           "lock.session.ttl: TTL of sessions that ask for none");
 ABSL_FLAG(absl::Duration, lock_ttl, fencelock::defaults::kLockTtl,
           "lock.default.ttl: lease TTL of acquires that ask for none");
-ABSL_FLAG(absl::Duration, pool_demand_ttl, absl::Seconds(30),
-          "admission pools: how long positive demand stays current without a refresh");
+ABSL_FLAG(absl::Duration, pool_demand_ttl, fencelock::defaults::kPoolDemandTtl,
+          "admission pools: how long positive demand stays current without a refresh (at "
+          "least 3s: managers refresh it every 1s and retry acquires every 2s)");
 ABSL_FLAG(absl::Duration, pool_provisional_ttl, absl::Seconds(30),
           "admission pools: TTL of provisional leases whose acquire asks for none");
 

@@ -265,6 +265,15 @@ absl::StatusOr<PoolOwner> PoolService::Claim(const std::string& pool, const std:
   return PoolOwner{epoch, std::move(key)};
 }
 
+void PoolService::PostponeDemand(absl::Duration d) {
+  if (d <= absl::ZeroDuration()) return;
+  for (auto& [pool, profiles] : demand_) {
+    for (auto& [profile, demand] : profiles) {
+      if (demand.expires_at != MonoTime::Max()) demand.expires_at = demand.expires_at + d;
+    }
+  }
+}
+
 const PoolOwnerState* PoolService::Owner(const std::string& pool,
                                          const std::string& profile) const {
   auto p = FindPool(pool);

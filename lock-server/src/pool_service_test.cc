@@ -452,6 +452,22 @@ TEST_F(PoolServiceTest, AbandonedDemandExpiresAndStopsWithholdingUnits) {
   EXPECT_EQ(pools().stats().demand_expiries_total, 1u);
 }
 
+// Issue 35: lockd's stall compensation (it did not run for a while: a freeze, a suspend) moves
+// demand deadlines with the leases', so that managers whose refreshes could not arrive keep
+// their share; known zero stays known zero.
+TEST_F(PoolServiceTest, LockdsOwnStallPostponesDemandWithTheLeases) {
+  Publish(4, {Profile("a"), Profile("b"), Profile("c")});
+  PoolOwner a = Claim("a"), b = Claim("b"), c = Claim("c");
+  ASSERT_TRUE(pools().SetDemand("p", "b", b, 4, At(0)).ok());
+  ASSERT_TRUE(pools().SetDemand("p", "c", c, 0, At(0)).ok());
+  service_.PostponeLeases(absl::Seconds(40));  // lockd frozen from 10 s to 50 s, say
+  EXPECT_EQ(ProfileOf(Status(69), "b").pending_units, 4u);
+  EXPECT_EQ(ProfileOf(Status(69), "c").pending_units, 0u);
+  EXPECT_EQ(Fill("a", a, 69), 2);  // b's share still withheld
+  EXPECT_FALSE(ProfileOf(Status(70), "b").pending_units.has_value());
+  EXPECT_EQ(ProfileOf(Status(70), "c").pending_units, 0u);
+}
+
 // ADR-0006 confirmation: expired demand is reported as unavailable rather than zero.
 TEST_F(PoolServiceTest, ExpiredDemandReportsUnknownNotZero) {
   Publish(4, {Profile("a"), Profile("b")});

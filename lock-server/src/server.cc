@@ -410,6 +410,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
                              std::pair{"max waiters per lock", options.max_waiters_per_lock}}) {
     if (value == 0) return absl::InvalidArgumentError(absl::StrCat(name, " must be at least 1"));
   }
+  if (options.pool_demand_ttl < defaults::kMinPoolDemandTtl) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the pool demand TTL (--pool-demand-ttl) must be at least ",
+        absl::FormatDuration(defaults::kMinPoolDemandTtl), ", got ",
+        absl::FormatDuration(options.pool_demand_ttl), ": managers refresh their demand every ",
+        absl::FormatDuration(defaults::kPoolDemandRefresh), " and retry a pending acquire every ",
+        absl::FormatDuration(defaults::kPoolAcquireRetry),
+        " (seed ADR-0006), and a shorter TTL would drop a live manager's demand between them"));
+  }
   for (auto [name, value] :
        {std::pair{"the pool demand TTL (--pool-demand-ttl)", options.pool_demand_ttl},
         std::pair{"the provisional pool lease TTL (--pool-provisional-ttl)",

@@ -526,8 +526,9 @@ void ServerCore::Impl::OnStall(absl::Duration gap) {
   // Every expiry moved later: wake for the new earliest one.
   if (!stopped_ && log_->fault() == nullptr) expiry_.ArmFor(service_.NextDeadline());
   options_.log(absl::StrCat("did not run for ", absl::FormatDuration(gap),
-                            " (frozen, suspended or starved of CPU); every session and lock "
-                            "lease is extended by that much"));
+                            " (frozen, suspended or starved of CPU); every session, lock "
+                            "lease, provisional pool lease and pool demand is extended by that "
+                            "much"));
 }
 
 void ServerCore::Impl::OnHelloTimeout(ConnectionId id) {

@@ -207,9 +207,13 @@ class LockService {
   // `now`.
   void Advance(MonoTime now);
 
-  // Every session and lock lease ends `d` later (waits are not moved): for time the server
-  // itself did not run. See StateMachine::PostponeExpiries.
-  void PostponeLeases(absl::Duration d) { state_.PostponeExpiries(d); }
+  // Every session, lock lease, provisional pool lease and pool demand ends `d` later (waits
+  // are not moved): for time the server itself did not run. See StateMachine::PostponeExpiries
+  // and PoolService::PostponeDemand.
+  void PostponeLeases(absl::Duration d) {
+    state_.PostponeExpiries(d);
+    pools_.PostponeDemand(d);
+  }
   // Every session, lock lease and provisional pool lease runs at least its full TTL from
   // `now`: for the moment a restored state begins to be served. See
   // StateMachine::RestartLeases.

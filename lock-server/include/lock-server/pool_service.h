@@ -39,6 +39,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "protocol/defaults.h"
 #include "clock/clock.h"
 #include "lock-server/state_machine.h"
 
@@ -46,7 +47,7 @@ namespace fencelock::server {
 
 struct PoolOptions {
   // How long positive demand stays current without a refresh (ADR-0006). Default: 30 s.
-  absl::Duration demand_ttl = absl::Seconds(30);
+  absl::Duration demand_ttl = defaults::kPoolDemandTtl;
   // Provisional lease TTL for an Acquire that asks for none. Default: 30 s.
   absl::Duration default_provisional_ttl = absl::Seconds(30);
   // Accepted range of a requested provisional TTL. Default: 100 ms to 1 h.
@@ -209,6 +210,10 @@ class PoolService {
 
   // Expires provisional leases that have run out by `now` (never an active one).
   void Advance(MonoTime now);
+  // Every positive demand's deadline moves `d` later: lockd did not run for `d` (a freeze, a
+  // suspend), so its managers' refreshes could not arrive (issue 35; ADR-0006's "a manager
+  // paused" is the manager's pause, not lockd's).
+  void PostponeDemand(absl::Duration d);
 
   const PoolStats& stats() const { return stats_; }
 

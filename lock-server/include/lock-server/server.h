@@ -133,7 +133,7 @@ struct ServerOptions {
   // Admission pools (docs/admission.md): how long positive demand stays current without a
   // refresh (ADR-0006), and the provisional lease TTL of an acquire that asks for none.
   // Default: 30 s each; each 100 ms to 1 h.
-  absl::Duration pool_demand_ttl = absl::Seconds(30);
+  absl::Duration pool_demand_ttl = defaults::kPoolDemandTtl;
   absl::Duration pool_provisional_ttl = absl::Seconds(30);
   // Largest frame accepted or sent, in bytes. Default: 1 MiB.
   size_t max_frame_bytes = size_t{1} << 20;
