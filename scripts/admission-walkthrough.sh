@@ -19,8 +19,13 @@ done
 work="$(mktemp -d "${TMPDIR:-/tmp}/fencelock-admission.XXXXXX")"
 sock="$work/lockd.sock"
 lockd_pid=""
+other_pid=""
+# This walk-through's host lock (ADR 0005): the default one, /run/lock's, would make it clash
+# with a real coordinator on this machine.
+host_lock="$work/admission.lock"
 cleanup() {
   [[ -n "$lockd_pid" ]] && kill "$lockd_pid" 2>/dev/null && wait "$lockd_pid" 2>/dev/null
+  [[ -n "$other_pid" ]] && kill "$other_pid" 2>/dev/null && wait "$other_pid" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -58,7 +63,8 @@ me="uid:$(id -u)"
 printf '%s operator\n%s manage hosts/*\n%s list\n' "$me" "$me" "$me" >"$work/permissions"
 start_lockd() {
   "$lockd" serve --data-dir="$work/state" --tcp=false --unix-socket="$sock" --metrics-port=-1 \
-    --pool-demand-ttl=3s --permissions="$work/permissions" >>"$work/lockd.log" 2>&1 &
+    --pool-demand-ttl=3s --permissions="$work/permissions" --admission-lock="$host_lock" \
+    >>"$work/lockd.log" 2>&1 &
   lockd_pid=$!
   for _ in $(seq 100); do
     [[ -S "$sock" ]] && "$lockctl" --server="unix:$sock" status >/dev/null 2>&1 && return 0
@@ -93,6 +99,26 @@ pool publish --pool=hosts --generation=1 --budget=8 \
   --profiles=build:borrow,test:cost=2:reserve=2:lendable,deploy:reserve=2
 expect 5 pool publish --pool=hosts --generation=1 --budget=9 --profiles=build
 expect 2 pool publish --pool=hosts --generation=2 --budget=8 --profiles=build,build
+
+step "one admission namespace per host (ADR 0005): a second coordinator is refused, naming the first"
+"$lockd" init --data-dir="$work/other" >/dev/null
+"$lockd" serve --data-dir="$work/other" --tcp=false --unix-socket="$work/other.sock" \
+  --metrics-port=-1 --permissions="$work/permissions" --admission-lock="$host_lock" \
+  >>"$work/other.log" 2>&1 &
+other_pid=$!
+for _ in $(seq 100); do
+  [[ -S "$work/other.sock" ]] && "$lockctl" --server="unix:$work/other.sock" status >/dev/null 2>&1 && break
+  sleep 0.05
+done
+rc=0
+out="$("$lockctl" --server="unix:$work/other.sock" pool publish --pool=elsewhere --generation=1 \
+  --budget=4 --profiles=x 2>&1)" || rc=$?
+echo "$out"
+[[ "$rc" == 5 ]] || fail "a second coordinator's publish exited $rc, expected 5"
+[[ "$out" == *"locked by lockd pid $lockd_pid "* ]] || fail "the refusal does not name lockd $lockd_pid"
+kill "$other_pid" && wait "$other_pid" || true
+other_pid=""
+echo "   ok: the second lockd serves locks, and its publish is refused naming lockd $lockd_pid"
 
 step "each profile's manager claims its profile (an epoch and a key)"
 BUILD="$(pool claim --pool=hosts --profile=build --generation=1)"

@@ -54,6 +54,7 @@ class InProcessLockd {
     options.env = env;
     options.tcp_port = 0;
     options.unix_socket_path = unix_path_;
+    options.admission_lock = dir + ".admission.lock";  // this test's host (ADR 0005)
     options.metrics_port = -1;
     auto server = server::Server::Create(options);
     EXPECT_TRUE(server.ok()) << server.status();
@@ -354,6 +355,50 @@ TEST(PoolTransportTest, APermissionsFileOpensPoolsToANamedNetworkIdentity) {
   auto b = tcp->claim("p", "b", 1);
   EXPECT_EQ(b.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(b.status().message(), HasSubstr("may not manage p/b"));
+}
+
+// ADR 0005: one admission namespace per host. A lockd that coordinates pools holds the host's
+// admission lock; a second one on another state directory serves locks but its publish is
+// refused naming the first, one whose state holds a pool does not start, and once the first
+// is gone the second may coordinate.
+TEST(AdmissionNamespaceTest, ASecondCoordinatorOnTheHostIsRefusedNamingTheFirst) {
+  testing::TempDir tmp;
+  const std::string host_lock = "--admission-lock=" + tmp.path() + "/admission.lock";
+  const std::string b_dir = tmp.path() + "/b";
+  ASSERT_EQ(testing::InitDataDir(b_dir), 0);
+  {  // b coordinates a pool first, then stops: its state holds the pool.
+    LockdProcess b(LockdProcess::Options{
+        .unix_socket = true, .extra_args = {host_lock}, .data_dir = b_dir});
+    ASSERT_TRUE(Client("unix:" + b.unix_path())->publish("q", 1, 4, {{.id = "x"}}).ok());
+  }
+  LockdProcess a(LockdProcess::Options{.unix_socket = true, .extra_args = {host_lock}});
+  auto first = Client("unix:" + a.unix_path());
+  ASSERT_TRUE(first->publish("p", 1, 4, {{.id = "a"}}).ok());
+  const std::string holder = "locked by lockd pid " + std::to_string(a.pid()) + " on host ";
+
+  // A lockd without pools starts, serves locks, and may not publish.
+  LockdProcess c(LockdProcess::Options{.unix_socket = true, .extra_args = {host_lock}});
+  auto second = Client("unix:" + c.unix_path());
+  auto refused = second->publish("r", 1, 4, {{.id = "a"}});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr(holder));
+  EXPECT_THAT(refused.status().message(), HasSubstr("one host has one admission namespace"));
+  EXPECT_THAT(refused.status().message(), HasSubstr(a.data_dir()));
+  RawConnection raw = RawConnection::Tcp(c.port());
+  ASSERT_EQ(raw.Call(protocol::HelloRequest("raw-test")).code(), wire::OK);
+  EXPECT_EQ(raw.Call(testing::request::OpenSession(absl::Seconds(10))).code(), wire::OK);
+
+  // A lockd whose state holds a pool refuses to start, naming the holder.
+  auto [status, err] = testing::RunLockdToExit({"serve", "--data-dir=" + b_dir, "--port=0",
+                                                "--metrics-port=-1", host_lock});
+  EXPECT_NE(status, 0);
+  EXPECT_THAT(err, HasSubstr("this state holds 1 admission pool"));
+  EXPECT_THAT(err, HasSubstr(holder));
+
+  // The first coordinator gone (the kernel lets go of its lock), the second may publish.
+  EXPECT_EQ(WEXITSTATUS(a.Stop()), 0);
+  auto taken = second->publish("r", 1, 4, {{.id = "a"}});
+  EXPECT_TRUE(taken.ok()) << taken.status();
 }
 
 // Runs `body` in a child process as user `uid` (group `uid` too) and returns what it wrote;

@@ -174,6 +174,7 @@ void DispatchPool(const wire::Request& req, ConnectionState& conn, DispatchHost&
     case wire::Request::kPoolPublish: {
       const auto& r = req.pool_publish();
       if (absl::Status s = operator_only("publish pool policies"); !s.ok()) return finish(s);
+      if (absl::Status s = host.HoldAdmissionNamespace(); !s.ok()) return finish(s);
       PoolPolicy policy{r.generation(), r.budget(), {}};
       for (const auto& p : r.profiles()) {
         policy.profiles.push_back(

@@ -77,13 +77,47 @@ class PosixFileLock final : public FileLock {
   PosixFileLock(int dir_fd, int fd) : dir_fd_(dir_fd), fd_(fd) {}
   ~PosixFileLock() override {  // closing the descriptors releases the flocks
     close(fd_);
-    close(dir_fd_);
+    if (dir_fd_ >= 0) close(dir_fd_);
   }
 
  private:
-  int dir_fd_;
+  int dir_fd_;  // -1: the file alone
   int fd_;
 };
+
+// Opens `path` (made with `mode` if missing) and holds an exclusive flock on it, its content
+// then `owner`. Held elsewhere: kFailedPrecondition naming the holder (the file's content) and
+// ending in `rule`. Returns the descriptor, whose closing lets go.
+absl::StatusOr<int> LockOneFile(const std::string& path, const std::string& owner, mode_t mode,
+                                const std::string& rule) {
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, mode);
+  bool writable = true;
+  if (fd < 0 && errno == EACCES) {  // another user's file: a lock needs no write access
+    fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    writable = false;
+  }
+  if (fd < 0) return ErrnoStatus("open", path, errno);
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder(256, '\0');
+    const ssize_t n = pread(fd, holder.data(), holder.size(), 0);
+    close(fd);
+    if (err != EWOULDBLOCK) return ErrnoStatus("flock", path, err);
+    holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " is locked by ", holder.empty() ? "another process" : holder, ": ", rule));
+  }
+  if (!writable) return fd;  // held, though it cannot say by whom
+  absl::Status s;
+  if (ftruncate(fd, 0) != 0) s = ErrnoStatus("ftruncate", path, errno);
+  if (s.ok()) s = WriteAll(fd, path, owner + "\n", 0);
+  if (!s.ok()) {
+    close(fd);
+    return s;
+  }
+  return fd;
+}
 
 class PosixEnv final : public Env {
  public:
@@ -195,34 +229,12 @@ class PosixEnv final : public Env {
           name.empty() ? absl::StrCat("another process (", path, " is missing or empty)") : name,
           ": one state directory has exactly one server"));
     }
-    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) {
-      const int err = errno;
+    auto fd = LockOneFile(path, owner, 0600, "one state directory has exactly one server");
+    if (!fd.ok()) {
       close(dir_fd);
-      return ErrnoStatus("open", path, err);
+      return fd.status();
     }
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      const int err = errno;
-      std::string holder(256, '\0');
-      const ssize_t n = pread(fd, holder.data(), holder.size(), 0);
-      close(fd);
-      close(dir_fd);
-      if (err != EWOULDBLOCK) return ErrnoStatus("flock", path, err);
-      holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
-      while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
-      return absl::FailedPreconditionError(absl::StrCat(
-          path, " is locked by ", holder.empty() ? "another process" : holder,
-          ": one state directory has exactly one server"));
-    }
-    absl::Status s;
-    if (ftruncate(fd, 0) != 0) s = ErrnoStatus("ftruncate", path, errno);
-    if (s.ok()) s = WriteAll(fd, path, owner + "\n", 0);
-    if (!s.ok()) {
-      close(fd);
-      close(dir_fd);
-      return s;
-    }
-    return std::make_unique<PosixFileLock>(dir_fd, fd);
+    return std::make_unique<PosixFileLock>(dir_fd, *fd);
   }
 
   absl::Status SyncDir(const std::string& dir) override {
@@ -237,6 +249,15 @@ class PosixEnv final : public Env {
 
 
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<FileLock>> LockHostFile(const std::string& path,
+                                                       const std::string& owner,
+                                                       const std::string& rule) {
+  // World-readable, so that a second process of another user can name the holder.
+  auto fd = LockOneFile(path, owner, 0644, rule);
+  if (!fd.ok()) return fd.status();
+  return std::make_unique<PosixFileLock>(-1, *fd);
+}
 
 Env* Env::Posix() {
   static Env* env = new PosixEnv();

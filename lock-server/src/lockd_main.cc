@@ -78,6 +78,9 @@ ABSL_FLAG(bool, allow_remote, false,
           "no longer accepted: plaintext TCP is served on loopback only; other machines connect "
           "over TLS (--tls-ca, --tls-cert, --tls-key)");
 ABSL_FLAG(std::string, unix_socket_mode, "0600", "permission bits of the Unix socket, in octal");
+ABSL_FLAG(std::string, admission_lock, fencelock::server::kDefaultAdmissionLock,
+          "admission pools: the host's lock that the one lockd coordinating pools holds (ADR "
+          "0005); every coordinator of a host must name the same file");
 ABSL_FLAG(std::string, unix_socket_group, "",
           "group (name or id) of the Unix socket; default: lockd's own");
 ABSL_FLAG(std::string, allowed_uids, "",
@@ -165,6 +168,7 @@ int Serve() {
   options.default_lock_ttl = absl::GetFlag(FLAGS_lock_ttl);
   options.pool_demand_ttl = absl::GetFlag(FLAGS_pool_demand_ttl);
   options.pool_provisional_ttl = absl::GetFlag(FLAGS_pool_provisional_ttl);
+  options.admission_lock = absl::GetFlag(FLAGS_admission_lock);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   if (const std::string etcd = absl::GetFlag(FLAGS_etcd); !etcd.empty()) {
     auto endpoints = fencelock::server::ParseEtcdEndpoints(etcd);
@@ -377,7 +381,7 @@ int main(int argc, char** argv) {
       "              [--idle-timeout=D] [--slow-reader-timeout=D] [--max-sessions-per-connection=N]\n"
       "              [--max-locks-per-session=N] [--max-waiters-per-lock=N]\n"
       "              [--max-frame-bytes=N] [--hello-timeout=D]\n"
-      "              [--pool-demand-ttl=D] [--pool-provisional-ttl=D]");
+      "              [--pool-demand-ttl=D] [--pool-provisional-ttl=D] [--admission-lock=PATH]");
   const std::vector<std::string> args = fencelock::process::ParseFlags(argc, argv);
   auto level = fencelock::logging::ParseLevel(absl::GetFlag(FLAGS_log_level));
   if (!level.ok()) {

@@ -189,6 +189,30 @@ class ServerImpl final : public Server {
     std::thread thread;
   };
   std::unique_ptr<Standby> standby_;  // while standing by
+  // The host's admission lock, once this lockd coordinates pools (ADR 0005). Taken by Init or
+  // on the core's thread, before the first publish; let go of when the process exits.
+  std::unique_ptr<FileLock> admission_lock_;
+
+  // Takes the host's admission lock if this lockd does not hold it yet, and returns a line
+  // saying so ("" if it held it); kFailedPrecondition naming the holder if another process
+  // does.
+  absl::StatusOr<std::string> HoldAdmissionNamespace() {
+    if (admission_lock_ != nullptr) return std::string();
+    char host[256] = "?";
+    ::gethostname(host, sizeof(host) - 1);
+    const std::string state = options_.data_dir.empty()
+                                  ? absl::StrCat("etcd prefix ", options_.etcd_prefix)
+                                  : absl::StrCat("state ", options_.data_dir);
+    auto held = LockHostFile(
+        options_.admission_lock,
+        absl::StrCat("lockd pid ", ::getpid(), " on host ", host, ", ", state),
+        "one host has one admission namespace, and that lockd coordinates its pools (ADR 0005; "
+        "--admission-lock names the lock)");
+    if (!held.ok()) return held.status();
+    admission_lock_ = std::move(*held);
+    return absl::StrCat("coordinating admission pools: holding ", options_.admission_lock,
+                        " (ADR 0005)");
+  }
 };
 
 // ServerOptions::etcd_request_timeout when left at zero: a third of the usable ownership, so
@@ -265,6 +289,17 @@ absl::Status ServerImpl::Init() {
   if (standby_) StopStandby();
   if (!opened.ok()) return opened.status();
   summary_.insert(summary_.end(), opened->summary.begin(), opened->summary.end());
+  // A state that holds a pool is an admission namespace: a second one on the host does not
+  // start (ADR 0005).
+  if (!opened->state.pools().empty()) {
+    auto held = HoldAdmissionNamespace();
+    if (!held.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this state holds ", opened->state.pools().size(), " admission pool",
+          opened->state.pools().size() == 1 ? "" : "s", ", and ", held.status().message()));
+    }
+    Note(*held);
+  }
   Permissions permissions = Permissions::WithoutFile(StateOwner(options_));
   if (!options_.permissions_file.empty()) {
     auto loaded = LoadPermissions(options_.env, options_.permissions_file);
@@ -294,6 +329,7 @@ absl::Status ServerImpl::Init() {
       .stall_threshold = options_.stall_threshold,
       .permissions = std::move(permissions)};
   core_options.on_ending_fault = [this](const absl::Status& fault) { EndService(fault); };
+  core_options.hold_admission_namespace = [this] { return HoldAdmissionNamespace(); };
   core_options.on_stop_requested = [this] {
     Note("stopping: an operator asked (lockctl pool stop), and no pool holds a lease");
     // A moment for the reply to leave before the connections close.
@@ -390,6 +426,12 @@ void ServerImpl::Stop() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
+  if (options.admission_lock.empty() || options.admission_lock.front() != '/' ||
+      options.admission_lock.back() == '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the admission lock (--admission-lock) must be an absolute path to a file, got \"",
+        options.admission_lock, "\""));
+  }
   if (options.min_ttl <= absl::ZeroDuration() || options.min_ttl > options.max_ttl) {
     return absl::InvalidArgumentError("min_ttl must be positive and not above max_ttl");
   }

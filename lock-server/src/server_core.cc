@@ -290,6 +290,12 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
     // After the reply: the transport writes it before the stop closes the connection.
     if (options_.on_stop_requested) time_->Post(options_.on_stop_requested);
   }
+  absl::Status HoldAdmissionNamespace() override {
+    if (!options_.hold_admission_namespace) return absl::OkStatus();
+    auto taken = options_.hold_admission_namespace();
+    if (taken.ok() && !taken->empty()) options_.log(*taken);
+    return taken.status();
+  }
   void FillStats(wire::StatsReply* stats) const override;
 
   // CommitLogListener

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -111,6 +112,12 @@ void LockdProcess::Start(int port) {
                                    "--metrics-port-file=" + dir_.path() + "/metrics-port"};
   if (!options_.etcd.empty()) args.push_back("--etcd-prefix=" + options_.etcd_prefix);
   if (!unix_path_.empty()) args.push_back("--unix-socket=" + unix_path_);
+  // Each test's lockd is its own host as far as admission goes (ADR 0005): tests run side by
+  // side, and one that means to share the lock names it.
+  if (std::none_of(options_.extra_args.begin(), options_.extra_args.end(),
+                   [](const std::string& a) { return a.rfind("--admission-lock=", 0) == 0; })) {
+    args.push_back("--admission-lock=" + dir_.path() + "/admission.lock");
+  }
   for (const auto& a : options_.extra_args) args.push_back(a);
   auto child = process::Child::Spawn(
       LOCKD_BINARY, args,

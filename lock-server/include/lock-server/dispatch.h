@@ -65,6 +65,9 @@ class DispatchHost {
   virtual size_t max_frame_bytes() const = 0;
   // An operator's PoolStop was accepted: stop serving once its reply is out. Default: nothing.
   virtual void RequestStop() {}
+  // Before a pool is published: this lockd becomes the host's admission coordinator, or is
+  // told (kFailedPrecondition) which other process is (ADR 0005). Default: OK.
+  virtual absl::Status HoldAdmissionNamespace() { return absl::OkStatus(); }
 };
 
 struct Dispatched {

@@ -38,6 +38,14 @@ class FileLock {
   virtual ~FileLock() = default;
 };
 
+// An exclusive flock on `path` on the real file system (created 0644 if missing; another
+// user's file is locked read-only), whose content then names `owner`: for a lock of the whole
+// host, such as the admission namespace's. Held elsewhere: kFailedPrecondition naming the
+// holder and ending in `rule`.
+absl::StatusOr<std::unique_ptr<FileLock>> LockHostFile(const std::string& path,
+                                                       const std::string& owner,
+                                                       const std::string& rule);
+
 // True for an Env failure that only lacked a file descriptor (EMFILE, ENFILE): worth trying
 // again once descriptors are free, and no sign of a damaged disk.
 inline bool OutOfDescriptors(const absl::Status& s) { return absl::IsUnavailable(s); }

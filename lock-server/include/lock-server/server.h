@@ -24,6 +24,9 @@
 
 namespace fencelock::server {
 
+// Where a host's admission lock is by default (ADR 0005): the system's directory for lock files.
+inline constexpr char kDefaultAdmissionLock[] = "/run/lock/fencelock-admission.lock";
+
 struct ServerOptions {
   // State directory created by `lockd init`. Create() restores from it before it listens, and
   // refuses a missing, uninitialized, damaged or unsupported one. Exactly one of data_dir and
@@ -130,6 +133,10 @@ struct ServerOptions {
   absl::Duration max_ttl = absl::Hours(1);
   // Longest queue wait an acquire may ask for. Default: 1 h.
   absl::Duration max_wait = absl::Hours(1);
+  // Admission pools: the host's admission lock (ADR 0005), which a lockd that coordinates
+  // pools holds (from its start if its state holds a pool, else from its first publish); a
+  // second coordinator on the host is refused, naming the first.
+  std::string admission_lock = kDefaultAdmissionLock;
   // Admission pools (docs/admission.md): how long positive demand stays current without a
   // refresh (ADR-0006), and the provisional lease TTL of an acquire that asks for none.
   // Default: 30 s each; each 100 ms to 1 h.

@@ -97,6 +97,10 @@ struct CoreOptions {
   // and holds no lease), after its reply was handed to the connection. Default: nothing (the
   // request is answered OK and lockd keeps serving).
   std::function<void()> on_stop_requested;
+  // Called (on the core's thread) before a pool is published: takes the host's admission lock
+  // if this lockd does not hold it yet, or says who does (ADR 0005). Returns a line for `log`
+  // when it took the lock ("" when it held it already). Default: none (OK).
+  std::function<absl::StatusOr<std::string>()> hold_admission_namespace;
   // A standby replica's core: every request is answered NOT_LEADER naming the serving replica
   // (SetStandbyLeader), and the connection closed. Default: false.
   bool standby = false;
