@@ -199,10 +199,18 @@ echo "   ok: decision, units, leases and tombstones: $after"
 expect 6 pool set-demand --pool=hosts --profile=build --owner="$BUILD" --slots=1
 echo "   ok: the old build manager is still stale after the restart"
 
-step "rollback: drain, and lockd stops only once no lease remains"
+step "rollback: drain, lockd stops only once no lease remains, and its state goes only then"
 pool drain --pool=hosts
 expect 5 pool acquire --pool=hosts --profile=deploy --slot=d3 --owner="$DEPLOY"
 expect 5 pool stop
+expect 1 "$lockd" destroy --data-dir="$work/state"
+echo "   ok: lockd destroy is refused while lockd runs on the state"
+kill "$lockd_pid"; wait "$lockd_pid" || true
+lockd_pid=""
+expect 4 "$lockd" destroy --data-dir="$work/state"
+[[ -f "$work/state/FORMAT" ]] || fail "lockd destroy removed something while leases remained"
+echo "   ok: lockd destroy lists the leases left and removes nothing"
+start_lockd
 pool status --pool=hosts --json | python3 -c '
 import json, sys
 for l in json.load(sys.stdin)["leases"]:
@@ -215,4 +223,7 @@ pool stop
 wait "$lockd_pid"
 lockd_pid=""
 echo "   ok: lockd stopped"
+"$lockd" destroy --data-dir="$work/state"
+[[ ! -e "$work/state" ]] || fail "lockd destroy left $work/state"
+echo "   ok: lockd destroy removed exactly the coordinator's state"
 printf '\nwalkthrough: OK\n'

@@ -209,6 +209,17 @@ class PosixEnv final : public Env {
     return SyncDir(Parent(dir));
   }
 
+  absl::Status RemoveDir(const std::string& dir) override {
+    if (rmdir(dir.c_str()) != 0) {
+      const int err = errno;
+      if (err == ENOTEMPTY || err == EEXIST) {
+        return absl::FailedPreconditionError(absl::StrCat("rmdir ", dir, ": not empty"));
+      }
+      return ErrnoStatus("rmdir", dir, err);
+    }
+    return SyncDir(Parent(dir));
+  }
+
   absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path,
                                                      const std::string& owner) override {
     // The directory that holds the file is locked too: removing the file (by hand, or a

@@ -28,7 +28,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "lock-server/destroy.h"
 #include "lock-server/env.h"
 #include "lock-server/etcd_commit_log.h"
 #include "lock-server/server.h"
@@ -363,6 +365,38 @@ int Init() {
   return 0;
 }
 
+// `lockd destroy`: exit 0 removed, 4 the state still holds locks or pool leases (listed,
+// nothing removed), 1 anything else (nothing removed).
+int Destroy() {
+  const std::string dir = absl::GetFlag(FLAGS_data_dir);
+  if (dir.empty() || !absl::GetFlag(FLAGS_etcd).empty()) {
+    Log().Error("destroy needs --data-dir (an etcd prefix is not destroyed by lockd yet)");
+    return 1;
+  }
+  auto out = fencelock::server::DestroyStateDir(fencelock::server::Env::Posix(), dir,
+                                                absl::StrCat("lockd destroy pid ", ::getpid()));
+  if (!out.ok()) {
+    Log().Error(absl::StrCat("destroy: ", out.status().ToString(), "; nothing removed"));
+    return 1;
+  }
+  if (!out->held.empty()) {
+    Log().Error(absl::StrCat("destroy: ", dir, " still holds ", out->held.size(),
+                             out->held.size() == 1 ? " lock or lease" : " locks and leases",
+                             "; nothing removed (release or drain them first):"));
+    for (const std::string& line : out->held) std::fprintf(stderr, "  %s\n", line.c_str());
+    return 4;
+  }
+  Log().Info(absl::StrCat("destroyed the state in ", dir, ": removed ",
+                          absl::StrJoin(out->removed, ", ")));
+  if (out->removed_dir) {
+    Log().Info(absl::StrCat("removed ", dir));
+  } else {
+    Log().Warning(absl::StrCat("left ", dir, ": it holds files lockd did not write: ",
+                               absl::StrJoin(out->kept, ", ")));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -372,6 +406,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "the fencelock lock server\n"
       "  lockd init  --data-dir=DIR | --etcd=HOST:PORT,... --etcd-prefix=/fencelock/NAME\n"
+      "  lockd destroy --data-dir=DIR   (removes it once no lock and no pool lease remains; "
+      "exit 4: some remain, listed)\n"
       "  lockd serve --data-dir=DIR | --etcd=... --etcd-prefix=P [--listen=ADDR] [--port=N] [--unix-socket=PATH] [--tcp=false]\n"
       "              [--port-file=PATH] [--session-ttl=D] [--lock-ttl=D]\n"
       "              [--metrics-port=N] [--metrics-listen=ADDR] [--permissions=FILE]\n"
@@ -392,6 +428,7 @@ int main(int argc, char** argv) {
   const std::string command = args.size() == 2 ? args[1] : "";
   if (command == "init") return Init();
   if (command == "serve") return Serve();
-  std::fprintf(stderr, "usage: lockd init|serve --data-dir=DIR [flags]; lockd --help lists the flags\n");
+  if (command == "destroy") return Destroy();
+  std::fprintf(stderr, "usage: lockd init|serve|destroy --data-dir=DIR [flags]; lockd --help lists the flags\n");
   return 1;
 }

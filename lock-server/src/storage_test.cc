@@ -1,6 +1,7 @@
 // Recovery rules on hand-built state directories in memory: what is restored, what is dropped
 // as a torn tail, and what is refused (with the file named).
 #include "lock-server/storage.h"
+#include "lock-server/destroy.h"
 #include "lock-server/testing/recovery.h"
 #include "lock-server/testing/test_envs.h"
 
@@ -368,6 +369,62 @@ TEST_F(StorageTest, DamagedSnapshotIsRefused) {
   auto r = Recover(&env_, kDir, kNow);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(r.status().message(), HasSubstr(SnapshotName(1)));
+}
+
+
+// `lockd destroy` (issue 35, the seed ADR-0003's exact cleanup): nothing is removed while a
+// lock is held, and then exactly lockd's files go.
+TEST_F(StorageTest, DestroyRemovesNothingWhileALockIsHeldAndThenExactlyLockdsFiles) {
+  WriteSegment(1, ThreeRecords());
+  auto state_files = [&] {  // the LOCK comes and stays, as when a lockd ran
+    auto files = env_.Files();
+    files.erase(P(kLockFile));
+    return files;
+  };
+  const auto before = state_files();
+  auto refused = DestroyStateDir(&env_, kDir, "test");
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->held, (std::vector<std::string>{"lock x token 1 held by session 1",
+                                                     "lock y token 2 held by session 1"}));
+  EXPECT_TRUE(refused->removed.empty());
+  EXPECT_TRUE(state_files() == before) << "destroy removed or changed something";
+
+  WriteSegment(1, {EncodeRecordFrame(1, Open(1))});  // a state that holds nothing
+  env_.PutFile(P("notes.txt"), "an operator's");
+  auto done = DestroyStateDir(&env_, kDir, "test");
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(done->held.empty());
+  EXPECT_EQ(done->removed.front(), kFormatFile);  // first: no lockd would serve it any more
+  EXPECT_EQ(done->kept, std::vector<std::string>{"notes.txt"});
+  EXPECT_FALSE(done->removed_dir);
+  EXPECT_EQ(env_.Files(), (std::map<std::string, std::string>{{P("notes.txt"), "an operator's"}}));
+}
+
+TEST_F(StorageTest, DestroyIsRefusedWhileTheDirectoryIsHeldAndForAnythingButAStateDirectory) {
+  auto held = env_.LockFile(P(kLockFile), "lockd pid 7");
+  ASSERT_TRUE(held.ok());
+  auto refused = DestroyStateDir(&env_, kDir, "test");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  held->reset();
+  env_.PutFile("/elsewhere/data.csv", "1,2");
+  auto foreign = DestroyStateDir(&env_, "/elsewhere", "test");
+  EXPECT_EQ(foreign.status().code(), absl::StatusCode::kNotFound) << foreign.status();
+  EXPECT_EQ(*env_.ReadFile("/elsewhere/data.csv"), "1,2");
+  // Damaged state is never removed by it: an operator looks first.
+  FlipByte(SegmentName(1), 0);
+  auto damaged = DestroyStateDir(&env_, kDir, "test");
+  EXPECT_FALSE(damaged.ok());
+  EXPECT_TRUE(env_.ReadFile(P(kFormatFile)).ok());
+}
+
+// A destroy interrupted after FORMAT went (only lockd's files left) is finished by the next.
+TEST_F(StorageTest, AnInterruptedDestroyIsFinishedByTheNext) {
+  ASSERT_TRUE(env_.RemoveFile(P(kFormatFile)).ok());
+  auto done = DestroyStateDir(&env_, kDir, "test");
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(done->removed_dir);
+  EXPECT_TRUE(env_.Files().empty());
+  EXPECT_EQ(env_.ListDir(kDir).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

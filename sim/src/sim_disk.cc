@@ -79,6 +79,17 @@ absl::Status SimDisk::RemoveFile(const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status SimDisk::RemoveDir(const std::string& dir) {
+  const std::string prefix = dir + "/";
+  for (const auto& [path, file] : files_) {
+    if (path.compare(0, prefix.size(), prefix) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat("rmdir ", dir, ": not empty"));
+    }
+  }
+  if (dirs_.erase(dir) == 0) return absl::NotFoundError(absl::StrCat("rmdir ", dir));
+  return absl::OkStatus();
+}
+
 absl::Status SimDisk::CreateDir(const std::string& dir) {
   dirs_.insert(dir);
   return absl::OkStatus();

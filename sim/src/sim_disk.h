@@ -29,6 +29,7 @@ class SimDisk final : public server::Env {
       const std::string& path) override;
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override;
   absl::Status RemoveFile(const std::string& path) override;
+  absl::Status RemoveDir(const std::string& dir) override;
   absl::Status CreateDir(const std::string& dir) override;
   absl::Status SyncDir(const std::string& dir) override { return absl::OkStatus(); }
   // One simulated lockd at a time: the lock always succeeds.

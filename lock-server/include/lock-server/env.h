@@ -74,6 +74,9 @@ class Env {
   virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) = 0;
   // Removes a file; durable once the directory is synced by a later atomic write or SyncDir.
   virtual absl::Status RemoveFile(const std::string& path) = 0;
+  // Removes the empty directory `dir`, durably (`lockd destroy`). kFailedPrecondition if it
+  // is not empty.
+  virtual absl::Status RemoveDir(const std::string& dir) = 0;
   // Creates a directory (its parent must exist) and syncs the parent.
   virtual absl::Status CreateDir(const std::string& dir) = 0;
   virtual absl::Status SyncDir(const std::string& dir) = 0;

@@ -76,6 +76,18 @@ absl::Status MemEnv::RemoveFile(const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status MemEnv::RemoveDir(const std::string& dir) {
+  absl::MutexLock lock(&mu_);
+  const std::string prefix = dir + "/";
+  for (const auto& [path, contents] : files_) {
+    if (path.rfind(prefix, 0) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat("rmdir ", dir, ": not empty"));
+    }
+  }
+  if (dirs_.erase(dir) == 0) return absl::NotFoundError(absl::StrCat("rmdir ", dir));
+  return absl::OkStatus();
+}
+
 absl::Status MemEnv::CreateDir(const std::string& dir) {
   absl::MutexLock lock(&mu_);
   dirs_[dir] = true;
@@ -183,6 +195,11 @@ absl::StatusOr<std::unique_ptr<SegmentFile>> FaultInjectingEnv::OpenSegment(
 absl::Status FaultInjectingEnv::RemoveFile(const std::string& path) {
   if (absl::Status s = Check(); !s.ok()) return s;
   return base_->RemoveFile(path);
+}
+
+absl::Status FaultInjectingEnv::RemoveDir(const std::string& dir) {
+  if (absl::Status s = Check(); !s.ok()) return s;
+  return base_->RemoveDir(dir);
 }
 
 absl::Status FaultInjectingEnv::CreateDir(const std::string& dir) {

@@ -30,6 +30,7 @@ class MemEnv : public Env {
   absl::StatusOr<std::unique_ptr<SegmentFile>> OpenSegment(const std::string& path) override;
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override;
   absl::Status RemoveFile(const std::string& path) override;
+  absl::Status RemoveDir(const std::string& dir) override;
   absl::Status CreateDir(const std::string& dir) override;
   absl::Status SyncDir(const std::string& dir) override { return absl::OkStatus(); }
   // Exclusive among users of this MemEnv.
@@ -74,6 +75,7 @@ class FaultInjectingEnv : public Env {
     return base_->ListDir(dir);
   }
   absl::Status RemoveFile(const std::string& path) override;
+  absl::Status RemoveDir(const std::string& dir) override;
   absl::Status CreateDir(const std::string& dir) override;
   absl::Status SyncDir(const std::string& dir) override;
   absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path,
