@@ -2,6 +2,7 @@
 // bullet of ADR-0003 and ADR-0006 (the table in docs/admission.md names them).
 #include "lock-server/pool_service.h"
 
+#include <functional>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -468,6 +469,27 @@ TEST_F(PoolServiceTest, LockdsOwnStallPostponesDemandWithTheLeases) {
   EXPECT_EQ(ProfileOf(Status(70), "c").pending_units, 0u);
 }
 
+// Seed ADR-0006, bullet 2: an Acquire creates demand by itself, before fairness is evaluated.
+// b never publishes demand; its refused acquires alone make it a contender whose share is
+// then withheld from a, until that demand expires.
+TEST_F(PoolServiceTest, AnAcquireAloneCreatesDemand) {
+  Publish(4, {Profile("a"), Profile("b", 4)});
+  PoolOwner a = Claim("a"), b = Claim("b");
+  EXPECT_FALSE(ProfileOf(Status(0), "b").pending_units.has_value());  // never published
+  EXPECT_EQ(Acquire("a", "a1", a, 0), FenceToken{1});                   // a alone: any unit
+  EXPECT_EQ(Acquire("b", "b1", b, 1), FenceToken{0});                   // 4 units: refused
+  PoolStatus s = Status(1);
+  ASSERT_TRUE(ProfileOf(s, "b").pending_units.has_value());
+  EXPECT_EQ(*ProfileOf(s, "b").pending_units, 4u);  // one slot of 4 units
+  EXPECT_EQ(ProfileOf(s, "b").demand_expires_in, absl::Seconds(30));
+  // b's acquire-made demand withholds its fair share (2 of 4) from a: a gets 1 more, not 3.
+  EXPECT_EQ(Fill("a", a, 2), 1);
+  // Not refreshed, it expires like published demand, and a may use the rest (a1, provisional
+  // for 10 s, has expired by then too: 3 units).
+  EXPECT_FALSE(ProfileOf(Status(31), "b").pending_units.has_value());
+  EXPECT_EQ(Fill("a", a, 31), 3);
+}
+
 // ADR-0006 confirmation: expired demand is reported as unavailable rather than zero.
 TEST_F(PoolServiceTest, ExpiredDemandReportsUnknownNotZero) {
   Publish(4, {Profile("a"), Profile("b")});
@@ -653,6 +675,44 @@ TEST_F(PoolServiceTest, RestartRestoresPolicyLeasesEpochsTombstonesAndDecisions)
     ASSERT_TRUE(g.ok() && g->granted);
     EXPECT_GT(g->token, t3);
   }
+}
+
+// The decision sequence (seed ADR-0003): every decision record of a pool (policy, grant,
+// activation, release, recovery) must be exactly the pool's last decision plus one; the state
+// machine refuses a skip or a repeat of any of them, in service and in replay alike.
+TEST(PoolStateTest, EveryDecisionAdvancesTheSequenceByExactlyOne) {
+  StateMachine state;
+  auto apply = [&](const Record& r) {
+    ASSERT_TRUE(state.Check(r).ok()) << state.Check(r);
+    state.Apply(r, At(0));
+  };
+  // For a decision record made from its number: the one after the last applies; a skip and a
+  // repeat are refused, naming the sequence.
+  auto step = [&](const std::function<Record(uint64_t)>& make) {
+    const uint64_t last = state.FindPool("p") == nullptr ? 0 : state.FindPool("p")->decision;
+    for (uint64_t wrong : {last + 2, last}) {
+      absl::Status s = state.Check(make(wrong));
+      EXPECT_FALSE(s.ok()) << "decision " << wrong << " after " << last;
+      EXPECT_THAT(s.message(), HasSubstr("does not follow decision")) << s;
+    }
+    apply(make(last + 1));
+    EXPECT_EQ(state.FindPool("p")->decision, last + 1);
+  };
+  step([](uint64_t d) { return Record(record::PoolPolicyPublished{"p", 1, 4, {Profile("a")}, d}); });
+  apply(record::PoolProfileClaimed{"p", "a", 1, "k", 1});  // not a decision
+  step([](uint64_t d) {
+    return Record(record::PoolLeaseGranted{"p", "a", "s1", 10, 1, 1, absl::Seconds(1), d});
+  });
+  step([](uint64_t d) { return Record(record::PoolLeaseActivated{"p", "a", "s1", 10, d}); });
+  step([](uint64_t d) {
+    return Record(record::PoolLeaseGranted{"p", "a", "s2", 11, 1, 1, absl::Seconds(1), d});
+  });
+  step([](uint64_t d) {
+    return Record(record::PoolLeaseReleased{"p", "a", "s2", 11, PoolReleaseReason::kReleased, d});
+  });
+  step([](uint64_t d) { return Record(record::PoolLeaseRecovered{"p", "a", "s1", 10, "gone", d}); });
+  step([](uint64_t d) { return Record(record::PoolPolicyPublished{"p", 2, 4, {Profile("a")}, d}); });
+  EXPECT_EQ(state.FindPool("p")->decision, 7u);
 }
 
 TEST(PoolStateTest, AReplayedGrantAboveTheBudgetIsRefused) {
