@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lock-client/client.h"
+#include "lock-client/pool_client.h"
 #include "lock-server/testing/recovery.h"
 #include "lock-server/testing/test_envs.h"
 #include "lockd_process.h"
@@ -37,11 +38,19 @@ constexpr char kDir[] = "/state";
 const MonoTime kNow = MonoTime::FromNanos(77'000'000'000);
 
 // Runs a workload against a real lockd with 4 KiB segments and returns the directory's files.
+// Besides locks, an admission pool's records: its policy, a claim, and leases granted,
+// activated and released, some kept active (issue 35: the sweep wrote no pool record before).
 std::map<std::string, std::string> MakeRealStateDirectory(const std::string& dir) {
   EXPECT_EQ(testing::InitDataDir(dir, 4096), 0);
   std::vector<std::unique_ptr<Client>> clients;
   {
-    LockdProcess lockd(LockdProcess::Options{.data_dir = dir, .segment_bytes = 4096});
+    LockdProcess lockd(
+        LockdProcess::Options{.unix_socket = true, .data_dir = dir, .segment_bytes = 4096});
+    auto pools = PoolClient::Create({.server = "unix:" + lockd.unix_path()});
+    EXPECT_TRUE(pools.ok()) << pools.status();
+    EXPECT_TRUE((*pools)->publish("hosts", 1, 64, {{.id = "build"}, {.id = "test", .cost = 2}}).ok());
+    auto owner = (*pools)->claim("hosts", "build", 1);
+    EXPECT_TRUE(owner.ok()) << owner.status();
     for (int c = 0; c < 3; ++c) {
       ClientOptions options;
       options.server = lockd.tcp_address();
@@ -59,6 +68,18 @@ std::map<std::string, std::string> MakeRealStateDirectory(const std::string& dir
       // Every fourth round also takes a lock and keeps it, so the state has holders.
       if (i % 4 == 0) {
         EXPECT_TRUE(client.acquire(absl::StrCat("kept-", i), absl::Seconds(5)).ok());
+      }
+      // Every third, a pool slot granted and activated; every other one released again.
+      if (i % 3 == 0 && owner.ok()) {
+        const std::string slot = absl::StrCat("b", i);
+        auto g = (*pools)->acquire("hosts", "build", slot, *owner, absl::Seconds(30));
+        EXPECT_TRUE(g.ok() && g->granted) << g.status();
+        if (g.ok() && g->granted) {
+          EXPECT_TRUE((*pools)->activate("hosts", "build", slot, g->token, *owner).ok());
+          if (i % 2 == 0) {
+            EXPECT_TRUE((*pools)->release("hosts", "build", slot, g->token, *owner).ok());
+          }
+        }
       }
     }
   }  // lockd stops here (SIGTERM); the clients' sessions and held locks stay in the state
@@ -90,6 +111,8 @@ TEST(CorruptionTest, EveryTruncationAndBitFlipRestoresAcknowledgedStateOrRefuses
   ASSERT_TRUE(intact->report.warnings.empty());
   ASSERT_GT(intact->report.snapshot_lsn, 0u) << "the workload should have produced a snapshot";
   ASSERT_GT(intact->state.held_lock_count(), 0u);
+  ASSERT_EQ(intact->state.pools().size(), 1u);
+  ASSERT_GT(intact->state.pools().begin()->second.leases.size(), 0u);
   const uint64_t last = intact->report.last_lsn;
   // The state after each of the last few records, to compare a restore that dropped a tail.
   std::map<uint64_t, std::string> state_at;
