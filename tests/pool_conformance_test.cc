@@ -177,6 +177,8 @@ Outcome ThroughLibrary(PoolClient& c, const Step& s) {
     status = c.drain(pool, true);
   } else if (s.op == "stop") {
     status = c.stop();
+  } else if (s.op == "delete") {
+    status = c.deletePool(pool);
   } else if (s.op == "status") {
     auto v = c.status(pool);
     status = v.status();

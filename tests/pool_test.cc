@@ -188,6 +188,19 @@ TEST_F(PoolProtocolTest, AVersionOneClientKeepsItsLocksAndIsToldPoolsNeedVersion
   EXPECT_THAT(refused.message(), HasSubstr("negotiated version 1"));
 }
 
+// PoolDelete is protocol version 4: a manager that speaks up to 3 is told so, and its other
+// pool requests work.
+TEST_F(PoolProtocolTest, AVersionThreeClientIsToldPoolDeleteNeedsVersionFour) {
+  RawConnection older = RawConnection::Unix(lockd_->unix_path());
+  const wire::Response greeted = older.Call(protocol::HelloRequest("raw-test", {.min = 1, .max = 3}));
+  ASSERT_EQ(greeted.code(), wire::OK) << greeted.message();
+  EXPECT_EQ(greeted.hello().version(), 3u);
+  const wire::Response refused = older.Call(testing::request::PoolDelete("p"));
+  EXPECT_EQ(refused.code(), wire::UNSUPPORTED_VERSION);
+  EXPECT_THAT(refused.message(), HasSubstr("PoolDelete needs protocol version 4"));
+  EXPECT_EQ(older.Call(testing::request::PoolStatus("p")).code(), wire::NOT_FOUND);
+}
+
 TEST_F(PoolProtocolTest, AStrangerWithTheEpochButNotTheKeyIsRefused) {
   auto c = Client(unix_address());
   ASSERT_TRUE(c->publish("p", 1, 4, {{.id = "a"}}).ok());

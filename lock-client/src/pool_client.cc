@@ -157,6 +157,10 @@ class PoolClientImpl final : public PoolClient {
     return Call(req::PoolStop()).status();
   }
 
+  absl::Status deletePool(const std::string& pool) override {
+    return Call(req::PoolDelete(pool)).status();
+  }
+
  private:
   // The decision number an activation, release or recovery answers.
   absl::StatusOr<uint64_t> Decision(wire::Request request) {

@@ -83,6 +83,7 @@ bool IsPoolRequest(const wire::Request& req) {
     case wire::Request::kPoolDrain:
     case wire::Request::kPoolStatus:
     case wire::Request::kPoolStop:
+    case wire::Request::kPoolDelete:
       return true;
     default:
       return false;
@@ -283,6 +284,14 @@ void DispatchPool(const wire::Request& req, ConnectionState& conn, DispatchHost&
         }
       }
       return finish(status.status());
+    }
+    case wire::Request::kPoolDelete: {
+      if (!RequireVersion(conn, protocol::kPoolDeleteProtocolVersion, "PoolDelete needs", host,
+                          resp)) {
+        return;
+      }
+      if (absl::Status s = operator_only("delete pools"); !s.ok()) return finish(s);
+      return finish(pools.Delete(req.pool_delete().pool(), now));
     }
     case wire::Request::kPoolStop: {
       // A request that ends the service: the operator's (without a file, the owner of lockd's

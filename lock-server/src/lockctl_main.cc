@@ -5,7 +5,7 @@
 //   lockctl ... locks [--prefix=P]
 //   lockctl ... waiters [--prefix=P]
 //   lockctl ... pool publish|claim|ack|set-demand|acquire|renew|activate|release|recover|
-//               drain|status|stop [--pool=P --profile=A --slot=S --owner=O --token=T ...]
+//               drain|status|stop|delete [--pool=P --profile=A --slot=S --owner=O --token=T ...]
 //               (admission pools: lockctl_pool.cc, docs/admission.md)
 //   [--tls-ca=PEM --tls-cert=PEM --tls-key=PEM [--tls-server-name=NAME]]: TLS to a lockd that
 //   serves it (docs/security.md).
@@ -258,6 +258,7 @@ int main(int argc, char** argv) {
       "  lockctl ... pool renew|activate|release --pool=P --profile=A --slot=S --token=T --owner=O\n"
       "  lockctl ... pool recover --pool=P --profile=A --slot=S --token=T --evidence=TEXT\n"
       "  lockctl ... pool drain --pool=P [--off] | pool status --pool=P | pool stop\n"
+      "  lockctl ... pool delete --pool=P   (a drained pool that holds no lease)\n"
       "  --owner defaults to $FENCELOCK_POOL_OWNER; pools are served on lockd's Unix socket\n"
       "  (--server=unix:PATH) unless its permissions file opens them to network identities\n"
       "  TLS: --tls-ca=PEM --tls-cert=PEM --tls-key=PEM [--tls-server-name=NAME]");

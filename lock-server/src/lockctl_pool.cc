@@ -394,12 +394,12 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
   };
   static const char* const kSubs[] = {"publish", "claim",   "ack",     "set-demand", "acquire",
                                       "renew",   "activate", "release", "recover",    "drain",
-                                      "status",  "stop"};
+                                      "status",  "stop",     "delete"};
   if (std::find(std::begin(kSubs), std::end(kSubs), sub) == std::end(kSubs)) {
     return cmd.Usage(absl::StrCat(
         "unknown pool command \"", sub,
         "\"; use publish, claim, ack, set-demand, acquire, renew, activate, release, recover, "
-        "drain, status or stop"));
+        "drain, status, stop or delete"));
   }
   std::string missing;
   if (sub == "publish") {
@@ -420,7 +420,7 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
                     {"profile", !profile.empty()},
                     {"slot", !slot.empty()},
                     {"token", token != 0}});
-  } else if (sub == "drain" || sub == "status") {
+  } else if (sub == "drain" || sub == "status" || sub == "delete") {
     missing = need({{"pool", !pool.empty()}});
   }
   if (!missing.empty()) return cmd.Usage(missing);
@@ -512,6 +512,10 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
     if (json) return cmd.Done(StatusJson(*v), "");
     PrintStatus(*v);
     return 0;
+  }
+  if (sub == "delete") {
+    absl::Status s = c.deletePool(pool);
+    return s.ok() ? cmd.Done(out, "") : cmd.Failed(s);
   }
   absl::Status s = c.stop();  // "stop"
   return s.ok() ? cmd.Done(out, "lockd stops") : cmd.Failed(s);

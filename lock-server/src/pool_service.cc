@@ -508,6 +508,21 @@ absl::Status PoolService::SetDrain(const std::string& pool, bool draining, MonoT
   return absl::OkStatus();
 }
 
+absl::Status PoolService::Delete(const std::string& pool, MonoTime now) {
+  Advance(now);  // provisional leases past their expiry go first
+  auto p = FindPool(pool);
+  if (!p.ok()) return p.status();
+  if (!(*p)->draining || !(*p)->leases.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pool ", pool, " is deleted only once it drains and holds no lease: ",
+        (*p)->draining ? "" : "it is not draining (lockctl pool drain), ",
+        (*p)->leases.size(), " leases remain"));
+  }
+  commit_(record::PoolDeleted{pool}, now);
+  demand_.erase(pool);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PoolStatus> PoolService::Status(const std::string& pool, MonoTime now) {
   Advance(now);
   DropExpiredDemand(pool, now);

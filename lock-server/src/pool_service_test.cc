@@ -363,6 +363,48 @@ TEST_F(PoolServiceTest, DrainingRefusesNewAdmissionButKeepsLeases) {
   EXPECT_THAT(pools().CheckRetired().message(), HasSubstr("p (not draining)"));
 }
 
+// Issue 35: the table of pools could be filled for good. An operator deletes a pool once it
+// drains and holds no lease; its name and place are free, demand goes with it, tokens stay
+// above every one it handed out, and a replay of the log deletes it again.
+TEST_F(PoolServiceTest, ADrainedPoolWithoutLeasesIsDeletedAndItsPlaceIsFree) {
+  Publish(4, {Profile("a")});
+  PoolOwner a = Claim("a");
+  const FenceToken t = Acquire("a", "s1", a, 0);
+  ASSERT_TRUE(pools().SetDemand("p", "a", a, 2, At(0)).ok());
+  EXPECT_THAT(pools().Delete("p", At(1)).message(), HasSubstr("it is not draining"));
+  ASSERT_TRUE(pools().SetDrain("p", true, At(1)).ok());
+  EXPECT_THAT(pools().Delete("p", At(1)).message(), HasSubstr("1 leases remain"));
+  EXPECT_TRUE(pools().Delete("p", At(11)).ok());  // the provisional lease expired at 10 s
+  EXPECT_EQ(pools().Status("p", At(11)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(pools().Delete("p", At(11)).code(), absl::StatusCode::kNotFound);
+  // The name is free: a new pool of that name starts from nothing (no demand, epoch 1).
+  Publish(4, {Profile("a")}, 1, 12);
+  EXPECT_FALSE(ProfileOf(Status(12), "a").pending_units.has_value());
+  PoolOwner again = Claim("a", 1, 12);
+  EXPECT_EQ(again.epoch, 1u);
+  EXPECT_GT(Acquire("a", "s1", again, 12), t);
+  // The table: 64 pools at most, and a deleted one's place is free.
+  for (int i = 1; i < 64; ++i) {
+    ASSERT_TRUE(pools().Publish(absl::StrCat("q", i), PoolPolicy{1, 1, {Profile("a")}}, At(13)).ok());
+  }
+  EXPECT_FALSE(pools().Publish("one-too-many", PoolPolicy{1, 1, {Profile("a")}}, At(13)).ok());
+  ASSERT_TRUE(pools().SetDrain("q1", true, At(13)).ok());
+  ASSERT_TRUE(pools().Delete("q1", At(13)).ok());
+  EXPECT_TRUE(pools().Publish("one-too-many", PoolPolicy{1, 1, {Profile("a")}}, At(13)).ok());
+  // Replayed from the log, the deletions happen again.
+  std::string frames;
+  uint64_t lsn = 0;
+  for (const Record& r : records_) {
+    if (IsLogged(r)) frames += EncodeRecordFrame(++lsn, r);
+  }
+  StateMachine replayed;
+  uint64_t last = 0, count = 0;
+  ASSERT_TRUE(ReplayRecordFrames("log", frames, 0, &last, &replayed, At(100), &count).ok());
+  EXPECT_EQ(replayed.DebugString(), service_.state().DebugString());
+  EXPECT_EQ(replayed.FindPool("q1"), nullptr);
+  EXPECT_NE(replayed.FindPool("one-too-many"), nullptr);
+}
+
 // --- Fairness, reservations, borrowing -------------------------------------------------------
 
 // ADR-0003 confirmation: concurrent acquisition never exceeds a synthetic host budget.

@@ -587,6 +587,21 @@ void StateMachine::ApplyOne(const record::PoolDrainSet& r, MonoTime) {
   pools_.at(r.pool).draining = r.draining;
 }
 
+absl::Status StateMachine::CheckOne(const record::PoolDeleted& r) const {
+  const PoolState* p = FindPool(r.pool);
+  if (p == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("deletion of unknown pool ", r.pool));
+  }
+  if (!p->draining || !p->leases.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "deletion of pool ", r.pool, p->draining ? "" : " that is not draining", " with ",
+        p->leases.size(), " leases"));
+  }
+  return absl::OkStatus();
+}
+
+void StateMachine::ApplyOne(const record::PoolDeleted& r, MonoTime) { pools_.erase(r.pool); }
+
 std::optional<StateMachine::PoolLeaseKey> StateMachine::ExpiredPoolLease(MonoTime now) const {
   if (pool_expiry_.empty() || std::get<0>(*pool_expiry_.begin()) > now) return std::nullopt;
   const auto& [at, pool, profile, slot] = *pool_expiry_.begin();

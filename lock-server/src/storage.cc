@@ -160,6 +160,8 @@ state::LogRecord ToProto(uint64_t lsn, const Record& r) {
         } else if constexpr (std::is_same_v<T, record::PoolDrainSet>) {
           p.mutable_pool_drain_set()->set_pool(rec.pool);
           p.mutable_pool_drain_set()->set_draining(rec.draining);
+        } else if constexpr (std::is_same_v<T, record::PoolDeleted>) {
+          p.mutable_pool_deleted()->set_pool(rec.pool);
         } else {
           // Renewals only move expiry times, which a restart resets to a full TTL anyway.
           logging::Lockd().Error("renewal records are not logged");
@@ -249,6 +251,8 @@ absl::StatusOr<Record> FromProto(const state::LogRecord& p) {
     case state::LogRecord::kPoolDrainSet:
       return Record(
           record::PoolDrainSet{p.pool_drain_set().pool(), p.pool_drain_set().draining()});
+    case state::LogRecord::kPoolDeleted:
+      return Record(record::PoolDeleted{p.pool_deleted().pool()});
     default:
       return absl::InvalidArgumentError("record of an unknown kind");
   }

@@ -245,4 +245,10 @@ wire::Request PoolStop() {
   return r;
 }
 
+wire::Request PoolDelete(const std::string& pool) {
+  wire::Request r;
+  r.mutable_pool_delete()->set_pool(pool);
+  return r;
+}
+
 }  // namespace fencelock::protocol::request

@@ -164,6 +164,9 @@ class PoolClient {
   virtual absl::StatusOr<PoolView> status(const std::string& pool) = 0;
   // Operator: stops lockd once every pool drains and holds no lease.
   virtual absl::Status stop() = 0;
+  // Operator: deletes a pool that drains and holds no lease, freeing its name and its place
+  // among the (at most 64) pools lockd coordinates. Needs a lockd of protocol version 4.
+  virtual absl::Status deletePool(const std::string& pool) = 0;
 };
 
 }  // namespace fencelock

@@ -193,6 +193,10 @@ class PoolService {
                                    const std::string& evidence, MonoTime now);
   // Draining: no new admission (Acquire and Activate refused) until turned off.
   absl::Status SetDrain(const std::string& pool, bool draining, MonoTime now);
+  // Deletes a pool that drains and holds no lease (kFailedPrecondition otherwise, naming what
+  // is left): its policy, owners, tombstones and decision sequence, and its demand. Its name
+  // and its place among the pools lockd coordinates are free again.
+  absl::Status Delete(const std::string& pool, MonoTime now);
 
   absl::StatusOr<PoolStatus> Status(const std::string& pool, MonoTime now);
   // The same as of `now` without changing anything (expired demand shows as unknown; a

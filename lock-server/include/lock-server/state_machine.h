@@ -159,6 +159,11 @@ struct PoolDrainSet {
   std::string pool;
   bool draining;
 };
+// An operator deleted `pool`: it drained and held no lease. Its policy, owners, tombstones and
+// decision sequence go with it; tokens stay above every one it handed out (one sequence).
+struct PoolDeleted {
+  std::string pool;
+};
 }  // namespace record
 
 // What the state keeps of a session's secret: SHA-256 over a domain label, the session id and
@@ -177,7 +182,7 @@ using Record = std::variant<record::SessionOpened, record::SessionRenewed, recor
                             record::PoolPolicyAcked, record::PoolLeaseGranted,
                             record::PoolLeaseRenewed, record::PoolLeaseActivated,
                             record::PoolLeaseReleased, record::PoolLeaseRecovered,
-                            record::PoolDrainSet>;
+                            record::PoolDrainSet, record::PoolDeleted>;
 
 struct SessionState {
   absl::Duration ttl;
@@ -278,6 +283,7 @@ class StateMachine {
   absl::Status CheckOne(const record::PoolLeaseReleased& r) const;
   absl::Status CheckOne(const record::PoolLeaseRecovered& r) const;
   absl::Status CheckOne(const record::PoolDrainSet& r) const;
+  absl::Status CheckOne(const record::PoolDeleted& r) const;
   void ApplyOne(const record::SessionOpened& r, MonoTime now);
   void ApplyOne(const record::SessionRenewed& r, MonoTime now);
   void ApplyOne(const record::SessionEnded& r, MonoTime now);
@@ -293,6 +299,7 @@ class StateMachine {
   void ApplyOne(const record::PoolLeaseReleased& r, MonoTime now);
   void ApplyOne(const record::PoolLeaseRecovered& r, MonoTime now);
   void ApplyOne(const record::PoolDrainSet& r, MonoTime now);
+  void ApplyOne(const record::PoolDeleted& r, MonoTime now);
   // The pool and the lease a record names, or an error saying which is missing (or whose
   // token differs).
   absl::Status CheckLease(const std::string& pool, const std::string& profile,

@@ -74,6 +74,7 @@ wire::Request PoolRecover(const std::string& pool, const std::string& profile,
 wire::Request PoolDrain(const std::string& pool, bool draining);
 wire::Request PoolStatus(const std::string& pool);
 wire::Request PoolStop();
+wire::Request PoolDelete(const std::string& pool);
 
 }  // namespace fencelock::protocol::request
 

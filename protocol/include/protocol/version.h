@@ -13,11 +13,13 @@ namespace fencelock::protocol {
 
 // The versions this build speaks, as client and as server.
 inline constexpr uint32_t kMinProtocolVersion = 1;
-inline constexpr uint32_t kMaxProtocolVersion = 3;
+inline constexpr uint32_t kMaxProtocolVersion = 4;
 // The first version with the admission pools' requests.
 inline constexpr uint32_t kPoolProtocolVersion = 2;
 // The first version with WithdrawAcquire.
 inline constexpr uint32_t kWithdrawProtocolVersion = 3;
+// The first version with PoolDelete.
+inline constexpr uint32_t kPoolDeleteProtocolVersion = 4;
 
 struct VersionRange {
   uint32_t min = kMinProtocolVersion;
