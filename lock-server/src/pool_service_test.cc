@@ -61,6 +61,21 @@ class PoolServiceTest : public ::testing::Test {
     }
     return n;
   }
+  // Every logged record the service made, encoded as log frames and replayed on `into` as of
+  // 100 s; returns the last lsn.
+  absl::StatusOr<uint64_t> ReplayLog(StateMachine* into) {
+    std::string frames;
+    uint64_t lsn = 0;
+    for (const Record& r : records_) {
+      if (IsLogged(r)) frames += EncodeRecordFrame(++lsn, r);
+    }
+    uint64_t last = 0, count = 0;
+    if (absl::Status s = ReplayRecordFrames("log", frames, 0, &last, into, At(100), &count);
+        !s.ok()) {
+      return s;
+    }
+    return lsn;
+  }
   PoolStatus Status(double at) {
     auto s = pools().Status("p", At(at));
     EXPECT_TRUE(s.ok()) << s.status();
@@ -392,14 +407,8 @@ TEST_F(PoolServiceTest, ADrainedPoolWithoutLeasesIsDeletedAndItsPlaceIsFree) {
   ASSERT_TRUE(pools().Delete("q1", At(13)).ok());
   EXPECT_TRUE(pools().Publish("one-too-many", PoolPolicy{1, 1, {Profile("a")}}, At(13)).ok());
   // Replayed from the log, the deletions happen again.
-  std::string frames;
-  uint64_t lsn = 0;
-  for (const Record& r : records_) {
-    if (IsLogged(r)) frames += EncodeRecordFrame(++lsn, r);
-  }
   StateMachine replayed;
-  uint64_t last = 0, count = 0;
-  ASSERT_TRUE(ReplayRecordFrames("log", frames, 0, &last, &replayed, At(100), &count).ok());
+  ASSERT_TRUE(ReplayLog(&replayed).ok());
   EXPECT_EQ(replayed.DebugString(), service_.state().DebugString());
   EXPECT_EQ(replayed.FindPool("q1"), nullptr);
   EXPECT_NE(replayed.FindPool("one-too-many"), nullptr);
@@ -678,14 +687,10 @@ TEST_F(PoolServiceTest, RestartRestoresPolicyLeasesEpochsTombstonesAndDecisions)
   (void)b1;
 
   // From the log: every record encoded, then replayed on an empty state.
-  std::string frames;
-  uint64_t lsn = 0;
-  for (const Record& r : records_) {
-    if (IsLogged(r)) frames += EncodeRecordFrame(++lsn, r);
-  }
   StateMachine replayed;
-  uint64_t last = 0, count = 0;
-  ASSERT_TRUE(ReplayRecordFrames("log", frames, 0, &last, &replayed, At(100), &count).ok());
+  auto replay = ReplayLog(&replayed);
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  const uint64_t lsn = *replay;
   // From a snapshot of the state.
   auto snapshotted = DecodeSnapshot("snap", EncodeSnapshot(service_.state(), lsn), lsn, At(100));
   ASSERT_TRUE(snapshotted.ok()) << snapshotted.status();
