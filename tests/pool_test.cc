@@ -408,8 +408,12 @@ TEST(AdmissionNamespaceTest, ASecondCoordinatorOnTheHostIsRefusedNamingTheFirst)
   EXPECT_THAT(err, HasSubstr("this state holds 1 admission pool"));
   EXPECT_THAT(err, HasSubstr(holder));
 
-  // The first coordinator gone (the kernel lets go of its lock), the second may publish.
+  // The first coordinator gone (the kernel lets go of its lock), the second may publish. A
+  // mistaken publish on yet another lockd (refused: a duplicate profile) does not keep it out.
   EXPECT_EQ(WEXITSTATUS(a.Stop()), 0);
+  LockdProcess d(LockdProcess::Options{.unix_socket = true, .extra_args = {host_lock}});
+  auto mistaken = Client("unix:" + d.unix_path())->publish("r", 1, 4, {{.id = "a"}, {.id = "a"}});
+  EXPECT_EQ(mistaken.status().code(), absl::StatusCode::kInvalidArgument) << mistaken.status();
   auto taken = second->publish("r", 1, 4, {{.id = "a"}});
   EXPECT_TRUE(taken.ok()) << taken.status();
 }

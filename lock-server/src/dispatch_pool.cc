@@ -183,6 +183,7 @@ void DispatchPool(const wire::Request& req, ConnectionState& conn, DispatchHost&
       }
       auto generation = pools.Publish(r.pool(), std::move(policy), now);
       if (generation.ok()) resp.mutable_pool_publish()->set_generation(*generation);
+      if (!generation.ok() && pools.PoolNames().empty()) host.LetGoOfAdmissionNamespace();
       return finish(generation.status());
     }
     case wire::Request::kPoolClaim: {

@@ -330,6 +330,7 @@ absl::Status ServerImpl::Init() {
       .permissions = std::move(permissions)};
   core_options.on_ending_fault = [this](const absl::Status& fault) { EndService(fault); };
   core_options.hold_admission_namespace = [this] { return HoldAdmissionNamespace(); };
+  core_options.let_go_of_admission_namespace = [this] { admission_lock_.reset(); };
   core_options.on_stop_requested = [this] {
     Note("stopping: an operator asked (lockctl pool stop), and no pool holds a lease");
     // A moment for the reply to leave before the connections close.

@@ -296,6 +296,9 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
     if (taken.ok() && !taken->empty()) options_.log(*taken);
     return taken.status();
   }
+  void LetGoOfAdmissionNamespace() override {
+    if (options_.let_go_of_admission_namespace) options_.let_go_of_admission_namespace();
+  }
   void FillStats(wire::StatsReply* stats) const override;
 
   // CommitLogListener

@@ -68,6 +68,10 @@ class DispatchHost {
   // Before a pool is published: this lockd becomes the host's admission coordinator, or is
   // told (kFailedPrecondition) which other process is (ADR 0005). Default: OK.
   virtual absl::Status HoldAdmissionNamespace() { return absl::OkStatus(); }
+  // A publish was refused and lockd coordinates no pool after all: it lets go of the host's
+  // admission lock it took for it, so that a mistaken publish on the wrong lockd does not keep
+  // the host's coordinator out. Default: nothing.
+  virtual void LetGoOfAdmissionNamespace() {}
 };
 
 struct Dispatched {

@@ -101,6 +101,9 @@ struct CoreOptions {
   // if this lockd does not hold it yet, or says who does (ADR 0005). Returns a line for `log`
   // when it took the lock ("" when it held it already). Default: none (OK).
   std::function<absl::StatusOr<std::string>()> hold_admission_namespace;
+  // Called (on the core's thread) when a publish was refused and no pool exists: the lock
+  // taken for it goes (DispatchHost::LetGoOfAdmissionNamespace). Default: none.
+  std::function<void()> let_go_of_admission_namespace;
   // A standby replica's core: every request is answered NOT_LEADER naming the serving replica
   // (SetStandbyLeader), and the connection closed. Default: false.
   bool standby = false;
