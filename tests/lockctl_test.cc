@@ -2,10 +2,12 @@
 // is not there.
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -172,6 +174,60 @@ TEST(LockctlTest, BadAddressesAndTimeoutsAreRefused) {
   auto [timeout_rc, timeout_out] = Lockctl("--server=127.0.0.1:1 --timeout=0s status");
   EXPECT_EQ(timeout_rc, 2);
   EXPECT_THAT(timeout_out, HasSubstr("--timeout=0 must be positive"));
+}
+
+// `lockctl pool run` (issue 35): CMD starts only once the slot's lease is active, its exit
+// status is lockctl's, and the exact lease is released after it; a second run for a pool
+// without units waits (asking again every 2 s) until the first released; a run that cannot be
+// admitted never starts its command.
+TEST(LockctlTest, PoolRunStartsTheCommandOnlyUnderAnActiveLeaseAndReleasesIt) {
+  testing::LockdProcess lockd(testing::LockdProcess::Options{.unix_socket = true});
+  testing::TempDir tmp;
+  const std::string server = "--server=unix:" + lockd.unix_path();
+  ASSERT_EQ(Lockctl(server + " pool publish --pool=p --generation=1 --budget=1 --profiles=a").first, 0);
+  auto [claim_rc, claimed] = Lockctl(server + " pool claim --pool=p --profile=a --generation=1");
+  ASSERT_EQ(claim_rc, 0) << claimed;
+  const std::string owner = claimed.substr(0, claimed.find('\n'));
+  const std::string run = absl::StrCat(server, " pool run --pool=p --profile=a --owner=", owner);
+  const std::string status = absl::StrCat(LOCKCTL_BINARY, " ", server, " pool status --pool=p");
+  // Inside, the lease is the slot's and active; the command's status comes back.
+  auto [rc, out] = Lockctl(absl::StrCat(run, " --slot=s1 -- sh -c '", status,
+                                        " > ", tmp.path(), "/inside; exit 7'"));
+  EXPECT_EQ(rc, 7) << out;
+  std::ifstream inside(tmp.path() + "/inside");
+  const std::string seen((std::istreambuf_iterator<char>(inside)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(seen, ::testing::HasSubstr("s1")) << seen;
+  EXPECT_THAT(seen, ::testing::HasSubstr("active")) << seen;
+  auto [after_rc, after] = Lockctl(server + " --json pool status --pool=p");
+  EXPECT_THAT(after, ::testing::HasSubstr("\"leases\": []")) << after;
+
+  // One unit: the second run waits for the first's release before it starts.
+  const std::string done = tmp.path() + "/first-done";
+  std::thread first([&] {
+    auto [first_rc, first_out] =
+        Lockctl(absl::StrCat(run, " --slot=s2 -- sh -c 'sleep 3; touch ", done, "'"));
+    EXPECT_EQ(first_rc, 0) << first_out;
+  });
+  for (int i = 0; i < 200 && Lockctl(server + " pool status --pool=p").second.find("s2") ==
+                                 std::string::npos;
+       ++i) {
+    usleep(10'000);
+  }
+  auto [second_rc, second] = Lockctl(absl::StrCat(run, " --slot=s3 -- test -f ", done));
+  first.join();
+  EXPECT_EQ(second_rc, 0) << "the second command ran before the first released: " << second;
+  EXPECT_THAT(second, ::testing::HasSubstr("waiting for units (asking every 2s)")) << second;
+
+  // A draining pool admits nobody: lockctl exits 5 and the command never runs.
+  ASSERT_EQ(Lockctl(server + " pool drain --pool=p").first, 0);
+  const std::string never = tmp.path() + "/never";
+  auto [drained_rc, drained] = Lockctl(absl::StrCat(run, " --slot=s4 -- touch ", never));
+  EXPECT_EQ(drained_rc, 5) << drained;
+  EXPECT_FALSE(std::ifstream(never).good()) << "the command ran without a lease";
+  // Usage: no command, a command for another verb, JSON.
+  EXPECT_EQ(Lockctl(run + " --slot=s5").first, 2);
+  EXPECT_EQ(Lockctl(server + " pool status --pool=p -- true").first, 2);
+  EXPECT_EQ(Lockctl(run + " --slot=s5 --json -- true").first, 2);
 }
 
 }  // namespace

@@ -259,12 +259,14 @@ int main(int argc, char** argv) {
       "  lockctl ... pool recover --pool=P --profile=A --slot=S --token=T --evidence=TEXT\n"
       "  lockctl ... pool drain --pool=P [--off] | pool status --pool=P | pool stop\n"
       "  lockctl ... pool delete --pool=P   (a drained pool that holds no lease)\n"
+      "  lockctl ... pool run --pool=P --profile=A --slot=S --owner=O [--ttl=D] -- CMD [ARGS]\n"
+      "      (acquires, retrying every 2s, activates, runs CMD, releases; exits with CMD's status)\n"
       "  --owner defaults to $FENCELOCK_POOL_OWNER; pools are served on lockd's Unix socket\n"
       "  (--server=unix:PATH) unless its permissions file opens them to network identities\n"
       "  TLS: --tls-ca=PEM --tls-cert=PEM --tls-key=PEM [--tls-server-name=NAME]");
   const std::vector<std::string> args = fencelock::process::ParseFlags(argc, argv);
   if (args.size() >= 2 && args[1] == "pool") {
-    if (args.size() != 3) {
+    if (args.size() < 3 || (args.size() > 3 && args[2] != "run")) {
       std::fprintf(stderr, "usage: lockctl [--server=ADDR] [--json] pool <command> [flags]; "
                            "lockctl --help lists them\n");
       return 2;
@@ -283,7 +285,8 @@ int main(int argc, char** argv) {
                                 .tls_cert_file = absl::GetFlag(FLAGS_tls_cert),
                                 .tls_key_file = absl::GetFlag(FLAGS_tls_key),
                                 .tls_server_name = absl::GetFlag(FLAGS_tls_server_name)},
-                               absl::GetFlag(FLAGS_json));
+                               absl::GetFlag(FLAGS_json),
+                               std::vector<std::string>(args.begin() + 3, args.end()));
   }
   if (args.size() != 2) {
     std::fprintf(stderr, "usage: lockctl [--server=ADDR] [--json] status|sessions|locks|waiters|pool\n");

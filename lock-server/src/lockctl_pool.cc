@@ -368,7 +368,8 @@ std::string JsonString(const std::string& s) {
   return out;
 }
 
-int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bool json) {
+int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bool json,
+             const std::vector<std::string>& command) {
   PoolCommand cmd(json);
   const std::string pool = absl::GetFlag(FLAGS_pool);
   const std::string profile = absl::GetFlag(FLAGS_profile);
@@ -394,12 +395,12 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
   };
   static const char* const kSubs[] = {"publish", "claim",   "ack",     "set-demand", "acquire",
                                       "renew",   "activate", "release", "recover",    "drain",
-                                      "status",  "stop",     "delete"};
+                                      "status",  "stop",     "delete",  "run"};
   if (std::find(std::begin(kSubs), std::end(kSubs), sub) == std::end(kSubs)) {
     return cmd.Usage(absl::StrCat(
         "unknown pool command \"", sub,
         "\"; use publish, claim, ack, set-demand, acquire, renew, activate, release, recover, "
-        "drain, status, stop or delete"));
+        "drain, status, stop, delete or run"));
   }
   std::string missing;
   if (sub == "publish") {
@@ -413,7 +414,7 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
                     {"generation", absl::GetFlag(FLAGS_generation) != 0}});
   } else if (sub == "set-demand") {
     missing = need({{"pool", !pool.empty()}, {"profile", !profile.empty()}});
-  } else if (sub == "acquire") {
+  } else if (sub == "acquire" || sub == "run") {
     missing = need({{"pool", !pool.empty()}, {"profile", !profile.empty()}, {"slot", !slot.empty()}});
   } else if (sub == "renew" || sub == "activate" || sub == "release" || sub == "recover") {
     missing = need({{"pool", !pool.empty()},
@@ -424,6 +425,11 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
     missing = need({{"pool", !pool.empty()}});
   }
   if (!missing.empty()) return cmd.Usage(missing);
+  if ((sub == "run") != !command.empty()) {
+    return cmd.Usage(sub == "run" ? "pool run needs the command to run after --"
+                                  : absl::StrCat("pool ", sub, " takes no command"));
+  }
+  if (sub == "run" && json) return cmd.Usage("pool run prints no JSON: its output is CMD's");
   if (absl::GetFlag(FLAGS_ttl) < absl::ZeroDuration()) {
     return cmd.Usage("--ttl must not be negative");
   }
@@ -439,10 +445,11 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
   }
   absl::StatusOr<PoolOwnerId> who = PoolOwnerId{};
   if (sub == "ack" || sub == "set-demand" || sub == "acquire" || sub == "renew" ||
-      sub == "activate" || sub == "release") {
+      sub == "activate" || sub == "release" || sub == "run") {
     who = owner();
     if (!who.ok()) return cmd.Usage(std::string(who.status().message()));
   }
+  if (sub == "run") return PoolRun(client_options, *who, command);
   auto client = PoolClient::Create(client_options);
   if (!client.ok()) return cmd.Usage(std::string(client.status().message()));
   PoolClient& c = **client;

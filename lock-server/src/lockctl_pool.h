@@ -3,6 +3,7 @@
 #define FENCELOCK_LOCK_SERVER_LOCKCTL_POOL_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -26,7 +27,14 @@ LockctlCode LockctlCodeOf(const absl::Status& s);
 std::string JsonString(const std::string& s);
 
 // Runs `lockctl pool <sub>` against the lockd `client_options` names; returns the exit status.
-int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bool json);
+// `command` is what follows `--` (pool run only).
+int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bool json,
+             const std::vector<std::string>& command = {});
+
+// `lockctl pool run ... -- CMD`: acquires and activates the slot's lease, runs `command`,
+// releases the lease; returns CMD's exit status (lockctl_pool_run.cc).
+int PoolRun(const PoolClientOptions& client_options, const PoolOwnerId& owner,
+            const std::vector<std::string>& command);
 
 }  // namespace fencelock
 
