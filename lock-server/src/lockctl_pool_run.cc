@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,10 +44,18 @@ void OnSignal(int sig) {
   if (child > 0) ::kill(child, sig);
 }
 
+// Deadlines here are on the monotonic clock: a wall clock stepped an hour back must not make
+// a 2 s wait an hour long.
+std::chrono::steady_clock::time_point After(absl::Duration d) {
+  return std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(d);
+}
+
 // Sleeps `d`, or less if a signal arrives.
 void Wait(absl::Duration d) {
-  const absl::Time until = absl::Now() + d;
-  while (g_signal.load() == 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(50));
+  const auto until = After(d);
+  while (g_signal.load() == 0 && std::chrono::steady_clock::now() < until) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
 }
 
 int Fail(const absl::Status& s) {
@@ -59,13 +68,13 @@ int Fail(const absl::Status& s) {
 // lease that is left.
 int Release(PoolClient& c, const std::string& pool, const std::string& profile,
             const std::string& slot, uint64_t token, const PoolOwnerId& owner) {
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  const auto give_up = After(absl::Seconds(30));
   absl::Status s;
   for (;;) {
     s = c.release(pool, profile, slot, token, owner).status();
     if (s.ok() || absl::IsNotFound(s)) return 0;  // released (or gone: expired, reconciled)
     if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) break;
-    if (absl::Now() > give_up) break;
+    if (std::chrono::steady_clock::now() > give_up) break;
     absl::SleepFor(absl::Seconds(1));
   }
   std::fprintf(stderr,
