@@ -6,7 +6,8 @@
 //   - the units of a pool's leases never exceed its budget;
 //   - an active lease leaves only by its owner's release, a replacement's reconciliation, or
 //     an operator's recovery (never by expiry), and never while its worker still runs;
-//   - no running worker is without its active lease in lockd's state after any step.
+//   - no running worker is without its active lease in lockd's state after any step;
+//   - a grant of fair units leaves every other contender's unmet fair share free (ADR-0006).
 // A failure names its seed; FENCELOCK_POOL_SEED=N runs seed N alone, FENCELOCK_POOL_SEEDS=K
 // runs seeds 1 to K (default 500).
 #include <algorithm>
@@ -94,6 +95,7 @@ class Sink : public ConnectionSink {
 struct Figures {
   uint64_t decisions = 0;    // pool records checked
   uint64_t grants = 0;
+  uint64_t contended_grants = 0;  // grants checked while another contender's share was protected
   uint64_t activations = 0;
   uint64_t releases = 0;
   uint64_t reconciliations = 0;
@@ -150,6 +152,7 @@ class AdmissionRun {
     wire::Request request;
   };
   struct LedgerLease {
+    std::string profile;
     uint64_t units;
     bool active;
   };
@@ -173,7 +176,7 @@ class AdmissionRun {
     ledger_.clear();
     if (const PoolState* p = opened->state.FindPool(kPool)) {
       for (const auto& [key, lease] : p->leases) {
-        ledger_[lease.token] = LedgerLease{lease.units, lease.active};
+        ledger_[lease.token] = LedgerLease{key.first, lease.units, lease.active};
       }
     }
     opened->log = std::make_unique<WatchedLog>(std::move(opened->log),
@@ -250,7 +253,8 @@ class AdmissionRun {
     if (const auto* g = std::get_if<record::PoolLeaseGranted>(&r)) {
       ++figures_->decisions;
       ++figures_->grants;
-      ledger_[g->token] = LedgerLease{g->units, false};
+      CheckFairness(*g);
+      ledger_[g->token] = LedgerLease{g->profile, g->units, false};
       uint64_t units = 0;
       for (const auto& [token, lease] : ledger_) units += lease.units;
       EXPECT_LE(units, budget_) << "grant of token " << g->token << " exceeds the budget";
@@ -282,6 +286,54 @@ class AdmissionRun {
     } else if (std::holds_alternative<record::PoolPolicyPublished>(r)) {
       ++figures_->decisions;
     }
+  }
+
+  // ADR-0006: fresh simultaneous demand protects each contender's fair share. Checked on every
+  // grant that takes fair units (not its own reservation): after it, the free units must still
+  // cover every other profile's free reservation that the grantee may not use, and every other
+  // contender's unmet fair share. The leases come from the checker's own ledger; only the
+  // demand (which lockd keeps in memory, and which is this rule's input) is read from lockd.
+  void CheckFairness(const record::PoolLeaseGranted& g) {
+    auto view = core_->service().pools().View(kPool, time_.Now(), /*with_leases=*/false);
+    ASSERT_TRUE(view.ok()) << view.status();
+    std::map<std::string, uint64_t> used;
+    for (const auto& [token, lease] : ledger_) used[lease.profile] += lease.units;
+    auto minus = [](uint64_t a, uint64_t b) { return a > b ? a - b : 0; };
+    const PoolProfileSpec* grantee = nullptr;
+    uint64_t reserved = 0, lendable_free = 0, used_all = 0, contenders = 1;
+    for (const PoolProfileStatus& q : view->profiles) {
+      const uint64_t free_reservation = minus(q.spec.reserved, used[q.spec.id]);
+      const uint64_t wants = q.pending_units.value_or(0);
+      reserved += q.spec.reserved;
+      used_all += used[q.spec.id];
+      if (q.spec.lendable) lendable_free += q.spec.reserved - std::min(free_reservation, wants);
+      if (q.spec.id == g.profile) {
+        grantee = &q.spec;
+      } else if (wants > 0) {
+        ++contenders;
+      }
+    }
+    ASSERT_NE(grantee, nullptr);
+    const uint64_t own_free = minus(grantee->reserved, used[g.profile]);
+    if (own_free >= g.units) return;  // all from its own reservation: no one else's concern
+    const uint64_t share = (budget_ - reserved + lendable_free) / contenders;
+    uint64_t kept = 0, protected_units = 0;
+    for (const PoolProfileStatus& q : view->profiles) {
+      if (q.spec.id == g.profile) continue;
+      const uint64_t free_reservation = minus(q.spec.reserved, used[q.spec.id]);
+      const uint64_t wants = q.pending_units.value_or(0);
+      kept += q.spec.lendable && grantee->borrow ? std::min(free_reservation, wants)
+                                                 : free_reservation;
+      if (wants == 0) continue;
+      protected_units += std::min(minus(wants, free_reservation),
+                                  minus(share, minus(used[q.spec.id], q.spec.reserved)));
+    }
+    if (protected_units > 0) ++figures_->contended_grants;
+    const uint64_t free_after = budget_ - used_all - g.units;
+    EXPECT_GE(free_after, kept + protected_units)
+        << "grant of token " << g.token << " to " << g.profile << " leaves " << free_after
+        << " units free, but " << kept << " are other profiles' reservations and "
+        << protected_units << " other contenders' unmet fair shares (share " << share << ")";
   }
 
   void CheckRunningWorkersHeld() {
@@ -563,11 +615,13 @@ TEST(PoolRandomTest, EveryDecisionStaysInBudgetAndNoRunningWorkerLosesItsLease) 
     SCOPED_TRACE(absl::StrCat("seed ", seed, " (re-run alone: FENCELOCK_POOL_SEED=", seed, ")"));
     AdmissionRun(static_cast<uint64_t>(seed), &figures).Go(1000);
   }
-  std::printf("pool_random_test: %d seeds, %lu pool decisions checked: %lu grants, %lu "
+  std::printf("pool_random_test: %d seeds, %lu pool decisions checked: %lu grants (%lu of them "
+              "while another contender's fair share was protected), %lu "
               "activations, %lu releases, %lu reconciliations, %lu "
               "recoveries, %lu provisional expiries; %lu lockd restarts, %lu disk faults\n",
               seeds, static_cast<unsigned long>(figures.decisions),
               static_cast<unsigned long>(figures.grants),
+              static_cast<unsigned long>(figures.contended_grants),
               static_cast<unsigned long>(figures.activations),
               static_cast<unsigned long>(figures.releases),
               static_cast<unsigned long>(figures.reconciliations),
