@@ -6,6 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lock-client/client.h"
+#include "lock-client/pool_manager.h"
 #include "lock-server/lock_service.h"
 #include "lock-server/server.h"
 #include "protocol/defaults.h"
@@ -44,6 +45,9 @@ TEST(DefaultsTest, PoolDemandIsTheSeedsAndOutlastsTheManagersCadences) {
   EXPECT_GT(defaults::kMinPoolDemandTtl, defaults::kPoolDemandRefresh);
   EXPECT_EQ(server::PoolOptions{}.demand_ttl, defaults::kPoolDemandTtl);
   EXPECT_EQ(server::ServerOptions{}.pool_demand_ttl, defaults::kPoolDemandTtl);
+  // The library's manager keeps those cadences.
+  EXPECT_EQ(PoolManagerOptions{}.demand_refresh, defaults::kPoolDemandRefresh);
+  EXPECT_EQ(PoolManagerOptions{}.acquire_retry, defaults::kPoolAcquireRetry);
 }
 
 }  // namespace

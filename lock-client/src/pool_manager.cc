@@ -382,16 +382,20 @@ absl::StatusOr<std::unique_ptr<PoolManager>> PoolManager::Start(PoolManagerOptio
         "a pool manager needs `reconcile`: what became of the workers of the leases it finds "
         "(ADR-0003: a lease is freed only once its worker is proved absent)");
   }
-  if (options.demand_refresh < absl::Milliseconds(10) || options.demand_refresh > absl::Seconds(1)) {
+  // Never slower than the seed's cadences, which lockd's shortest demand TTL is built around.
+  if (options.demand_refresh < absl::Milliseconds(10) ||
+      options.demand_refresh > defaults::kPoolDemandRefresh) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "demand_refresh ", absl::FormatDuration(options.demand_refresh),
-        " is outside [10ms, 1s]: a third of lockd's shortest demand TTL (3s), so that demand "
-        "never lapses between refreshes"));
+        "demand_refresh ", absl::FormatDuration(options.demand_refresh), " is outside [10ms, ",
+        absl::FormatDuration(defaults::kPoolDemandRefresh),
+        "]: lockd's shortest demand TTL counts on that cadence (ADR-0006)"));
   }
-  if (options.acquire_retry < absl::Milliseconds(10) || options.acquire_retry > absl::Seconds(2)) {
+  if (options.acquire_retry < absl::Milliseconds(10) ||
+      options.acquire_retry > defaults::kPoolAcquireRetry) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "acquire_retry ", absl::FormatDuration(options.acquire_retry),
-        " is outside [10ms, 2s] (ADR-0006's fixed managers ask every 2 s)"));
+        "acquire_retry ", absl::FormatDuration(options.acquire_retry), " is outside [10ms, ",
+        absl::FormatDuration(defaults::kPoolAcquireRetry),
+        "] (ADR-0006's fixed managers ask every 2 s)"));
   }
   if (options.release_patience < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("release_patience is negative");

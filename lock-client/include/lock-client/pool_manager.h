@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "lock-client/pool_client.h"
+#include "protocol/defaults.h"
 
 namespace fencelock {
 
@@ -70,10 +71,10 @@ struct PoolManagerOptions {
   std::function<PoolWorkerState(const PoolLeaseView&)> reconcile;
   // How often demand is published. Default: 1 s (ADR-0006's autoscaled managers); at most a
   // third of lockd's demand TTL (30 s by default, at least 3 s).
-  absl::Duration demand_refresh = absl::Seconds(1);
+  absl::Duration demand_refresh = defaults::kPoolDemandRefresh;
   // How often a waiting acquire asks again while there are no units. Default: 2 s (ADR-0006's
   // fixed managers).
-  absl::Duration acquire_retry = absl::Seconds(2);
+  absl::Duration acquire_retry = defaults::kPoolAcquireRetry;
   // The provisional leases' TTL; they are renewed every third of it. Zero: lockd's default
   // (--pool-provisional-ttl). Default: zero.
   absl::Duration provisional_ttl = absl::ZeroDuration();
