@@ -52,7 +52,10 @@ class PoolManagerImpl final : public PoolManager {
         !s.ok()) {
       return s;
     }
-    generation_ = generation;
+    {
+      absl::MutexLock lock(&mu_);
+      generation_ = generation;
+    }
     // The leases as they stand after the claim: no earlier manager can change them any more.
     view = calls_->status(options_.pool);
     if (!view.ok()) return view.status();
