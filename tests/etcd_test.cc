@@ -150,6 +150,63 @@ TEST_F(EtcdTest, PoolLeasesSurviveAKilledLockdOnEtcd) {
   EXPECT_GT(next->token, g->token);
 }
 
+// ADR-0003's exact cleanup on etcd: `lockd destroy --etcd` is refused while a lockd serves the
+// prefix (naming it) and while a pool lease remains (exit 4, listing it); once the lease is
+// released it deletes every key under the prefix, and nothing beside it.
+TEST_F(EtcdTest, DestroyDeletesExactlyThePrefixOnceNoLeaseRemains) {
+  auto [init, init_err] = testing::RunLockdToExit(
+      {"init", "--etcd=" + etcd_.endpoint(), "--etcd-prefix=/fencelock/dx"});
+  ASSERT_EQ(init, 0) << init_err;
+  ASSERT_TRUE(etcd_.Put("/fencelock/d", "a key beside the prefix"));
+  const std::vector<std::string> neighbours = etcd_.Keys("/fencelock/dx/");
+  ASSERT_FALSE(neighbours.empty());
+
+  LockdProcess::Options options = Options("/fencelock/d");
+  options.unix_socket = true;
+  auto lockd = std::make_unique<LockdProcess>(options);
+  auto c = PoolClient::Create({.server = lockd->unix_address()});
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->publish("p", 1, 4, {{.id = "a"}}).ok());
+  auto owner = (*c)->claim("p", "a", 1);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  auto g = (*c)->acquire("p", "a", "s1", *owner, absl::ZeroDuration());
+  ASSERT_TRUE(g.ok() && g->granted) << g.status();
+  ASSERT_TRUE((*c)->activate("p", "a", "s1", g->token, *owner).ok());
+
+  const std::vector<std::string> destroy = {"destroy", "--etcd=" + etcd_.endpoint(),
+                                            "--etcd-prefix=/fencelock/d", "--etcd-owner-ttl=2s"};
+  auto [served, served_err] = testing::RunLockdToExit(destroy);
+  EXPECT_EQ(WEXITSTATUS(served), 1) << served_err;
+  EXPECT_THAT(served_err, HasSubstr("is served by lockd pid"));
+  EXPECT_THAT(served_err, HasSubstr("nothing removed"));
+  lockd.reset();  // a clean stop: the prefix is free at once
+
+  auto [held, held_err] = testing::RunLockdToExit(destroy);
+  EXPECT_EQ(WEXITSTATUS(held), 4) << held_err;
+  EXPECT_THAT(held_err, HasSubstr(absl::StrCat("pool p: a/s1 token ", g->token, " active")));
+  EXPECT_FALSE(etcd_.Keys("/fencelock/d/").empty());
+
+  lockd = std::make_unique<LockdProcess>([&] {
+    LockdProcess::Options again = Options("/fencelock/d", /*init=*/false);
+    again.unix_socket = true;
+    return again;
+  }());
+  auto c2 = PoolClient::Create({.server = lockd->unix_address()});
+  ASSERT_TRUE(c2.ok());
+  ASSERT_TRUE((*c2)->release("p", "a", "s1", g->token, *owner).ok());
+  lockd.reset();
+
+  auto [done, done_err] = testing::RunLockdToExit(destroy);
+  EXPECT_EQ(done, 0) << done_err;
+  EXPECT_TRUE(etcd_.Keys("/fencelock/d/").empty());
+  EXPECT_EQ(etcd_.Keys("/fencelock/dx/"), neighbours);
+  EXPECT_EQ(etcd_.Get("/fencelock/d"), "a key beside the prefix");
+  // Nothing is left to destroy, or to serve.
+  auto [again, again_err] = testing::RunLockdToExit(destroy);
+  EXPECT_EQ(WEXITSTATUS(again), 1);
+  EXPECT_THAT(again_err, HasSubstr("holds no lockd state"));
+}
+
 TEST_F(EtcdTest, ASecondLockdOnThePrefixIsRefusedNamingTheFirst) {
   LockdProcess first(Options("/fencelock/b"));
   auto [status, err] = testing::RunLockdToExit(

@@ -18,7 +18,9 @@ bool LockdsFile(const std::string& name) {
          absl::StartsWith(name, "wal-") || absl::EndsWith(name, ".tmp");
 }
 
-std::vector<std::string> Held(const StateMachine& state) {
+}  // namespace
+
+std::vector<std::string> HeldInState(const StateMachine& state) {
   std::vector<std::string> held;
   for (const auto& [lock, h] : state.holders()) {
     held.push_back(absl::StrCat("lock ", lock, " token ", h.token, " held by session ", h.session));
@@ -31,8 +33,6 @@ std::vector<std::string> Held(const StateMachine& state) {
   }
   return held;
 }
-
-}  // namespace
 
 absl::StatusOr<DestroyOutcome> DestroyStateDir(Env* env, const std::string& dir,
                                                const std::string& owner) {
@@ -53,7 +53,7 @@ absl::StatusOr<DestroyOutcome> DestroyStateDir(Env* env, const std::string& dir,
     // Read-only: what the state holds, as a restart would restore it.
     auto recovered = Recover(env, dir, MonoTime::FromNanos(0));
     if (!recovered.ok()) return recovered.status();
-    out.held = Held(recovered->state);
+    out.held = HeldInState(recovered->state);
     if (!out.held.empty()) return out;
     // FORMAT first: from here the directory is no state a lockd would serve, and a destroy
     // interrupted now is finished by the next one.

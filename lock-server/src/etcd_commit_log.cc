@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -144,6 +145,9 @@ class EtcdCommitLog final : public CommitLog {
 
   // Takes P/owner; restores; reserves. Called once, before the log is handed out.
   absl::StatusOr<StateMachine> Start(std::vector<std::string>* summary);
+  // lockd destroy: deletes every key under P/, P/owner included, in one transaction guarded
+  // by the ownership, on the writer thread; returns how many. Nothing may be appended after.
+  absl::StatusOr<int64_t> DeleteEverything();
 
   void SetListener(CommitLogListener* listener) override { listener_ = listener; }
   void ReserveFor(FenceToken token, SessionId session) override;
@@ -984,6 +988,60 @@ absl::Status InitEtcdPrefix(const EtcdCommitLogOptions& options) {
         absl::StrCat("etcd prefix ", options.prefix, " was initialized meanwhile"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> EtcdCommitLog::DeleteEverything() {
+  RangeRequest count;
+  count.set_key(options_.prefix + "/");
+  count.set_range_end(PrefixEnd(options_.prefix + "/"));
+  count.set_count_only(true);
+  auto before = etcd_->Range(count);
+  if (!before.ok()) return before.status();
+  std::promise<absl::Status> done;
+  Enqueue(Job{[&] {
+                absl::Status s =
+                    Commit({DeleteRange(options_.prefix + "/", PrefixEnd(options_.prefix + "/"))})
+                        .status();
+                done.set_value(s);
+                return s;
+              },
+              [](const absl::Status&) {}});
+  if (absl::Status s = done.get_future().get(); !s.ok()) return s;
+  return before->count();
+}
+
+absl::StatusOr<EtcdDestroyOutcome> DestroyEtcdPrefix(
+    const EtcdCommitLogOptions& options,
+    const std::function<std::vector<std::string>(const StateMachine&)>& held) {
+  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
+  auto etcd = EtcdClient::Create(options.endpoints, options.request_timeout);
+  if (!etcd.ok()) return etcd.status();
+  // Once the keys are gone, the log's watch sees its own P/owner go: that is no news.
+  auto deleted = std::make_shared<std::atomic<bool>>(false);
+  EtcdCommitLogOptions o = options;
+  o.log = [deleted, log = options.log](const std::string& line) {
+    if (deleted->load()) return;
+    if (log) {
+      log(line);
+    } else {
+      logging::Lockd().Warning(line);
+    }
+  };
+  auto log = std::make_unique<EtcdCommitLog>(o, std::move(*etcd), [](std::function<void()>) {});
+  std::vector<std::string> summary;
+  auto state = log->Start(&summary);
+  if (!state.ok()) return state.status();
+  EtcdDestroyOutcome out;
+  out.held = held(*state);
+  if (!out.held.empty()) return out;
+  deleted->store(true);
+  auto count = log->DeleteEverything();
+  if (!count.ok()) {
+    deleted->store(false);
+    return count.status();
+  }
+  out.deleted = *count;
+  return out;
 }
 
 absl::StatusOr<OpenedCommitLog> OpenEtcdCommitLog(const EtcdCommitLogOptions& options,

@@ -1,6 +1,7 @@
 // lockd: the fencelock lock server.
 //
 //   lockd init  --data-dir=DIR | --etcd=HOST:PORT,... --etcd-prefix=/fencelock/NAME
+//   lockd destroy --data-dir=DIR | --etcd=HOST:PORT,... --etcd-prefix=/fencelock/NAME
 //   lockd serve --data-dir=DIR [--listen=127.0.0.1] [--port=7420] [--unix-socket=PATH]
 //               [--port-file=PATH] [--session-ttl=15s] [--lock-ttl=30s]
 //               [--tls-ca=PEM --tls-cert=PEM --tls-key=PEM]
@@ -365,27 +366,58 @@ int Init() {
   return 0;
 }
 
+// Names what the state still holds, on standard error: lockd destroy's exit 4.
+int StillHeld(const std::string& where, const std::vector<std::string>& held) {
+  Log().Error(absl::StrCat("destroy: ", where, " still holds ", held.size(),
+                           held.size() == 1 ? " lock or lease" : " locks and leases",
+                           "; nothing removed (release or drain them first):"));
+  for (const std::string& line : held) std::fprintf(stderr, "  %s\n", line.c_str());
+  return 4;
+}
+
+// `lockd destroy --etcd=... --etcd-prefix=P`: every key under P/, once it holds nothing.
+int DestroyEtcd(const std::string& etcd) {
+  auto endpoints = fencelock::server::ParseEtcdEndpoints(etcd);
+  if (!endpoints.ok()) {
+    Log().Error(absl::StrCat("destroy: ", endpoints.status().ToString()));
+    return 1;
+  }
+  const std::string prefix = absl::GetFlag(FLAGS_etcd_prefix);
+  const absl::Duration ttl = absl::GetFlag(FLAGS_etcd_owner_ttl);
+  auto out = fencelock::server::DestroyEtcdPrefix(
+      {.endpoints = *endpoints,
+       .prefix = prefix,
+       .owner_ttl = ttl,
+       .owner_wait = ttl + absl::Seconds(2),  // a lockd that crashed leaves its key that long
+       .owner = absl::StrCat("lockd destroy pid ", ::getpid())},
+      fencelock::server::HeldInState);
+  if (!out.ok()) {
+    Log().Error(absl::StrCat("destroy: ", out.status().ToString(), "; nothing removed"));
+    return 1;
+  }
+  if (!out->held.empty()) return StillHeld("etcd prefix " + prefix, out->held);
+  Log().Info(absl::StrCat("destroyed the state under etcd prefix ", prefix, ": deleted ",
+                          out->deleted, " keys under ", prefix, "/"));
+  return 0;
+}
+
 // `lockd destroy`: exit 0 removed, 4 the state still holds locks or pool leases (listed,
 // nothing removed), 1 anything else (nothing removed).
 int Destroy() {
   const std::string dir = absl::GetFlag(FLAGS_data_dir);
-  if (dir.empty() || !absl::GetFlag(FLAGS_etcd).empty()) {
-    Log().Error("destroy needs --data-dir (an etcd prefix is not destroyed by lockd yet)");
+  const std::string etcd = absl::GetFlag(FLAGS_etcd);
+  if (dir.empty() == etcd.empty()) {
+    Log().Error("destroy needs --data-dir, or --etcd and --etcd-prefix");
     return 1;
   }
+  if (!etcd.empty()) return DestroyEtcd(etcd);
   auto out = fencelock::server::DestroyStateDir(fencelock::server::Env::Posix(), dir,
                                                 absl::StrCat("lockd destroy pid ", ::getpid()));
   if (!out.ok()) {
     Log().Error(absl::StrCat("destroy: ", out.status().ToString(), "; nothing removed"));
     return 1;
   }
-  if (!out->held.empty()) {
-    Log().Error(absl::StrCat("destroy: ", dir, " still holds ", out->held.size(),
-                             out->held.size() == 1 ? " lock or lease" : " locks and leases",
-                             "; nothing removed (release or drain them first):"));
-    for (const std::string& line : out->held) std::fprintf(stderr, "  %s\n", line.c_str());
-    return 4;
-  }
+  if (!out->held.empty()) return StillHeld(dir, out->held);
   Log().Info(absl::StrCat("destroyed the state in ", dir, ": removed ",
                           absl::StrJoin(out->removed, ", ")));
   if (out->removed_dir) {
@@ -406,8 +438,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "the fencelock lock server\n"
       "  lockd init  --data-dir=DIR | --etcd=HOST:PORT,... --etcd-prefix=/fencelock/NAME\n"
-      "  lockd destroy --data-dir=DIR   (removes it once no lock and no pool lease remains; "
-      "exit 4: some remain, listed)\n"
+      "  lockd destroy --data-dir=DIR | --etcd=... --etcd-prefix=P   (removes that state once "
+      "no lock and no pool lease remains; exit 4: some remain, listed)\n"
       "  lockd serve --data-dir=DIR | --etcd=... --etcd-prefix=P [--listen=ADDR] [--port=N] [--unix-socket=PATH] [--tcp=false]\n"
       "              [--port-file=PATH] [--session-ttl=D] [--lock-ttl=D]\n"
       "              [--metrics-port=N] [--metrics-listen=ADDR] [--permissions=FILE]\n"

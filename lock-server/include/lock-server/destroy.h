@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "lock-server/env.h"
+#include "lock-server/state_machine.h"
 
 namespace fencelock::server {
 
@@ -21,6 +22,9 @@ struct DestroyOutcome {
   std::vector<std::string> kept;
   bool removed_dir = false;
 };
+
+// What `state` holds that forbids its destruction, one line each (see DestroyOutcome::held).
+std::vector<std::string> HeldInState(const StateMachine& state);
 
 // Removes the state directory `dir` that `lockd init` made, if it holds nothing (see above).
 // Errors, with nothing removed: kFailedPrecondition when a process holds the directory (naming

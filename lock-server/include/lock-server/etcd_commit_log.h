@@ -104,6 +104,20 @@ absl::Status InitEtcdPrefix(const EtcdCommitLogOptions& options);
 absl::StatusOr<OpenedCommitLog> OpenEtcdCommitLog(const EtcdCommitLogOptions& options,
                                                   PostToOwner post);
 
+struct EtcdDestroyOutcome {
+  std::vector<std::string> held;  // what `held` found: not empty, nothing was deleted
+  int64_t deleted = 0;            // the keys deleted under the prefix
+};
+
+// `lockd destroy --etcd`: the exact cleanup of a prefix. Takes the prefix's ownership as a
+// serving lockd does (refused while one serves it, naming it, after owner_wait; and no lockd
+// can start on it meanwhile), restores the state, and asks `held` what it holds. Only if
+// nothing, it deletes every key under `prefix/` (and nothing else) in one transaction guarded
+// by that ownership. Errors, with nothing deleted: OpenEtcdCommitLog's, and etcd's.
+absl::StatusOr<EtcdDestroyOutcome> DestroyEtcdPrefix(
+    const EtcdCommitLogOptions& options,
+    const std::function<std::vector<std::string>(const StateMachine&)>& held);
+
 }  // namespace fencelock::server
 
 #endif  // FENCELOCK_LOCK_SERVER_ETCD_COMMIT_LOG_H_
