@@ -314,7 +314,7 @@ absl::StatusOr<std::unique_ptr<EtcdPeer>> EtcdPeer::Start(const std::string& bin
   auto peer = std::unique_ptr<EtcdPeer>(new EtcdPeer);
   peer->cluster_ = std::move(*cluster);
   peer->endpoint_ = peer->cluster_->endpoints();
-  auto etcd = server::EtcdClient::Create({peer->endpoint_}, absl::Seconds(5));
+  auto etcd = server::GrpcEtcdClient::Create({peer->endpoint_}, absl::Seconds(5));
   if (!etcd.ok()) return etcd.status();
   auto status = (*etcd)->MemberStatus(0);
   if (!status.ok()) return status.status();
@@ -327,7 +327,7 @@ EtcdPeer::~EtcdPeer() = default;
 CyclerFactory EtcdPeer::Cyclers() const {
   const std::string endpoint = endpoint_;
   return [endpoint](int client) -> absl::StatusOr<std::unique_ptr<Cycler>> {
-    auto etcd = server::EtcdClient::Create({endpoint}, absl::Seconds(5));
+    auto etcd = server::GrpcEtcdClient::Create({endpoint}, absl::Seconds(5));
     if (!etcd.ok()) return etcd.status();
     auto lease = (*etcd)->LeaseGrant(absl::Seconds(30));
     if (!lease.ok()) return lease.status();

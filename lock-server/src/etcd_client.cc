@@ -50,7 +50,7 @@ void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
 
 }  // namespace
 
-EtcdClient::EtcdClient(std::vector<std::string> endpoints, absl::Duration timeout)
+GrpcEtcdClient::GrpcEtcdClient(std::vector<std::string> endpoints, absl::Duration timeout)
     : endpoints_(std::move(endpoints)), timeout_(timeout) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -64,7 +64,7 @@ EtcdClient::EtcdClient(std::vector<std::string> endpoints, absl::Duration timeou
   }
 }
 
-absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(std::vector<std::string> endpoints,
+absl::StatusOr<std::unique_ptr<EtcdClient>> GrpcEtcdClient::Create(std::vector<std::string> endpoints,
                                                                absl::Duration timeout) {
   if (endpoints.empty()) return absl::InvalidArgumentError("no etcd endpoints (--etcd)");
   for (const std::string& e : endpoints) {
@@ -73,11 +73,11 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(std::vector<std::
   if (timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the etcd request timeout must be positive");
   }
-  return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(endpoints), timeout));
+  return std::unique_ptr<EtcdClient>(new GrpcEtcdClient(std::move(endpoints), timeout));
 }
 
 template <typename Call>
-absl::Status EtcdClient::WithFailover(const char* what, Call call) {
+absl::Status GrpcEtcdClient::WithFailover(const char* what, Call call) {
   absl::Status last;
   const size_t first = current_.load();
   for (size_t n = 0; n < stubs_.size(); ++n) {
@@ -94,7 +94,7 @@ absl::Status EtcdClient::WithFailover(const char* what, Call call) {
   return last;
 }
 
-absl::StatusOr<etcdserverpb::RangeResponse> EtcdClient::Range(
+absl::StatusOr<etcdserverpb::RangeResponse> GrpcEtcdClient::Range(
     const etcdserverpb::RangeRequest& request) {
   etcdserverpb::RangeResponse response;
   absl::Status s = WithFailover("range", [&](Endpoint& e, grpc::ClientContext& c) {
@@ -105,7 +105,7 @@ absl::StatusOr<etcdserverpb::RangeResponse> EtcdClient::Range(
   return response;
 }
 
-absl::StatusOr<etcdserverpb::TxnResponse> EtcdClient::Txn(const etcdserverpb::TxnRequest& request) {
+absl::StatusOr<etcdserverpb::TxnResponse> GrpcEtcdClient::Txn(const etcdserverpb::TxnRequest& request) {
   etcdserverpb::TxnResponse response;
   absl::Status s = WithFailover("txn", [&](Endpoint& e, grpc::ClientContext& c) {
     response.Clear();
@@ -115,7 +115,7 @@ absl::StatusOr<etcdserverpb::TxnResponse> EtcdClient::Txn(const etcdserverpb::Tx
   return response;
 }
 
-absl::Status EtcdClient::Compact(int64_t revision) {
+absl::Status GrpcEtcdClient::Compact(int64_t revision) {
   etcdserverpb::CompactionRequest request;
   request.set_revision(revision);
   etcdserverpb::CompactionResponse response;
@@ -129,7 +129,7 @@ absl::Status EtcdClient::Compact(int64_t revision) {
   return s;
 }
 
-absl::StatusOr<int64_t> EtcdClient::LeaseGrant(absl::Duration ttl) {
+absl::StatusOr<int64_t> GrpcEtcdClient::LeaseGrant(absl::Duration ttl) {
   etcdserverpb::LeaseGrantRequest request;
   request.set_ttl(std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1)))));
   etcdserverpb::LeaseGrantResponse response;
@@ -143,7 +143,7 @@ absl::StatusOr<int64_t> EtcdClient::LeaseGrant(absl::Duration ttl) {
   return response.id();
 }
 
-absl::StatusOr<absl::Duration> EtcdClient::LeaseKeepAlive(int64_t id) {
+absl::StatusOr<absl::Duration> GrpcEtcdClient::LeaseKeepAlive(int64_t id) {
   etcdserverpb::LeaseKeepAliveResponse response;
   absl::Status s = WithFailover("lease keep-alive", [&](Endpoint& e, grpc::ClientContext& c) {
     auto stream = e.lease->LeaseKeepAlive(&c);
@@ -159,7 +159,7 @@ absl::StatusOr<absl::Duration> EtcdClient::LeaseKeepAlive(int64_t id) {
   return absl::Seconds(response.ttl());
 }
 
-absl::Status EtcdClient::LeaseRevoke(int64_t id) {
+absl::Status GrpcEtcdClient::LeaseRevoke(int64_t id) {
   etcdserverpb::LeaseRevokeRequest request;
   request.set_id(id);
   etcdserverpb::LeaseRevokeResponse response;
@@ -168,7 +168,7 @@ absl::Status EtcdClient::LeaseRevoke(int64_t id) {
   });
 }
 
-absl::StatusOr<EtcdClient::LeaseLife> EtcdClient::LeaseTimeToLive(int64_t id) {
+absl::StatusOr<EtcdClient::LeaseLife> GrpcEtcdClient::LeaseTimeToLive(int64_t id) {
   etcdserverpb::LeaseTimeToLiveRequest request;
   request.set_id(id);
   etcdserverpb::LeaseTimeToLiveResponse response;
@@ -258,7 +258,7 @@ class GrpcWatch final : public EtcdWatch {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<EtcdWatch>> EtcdClient::Watch(const std::string& key,
+absl::StatusOr<std::unique_ptr<EtcdWatch>> GrpcEtcdClient::Watch(const std::string& key,
                                                               int64_t start_revision) {
   absl::Status last;
   const size_t first = current_.load();
@@ -275,7 +275,7 @@ absl::StatusOr<std::unique_ptr<EtcdWatch>> EtcdClient::Watch(const std::string& 
   return last.ok() ? absl::UnavailableError("no etcd endpoint") : last;
 }
 
-absl::StatusOr<etcdserverpb::StatusResponse> EtcdClient::MemberStatus(size_t i) {
+absl::StatusOr<etcdserverpb::StatusResponse> GrpcEtcdClient::MemberStatus(size_t i) {
   if (i >= stubs_.size()) return absl::InvalidArgumentError("no such etcd endpoint");
   grpc::ClientContext context;
   SetDeadline(context, timeout_);

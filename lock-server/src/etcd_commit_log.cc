@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "clock/monotonic_event.h"
-#include "etcd_client.h"
+#include "lock-server/etcd_store.h"
 #include "lock-server/storage.h"
 
 namespace fencelock::server {
@@ -81,8 +81,8 @@ Compare NotPresent(const std::string& key) {
   return c;
 }
 
+// (The endpoints are the client's: GrpcEtcdClient::Create refuses an empty list.)
 absl::Status CheckOptions(const EtcdCommitLogOptions& o) {
-  if (o.endpoints.empty()) return absl::InvalidArgumentError("no etcd endpoints (--etcd)");
   if (o.prefix.size() < 2 || o.prefix.front() != '/' || o.prefix.back() == '/') {
     return absl::InvalidArgumentError(absl::StrCat(
         "--etcd-prefix=\"", o.prefix, "\" must start with / and not end with one"));
@@ -957,17 +957,15 @@ absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(const std::string& l
   return endpoints;
 }
 
-absl::Status InitEtcdPrefix(const EtcdCommitLogOptions& options) {
+absl::Status InitEtcdPrefixOn(const EtcdCommitLogOptions& options, EtcdClient& etcd) {
   if (absl::Status s = CheckOptions(options); !s.ok()) return s;
-  auto etcd = EtcdClient::Create(options.endpoints, options.request_timeout);
-  if (!etcd.ok()) return etcd.status();
   const Keys keys(options.prefix);
   // Nothing may be under the prefix yet: never mix with another lockd's (or anyone's) keys.
   RangeRequest any;
   any.set_key(options.prefix + "/");
   any.set_range_end(PrefixEnd(options.prefix + "/"));
   any.set_count_only(true);
-  auto existing = (*etcd)->Range(any);
+  auto existing = etcd.Range(any);
   if (!existing.ok()) return existing.status();
   if (existing->count() > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -981,7 +979,7 @@ absl::Status InitEtcdPrefix(const EtcdCommitLogOptions& options) {
   *txn.add_success() = Put(keys.sequences(), EncodeSequences({}));
   *txn.add_success() = Put(keys.chunk(0, 0), EncodeSnapshot(empty, 0));
   *txn.add_success() = Put(keys.head(), "0 1");
-  auto r = (*etcd)->Txn(txn);
+  auto r = etcd.Txn(txn);
   if (!r.ok()) return r.status();
   if (!r->succeeded()) {
     return absl::FailedPreconditionError(
@@ -1010,15 +1008,14 @@ absl::StatusOr<int64_t> EtcdCommitLog::DeleteEverything() {
   return before->count();
 }
 
-absl::StatusOr<EtcdDestroyOutcome> DestroyEtcdPrefix(
-    const EtcdCommitLogOptions& options,
+absl::StatusOr<EtcdDestroyOutcome> DestroyEtcdPrefixOn(
+    const EtcdCommitLogOptions& options, std::unique_ptr<EtcdClient> etcd,
     const std::function<std::vector<std::string>(const StateMachine&)>& held) {
   if (absl::Status s = CheckOptions(options); !s.ok()) return s;
-  auto etcd = EtcdClient::Create(options.endpoints, options.request_timeout);
-  if (!etcd.ok()) return etcd.status();
   // Once the keys are gone, the log's watch sees its own P/owner go: that is no news.
   auto deleted = std::make_shared<std::atomic<bool>>(false);
   EtcdCommitLogOptions o = options;
+  o.endpoints = etcd->endpoints();
   o.log = [deleted, log = options.log](const std::string& line) {
     if (deleted->load()) return;
     if (log) {
@@ -1027,7 +1024,7 @@ absl::StatusOr<EtcdDestroyOutcome> DestroyEtcdPrefix(
       logging::Lockd().Warning(line);
     }
   };
-  auto log = std::make_unique<EtcdCommitLog>(o, std::move(*etcd), [](std::function<void()>) {});
+  auto log = std::make_unique<EtcdCommitLog>(o, std::move(etcd), [](std::function<void()>) {});
   std::vector<std::string> summary;
   auto state = log->Start(&summary);
   if (!state.ok()) return state.status();
@@ -1044,12 +1041,13 @@ absl::StatusOr<EtcdDestroyOutcome> DestroyEtcdPrefix(
   return out;
 }
 
-absl::StatusOr<OpenedCommitLog> OpenEtcdCommitLog(const EtcdCommitLogOptions& options,
-                                                  PostToOwner post) {
+absl::StatusOr<OpenedCommitLog> OpenEtcdCommitLogOn(const EtcdCommitLogOptions& options,
+                                                    std::unique_ptr<EtcdClient> etcd,
+                                                    PostToOwner post) {
   if (absl::Status s = CheckOptions(options); !s.ok()) return s;
-  auto etcd = EtcdClient::Create(options.endpoints, options.request_timeout);
-  if (!etcd.ok()) return etcd.status();
-  auto log = std::make_unique<EtcdCommitLog>(options, std::move(*etcd), std::move(post));
+  EtcdCommitLogOptions o = options;
+  o.endpoints = etcd->endpoints();  // for Describe()
+  auto log = std::make_unique<EtcdCommitLog>(o, std::move(etcd), std::move(post));
   OpenedCommitLog opened;
   auto state = log->Start(&opened.summary);
   if (!state.ok()) return state.status();

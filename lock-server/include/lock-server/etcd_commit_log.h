@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,8 @@
 #include "lock-server/commit_log.h"
 
 namespace fencelock::server {
+
+class EtcdClient;  // lock-server/etcd_store.h
 
 // The part of its lease on the prefix lockd never relies on: the client's margin (ADR-006),
 // applied to lockd's own lease.
@@ -116,6 +119,17 @@ struct EtcdDestroyOutcome {
 // by that ownership. Errors, with nothing deleted: OpenEtcdCommitLog's, and etcd's.
 absl::StatusOr<EtcdDestroyOutcome> DestroyEtcdPrefix(
     const EtcdCommitLogOptions& options,
+    const std::function<std::vector<std::string>(const StateMachine&)>& held);
+
+// The same three on a given etcd client instead of one to options.endpoints over gRPC: the
+// simulated etcd (sim/sim_etcd.h), in tests and the simulator. `options.endpoints` and
+// `request_timeout` are then the client's business.
+absl::Status InitEtcdPrefixOn(const EtcdCommitLogOptions& options, EtcdClient& etcd);
+absl::StatusOr<OpenedCommitLog> OpenEtcdCommitLogOn(const EtcdCommitLogOptions& options,
+                                                    std::unique_ptr<EtcdClient> etcd,
+                                                    PostToOwner post);
+absl::StatusOr<EtcdDestroyOutcome> DestroyEtcdPrefixOn(
+    const EtcdCommitLogOptions& options, std::unique_ptr<EtcdClient> etcd,
     const std::function<std::vector<std::string>(const StateMachine&)>& held);
 
 }  // namespace fencelock::server

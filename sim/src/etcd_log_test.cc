@@ -1,0 +1,245 @@
+// lockd's etcd commit log (lock-server/etcd_commit_log.h) on the simulated etcd, in-process:
+// its threads (writer, lease keeper, watcher, prober) run here under ThreadSanitizer with no
+// gRPC beneath them. What is committed comes back; a second log is refused; a reply lost after
+// its commit, and an election, cost nothing; a deleted owner key and an ownership that lapses
+// fault the log; and a standby takes over a replica cut off from etcd only after that
+// replica's ownership deadline. The log's timing is on the real clock (owner TTL 2 s), and so
+// is the simulated etcd's here.
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lock-server/etcd_commit_log.h"
+#include "lock-server/etcd_store.h"
+#include "lock-server/lock_service.h"
+#include "sim/sim_etcd.h"
+
+namespace fencelock::sim {
+namespace {
+
+using ::testing::HasSubstr;
+using server::CommitLog;
+using server::EtcdCommitLogOptions;
+using server::FenceToken;
+using server::LockService;
+
+constexpr char kPrefix[] = "/fencelock/sim";
+
+// Stands in for lockd's event loop: what the log posts runs when the test waits.
+class OwnerLoop {
+ public:
+  server::PostToOwner Poster() {
+    return [this](std::function<void()> f) {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(f));
+      cv_.notify_all();
+    };
+  }
+  // Runs what is posted until `done` holds; false after 10 s.
+  bool RunUntil(const std::function<bool()>& done) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done()) {
+      std::function<void()> f;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (!cv_.wait_until(lock, give_up, [&] { return !queue_.empty(); })) return done();
+        f = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      f();
+    }
+    return true;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+};
+
+// One lockd replica's core on the etcd log: the lock service writing through it.
+class Replica : public server::CommitLogListener {
+ public:
+  Replica(SimEtcd& etcd, const std::string& name, absl::Duration owner_wait = absl::ZeroDuration(),
+          std::function<void(MonoTime sent, MonoTime until)> on_owned = nullptr) {
+    EtcdCommitLogOptions o{.prefix = kPrefix,
+                           .owner_ttl = absl::Seconds(2),
+                           .owner_wait = owner_wait,
+                           .owner = name};
+    o.log = [](const std::string&) {};
+    o.on_owned = std::move(on_owned);
+    auto opened = server::OpenEtcdCommitLogOn(o, etcd.Connect(name), loop_.Poster());
+    status_ = opened.status();
+    if (!opened.ok()) return;
+    service_ = std::make_unique<LockService>(server::ServiceOptions{}, std::move(opened->state));
+    log_ = std::move(opened->log);
+    log_->SetListener(this);
+    service_->set_record_observer([this](const server::Record& r) {
+      log_->ReserveFor(service_->state().last_token(), service_->state().last_session_id());
+      log_->Append(r);
+    });
+  }
+  ~Replica() override {
+    log_.reset();
+    service_.reset();
+  }
+  const absl::Status& status() const { return status_; }
+  CommitLog& log() { return *log_; }
+  LockService& service() { return *service_; }
+
+  // Takes `n` locks in one new session; their tokens.
+  std::vector<FenceToken> Take(int n, const std::string& tag) {
+    std::vector<FenceToken> tokens;
+    const MonoTime now = Clock::Real()->Now();
+    auto session = service_->OpenSession(absl::Seconds(60), now);
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (!session.ok()) return tokens;
+    for (int i = 0; i < n; ++i) {
+      auto g = service_->Acquire(session->first, absl::StrCat(tag, i), absl::Seconds(60), {}, 0,
+                                 now);
+      EXPECT_TRUE(g.ok()) << g.status();
+      if (g.ok()) tokens.push_back(g->token);
+    }
+    return tokens;
+  }
+  // Commits what is appended; false if the log faulted first (or took 10 s).
+  bool Durable() {
+    log_->Flush();
+    loop_.RunUntil([&] { return log_->committed_batch() >= log_->newest_batch() || !fault_.ok(); });
+    return fault_.ok() && log_->committed_batch() >= log_->newest_batch();
+  }
+  // Waits until the log faults; its fault, or OK after 10 s.
+  absl::Status AwaitFault() {
+    loop_.RunUntil([&] { return !fault_.ok() || log_->fault() != nullptr; });
+    if (!fault_.ok()) return fault_;
+    return log_->fault() != nullptr ? *log_->fault() : absl::OkStatus();
+  }
+
+  void OnCommitted(uint64_t) override {}
+  void OnCommitFault(const absl::Status& s) override { fault_ = s; }
+  void OnSnapshotDue() override { log_->Snapshot(service_->state()); }
+
+ private:
+  OwnerLoop loop_;
+  absl::Status status_;
+  std::unique_ptr<LockService> service_;
+  std::unique_ptr<CommitLog> log_;
+  absl::Status fault_;
+};
+
+class EtcdLogTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto c = etcd_.Connect("setup");
+    ASSERT_TRUE(server::InitEtcdPrefixOn({.prefix = kPrefix}, *c).ok());
+  }
+  // The holders a fresh replica restores.
+  std::map<std::string, FenceToken> Restored() {
+    Replica r(etcd_, "reader");
+    EXPECT_TRUE(r.status().ok()) << r.status();
+    std::map<std::string, FenceToken> out;
+    if (!r.status().ok()) return out;
+    for (const auto& [lock, h] : r.service().state().holders()) out[lock] = h.token;
+    return out;
+  }
+
+  SimEtcd etcd_{Clock::Real()};
+};
+
+TEST_F(EtcdLogTest, WhatIsCommittedComesBackOnTheNextReplica) {
+  std::map<std::string, FenceToken> held;
+  {
+    Replica a(etcd_, "a");
+    ASSERT_TRUE(a.status().ok()) << a.status();
+    const std::vector<FenceToken> tokens = a.Take(20, "lock-");
+    for (size_t i = 0; i < tokens.size(); ++i) held[absl::StrCat("lock-", i)] = tokens[i];
+    ASSERT_TRUE(a.Durable());
+  }
+  EXPECT_EQ(Restored(), held);
+}
+
+TEST_F(EtcdLogTest, ASecondReplicaIsRefusedNamingTheFirst) {
+  Replica a(etcd_, "lockd pid 1 on host a");
+  ASSERT_TRUE(a.status().ok()) << a.status();
+  Replica b(etcd_, "b");
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(b.status().message(), HasSubstr("is served by lockd pid 1 on host a"));
+}
+
+TEST_F(EtcdLogTest, RepliesLostAfterTheirCommitAndAnElectionCostNothing) {
+  std::map<std::string, FenceToken> held;
+  {
+    Replica a(etcd_, "a");
+    ASSERT_TRUE(a.status().ok()) << a.status();
+    etcd_.LoseRepliesAfterCommit(3);
+    const std::vector<FenceToken> lost = a.Take(5, "lost-");
+    for (size_t i = 0; i < lost.size(); ++i) held[absl::StrCat("lost-", i)] = lost[i];
+    ASSERT_TRUE(a.Durable()) << "a retried transaction must find its first try applied";
+    // No leader for 300 ms, well inside the ownership (2 s x 0.7): commits wait it out.
+    etcd_.SetUnavailable(true);
+    std::vector<FenceToken> during = a.Take(5, "during-");
+    a.log().Flush();
+    absl::SleepFor(absl::Milliseconds(300));
+    etcd_.SetUnavailable(false);
+    ASSERT_TRUE(a.Durable());
+    for (size_t i = 0; i < during.size(); ++i) held[absl::StrCat("during-", i)] = during[i];
+  }
+  EXPECT_EQ(Restored(), held);
+}
+
+TEST_F(EtcdLogTest, ADeletedOwnerKeyEndsTheReplicaAndNothingMoreIsCommitted) {
+  Replica a(etcd_, "a");
+  ASSERT_TRUE(a.status().ok()) << a.status();
+  a.Take(2, "before-");
+  ASSERT_TRUE(a.Durable());
+  ASSERT_TRUE(etcd_.Delete(std::string(kPrefix) + "/owner"));
+  const absl::Status fault = a.AwaitFault();
+  EXPECT_FALSE(fault.ok());
+  a.Take(2, "after-");
+  EXPECT_FALSE(a.Durable());
+}
+
+TEST_F(EtcdLogTest, AReplicaCutOffFromEtcdFaultsBeforeAStandbyTakesOver) {
+  std::atomic<int64_t> a_until{0};
+  auto a = std::make_unique<Replica>(etcd_, "a", absl::ZeroDuration(),
+                                     [&](MonoTime, MonoTime until) { a_until = until.nanos(); });
+  ASSERT_TRUE(a->status().ok()) << a->status();
+  std::vector<FenceToken> tokens = a->Take(3, "held-");
+  ASSERT_TRUE(a->Durable());
+
+  std::unique_ptr<Replica> b;
+  MonoTime b_ready;
+  std::thread standby([&] {
+    b = std::make_unique<Replica>(etcd_, "b", absl::InfiniteDuration());
+    b_ready = Clock::Real()->Now();
+  });
+  etcd_.Partition("a", true);  // a's renewals fail from now on
+  const absl::Status fault = a->AwaitFault();
+  EXPECT_FALSE(fault.ok());
+  EXPECT_THAT(fault.message(), HasSubstr("ownership of etcd prefix"));
+  standby.join();
+  ASSERT_TRUE(b->status().ok()) << b->status();
+  // b serves only after a's own deadline has passed: never two owners at once.
+  EXPECT_GT(b_ready.nanos(), a_until.load());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    auto h = b->service().state().holders().find(absl::StrCat("held-", i));
+    ASSERT_NE(h, b->service().state().holders().end());
+    EXPECT_EQ(h->second.token, tokens[i]);
+  }
+  // Tokens keep rising across the takeover.
+  std::vector<FenceToken> next = b->Take(1, "next-");
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_GT(next[0], tokens.back());
+  ASSERT_TRUE(b->Durable());
+  etcd_.Partition("a", false);
+  a.reset();
+}
+
+}  // namespace
+}  // namespace fencelock::sim
