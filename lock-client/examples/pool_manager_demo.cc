@@ -234,6 +234,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "manager: --pool, --profile and --state-dir are required\n");
     return 2;
   }
+  if (g_dir.find('\'') != std::string::npos) {
+    // The worker's shell records its status under --state-dir, single-quoted.
+    std::fprintf(stderr, "manager: --state-dir may not contain a single quote\n");
+    return 2;
+  }
   if (slots < 1 || slots > 1024 || jobs < 0 || jobs > 1'000'000) {
     std::fprintf(stderr, "manager: --slots must be 1 to 1024 and --jobs 0 to 1000000\n");
     return 2;

@@ -4,6 +4,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -386,19 +387,15 @@ absl::StatusOr<std::unique_ptr<PoolManager>> PoolManager::Start(PoolManagerOptio
         "(ADR-0003: a lease is freed only once its worker is proved absent)");
   }
   // Never slower than the seed's cadences, which lockd's shortest demand TTL is built around.
-  if (options.demand_refresh < absl::Milliseconds(10) ||
-      options.demand_refresh > defaults::kPoolDemandRefresh) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "demand_refresh ", absl::FormatDuration(options.demand_refresh), " is outside [10ms, ",
-        absl::FormatDuration(defaults::kPoolDemandRefresh),
-        "]: lockd's shortest demand TTL counts on that cadence (ADR-0006)"));
-  }
-  if (options.acquire_retry < absl::Milliseconds(10) ||
-      options.acquire_retry > defaults::kPoolAcquireRetry) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "acquire_retry ", absl::FormatDuration(options.acquire_retry), " is outside [10ms, ",
-        absl::FormatDuration(defaults::kPoolAcquireRetry),
-        "] (ADR-0006's fixed managers ask every 2 s)"));
+  for (const auto& [name, value, most] :
+       {std::tuple{"demand_refresh", options.demand_refresh, defaults::kPoolDemandRefresh},
+        std::tuple{"acquire_retry", options.acquire_retry, defaults::kPoolAcquireRetry}}) {
+    if (value < absl::Milliseconds(10) || value > most) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " ", absl::FormatDuration(value), " is outside [10ms, ",
+          absl::FormatDuration(most), "]: ADR-0006's managers' cadence, which lockd's shortest "
+          "demand TTL counts on"));
+    }
   }
   if (options.release_patience < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("release_patience is negative");
