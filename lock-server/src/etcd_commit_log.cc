@@ -1,85 +1,37 @@
 #include "lock-server/etcd_commit_log.h"
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
-#include <cstdio>
 #include <deque>
-#include <future>
 #include <memory>
 #include <mutex>
-#include <thread>
+#include <optional>
 
-#include "logging/logging.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "clock/monotonic_event.h"
+#include "etcd_keys.h"
+#include "etcd_ownership.h"
 #include "lock-server/etcd_store.h"
 #include "lock-server/storage.h"
+#include "logging/logging.h"
 
 namespace fencelock::server {
 namespace {
 
-using etcdserverpb::Compare;
+using etcd_keys::DeleteRange;
+using etcd_keys::Keys;
+using etcd_keys::NotPresent;
+using etcd_keys::PrefixEnd;
+using etcd_keys::Put;
 using etcdserverpb::RangeRequest;
+using etcdserverpb::RangeResponse;
 using etcdserverpb::RequestOp;
 using etcdserverpb::TxnRequest;
+using etcdserverpb::TxnResponse;
 
 constexpr char kEtcdFormat[] = "fencelock-lockd-etcd\nformat 1\n";
-
-std::string Lsn(uint64_t lsn) { return absl::StrFormat("%020u", lsn); }
-
-// The key just past every key that starts with `prefix`.
-std::string PrefixEnd(std::string prefix) {
-  prefix.back() = static_cast<char>(prefix.back() + 1);
-  return prefix;
-}
-
-struct Keys {
-  explicit Keys(const std::string& p) : prefix(p) {}
-  std::string format() const { return prefix + "/format"; }
-  std::string sequences() const { return prefix + "/sequences"; }
-  std::string owner() const { return prefix + "/owner"; }
-  std::string term() const { return prefix + "/term"; }
-  std::string head() const { return prefix + "/snapshot-head"; }
-  std::string log_dir() const { return prefix + "/log/"; }
-  std::string log(uint64_t last_lsn) const { return log_dir() + Lsn(last_lsn); }
-  std::string snapshots() const { return prefix + "/snapshot/"; }
-  std::string chunk_dir(uint64_t lsn) const { return snapshots() + Lsn(lsn) + "/"; }
-  std::string chunk(uint64_t lsn, uint64_t i) const {
-    return chunk_dir(lsn) + absl::StrFormat("%06u", i);
-  }
-  std::string prefix;
-};
-
-RequestOp Put(const std::string& key, std::string value, int64_t lease = 0) {
-  RequestOp op;
-  auto* put = op.mutable_request_put();
-  put->set_key(key);
-  put->set_value(std::move(value));
-  put->set_lease(lease);
-  return op;
-}
-
-RequestOp DeleteRange(const std::string& key, const std::string& end) {
-  RequestOp op;
-  op.mutable_request_delete_range()->set_key(key);
-  op.mutable_request_delete_range()->set_range_end(end);
-  return op;
-}
-
-Compare NotPresent(const std::string& key) {
-  Compare c;
-  c.set_key(key);
-  c.set_target(Compare::VERSION);
-  c.set_result(Compare::EQUAL);
-  c.set_version(0);
-  return c;
-}
 
 // (The endpoints are the client's: GrpcEtcdClient::Create refuses an empty list.)
 absl::Status CheckOptions(const EtcdCommitLogOptions& o) {
@@ -102,52 +54,39 @@ absl::Status CheckOptions(const EtcdCommitLogOptions& o) {
   return absl::OkStatus();
 }
 
-// Every key in [key, end), in key order, a page at a time (values can be large).
-absl::StatusOr<std::vector<etcdserverpb::KeyValue>> RangeAll(EtcdClient& etcd,
-                                                             const std::string& key,
-                                                             const std::string& end) {
-  std::vector<etcdserverpb::KeyValue> out;
-  std::string from = key;
-  for (;;) {
-    RangeRequest r;
-    r.set_key(from);
-    r.set_range_end(end);
-    r.set_limit(16);
-    r.set_sort_order(RangeRequest::ASCEND);
-    r.set_sort_target(RangeRequest::KEY);
-    auto got = etcd.Range(r);
-    if (!got.ok()) return got.status();
-    for (auto& kv : *got->mutable_kvs()) out.push_back(std::move(kv));
-    if (!got->more() || got->kvs_size() == 0) return out;
-    from = out.back().key() + std::string(1, '\0');
-  }
-}
-
-absl::StatusOr<std::string> Get(EtcdClient& etcd, const std::string& key, bool* found) {
-  RangeRequest r;
-  r.set_key(key);
-  auto got = etcd.Range(r);
-  if (!got.ok()) return got.status();
-  *found = got->kvs_size() > 0;
-  return *found ? got->kvs(0).value() : std::string();
+bool Transient(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
 }
 
 class EtcdCommitLog final : public CommitLog {
  public:
-  EtcdCommitLog(const EtcdCommitLogOptions& options, std::unique_ptr<EtcdClient> etcd,
-                PostToOwner post)
+  EtcdCommitLog(const EtcdCommitLogOptions& options, TimeSource* time,
+                std::unique_ptr<EtcdCalls> etcd)
       : options_(options),
         keys_(options.prefix),
+        time_(time),
         etcd_(std::move(etcd)),
-        post_(std::move(post)),
-        now_(options.now ? options.now : [] { return Clock::Real()->Now(); }) {}
-  ~EtcdCommitLog() override;
+        ownership_(std::make_unique<EtcdOwnership>(
+            EtcdOwnershipOptions{.prefix = options.prefix,
+                                 .owner = options.owner,
+                                 .ttl = options.owner_ttl,
+                                 .margin = options.owner_margin,
+                                 .wait = options.owner_wait,
+                                 .on_owned = options.on_owned,
+                                 .on_standby = options.on_standby,
+                                 .log = [this](const std::string& line) { Log(line); }},
+            time, etcd_.get())),
+        commit_timer_(time->NewTimer()),
+        probe_timer_(time->NewTimer()) {}
+  ~EtcdCommitLog() override { *alive_ = false; }
 
-  // Takes P/owner; restores; reserves. Called once, before the log is handed out.
-  absl::StatusOr<StateMachine> Start(std::vector<std::string>* summary);
-  // lockd destroy: deletes every key under P/, P/owner included, in one transaction guarded
-  // by the ownership, on the writer thread; returns how many. Nothing may be appended after.
-  absl::StatusOr<int64_t> DeleteEverything();
+  // Checks the format, takes P/owner, restores, reserves; then `started` with the state and
+  // what recovery found, or why not (posted, never inside this call). Called once.
+  using Started = std::function<void(absl::StatusOr<StateMachine>, std::vector<std::string>)>;
+  void Start(Started started);
+  // lockd destroy: deletes every key under P/, P/owner included, in one transaction guarded by
+  // the ownership, after what is queued; `done` with how many. Nothing may be appended after.
+  void DeleteEverything(std::function<void(absl::StatusOr<int64_t>)> done);
 
   void SetListener(CommitLogListener* listener) override { listener_ = listener; }
   void ReserveFor(FenceToken token, SessionId session) override;
@@ -157,35 +96,30 @@ class EtcdCommitLog final : public CommitLog {
   uint64_t newest_batch() const override { return newest_batch_; }
   uint64_t committed_batch() const override { return committed_batch_; }
   uint64_t last_lsn() const override { return next_lsn_ - 1; }
-  // Also the moment the ownership deadline passes, before any timer or thread notices: no
-  // request is answered from this lockd's state after it.
+  // Also the moment the ownership deadline passes, before any timer notices: no request is
+  // answered from this lockd's state after it.
   const absl::Status* fault() const override {
     if (!fault_.ok()) return &fault_;
     if (!lapsed_.ok()) return &lapsed_;
-    const bool pulled = pulled_.load();
-    if (!pulled && now_() < MonoTime::FromNanos(owned_until_ns_.load())) return nullptr;
-    lapsed_ = pulled ? absl::UnavailableError(PulledWhy())
-                     : absl::UnavailableError(absl::StrCat(
-                           "the ownership of etcd prefix ", options_.prefix,
-                           " may have lapsed (no lease renewal answered in time)"));
+    if (ownership_->HoldsAt(time_->Now())) return nullptr;
+    lapsed_ = ownership_->why_lost().ok()
+                  ? absl::UnavailableError(absl::StrCat("the ownership of etcd prefix ",
+                                                        options_.prefix, " has ended"))
+                  : ownership_->why_lost();
     stopped_ = true;
     // Tells the listener later, from the event loop, not from inside this query.
-    post_([self = const_cast<EtcdCommitLog*>(this), alive = alive_] {
-      if (*alive) self->Fail(self->lapsed_);
-    });
+    Later([self = const_cast<EtcdCommitLog*>(this)] { self->Fail(self->lapsed_); });
     return &lapsed_;
   }
   CommitLogStats stats() const override;
   std::string Describe() const override {
     return absl::StrCat("etcd prefix ", options_.prefix, " on ",
-                        absl::StrJoin(options_.endpoints, ","));
+                        absl::StrJoin(etcd_->endpoints(), ","));
   }
   absl::Duration OwnershipLeft() const override {
-    return std::max(OwnedUntil() - now_(), absl::ZeroDuration());
+    return std::max(OwnedUntil() - time_->Now(), absl::ZeroDuration());
   }
-  MonoTime OwnedUntil() const override {
-    return stopped_ || pulled_ ? MonoTime::Min() : MonoTime::FromNanos(owned_until_ns_.load());
-  }
+  MonoTime OwnedUntil() const override { return stopped_ ? MonoTime::Min() : ownership_->until(); }
   bool FaultEndsServing() const override { return true; }
   std::string FaultRemedy() const override {
     return "this lockd no longer serves the prefix and exits; a standby replica takes over";
@@ -196,37 +130,73 @@ class EtcdCommitLog final : public CommitLog {
   }
 
  private:
+  template <typename T>
+  void Ask(std::function<T(EtcdClient&)> call, std::function<void(T)> reply) {
+    CallEtcd<T>(*etcd_, std::move(call),
+                [alive = alive_, reply = std::move(reply)](T answer) mutable {
+                  if (*alive) reply(std::move(answer));
+                });
+  }
+  // Runs `task` from the event loop, unless the log is gone by then.
+  void Later(std::function<void()> task) const {
+    time_->Post([alive = alive_, task = std::move(task)] {
+      if (*alive) task();
+    });
+  }
+  void Get(const std::string& key,
+           std::function<void(absl::StatusOr<std::optional<std::string>>)> reply);
+  // Every key in [key, end), in key order, a page at a time (values can be large).
+  void RangeAll(std::string key, std::string end,
+                std::function<void(absl::StatusOr<std::vector<etcdserverpb::KeyValue>>)> reply,
+                std::vector<etcdserverpb::KeyValue> so_far = {});
+
+  // The start, step by step.
+  void Restore();
+  void RestoreSnapshot(std::string head);
+  void RestoreLog(std::string snapshot);
+  void RestoreTerm();
+  void FinishStart(absl::Status s);
+
+  // The writer: one job at a time, in order; a failed job fails every later one.
   struct Job {
-    std::function<absl::Status()> run;                   // on the writer
-    std::function<void(const absl::Status&)> done;       // on the owner
+    std::function<void(std::function<void(absl::Status)>)> run;
+    std::function<void(const absl::Status&)> done;
   };
   void Enqueue(Job job);
-  void WriterLoop();
-  void KeeperLoop(MonoTime first);
-  // Watches P/owner from the revision after ours: any change of it (deleted by hand, put by
-  // someone else, its lease revoked) ends the ownership at once (Pulled).
-  void WatchLoop();
-  // OK while P/owner is the key this lockd created, on its lease; kFailedPrecondition saying
-  // what became of it otherwise; etcd's error when it could not be read.
-  absl::Status CheckOwnerKey(int64_t* revision = nullptr);
-  // The ownership is gone for good, whatever the deadline says: from now on fault() reports it
-  // and nothing more is committed. Any thread.
-  void Pulled(const std::string& why);
-  std::string PulledWhy() const {
-    std::lock_guard<std::mutex> lock(pulled_mu_);
-    return pulled_why_;
-  }
-  // At a takeover: P/owner went away while the lease it was on, `former`, still lives, so
-  // someone deleted the key by hand and its lockd may still think it serves. Revokes that lease
-  // (its lockd's next renewal fails) and waits the lease's whole TTL, renewing ours, before
-  // anything is restored: by then that lockd's own deadline has passed. `lease_sent` moves
-  // with our renewals. kNotFound when our own lease ran out meanwhile.
-  absl::Status WaitOutFormerOwner(int64_t former, MonoTime* lease_sent);
-  // Asks every member for its status, once a second, for lockctl status and the metrics.
-  void ProbeLoop();
+  void RunJobs();
+  // One transaction of `ops`, guarded by our ownership of P/owner; `done` with its revision.
+  // Fails (for good) once the ownership has ended or etcd says the prefix is no longer ours.
+  // etcd without a leader for a moment answers "unavailable" or not at all: the same
+  // transaction is sent again until the ownership deadline. That is safe because every
+  // transaction is guarded by P/owner and writes the same values to the same keys (or
+  // deletes), so one that committed although its answer was lost changes nothing the second
+  // time.
+  using Committed = std::function<void(absl::StatusOr<int64_t>)>;
+  struct CommitTry {
+    TxnRequest txn;
+    MonoTime start;
+    absl::Duration pause = absl::Milliseconds(25);
+    absl::Status last;
+    Committed done;
+  };
+  void Commit(std::vector<RequestOp> ops, Committed done);
+  void SendCommit(std::shared_ptr<CommitTry> t);
+  void WriteBatch(std::shared_ptr<const std::string> frames,
+                  std::shared_ptr<const std::vector<size_t>> ends,
+                  std::shared_ptr<const std::vector<uint64_t>> lsns, size_t from,
+                  std::function<void(absl::Status)> done);
+  void WriteSnapshot(std::shared_ptr<const std::string> bytes, uint64_t lsn,
+                     std::function<void(absl::Status)> done);
+  // Chunk `i` of `chunks`, then the next, then the head.
+  void WriteChunk(std::shared_ptr<const std::string> bytes, uint64_t lsn, uint64_t first,
+                  uint64_t chunks, uint64_t i, std::function<void(absl::Status)> done);
+  void WriteSnapshotHead(uint64_t lsn, uint64_t first, uint64_t chunks,
+                         std::function<void(absl::Status)> done);
   void SendPending();
   void OnJobDone(const absl::Status& s);
   void Fail(const absl::Status& s);
+  // Asks every member for its status, once a second, for lockctl status and the metrics.
+  void Probe();
   void Log(const std::string& line) {
     if (options_.log) {
       options_.log(line);
@@ -234,32 +204,29 @@ class EtcdCommitLog final : public CommitLog {
       logging::Lockd().Warning(line);
     }
   }
-  // Writer: one transaction of `ops`, guarded by our ownership of P/owner. Fails (for good)
-  // when the ownership deadline has passed or etcd says the prefix is no longer ours.
-  absl::StatusOr<int64_t> Commit(std::vector<RequestOp> ops);
-  absl::Status WriteBatch(const std::string& frames, const std::vector<size_t>& ends,
-                          const std::vector<uint64_t>& lsns);
-  absl::Status WriteSnapshot(const std::string& bytes, uint64_t lsn);
 
   const EtcdCommitLogOptions options_;
   const Keys keys_;
-  std::unique_ptr<EtcdClient> etcd_;
-  PostToOwner post_;
-  const std::function<MonoTime()> now_;
+  TimeSource* const time_;
+  // First, so that it goes last: the ownership revokes its lease through it.
+  const std::unique_ptr<EtcdCalls> etcd_;
+  const std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  const std::unique_ptr<EtcdOwnership> ownership_;
+  std::unique_ptr<Timer> commit_timer_, probe_timer_;
   CommitLogListener* listener_ = nullptr;
-  std::shared_ptr<std::atomic<bool>> alive_ = std::make_shared<std::atomic<bool>>(true);
+  Started started_;
 
-  // Ownership: the lease on P/owner and the creation revision every transaction compares.
-  int64_t lease_ = 0;
-  int64_t owner_revision_ = 0;
-  // Boot-time nanoseconds until which lockd may act as the prefix's owner.
-  std::atomic<int64_t> owned_until_ns_{0};
-  // Set, once, when P/owner was seen deleted or changed: the ownership ended then.
-  std::atomic<bool> pulled_{false};
-  mutable std::mutex pulled_mu_;
-  std::string pulled_why_;  // guarded by pulled_mu_
+  // The start's findings.
+  struct Restoring {
+    MonoTime now;
+    std::vector<std::string> summary;
+    Sequences sequences;
+    uint64_t lsn = 0, chunks = 0, first_chunk = 0;
+    std::optional<StateMachine> state;
+    uint64_t last = 0, replayed = 0;
+  };
+  std::unique_ptr<Restoring> restoring_;
 
-  // Owner thread.
   uint64_t next_lsn_ = 1;
   std::string pending_;
   std::vector<size_t> pending_ends_;     // end offset of each frame in pending_
@@ -270,547 +237,327 @@ class EtcdCommitLog final : public CommitLog {
   int in_flight_ = 0;
   Sequences reserved_;
   absl::Status fault_;
-  mutable absl::Status lapsed_;  // set by fault() when it sees the ownership deadline pass
+  mutable absl::Status lapsed_;  // set by fault() when it finds the ownership ended
+  mutable bool stopped_ = false;  // with fault_ or lapsed_: nothing more commits
   uint64_t snapshot_bytes_ = 0;
   uint64_t logged_since_snapshot_ = 0;
   bool snapshot_asked_ = false;
-
-  // Writer (set before it starts).
-  uint64_t snapshot_lsn_ = 0;      // the snapshot in force
+  uint64_t snapshot_lsn_ = 0;         // the snapshot in force
   uint64_t snapshot_chunks_end_ = 0;  // the index after its last chunk
-  bool rewrite_snapshot_ = false;  // it held secrets in clear: the next snapshot replaces it
+  bool rewrite_snapshot_ = false;     // it held secrets in clear: the next snapshot replaces it
+
+  std::deque<Job> jobs_;
+  bool job_running_ = false;
   absl::Status writer_fault_;
 
-  mutable std::atomic<bool> stopped_{false};  // with fault_ or lapsed_: nothing more commits
-  std::atomic<uint64_t> commits_{0}, records_{0}, bytes_{0}, snapshots_{0}, reservations_{0};
-  std::atomic<uint64_t> commit_retries_{0};  // transactions sent again after etcd failed them
-  std::atomic<int64_t> last_commit_ns_{0}, total_commit_ns_{0};
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> jobs_;    // guarded by mu_
-  bool stopping_ = false;   // guarded by mu_
-  std::thread writer_;
-  MonotonicEvent stop_keeper_;
-  std::thread keeper_;
-  std::thread prober_;
-  std::thread watcher_;
-  std::mutex watch_mu_;
-  EtcdWatch* watch_ = nullptr;  // the watcher's current watch; guarded by watch_mu_
-  bool watch_stopping_ = false;  // guarded by watch_mu_
+  CommitLogStats stats_;
+  uint64_t term_ = 0;
   mutable std::mutex members_mu_;
   std::vector<StoreMember> members_;  // guarded by members_mu_
-  uint64_t term_ = 0;
+  std::vector<StoreMember> probing_;  // the round under way
+  size_t probes_left_ = 0;
 };
 
-absl::StatusOr<StateMachine> EtcdCommitLog::Start(std::vector<std::string>* summary) {
-  EtcdClient& etcd = *etcd_;
-  bool found = false;
-  auto format = Get(etcd, keys_.format(), &found);
-  if (!format.ok()) return format.status();
-  if (!found) {
-    return absl::NotFoundError(absl::StrCat(
-        "etcd prefix ", options_.prefix, " holds no lockd state; run lockd init --etcd=",
-        absl::StrJoin(options_.endpoints, ","), " --etcd-prefix=", options_.prefix, " first"));
-  }
-  if (*format != kEtcdFormat) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        keys_.format(), " is not a lockd state this lockd can read: \"",
-        absl::CHexEscape(format->substr(0, 64)), "\""));
-  }
+void EtcdCommitLog::Get(const std::string& key,
+                        std::function<void(absl::StatusOr<std::optional<std::string>>)> reply) {
+  RangeRequest r;
+  r.set_key(key);
+  Ask<absl::StatusOr<RangeResponse>>(
+      [r = std::move(r)](EtcdClient& c) { return c.Range(r); },
+      [reply = std::move(reply)](absl::StatusOr<RangeResponse> got) {
+        if (!got.ok()) return reply(got.status());
+        if (got->kvs_size() == 0) return reply(std::optional<std::string>());
+        reply(std::optional<std::string>(std::move(*got->mutable_kvs(0)->mutable_value())));
+      });
+}
 
-  // Ownership: create P/owner on a lease of ours, waiting out a dead owner's lease.
-  // The ownership lasts from the send time of the lease's last grant or renewal.
-  MonoTime lease_sent = MonoTime::Min();
-  const bool forever = options_.owner_wait == absl::InfiniteDuration();
-  const MonoTime give_up = forever ? MonoTime::FromNanos(INT64_MAX) : now_() + options_.owner_wait;
-  bool said_standby = false;
-  std::string said_unreachable;  // the last etcd failure a standby logged
-  std::string said_owner;        // the last owner a standby reported (on_standby)
-  int64_t former_lease = 0;      // the lease of the last P/owner seen held by another
-  // A standby outlives etcd's bad moments (a leader election, a member down): it logs the
-  // failure once and tries again. A lockd that was asked to serve at once reports it.
-  auto try_again = [&](const absl::Status& s) {
-    if (!forever || !(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s))) return false;
-    if (said_unreachable != s.message()) {
-      said_unreachable = std::string(s.message());
-      Log(absl::StrCat("standing by: ", s.message(), "; trying again"));
-    }
-    absl::SleepFor(absl::Milliseconds(250));
-    return true;
-  };
-  for (;;) {
-    // Our own lease, made before the create and kept alive while we wait: renewed every third
-    // of its TTL, or taken anew if it ran out. The ownership counts from the send time of the
-    // lease's last grant or renewal.
-    if (lease_ == 0 || now_() - lease_sent >= options_.owner_ttl / 3) {
-      const MonoTime sent = now_();
-      absl::Status s;
-      if (lease_ != 0) {
-        auto renewed = etcd.LeaseKeepAlive(lease_);
-        if (absl::IsNotFound(renewed.status())) lease_ = 0;
-        s = absl::IsNotFound(renewed.status()) ? absl::OkStatus() : renewed.status();
-      }
-      if (s.ok() && lease_ == 0) {
-        auto granted = etcd.LeaseGrant(options_.owner_ttl);
-        s = granted.status();
-        if (granted.ok()) lease_ = *granted;
-      }
-      if (!s.ok()) {
-        if (try_again(s)) continue;
-        return s;
-      }
-      lease_sent = sent;
-    }
-    TxnRequest txn;
-    *txn.add_compare() = NotPresent(keys_.owner());
-    *txn.add_success() = Put(keys_.owner(), options_.owner, lease_);
-    RangeRequest* other = txn.add_failure()->mutable_request_range();
-    other->set_key(keys_.owner());
-    auto r = etcd.Txn(txn);
-    if (absl::IsNotFound(r.status())) {  // our lease ran out while etcd was away
-      lease_ = 0;
-      continue;
-    }
-    if (!r.ok()) {
-      if (try_again(r.status())) continue;
-      return r.status();
-    }
-    const auto& kvs = r->responses(0).response_range().kvs();
-    // P/owner on our own lease is ours: created by an earlier try whose answer was lost (the
-    // client tried the next member), or before a wait that failed.
-    int64_t created = r->succeeded() ? r->header().revision() : 0;
-    if (!r->succeeded() && !kvs.empty() && lease_ != 0 && kvs[0].lease() == lease_) {
-      created = kvs[0].create_revision();
-    }
-    if (created != 0) {
-      owner_revision_ = created;
-      if (former_lease != 0) {
-        absl::Status waited = WaitOutFormerOwner(former_lease, &lease_sent);
-        if (absl::IsNotFound(waited)) {  // our lease, and so our key, ran out meanwhile
-          lease_ = 0;
-          continue;
-        }
-        if (!waited.ok()) {
-          if (try_again(waited)) continue;
-          return waited;
-        }
-        former_lease = 0;
-      }
-      const MonoTime until = lease_sent + options_.owner_ttl * (1 - options_.owner_margin);
-      if (options_.on_owned) options_.on_owned(lease_sent, until);
-      owned_until_ns_ = until.nanos();
-      break;
-    }
-    const std::string owner = kvs.empty() ? std::string("another lockd") : kvs[0].value();
-    if (!kvs.empty()) former_lease = kvs[0].lease();
-    if (forever && options_.on_standby && owner != said_owner) {
-      said_owner = owner;
-      options_.on_standby(owner);
-    }
-    if (forever && !said_standby) {
-      said_standby = true;
-      Log(absl::StrCat("standing by: etcd prefix ", options_.prefix, " is served by ", owner,
-                       "; taking over when its lease ends"));
-    }
-    if (now_() >= give_up) {
-      (void)etcd.LeaseRevoke(lease_);
-      return absl::FailedPreconditionError(absl::StrCat(
-          "etcd prefix ", options_.prefix, " is served by ", owner, " (", keys_.owner(),
-          "); one lockd per prefix (--etcd-standby waits to take over)"));
-    }
-    absl::SleepFor(absl::Milliseconds(250));
-  }
-  // Renewals from now on, also while the state is read: a large state must not cost the
-  // ownership before lockd serves.
-  keeper_ = std::thread([this, first = lease_sent + options_.owner_ttl / 3] { KeeperLoop(first); });
-  watcher_ = std::thread([this] { WatchLoop(); });
+void EtcdCommitLog::RangeAll(
+    std::string key, std::string end,
+    std::function<void(absl::StatusOr<std::vector<etcdserverpb::KeyValue>>)> reply,
+    std::vector<etcdserverpb::KeyValue> so_far) {
+  RangeRequest r;
+  r.set_key(key);
+  r.set_range_end(end);
+  r.set_limit(16);
+  r.set_sort_order(RangeRequest::ASCEND);
+  r.set_sort_target(RangeRequest::KEY);
+  auto out = std::make_shared<std::vector<etcdserverpb::KeyValue>>(std::move(so_far));
+  Ask<absl::StatusOr<RangeResponse>>(
+      [r = std::move(r)](EtcdClient& c) { return c.Range(r); },
+      [this, end = std::move(end), out, reply = std::move(reply)](
+          absl::StatusOr<RangeResponse> got) mutable {
+        if (!got.ok()) return reply(got.status());
+        for (auto& kv : *got->mutable_kvs()) out->push_back(std::move(kv));
+        if (!got->more() || got->kvs_size() == 0) return reply(std::move(*out));
+        std::string from = out->back().key() + std::string(1, '\0');
+        RangeAll(std::move(from), std::move(end), std::move(reply), std::move(*out));
+      });
+}
 
+void EtcdCommitLog::Start(Started started) {
+  started_ = std::move(started);
+  Get(keys_.format(), [this](absl::StatusOr<std::optional<std::string>> format) {
+    if (!format.ok()) return FinishStart(format.status());
+    if (!format->has_value()) {
+      return FinishStart(absl::NotFoundError(absl::StrCat(
+          "etcd prefix ", options_.prefix, " holds no lockd state; run lockd init --etcd=",
+          absl::StrJoin(etcd_->endpoints(), ","), " --etcd-prefix=", options_.prefix,
+          " first")));
+    }
+    if (**format != kEtcdFormat) {
+      return FinishStart(absl::FailedPreconditionError(
+          absl::StrCat(keys_.format(), " is not a lockd state this lockd can read: \"",
+                       absl::CHexEscape((*format)->substr(0, 64)), "\"")));
+    }
+    // Ownership: P/owner on a lease of ours, waiting out a dead owner's lease. Renewals go on
+    // from then, also while the state is read: a large state must not cost the ownership
+    // before lockd serves.
+    ownership_->Take(
+        [this](absl::Status taken) {
+          if (!taken.ok()) return FinishStart(taken);
+          Restore();
+        },
+        [this](absl::Status lost) { Fail(lost); });
+  });
+}
+
+void EtcdCommitLog::Restore() {
   // The state: snapshot, then the log after it, as of now, once the prefix is ours (a standby
   // may have waited for it for hours). The core gives every lease its full TTL again when it
   // begins to serve (ServerCore::Start).
-  const MonoTime now = now_();
-  auto sequences_text = Get(etcd, keys_.sequences(), &found);
-  if (!sequences_text.ok()) return sequences_text.status();
-  if (!found) return absl::DataLossError(absl::StrCat(keys_.sequences(), " is missing"));
-  auto sequences = DecodeSequences(keys_.sequences(), *sequences_text);
-  if (!sequences.ok()) return sequences.status();
-  auto head = Get(etcd, keys_.head(), &found);
-  if (!head.ok()) return head.status();
+  restoring_ = std::make_unique<Restoring>();
+  restoring_->now = time_->Now();
+  Get(keys_.sequences(), [this](absl::StatusOr<std::optional<std::string>> text) {
+    if (!text.ok()) return FinishStart(text.status());
+    if (!text->has_value()) {
+      return FinishStart(absl::DataLossError(absl::StrCat(keys_.sequences(), " is missing")));
+    }
+    auto sequences = DecodeSequences(keys_.sequences(), **text);
+    if (!sequences.ok()) return FinishStart(sequences.status());
+    restoring_->sequences = *sequences;
+    Get(keys_.head(), [this](absl::StatusOr<std::optional<std::string>> head) {
+      if (!head.ok()) return FinishStart(head.status());
+      RestoreSnapshot(head->value_or(""));
+    });
+  });
+}
+
+void EtcdCommitLog::RestoreSnapshot(std::string head) {
   // "<lsn> <chunks>", or "<lsn> <chunks> <first chunk>" for a snapshot rewritten at the same
   // lsn (its chunks follow the ones it replaced: see WriteSnapshot).
-  uint64_t lsn = 0, chunks = 0, first_chunk = 0;
-  {
-    std::vector<std::string> words = absl::StrSplit(*head, ' ', absl::SkipEmpty());
-    if (!found || (words.size() != 2 && words.size() != 3) || !absl::SimpleAtoi(words[0], &lsn) ||
-        !absl::SimpleAtoi(words[1], &chunks) || chunks == 0 ||
-        (words.size() == 3 && !absl::SimpleAtoi(words[2], &first_chunk)) ||
-        first_chunk + chunks > 999999) {
-      return absl::DataLossError(absl::StrCat(keys_.head(), " is missing or damaged"));
-    }
+  Restoring& r = *restoring_;
+  std::vector<std::string> words = absl::StrSplit(head, ' ', absl::SkipEmpty());
+  if ((words.size() != 2 && words.size() != 3) || !absl::SimpleAtoi(words[0], &r.lsn) ||
+      !absl::SimpleAtoi(words[1], &r.chunks) || r.chunks == 0 ||
+      (words.size() == 3 && !absl::SimpleAtoi(words[2], &r.first_chunk)) ||
+      r.first_chunk + r.chunks > 999999) {
+    return FinishStart(absl::DataLossError(absl::StrCat(keys_.head(), " is missing or damaged")));
   }
-  auto parts = RangeAll(etcd, keys_.chunk(lsn, first_chunk), keys_.chunk(lsn, first_chunk + chunks));
-  if (!parts.ok()) return parts.status();
-  if (parts->size() != chunks) {
-    return absl::DataLossError(absl::StrCat("snapshot ", lsn, " under ", keys_.chunk_dir(lsn),
-                                            " has ", parts->size(), " chunks; the head says ",
-                                            chunks));
-  }
-  std::string snapshot;
-  for (const auto& kv : *parts) snapshot += kv.value();
-  auto state = DecodeSnapshot(keys_.chunk_dir(lsn), snapshot, lsn, now);
-  if (!state.ok()) return state.status();
-  snapshot_lsn_ = lsn;
-  snapshot_chunks_end_ = first_chunk + chunks;
+  RangeAll(keys_.chunk(r.lsn, r.first_chunk), keys_.chunk(r.lsn, r.first_chunk + r.chunks),
+           [this](absl::StatusOr<std::vector<etcdserverpb::KeyValue>> parts) {
+             if (!parts.ok()) return FinishStart(parts.status());
+             Restoring& r = *restoring_;
+             if (parts->size() != r.chunks) {
+               return FinishStart(absl::DataLossError(
+                   absl::StrCat("snapshot ", r.lsn, " under ", keys_.chunk_dir(r.lsn), " has ",
+                                parts->size(), " chunks; the head says ", r.chunks)));
+             }
+             std::string snapshot;
+             for (const auto& kv : *parts) snapshot += kv.value();
+             RestoreLog(std::move(snapshot));
+           });
+}
+
+void EtcdCommitLog::RestoreLog(std::string snapshot) {
+  Restoring& r = *restoring_;
+  auto state = DecodeSnapshot(keys_.chunk_dir(r.lsn), snapshot, r.lsn, r.now);
+  if (!state.ok()) return FinishStart(state.status());
+  r.state = std::move(*state);
+  snapshot_lsn_ = r.lsn;
+  snapshot_chunks_end_ = r.first_chunk + r.chunks;
   snapshot_bytes_ = snapshot.size();
-  rewrite_snapshot_ = state->secrets_read_in_clear() > 0;
-  auto batches = RangeAll(etcd, keys_.log_dir(), PrefixEnd(keys_.log_dir()));
-  if (!batches.ok()) return batches.status();
-  uint64_t last = lsn, replayed = 0;
-  for (const auto& kv : *batches) {
-    if (absl::Status s = ReplayRecordFrames(kv.key(), kv.value(), lsn, &last, &*state, now,
-                                            &replayed);
-        !s.ok()) {
-      return s;
-    }
-  }
-  const FenceToken token_floor = std::max(state->last_token(), sequences->token_hwm);
-  const SessionId session_floor = std::max(state->last_session_id(), sequences->session_hwm);
-  state->RaiseFloors(token_floor, session_floor);
-  next_lsn_ = last + 1;
+  rewrite_snapshot_ = r.state->secrets_read_in_clear() > 0;
+  RangeAll(keys_.log_dir(), PrefixEnd(keys_.log_dir()),
+           [this](absl::StatusOr<std::vector<etcdserverpb::KeyValue>> batches) {
+             if (!batches.ok()) return FinishStart(batches.status());
+             Restoring& r = *restoring_;
+             r.last = r.lsn;
+             for (const auto& kv : *batches) {
+               if (absl::Status s = ReplayRecordFrames(kv.key(), kv.value(), r.lsn, &r.last,
+                                                       &*r.state, r.now, &r.replayed);
+                   !s.ok()) {
+                 return FinishStart(s);
+               }
+             }
+             RestoreTerm();
+           });
+}
 
-  // The term: one more than the lockd before ours.
-  auto term_text = Get(etcd, keys_.term(), &found);
-  if (!term_text.ok()) return term_text.status();
-  uint64_t term = 0;
-  if (found && !absl::SimpleAtoi(*term_text, &term)) {
-    return absl::DataLossError(absl::StrCat(keys_.term(), " is damaged: \"",
-                                            absl::CHexEscape(term_text->substr(0, 32)), "\""));
-  }
-  term_ = term + 1;
-
+void EtcdCommitLog::RestoreTerm() {
+  Restoring& r = *restoring_;
+  const FenceToken token_floor = std::max(r.state->last_token(), r.sequences.token_hwm);
+  const SessionId session_floor = std::max(r.state->last_session_id(), r.sequences.session_hwm);
+  r.state->RaiseFloors(token_floor, session_floor);
+  next_lsn_ = r.last + 1;
+  r.summary.push_back(absl::StrCat("restored ", r.state->session_count(), " sessions and ",
+                                   r.state->holders().size(), " held locks from etcd (snapshot lsn ",
+                                   r.lsn, ", ", r.replayed, " records replayed, last lsn ", r.last,
+                                   ")"));
+  r.summary.push_back(absl::StrCat("next token above ", token_floor, ", next session id above ",
+                                   session_floor));
   // Reserve above everything restored before anything is issued.
   reserved_ = Sequences{token_floor + options_.reservation_block,
                         session_floor + options_.reservation_block};
-  auto reserved = Commit({Put(keys_.sequences(), EncodeSequences(reserved_)),
-                          Put(keys_.term(), absl::StrCat(term_))});
-  if (!reserved.ok()) return reserved.status();
-
-  summary->push_back(absl::StrCat("serving etcd prefix ", options_.prefix, " on ",
-                                  absl::StrJoin(options_.endpoints, ","), " as term ", term_,
-                                  " (owner lease ", absl::FormatDuration(options_.owner_ttl), ")"));
-  summary->push_back(absl::StrCat("restored ", state->session_count(), " sessions and ",
-                                  state->holders().size(), " held locks from etcd (snapshot lsn ",
-                                  lsn, ", ", replayed, " records replayed, last lsn ", last, ")"));
-  summary->push_back(absl::StrCat("next token above ", token_floor,
-                                  ", next session id above ", session_floor));
-  writer_ = std::thread([this] { WriterLoop(); });
-  prober_ = std::thread([this] { ProbeLoop(); });
-  return std::move(*state);
+  // The term: one more than the lockd before ours.
+  Get(keys_.term(), [this](absl::StatusOr<std::optional<std::string>> text) {
+    if (!text.ok()) return FinishStart(text.status());
+    uint64_t term = 0;
+    if (text->has_value() && !absl::SimpleAtoi(**text, &term)) {
+      return FinishStart(absl::DataLossError(absl::StrCat(
+          keys_.term(), " is damaged: \"", absl::CHexEscape((*text)->substr(0, 32)), "\"")));
+    }
+    term_ = term + 1;
+    Commit({Put(keys_.sequences(), EncodeSequences(reserved_)),
+            Put(keys_.term(), absl::StrCat(term_))},
+           [this](absl::StatusOr<int64_t> reserved) { FinishStart(reserved.status()); });
+  });
 }
 
-EtcdCommitLog::~EtcdCommitLog() {
-  *alive_ = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
+void EtcdCommitLog::FinishStart(absl::Status s) {
+  if (!started_) return;
+  Started started = std::move(started_);
+  started_ = nullptr;
+  std::unique_ptr<Restoring> r = std::move(restoring_);
+  if (!s.ok()) {
+    Later([started, s] { started(s, {}); });
+    return;
   }
-  cv_.notify_all();
-  if (writer_.joinable()) writer_.join();
-  stop_keeper_.Notify();
-  {
-    std::lock_guard<std::mutex> lock(watch_mu_);
-    watch_stopping_ = true;
-    if (watch_ != nullptr) watch_->Cancel();
-  }
-  if (keeper_.joinable()) keeper_.join();
-  if (prober_.joinable()) prober_.join();
-  if (watcher_.joinable()) watcher_.join();
-  // A clean stop hands the prefix over at once instead of after the lease's TTL.
-  if (lease_ != 0) (void)etcd_->LeaseRevoke(lease_);
+  std::vector<std::string> summary = {absl::StrCat(
+      "serving etcd prefix ", options_.prefix, " on ", absl::StrJoin(etcd_->endpoints(), ","),
+      " as term ", term_, " (owner lease ", absl::FormatDuration(options_.owner_ttl), ")")};
+  summary.insert(summary.end(), r->summary.begin(), r->summary.end());
+  if (options_.member_probe > absl::ZeroDuration()) Probe();
+  auto state = std::make_shared<StateMachine>(std::move(*r->state));
+  Later([started, state, summary] { started(std::move(*state), summary); });
 }
 
 CommitLogStats EtcdCommitLog::stats() const {
-  CommitLogStats s;
-  s.commits = commits_.load();
-  s.records = records_.load();
-  s.bytes = bytes_.load();
-  s.snapshots = snapshots_.load();
-  s.reservations = reservations_.load();
-  s.last_commit_ns = last_commit_ns_.load();
-  s.total_commit_ns = total_commit_ns_.load();
-  s.commit_retries = commit_retries_.load();
+  CommitLogStats s = stats_;
   s.term = term_;
   return s;
 }
 
-void EtcdCommitLog::KeeperLoop(MonoTime first) {
-  // Renews the lease on P/owner every third of its TTL (the first time at `first`); each answer
-  // moves the ownership deadline to its send time + TTL x (1 - margin). A deadline that passes
-  // ends the ownership for good (the writer checks it before every transaction).
-  const absl::Duration period = options_.owner_ttl / 3;
-  absl::Duration wait = std::max(first - now_(), absl::ZeroDuration());
-  while (!stop_keeper_.WaitFor(wait)) {
-    const MonoTime sent = now_();
-    auto ttl = etcd_->LeaseKeepAlive(lease_);
-    // A renewal moves the deadline only while P/owner is still the key this lockd created, on
-    // this lease: a lease kept alive no longer backs a key someone deleted or replaced. The
-    // key is read after the renewal was sent, so the deadline never runs past a change of it
-    // that this read could see.
-    if (ttl.ok()) {
-      if (absl::Status mine = CheckOwnerKey(); !mine.ok()) {
-        if (absl::IsFailedPrecondition(mine)) {
-          Pulled(std::string(mine.message()));
-          return;
-        }
-        ttl = mine;
-      }
-    }
-    // After a failure, try again soon: the deadline does not wait.
-    wait = ttl.ok() ? period : std::min(period, absl::Milliseconds(250));
-    if (ttl.ok()) {
-      const MonoTime until = sent + *ttl * (1 - options_.owner_margin);
-      if (until.nanos() > owned_until_ns_.load()) {
-        // Told before it takes effect: a record of an act under this deadline comes after it.
-        if (options_.on_owned) options_.on_owned(sent, until);
-        owned_until_ns_ = until.nanos();
-      }
-      continue;
-    }
-    const absl::Status why = ttl.status();
-    const MonoTime now = now_();
-    if (absl::IsNotFound(why) ||
-        now >= MonoTime::FromNanos(owned_until_ns_.load())) {
-      const absl::Status lost = absl::UnavailableError(absl::StrCat(
-          "lost the ownership of etcd prefix ", options_.prefix, ": ", why.message()));
-      post_([this, alive = alive_, lost] {
-        if (*alive) Fail(lost);
-      });
-      return;
-    }
+void EtcdCommitLog::Probe() {
+  probing_.assign(etcd_->endpoints().size(), StoreMember{});
+  probes_left_ = probing_.size();
+  for (size_t i = 0; i < probing_.size(); ++i) {
+    probing_[i].endpoint = etcd_->endpoints()[i];
+    Ask<absl::StatusOr<etcdserverpb::StatusResponse>>(
+        [i](EtcdClient& c) { return c.MemberStatus(i); },
+        [this, i](absl::StatusOr<etcdserverpb::StatusResponse> status) {
+          StoreMember& m = probing_[i];
+          if (status.ok()) {
+            m.reachable = true;
+            m.raft_index = status->raftindex();
+            m.db_bytes = status->dbsize();
+            m.leader = status->leader() != 0 && status->leader() == status->header().member_id();
+            for (const std::string& e : status->errors()) {
+              absl::StrAppend(&m.error, m.error.empty() ? "" : "; ", e);
+            }
+          } else {
+            m.error = std::string(status.status().message());
+          }
+          if (--probes_left_ > 0) return;
+          {
+            std::lock_guard<std::mutex> lock(members_mu_);
+            members_ = probing_;
+          }
+          probe_timer_->ArmAt(time_->Now() + options_.member_probe, [this] { Probe(); });
+        });
   }
-}
-
-absl::Status EtcdCommitLog::CheckOwnerKey(int64_t* revision) {
-  RangeRequest r;
-  r.set_key(keys_.owner());
-  auto got = etcd_->Range(r);
-  if (!got.ok()) return got.status();
-  if (revision != nullptr) *revision = got->header().revision();
-  const std::string what = absl::StrCat("the ownership of etcd prefix ", options_.prefix,
-                                        " was taken away: ", keys_.owner());
-  if (got->kvs_size() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(what, " was deleted"));
-  }
-  const auto& kv = got->kvs(0);
-  if (kv.create_revision() != owner_revision_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " was deleted and is now held by ", kv.value()));
-  }
-  if (kv.mod_revision() != owner_revision_ || kv.lease() != lease_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " was overwritten (now \"", absl::CHexEscape(kv.value().substr(0, 128)),
-                     "\", on lease ", kv.lease(), ", not this lockd's ", lease_, ")"));
-  }
-  return absl::OkStatus();
-}
-
-void EtcdCommitLog::Pulled(const std::string& why) {
-  {
-    std::lock_guard<std::mutex> lock(pulled_mu_);
-    if (pulled_) return;
-    pulled_why_ = why;
-    pulled_ = true;  // under the lock: a reader that sees it set finds the reason
-  }
-  const absl::Status lost = absl::UnavailableError(why);
-  post_([this, alive = alive_, lost] {
-    if (*alive) Fail(lost);
-  });
-}
-
-void EtcdCommitLog::WatchLoop() {
-  // From the revision after our creation of P/owner: our own transactions never touch it, so
-  // any event on it is someone else's.
-  int64_t from = owner_revision_ + 1;
-  bool first = true;
-  while (!pulled_ && !stop_keeper_.WaitFor(first ? absl::ZeroDuration() : absl::Milliseconds(250))) {
-    if (!first) {
-      // The stream broke, or the history it needed was compacted: read the key, then watch on
-      // from that read.
-      int64_t revision = 0;
-      absl::Status mine = CheckOwnerKey(&revision);
-      if (absl::IsFailedPrecondition(mine)) {
-        Pulled(std::string(mine.message()));
-        return;
-      }
-      if (!mine.ok()) continue;
-      from = revision + 1;
-    }
-    first = false;
-    auto watch = etcd_->Watch(keys_.owner(), from);
-    if (!watch.ok()) continue;
-    {
-      std::lock_guard<std::mutex> lock(watch_mu_);
-      if (watch_stopping_) return;
-      watch_ = watch->get();
-    }
-    for (;;) {
-      auto changes = (*watch)->Next();
-      if (!changes.ok()) break;
-      for (const auto& e : changes->events) {
-        if (e.kv().key() != keys_.owner()) continue;
-        Pulled(absl::StrCat(
-            "the ownership of etcd prefix ", options_.prefix, " was taken away: ", keys_.owner(),
-            e.type() == etcdserverpb::Event::DELETE
-                ? " was deleted (by hand, or its lease was revoked)"
-                : absl::StrCat(" was overwritten with \"",
-                               absl::CHexEscape(e.kv().value().substr(0, 128)), "\"")));
-        break;
-      }
-      if (pulled_) break;
-      from = changes->revision + 1;
-    }
-    std::lock_guard<std::mutex> lock(watch_mu_);
-    watch_ = nullptr;
-  }
-}
-
-absl::Status EtcdCommitLog::WaitOutFormerOwner(int64_t former, MonoTime* lease_sent) {
-  auto life = etcd_->LeaseTimeToLive(former);
-  if (absl::IsNotFound(life.status())) return absl::OkStatus();  // it expired, or was revoked
-  // Unknown (etcd failed to say): as long as our own TTL.
-  const absl::Duration granted = life.ok() ? life->granted : options_.owner_ttl;
-  Log(absl::StrCat("etcd prefix ", options_.prefix, ": ", keys_.owner(),
-                   " went away while the lease it was on (", former,
-                   ") still lives, so it was deleted by hand and the lockd that held it may still "
-                   "think it serves; revoking that lease and waiting ",
-                   absl::FormatDuration(granted), " before taking over"));
-  if (absl::Status s = etcd_->LeaseRevoke(former); !s.ok() && !absl::IsNotFound(s)) {
-    Log(absl::StrCat("could not revoke lease ", former, ": ", s.message()));
-  }
-  const MonoTime until = now_() + granted;
-  for (MonoTime now = now_(); now < until; now = now_()) {
-    const MonoTime renew_at = *lease_sent + options_.owner_ttl / 3;
-    if (now >= renew_at) {
-      auto renewed = etcd_->LeaseKeepAlive(lease_);
-      if (!renewed.ok()) return renewed.status();
-      *lease_sent = now;
-      continue;
-    }
-    absl::SleepFor(std::min(until, renew_at) - now);
-  }
-  return absl::OkStatus();
-}
-
-void EtcdCommitLog::ProbeLoop() {
-  do {
-    std::vector<StoreMember> members;
-    for (size_t i = 0; i < etcd_->endpoints().size(); ++i) {
-      StoreMember m{.endpoint = etcd_->endpoints()[i]};
-      auto status = etcd_->MemberStatus(i);
-      if (status.ok()) {
-        m.reachable = true;
-        m.raft_index = status->raftindex();
-        m.db_bytes = status->dbsize();
-        m.leader = status->leader() != 0 && status->leader() == status->header().member_id();
-        for (const std::string& e : status->errors()) absl::StrAppend(&m.error, m.error.empty() ? "" : "; ", e);
-      } else {
-        m.error = std::string(status.status().message());
-      }
-      members.push_back(std::move(m));
-    }
-    std::lock_guard<std::mutex> lock(members_mu_);
-    members_ = std::move(members);
-  } while (!stop_keeper_.WaitFor(absl::Seconds(1)));
 }
 
 void EtcdCommitLog::Enqueue(Job job) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back(std::move(job));
-  }
-  cv_.notify_one();
+  jobs_.push_back(std::move(job));
+  RunJobs();
 }
 
-void EtcdCommitLog::WriterLoop() {
-  for (;;) {
-    Job job;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;  // stopping, and everything queued is done
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
-    }
-    absl::Status s = writer_fault_.ok() ? job.run() : writer_fault_;
+void EtcdCommitLog::RunJobs() {
+  if (job_running_ || jobs_.empty()) return;
+  job_running_ = true;
+  Job job = std::move(jobs_.front());
+  jobs_.pop_front();
+  auto finish = [this, done = std::move(job.done)](absl::Status s) {
     if (!s.ok() && writer_fault_.ok()) writer_fault_ = s;
-    post_([alive = alive_, done = std::move(job.done), s] {
-      if (*alive) done(s);
-    });
+    job_running_ = false;
+    done(s);
+    RunJobs();
+  };
+  if (!writer_fault_.ok()) {
+    Later([finish, s = writer_fault_] { finish(s); });
+    return;
   }
+  job.run(std::move(finish));
 }
 
-absl::StatusOr<int64_t> EtcdCommitLog::Commit(std::vector<RequestOp> ops) {
-  TxnRequest txn;
-  Compare* mine = txn.add_compare();
-  mine->set_key(keys_.owner());
-  mine->set_target(Compare::CREATE);
-  mine->set_result(Compare::EQUAL);
-  mine->set_create_revision(owner_revision_);
-  for (auto& op : ops) *txn.add_success() = std::move(op);
-  const MonoTime start = now_();
-  absl::Status last;
-  // etcd without a leader for a moment (an election, a member gone) answers "unavailable" or
-  // not at all: the same transaction is sent again, until the ownership deadline. That is safe
-  // because every transaction is guarded by P/owner and writes the same values to the same
-  // keys (or deletes), so one that committed although its answer was lost changes nothing the
-  // second time.
-  for (absl::Duration pause = absl::Milliseconds(25);; pause = std::min(2 * pause, absl::Milliseconds(250))) {
-    if (stopped_) {
-      // Once the log has failed (its replies were answered UNAVAILABLE), nothing queued behind
-      // the failure is committed: a record nobody was told about must not appear in the state
-      // a successor restores.
-      return absl::UnavailableError("the commit log stopped after a fault");
-    }
-    if (pulled_) return absl::UnavailableError(PulledWhy() + "; nothing more is committed");
-    if (now_() >= MonoTime::FromNanos(owned_until_ns_.load())) {
-      return absl::UnavailableError(absl::StrCat(
-          "the ownership of etcd prefix ", options_.prefix,
-          " may have lapsed (no lease renewal answered in time); nothing more is committed",
-          last.ok() ? "" : absl::StrCat("; etcd: ", last.message())));
-    }
-    auto r = etcd_->Txn(txn);
-    if (!r.ok()) {
-      if (!absl::IsUnavailable(r.status()) && !absl::IsDeadlineExceeded(r.status())) {
-        return r.status();
-      }
-      last = r.status();
-      ++commit_retries_;
-      absl::SleepFor(pause);
-      continue;
-    }
-    if (!r->succeeded()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "etcd prefix ", options_.prefix, " is no longer this lockd's (", keys_.owner(),
-          " changed); nothing more is committed"));
-    }
-    const int64_t ns = absl::ToInt64Nanoseconds(now_() - start);
-    ++commits_;
-    last_commit_ns_ = ns;
-    total_commit_ns_ += ns;
-    if (options_.on_commit) options_.on_commit(ns);
-    return r->header().revision();
+void EtcdCommitLog::Commit(std::vector<RequestOp> ops, Committed done) {
+  auto t = std::make_shared<CommitTry>();
+  *t->txn.add_compare() = etcd_keys::CreatedAt(keys_.owner(), ownership_->revision());
+  for (auto& op : ops) *t->txn.add_success() = std::move(op);
+  t->start = time_->Now();
+  t->done = std::move(done);
+  SendCommit(std::move(t));
+}
+
+void EtcdCommitLog::SendCommit(std::shared_ptr<CommitTry> t) {
+  absl::Status refused;
+  if (stopped_) {
+    // Once the log has failed (its replies were answered UNAVAILABLE), nothing queued behind
+    // the failure is committed: a record nobody was told about must not appear in the state
+    // a successor restores.
+    refused = absl::UnavailableError("the commit log stopped after a fault");
+  } else if (!ownership_->HoldsAt(time_->Now())) {
+    refused = absl::UnavailableError(absl::StrCat(
+        ownership_->why_lost().message(), "; nothing more is committed",
+        t->last.ok() ? "" : absl::StrCat("; etcd: ", t->last.message())));
   }
+  if (!refused.ok()) {
+    Later([t, refused] { t->done(refused); });
+    return;
+  }
+  Ask<absl::StatusOr<TxnResponse>>(
+      [txn = t->txn](EtcdClient& c) { return c.Txn(txn); },
+      [this, t](absl::StatusOr<TxnResponse> r) {
+        if (!r.ok()) {
+          if (!Transient(r.status())) return t->done(r.status());
+          t->last = r.status();
+          ++stats_.commit_retries;
+          commit_timer_->ArmAt(time_->Now() + t->pause, [this, t] { SendCommit(t); });
+          t->pause = std::min(2 * t->pause, absl::Milliseconds(250));
+          return;
+        }
+        if (!r->succeeded()) {
+          return t->done(absl::FailedPreconditionError(absl::StrCat(
+              "etcd prefix ", options_.prefix, " is no longer this lockd's (", keys_.owner(),
+              " changed); nothing more is committed")));
+        }
+        const int64_t ns = absl::ToInt64Nanoseconds(time_->Now() - t->start);
+        ++stats_.commits;
+        stats_.last_commit_ns = ns;
+        stats_.total_commit_ns += ns;
+        if (options_.on_commit) options_.on_commit(ns);
+        t->done(r->header().revision());
+      });
 }
 
 void EtcdCommitLog::ReserveFor(FenceToken token, SessionId session) {
   if (token <= reserved_.token_hwm && session <= reserved_.session_hwm) return;
   reserved_.token_hwm = std::max(reserved_.token_hwm, token + options_.reservation_block);
   reserved_.session_hwm = std::max(reserved_.session_hwm, session + options_.reservation_block);
-  std::string bytes = EncodeSequences(reserved_);
-  Enqueue(Job{[this, bytes] {
-                ++reservations_;
-                return Commit({Put(keys_.sequences(), bytes)}).status();
+  Enqueue(Job{[this, bytes = EncodeSequences(reserved_)](std::function<void(absl::Status)> done) {
+                ++stats_.reservations;
+                Commit({Put(keys_.sequences(), bytes)},
+                       [done](absl::StatusOr<int64_t> r) { done(r.status()); });
               },
               [this](const absl::Status& s) { OnJobDone(s); }});
 }
@@ -830,15 +577,17 @@ void EtcdCommitLog::Flush() {
 
 void EtcdCommitLog::SendPending() {
   const uint64_t batch = next_batch_++;
-  auto frames = std::make_shared<std::string>(std::move(pending_));
-  auto ends = std::make_shared<std::vector<size_t>>(std::move(pending_ends_));
-  auto lsns = std::make_shared<std::vector<uint64_t>>(std::move(pending_lsns_));
+  auto frames = std::make_shared<const std::string>(std::move(pending_));
+  auto ends = std::make_shared<const std::vector<size_t>>(std::move(pending_ends_));
+  auto lsns = std::make_shared<const std::vector<uint64_t>>(std::move(pending_lsns_));
   pending_.clear();
   pending_ends_.clear();
   pending_lsns_.clear();
   logged_since_snapshot_ += frames->size();
   ++in_flight_;
-  Enqueue(Job{[this, frames, ends, lsns] { return WriteBatch(*frames, *ends, *lsns); },
+  Enqueue(Job{[this, frames, ends, lsns](std::function<void(absl::Status)> done) {
+                WriteBatch(frames, ends, lsns, 0, std::move(done));
+              },
               [this, batch](const absl::Status& s) {
                 --in_flight_;
                 OnJobDone(s);
@@ -856,78 +605,106 @@ void EtcdCommitLog::SendPending() {
               }});
 }
 
-absl::Status EtcdCommitLog::WriteBatch(const std::string& frames, const std::vector<size_t>& ends,
-                                       const std::vector<uint64_t>& lsns) {
+void EtcdCommitLog::WriteBatch(std::shared_ptr<const std::string> frames,
+                               std::shared_ptr<const std::vector<size_t>> ends,
+                               std::shared_ptr<const std::vector<uint64_t>> lsns, size_t from,
+                               std::function<void(absl::Status)> done) {
   // Keys of at most max_value_bytes, each named by its last record, all in one transaction
-  // when they fit one request, else in order over several.
+  // when they fit one request, else in order over several: this sends the transaction that
+  // begins with frame `from`, then the next.
   std::vector<RequestOp> ops;
-  size_t ops_bytes = 0, start = 0;
-  for (size_t i = 0; i < ends.size(); ++i) {
-    const bool last = i + 1 == ends.size();
-    if (!last && ends[i + 1] - start <= options_.max_value_bytes) continue;
-    const size_t end = ends[i];
-    if (!ops.empty() && ops_bytes + (end - start) > options_.max_value_bytes) {
-      if (auto r = Commit(std::move(ops)); !r.ok()) return r.status();
-      ops.clear();
-      ops_bytes = 0;
-    }
-    ops.push_back(Put(keys_.log(lsns[i]), frames.substr(start, end - start)));
+  size_t ops_bytes = 0;
+  size_t start = from == 0 ? 0 : (*ends)[from - 1];
+  size_t next = from;  // the first frame of the first key not in `ops`
+  for (size_t i = from; i < ends->size(); ++i) {
+    const bool last = i + 1 == ends->size();
+    if (!last && (*ends)[i + 1] - start <= options_.max_value_bytes) continue;
+    const size_t end = (*ends)[i];
+    if (!ops.empty() && ops_bytes + (end - start) > options_.max_value_bytes) break;
+    ops.push_back(Put(keys_.log((*lsns)[i]), frames->substr(start, end - start)));
     ops_bytes += end - start;
     start = end;
+    next = i + 1;
   }
-  if (!ops.empty()) {
-    if (auto r = Commit(std::move(ops)); !r.ok()) return r.status();
-  }
-  records_ += lsns.size();
-  bytes_ += frames.size();
-  return absl::OkStatus();
+  Commit(std::move(ops), [this, frames, ends, lsns, next, done = std::move(done)](
+                             absl::StatusOr<int64_t> r) mutable {
+    if (!r.ok()) return done(r.status());
+    if (next < ends->size()) return WriteBatch(frames, ends, lsns, next, std::move(done));
+    stats_.records += lsns->size();
+    stats_.bytes += frames->size();
+    done(absl::OkStatus());
+  });
 }
 
 void EtcdCommitLog::Snapshot(const StateMachine& state) {
   if (!pending_.empty() && fault_.ok()) SendPending();
   const uint64_t lsn = last_lsn();
-  auto bytes = std::make_shared<std::string>(EncodeSnapshot(state, lsn));
+  auto bytes = std::make_shared<const std::string>(EncodeSnapshot(state, lsn));
   snapshot_bytes_ = bytes->size();
   logged_since_snapshot_ = 0;
-  Enqueue(Job{[this, bytes, lsn] { return WriteSnapshot(*bytes, lsn); },
+  Enqueue(Job{[this, bytes, lsn](std::function<void(absl::Status)> done) {
+                WriteSnapshot(bytes, lsn, std::move(done));
+              },
               [this](const absl::Status& s) {
                 snapshot_asked_ = false;
                 OnJobDone(s);
               }});
 }
 
-absl::Status EtcdCommitLog::WriteSnapshot(const std::string& bytes, uint64_t lsn) {
+void EtcdCommitLog::WriteSnapshot(std::shared_ptr<const std::string> bytes, uint64_t lsn,
+                                  std::function<void(absl::Status)> done) {
   // The snapshot in force is rewritten only when it held secrets in clear (an older lockd's).
-  if (lsn == snapshot_lsn_ && !rewrite_snapshot_) return absl::OkStatus();
+  if (lsn == snapshot_lsn_ && !rewrite_snapshot_) {
+    Later([done] { done(absl::OkStatus()); });
+    return;
+  }
   rewrite_snapshot_ = false;
   // The chunks first (invisible until the head names them), then in one transaction: the head,
   // and the deletion of the log it covers and of the older snapshots. A snapshot rewritten at
   // the lsn in force puts its chunks after the ones it replaces, which stay whole until the
   // head moves past them, and then go with it.
   const uint64_t first = lsn == snapshot_lsn_ ? snapshot_chunks_end_ : 0;
-  uint64_t chunks = 0;
-  for (size_t at = 0; at < bytes.size() || chunks == 0; at += options_.max_value_bytes) {
-    auto r = Commit(
-        {Put(keys_.chunk(lsn, first + chunks++), bytes.substr(at, options_.max_value_bytes))});
-    if (!r.ok()) return r.status();
-  }
+  const uint64_t chunks = std::max<uint64_t>(
+      1, (bytes->size() + options_.max_value_bytes - 1) / options_.max_value_bytes);
+  WriteChunk(std::move(bytes), lsn, first, chunks, 0, std::move(done));
+}
+
+void EtcdCommitLog::WriteChunk(std::shared_ptr<const std::string> bytes, uint64_t lsn,
+                               uint64_t first, uint64_t chunks, uint64_t i,
+                               std::function<void(absl::Status)> done) {
+  if (i == chunks) return WriteSnapshotHead(lsn, first, chunks, std::move(done));
+  Commit({Put(keys_.chunk(lsn, first + i),
+              bytes->substr(i * options_.max_value_bytes, options_.max_value_bytes))},
+         [this, bytes, lsn, first, chunks, i, done = std::move(done)](absl::StatusOr<int64_t> r) {
+           if (!r.ok()) return done(r.status());
+           WriteChunk(bytes, lsn, first, chunks, i + 1, done);
+         });
+}
+
+void EtcdCommitLog::WriteSnapshotHead(uint64_t lsn, uint64_t first, uint64_t chunks,
+                                      std::function<void(absl::Status)> done) {
   std::vector<RequestOp> head = {
       Put(keys_.head(), first == 0 ? absl::StrCat(lsn, " ", chunks)
                                    : absl::StrCat(lsn, " ", chunks, " ", first)),
       DeleteRange(keys_.log_dir(), keys_.log(lsn + 1)),
       DeleteRange(keys_.snapshots(), keys_.chunk_dir(lsn))};
   if (first > 0) head.push_back(DeleteRange(keys_.chunk(lsn, 0), keys_.chunk(lsn, first)));
-  auto revision = Commit(std::move(head));
-  if (!revision.ok()) return revision.status();
-  snapshot_lsn_ = lsn;
-  snapshot_chunks_end_ = first + chunks;
-  ++snapshots_;
-  // etcd keeps every old value until its history is compacted: drop what the snapshot made
-  // redundant, so that its database stays small.
-  if (absl::Status s = etcd_->Compact(*revision); !s.ok()) {
-    Log(absl::StrCat("could not compact etcd's history (", s.message(), "); will retry"));
-  }
-  return absl::OkStatus();
+  Commit(std::move(head), [this, lsn, first, chunks, done](absl::StatusOr<int64_t> revision) {
+    if (!revision.ok()) return done(revision.status());
+    snapshot_lsn_ = lsn;
+    snapshot_chunks_end_ = first + chunks;
+    ++stats_.snapshots;
+    // etcd keeps every old value until its history is compacted: drop what the snapshot made
+    // redundant, so that its database stays small.
+    Ask<absl::Status>([revision = *revision](EtcdClient& c) { return c.Compact(revision); },
+                      [this](absl::Status s) {
+                        if (!s.ok()) {
+                          Log(absl::StrCat("could not compact etcd's history (", s.message(),
+                                           "); will retry"));
+                        }
+                      });
+    done(absl::OkStatus());
+  });
 }
 
 void EtcdCommitLog::OnJobDone(const absl::Status& s) {
@@ -938,9 +715,44 @@ void EtcdCommitLog::Fail(const absl::Status& s) {
   if (!fault_.ok()) return;
   fault_ = s;
   stopped_ = true;
+  ownership_->Lose(s);
   Log(absl::StrCat("commit fault, no longer accepting mutations: ", s.ToString()));
   if (listener_ != nullptr) listener_->OnCommitFault(fault_);
 }
+
+void EtcdCommitLog::DeleteEverything(std::function<void(absl::StatusOr<int64_t>)> done) {
+  RangeRequest count;
+  count.set_key(options_.prefix + "/");
+  count.set_range_end(PrefixEnd(options_.prefix + "/"));
+  count.set_count_only(true);
+  Ask<absl::StatusOr<RangeResponse>>(
+      [count = std::move(count)](EtcdClient& c) { return c.Range(count); },
+      [this, done = std::move(done)](absl::StatusOr<RangeResponse> before) {
+        if (!before.ok()) return done(before.status());
+        Enqueue(Job{[this](std::function<void(absl::Status)> finish) {
+                      Commit({DeleteRange(options_.prefix + "/", PrefixEnd(options_.prefix + "/"))},
+                             [finish](absl::StatusOr<int64_t> r) { finish(r.status()); });
+                    },
+                    [done, n = before->count()](const absl::Status& s) {
+                      if (!s.ok()) return done(s);
+                      done(n);
+                    }});
+      });
+}
+
+// An open under way: holds the log until it is handed over.
+class Opening final : public EtcdLogOpening {
+ public:
+  explicit Opening(std::unique_ptr<EtcdCommitLog> log) : log_(std::move(log)) {}
+  ~Opening() override { *alive_ = false; }
+  EtcdCommitLog* log() { return log_.get(); }
+  std::unique_ptr<EtcdCommitLog> Release() { return std::move(log_); }
+  std::shared_ptr<bool> alive() const { return alive_; }
+
+ private:
+  std::unique_ptr<EtcdCommitLog> log_;
+  const std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
 
 }  // namespace
 
@@ -988,72 +800,74 @@ absl::Status InitEtcdPrefixOn(const EtcdCommitLogOptions& options, EtcdClient& e
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> EtcdCommitLog::DeleteEverything() {
-  RangeRequest count;
-  count.set_key(options_.prefix + "/");
-  count.set_range_end(PrefixEnd(options_.prefix + "/"));
-  count.set_count_only(true);
-  auto before = etcd_->Range(count);
-  if (!before.ok()) return before.status();
-  std::promise<absl::Status> done;
-  Enqueue(Job{[&] {
-                absl::Status s =
-                    Commit({DeleteRange(options_.prefix + "/", PrefixEnd(options_.prefix + "/"))})
-                        .status();
-                done.set_value(s);
-                return s;
-              },
-              [](const absl::Status&) {}});
-  if (absl::Status s = done.get_future().get(); !s.ok()) return s;
-  return before->count();
+std::unique_ptr<EtcdLogOpening> OpenEtcdCommitLogOn(const EtcdCommitLogOptions& options,
+                                                    TimeSource* time,
+                                                    std::unique_ptr<EtcdCalls> etcd,
+                                                    EtcdLogOpened done) {
+  auto opening = std::make_unique<Opening>(std::make_unique<EtcdCommitLog>(options, time, std::move(etcd)));
+  if (absl::Status s = CheckOptions(options); !s.ok()) {
+    time->Post([alive = opening->alive(), done, s] {
+      if (*alive) done(s);
+    });
+    return opening;
+  }
+  Opening* o = opening.get();
+  o->log()->Start([o, alive = o->alive(), done](absl::StatusOr<StateMachine> state,
+                                               std::vector<std::string> summary) {
+    // Posted by the log: not on its stack, so the caller may destroy what it is given.
+    if (!*alive) return;
+    if (!state.ok()) return done(state.status());
+    OpenedCommitLog opened;
+    opened.state = std::move(*state);
+    opened.summary = std::move(summary);
+    opened.log = o->Release();
+    done(std::move(opened));
+  });
+  return opening;
 }
 
-absl::StatusOr<EtcdDestroyOutcome> DestroyEtcdPrefixOn(
-    const EtcdCommitLogOptions& options, std::unique_ptr<EtcdClient> etcd,
-    const std::function<std::vector<std::string>(const StateMachine&)>& held) {
-  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
+std::unique_ptr<EtcdLogOpening> DestroyEtcdPrefixOn(
+    const EtcdCommitLogOptions& options, TimeSource* time, std::unique_ptr<EtcdCalls> etcd,
+    std::function<std::vector<std::string>(const StateMachine&)> held, EtcdDestroyed done) {
   // Once the keys are gone, the log's watch sees its own P/owner go: that is no news.
-  auto deleted = std::make_shared<std::atomic<bool>>(false);
+  auto deleted = std::make_shared<bool>(false);
   EtcdCommitLogOptions o = options;
-  o.endpoints = etcd->endpoints();
+  o.member_probe = absl::ZeroDuration();
   o.log = [deleted, log = options.log](const std::string& line) {
-    if (deleted->load()) return;
+    if (*deleted) return;
     if (log) {
       log(line);
     } else {
       logging::Lockd().Warning(line);
     }
   };
-  auto log = std::make_unique<EtcdCommitLog>(o, std::move(etcd), [](std::function<void()>) {});
-  std::vector<std::string> summary;
-  auto state = log->Start(&summary);
-  if (!state.ok()) return state.status();
-  EtcdDestroyOutcome out;
-  out.held = held(*state);
-  if (!out.held.empty()) return out;
-  deleted->store(true);
-  auto count = log->DeleteEverything();
-  if (!count.ok()) {
-    deleted->store(false);
-    return count.status();
+  auto opening = std::make_unique<Opening>(std::make_unique<EtcdCommitLog>(o, time, std::move(etcd)));
+  if (absl::Status s = CheckOptions(options); !s.ok()) {
+    time->Post([alive = opening->alive(), done, s] {
+      if (*alive) done(s);
+    });
+    return opening;
   }
-  out.deleted = *count;
-  return out;
-}
-
-absl::StatusOr<OpenedCommitLog> OpenEtcdCommitLogOn(const EtcdCommitLogOptions& options,
-                                                    std::unique_ptr<EtcdClient> etcd,
-                                                    PostToOwner post) {
-  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
-  EtcdCommitLogOptions o = options;
-  o.endpoints = etcd->endpoints();  // for Describe()
-  auto log = std::make_unique<EtcdCommitLog>(o, std::move(etcd), std::move(post));
-  OpenedCommitLog opened;
-  auto state = log->Start(&opened.summary);
-  if (!state.ok()) return state.status();
-  opened.state = std::move(*state);
-  opened.log = std::move(log);
-  return opened;
+  Opening* op = opening.get();
+  op->log()->Start([op, alive = op->alive(), held, done, deleted](
+                       absl::StatusOr<StateMachine> state, std::vector<std::string>) {
+    if (!*alive) return;
+    if (!state.ok()) return done(state.status());
+    EtcdDestroyOutcome out;
+    out.held = held(*state);
+    if (!out.held.empty()) return done(out);
+    *deleted = true;
+    op->log()->DeleteEverything([alive, done, deleted, out](absl::StatusOr<int64_t> n) mutable {
+      if (!*alive) return;
+      if (!n.ok()) {
+        *deleted = false;
+        return done(n.status());
+      }
+      out.deleted = *n;
+      done(out);
+    });
+  });
+  return opening;
 }
 
 }  // namespace fencelock::server

@@ -1,7 +1,12 @@
 // The etcd commit log's entry points on a real cluster: each connects a gRPC client to
-// options.endpoints and hands it to the log (etcd_commit_log.cc, which knows no gRPC).
+// options.endpoints and hands it to the log (etcd_commit_log.cc, which knows no gRPC), its
+// calls carried by threads (CallOnThreads).
+#include <optional>
+
 #include "etcd_client.h"
 #include "lock-server/etcd_commit_log.h"
+#include "net/asio.h"
+#include "net/asio_time_source.h"
 
 namespace fencelock::server {
 
@@ -11,11 +16,15 @@ absl::Status InitEtcdPrefix(const EtcdCommitLogOptions& options) {
   return InitEtcdPrefixOn(options, **etcd);
 }
 
-absl::StatusOr<OpenedCommitLog> OpenEtcdCommitLog(const EtcdCommitLogOptions& options,
-                                                  PostToOwner post) {
+std::unique_ptr<EtcdLogOpening> OpenEtcdCommitLog(const EtcdCommitLogOptions& options,
+                                                  TimeSource* time, EtcdLogOpened done) {
   auto etcd = GrpcEtcdClient::Create(options.endpoints, options.request_timeout);
-  if (!etcd.ok()) return etcd.status();
-  return OpenEtcdCommitLogOn(options, std::move(*etcd), std::move(post));
+  if (!etcd.ok()) {
+    time->Post([done, s = etcd.status()] { done(s); });
+    return nullptr;
+  }
+  return OpenEtcdCommitLogOn(options, time, CallOnThreads(std::move(*etcd), time),
+                             std::move(done));
 }
 
 absl::StatusOr<EtcdDestroyOutcome> DestroyEtcdPrefix(
@@ -23,7 +32,17 @@ absl::StatusOr<EtcdDestroyOutcome> DestroyEtcdPrefix(
     const std::function<std::vector<std::string>(const StateMachine&)>& held) {
   auto etcd = GrpcEtcdClient::Create(options.endpoints, options.request_timeout);
   if (!etcd.ok()) return etcd.status();
-  return DestroyEtcdPrefixOn(options, std::move(*etcd), held);
+  asio::io_context io(1);
+  AsioTimeSource time(io, Clock::Real());
+  std::optional<absl::StatusOr<EtcdDestroyOutcome>> outcome;
+  auto work = asio::make_work_guard(io);
+  {
+    auto destroying = DestroyEtcdPrefixOn(
+        options, &time, CallOnThreads(std::move(*etcd), &time), held,
+        [&](absl::StatusOr<EtcdDestroyOutcome> out) { outcome = std::move(out); });
+    while (!outcome.has_value()) io.run_one();
+  }  // the ownership given back; its revoke runs before the calls' threads end
+  return std::move(*outcome);
 }
 
 }  // namespace fencelock::server

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -233,7 +234,6 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
       options_.tcp ? absl::StrCat("lockd pid ", ::getpid(), " on host ", host, " (tcp ",
                                   options_.tcp_host, ":", listen_options_.tcp_port, ")")
                    : absl::StrCat("lockd pid ", ::getpid(), " on host ", host, " (unix socket only)");
-  auto post = [this](std::function<void()> f) { asio::post(io_, std::move(f)); };
   if (!options_.etcd_endpoints.empty()) {
     metrics::Histogram& commit_latency = metrics_->GetHistogram(
         "lockd_etcd_commit_seconds", "Duration of one etcd transaction of the commit log",
@@ -250,7 +250,6 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
                               .snapshot_min_bytes = options_.etcd_snapshot_bytes,
                               .owner = owner};
     etcd.on_commit = [&commit_latency](int64_t ns) { commit_latency.Observe(ns / 1e9); };
-    etcd.now = [this] { return time_.Now(); };
     if (standby_) {
       etcd.on_standby = [this](const std::string& owner) {
         asio::post(standby_->io, [core = standby_->core.get(), owner] {
@@ -261,7 +260,15 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
     etcd.on_owned = [this](MonoTime sent, MonoTime until) {
       History(sent.nanos(), "lockd-owned", "-", 0, absl::StrCat(until.nanos()));
     };
-    return OpenEtcdCommitLog(etcd, post);
+    // The log works on lockd's event loop from the start: run it until the prefix is ours and
+    // restored (a standby: as long as it waits), before anything else is on it.
+    std::optional<absl::StatusOr<OpenedCommitLog>> opened;
+    auto work = asio::make_work_guard(io_);
+    auto opening = OpenEtcdCommitLog(etcd, &time_, [&](absl::StatusOr<OpenedCommitLog> o) {
+      opened = std::move(o);
+    });
+    while (!opened.has_value()) io_.run_one();
+    return std::move(*opened);
   }
   LocalCommitLogOptions log_options{
       .env = options_.env,
@@ -272,7 +279,8 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
   log_options.on_sync = [&sync_latency](int64_t ns) { sync_latency.Observe(ns / 1e9); };
   log_options.now = [this] { return time_.Now(); };
   log_options.time = &time_;
-  return OpenLocalCommitLog(log_options, time_.Now(), post);
+  return OpenLocalCommitLog(log_options, time_.Now(),
+                            [this](std::function<void()> f) { asio::post(io_, std::move(f)); });
 }
 
 absl::Status ServerImpl::Init() {

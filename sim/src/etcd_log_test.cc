@@ -1,14 +1,12 @@
 // lockd's etcd commit log (lock-server/etcd_commit_log.h) on the simulated etcd, in-process:
-// its threads (writer, lease keeper, watcher, prober) run here under ThreadSanitizer with no
-// gRPC beneath them. What is committed comes back; a second log is refused; a reply lost after
-// its commit, and an election, cost nothing; a deleted owner key and an ownership that lapses
-// fault the log; and a standby takes over a replica cut off from etcd only after that
-// replica's ownership deadline. The log's timing is on the real clock (owner TTL 2 s), and so
-// is the simulated etcd's here.
+// on an Asio event loop as in lockd, with the threads that carry its etcd calls
+// (CallOnThreads), under ThreadSanitizer with no gRPC beneath them. What is committed comes
+// back; a second log is refused; a reply lost after its commit, and an election, cost nothing;
+// a deleted owner key and an ownership that lapses fault the log; and a standby takes over a
+// replica cut off from etcd only after that replica's ownership deadline. The log's timing is
+// on the real clock (owner TTL 2 s), and so is the simulated etcd's here.
 #include <atomic>
-#include <condition_variable>
-#include <deque>
-#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +16,8 @@
 #include "lock-server/etcd_commit_log.h"
 #include "lock-server/etcd_store.h"
 #include "lock-server/lock_service.h"
+#include "net/asio.h"
+#include "net/asio_time_source.h"
 #include "sim/sim_etcd.h"
 
 namespace fencelock::sim {
@@ -31,39 +31,8 @@ using server::LockService;
 
 constexpr char kPrefix[] = "/fencelock/sim";
 
-// Stands in for lockd's event loop: what the log posts runs when the test waits.
-class OwnerLoop {
- public:
-  server::PostToOwner Poster() {
-    return [this](std::function<void()> f) {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(f));
-      cv_.notify_all();
-    };
-  }
-  // Runs what is posted until `done` holds; false after 10 s.
-  bool RunUntil(const std::function<bool()>& done) {
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!done()) {
-      std::function<void()> f;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        if (!cv_.wait_until(lock, give_up, [&] { return !queue_.empty(); })) return done();
-        f = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      f();
-    }
-    return true;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-};
-
-// One lockd replica's core on the etcd log: the lock service writing through it.
+// One lockd replica's core on the etcd log, on an event loop of its own as lockd's, the log's
+// etcd calls carried by threads as against a real cluster: the lock service writing through it.
 class Replica : public server::CommitLogListener {
  public:
   Replica(SimEtcd& etcd, const std::string& name, absl::Duration owner_wait = absl::ZeroDuration(),
@@ -74,11 +43,15 @@ class Replica : public server::CommitLogListener {
                            .owner = name};
     o.log = [](const std::string&) {};
     o.on_owned = std::move(on_owned);
-    auto opened = server::OpenEtcdCommitLogOn(o, etcd.Connect(name), loop_.Poster());
-    status_ = opened.status();
-    if (!opened.ok()) return;
-    service_ = std::make_unique<LockService>(server::ServiceOptions{}, std::move(opened->state));
-    log_ = std::move(opened->log);
+    std::optional<absl::StatusOr<server::OpenedCommitLog>> opened;
+    auto opening = server::OpenEtcdCommitLogOn(
+        o, &time_, server::CallOnThreads(etcd.Connect(name), &time_),
+        [&](absl::StatusOr<server::OpenedCommitLog> r) { opened = std::move(r); });
+    while (!opened.has_value()) io_.run_one();
+    status_ = opened->status();
+    if (!opened->ok()) return;
+    service_ = std::make_unique<LockService>(server::ServiceOptions{}, std::move((*opened)->state));
+    log_ = std::move((*opened)->log);
     log_->SetListener(this);
     service_->set_record_observer([this](const server::Record& r) {
       log_->ReserveFor(service_->state().last_token(), service_->state().last_session_id());
@@ -111,14 +84,19 @@ class Replica : public server::CommitLogListener {
   // Commits what is appended; false if the log faulted first (or took 10 s).
   bool Durable() {
     log_->Flush();
-    loop_.RunUntil([&] { return log_->committed_batch() >= log_->newest_batch() || !fault_.ok(); });
+    RunUntil([&] { return log_->committed_batch() >= log_->newest_batch() || !fault_.ok(); });
     return fault_.ok() && log_->committed_batch() >= log_->newest_batch();
   }
   // Waits until the log faults; its fault, or OK after 10 s.
   absl::Status AwaitFault() {
-    loop_.RunUntil([&] { return !fault_.ok() || log_->fault() != nullptr; });
+    RunUntil([&] { return !fault_.ok() || log_->fault() != nullptr; });
     if (!fault_.ok()) return fault_;
     return log_->fault() != nullptr ? *log_->fault() : absl::OkStatus();
+  }
+  // Runs the replica's event loop for `d`.
+  void RunFor(absl::Duration d) {
+    io_.run_for(absl::ToChronoNanoseconds(d));
+    io_.restart();
   }
 
   void OnCommitted(uint64_t) override {}
@@ -126,7 +104,17 @@ class Replica : public server::CommitLogListener {
   void OnSnapshotDue() override { log_->Snapshot(service_->state()); }
 
  private:
-  OwnerLoop loop_;
+  // Runs the event loop until `done` holds, or 10 s.
+  void RunUntil(const std::function<bool()>& done) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done() && std::chrono::steady_clock::now() < give_up) {
+      io_.run_one_for(std::chrono::milliseconds(50));
+    }
+  }
+
+  asio::io_context io_{1};
+  asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
+  AsioTimeSource time_{io_, Clock::Real()};
   absl::Status status_;
   std::unique_ptr<LockService> service_;
   std::unique_ptr<CommitLog> log_;
@@ -185,7 +173,7 @@ TEST_F(EtcdLogTest, RepliesLostAfterTheirCommitAndAnElectionCostNothing) {
     etcd_.SetUnavailable(true);
     std::vector<FenceToken> during = a.Take(5, "during-");
     a.log().Flush();
-    absl::SleepFor(absl::Milliseconds(300));
+    a.RunFor(absl::Milliseconds(300));
     etcd_.SetUnavailable(false);
     ASSERT_TRUE(a.Durable());
     for (size_t i = 0; i < during.size(); ++i) held[absl::StrCat("during-", i)] = during[i];

@@ -26,6 +26,11 @@
 // flight go in the next), split into keys of at most max_value_bytes. After a snapshot the log
 // keys it covers and older snapshots are deleted and etcd's history is compacted, so the prefix
 // and etcd's database stay small.
+//
+// The log is logic on lockd's event loop: time and timers from its TimeSource, etcd through
+// EtcdCalls (lock-server/etcd_store.h), no sleeps and no threads of its own. Against a real
+// cluster, CallOnThreads carries the gRPC calls; in the simulator, the simulated etcd answers
+// on simulated time. The ownership of the prefix is its own part (src/etcd_ownership.h).
 #ifndef FENCELOCK_LOCK_SERVER_ETCD_COMMIT_LOG_H_
 #define FENCELOCK_LOCK_SERVER_ETCD_COMMIT_LOG_H_
 
@@ -38,11 +43,13 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "clock/clock.h"
+#include "clock/time_source.h"
 #include "lock-server/commit_log.h"
 
 namespace fencelock::server {
 
-class EtcdClient;  // lock-server/etcd_store.h
+class EtcdCalls;   // lock-server/etcd_store.h
+class EtcdClient;
 
 // The part of its lease on the prefix lockd never relies on: the client's margin (ADR-006),
 // applied to lockd's own lease.
@@ -75,16 +82,18 @@ struct EtcdCommitLogOptions {
   uint64_t max_value_bytes = uint64_t{1} << 20;
   // Who serves the prefix, written into P/owner so that a second lockd can name it.
   std::string owner = "lockd";
-  // The clock for the ownership deadline. Default: empty, the real boot-time clock.
-  std::function<MonoTime()> now;
-  // Called with the duration of every committed transaction, on the writer thread.
+  // How often every member is asked for its status (lockctl status, the metrics); zero:
+  // never. Default: 1 s.
+  absl::Duration member_probe = absl::Seconds(1);
+  // The callbacks below run on the log's thread (its TimeSource's owner).
+  // Called with the duration of every committed transaction.
   std::function<void(int64_t ns)> on_commit;
   // Called whenever the ownership deadline moves, with the send time of the lease request etcd
-  // answered and the new deadline, before any request can see the new deadline (on the lease
-  // keeper's thread, or the caller's at start). Default: nothing.
+  // answered and the new deadline, before any request can see the new deadline. Default:
+  // nothing.
   std::function<void(MonoTime sent, MonoTime until)> on_owned;
   // While standing by (owner_wait infinite): called with P/owner's value (the serving lockd's
-  // `owner`) whenever it changes, on the caller's thread. Default: nothing.
+  // `owner`) whenever it changes. Default: nothing.
   std::function<void(const std::string& owner)> on_standby;
   // Where the log reports its fault state and ownership (once each). Default: standard error.
   std::function<void(const std::string&)> log;
@@ -95,41 +104,52 @@ struct EtcdCommitLogOptions {
 absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(const std::string& list);
 
 // `lockd init --etcd`: writes an empty state under options.prefix. kFailedPrecondition if the
-// prefix already holds one (or anything else), kUnavailable if etcd cannot be reached.
+// prefix already holds one (or anything else), kUnavailable if etcd cannot be reached. Blocks.
 absl::Status InitEtcdPrefix(const EtcdCommitLogOptions& options);
+absl::Status InitEtcdPrefixOn(const EtcdCommitLogOptions& options, EtcdClient& etcd);
+
+// An etcd log being opened (or a prefix being destroyed). Destroying it abandons the work: its
+// callback is then never called, and the ownership it took is given back.
+class EtcdLogOpening {
+ public:
+  virtual ~EtcdLogOpening() = default;
+};
+
+using EtcdLogOpened = std::function<void(absl::StatusOr<OpenedCommitLog>)>;
 
 // Takes ownership of options.prefix (waiting up to owner_wait for a previous owner's lease),
-// restores the state as of the moment it owns the prefix, on options.now (every restored lease
-// gets its full TTL; the core gives it again when it begins to serve), reserves
-// a block of tokens and session ids above everything restored, and returns the log. Errors:
-// kNotFound (not initialized), kFailedPrecondition (another lockd owns the prefix, naming it;
-// an unsupported format), kDataLoss (damaged state, naming the key), kUnavailable (etcd).
-absl::StatusOr<OpenedCommitLog> OpenEtcdCommitLog(const EtcdCommitLogOptions& options,
-                                                  PostToOwner post);
+// restores the state as of the moment it owns the prefix, on `time` (every restored lease gets
+// its full TTL; the core gives it again when it begins to serve), reserves a block of tokens
+// and session ids above everything restored, and calls `done` with the log, on `time`'s thread
+// (never inside this call). Errors: kInvalidArgument (options), kNotFound (not initialized),
+// kFailedPrecondition (another lockd owns the prefix, naming it; an unsupported format),
+// kDataLoss (damaged state, naming the key), kUnavailable (etcd). `time` outlives the log.
+std::unique_ptr<EtcdLogOpening> OpenEtcdCommitLogOn(const EtcdCommitLogOptions& options,
+                                                    TimeSource* time,
+                                                    std::unique_ptr<EtcdCalls> etcd,
+                                                    EtcdLogOpened done);
+// The same on a gRPC client of options.endpoints, its calls carried by threads
+// (CallOnThreads): `time`'s Post() must be thread-safe.
+std::unique_ptr<EtcdLogOpening> OpenEtcdCommitLog(const EtcdCommitLogOptions& options,
+                                                  TimeSource* time, EtcdLogOpened done);
 
 struct EtcdDestroyOutcome {
   std::vector<std::string> held;  // what `held` found: not empty, nothing was deleted
   int64_t deleted = 0;            // the keys deleted under the prefix
 };
+using EtcdDestroyed = std::function<void(absl::StatusOr<EtcdDestroyOutcome>)>;
 
 // `lockd destroy --etcd`: the exact cleanup of a prefix. Takes the prefix's ownership as a
 // serving lockd does (refused while one serves it, naming it, after owner_wait; and no lockd
 // can start on it meanwhile), restores the state, and asks `held` what it holds. Only if
 // nothing, it deletes every key under `prefix/` (and nothing else) in one transaction guarded
-// by that ownership. Errors, with nothing deleted: OpenEtcdCommitLog's, and etcd's.
+// by that ownership. Errors, with nothing deleted: OpenEtcdCommitLogOn's, and etcd's.
+std::unique_ptr<EtcdLogOpening> DestroyEtcdPrefixOn(
+    const EtcdCommitLogOptions& options, TimeSource* time, std::unique_ptr<EtcdCalls> etcd,
+    std::function<std::vector<std::string>(const StateMachine&)> held, EtcdDestroyed done);
+// The same over gRPC, on an event loop of its own; blocks until done.
 absl::StatusOr<EtcdDestroyOutcome> DestroyEtcdPrefix(
     const EtcdCommitLogOptions& options,
-    const std::function<std::vector<std::string>(const StateMachine&)>& held);
-
-// The same three on a given etcd client instead of one to options.endpoints over gRPC: the
-// simulated etcd (sim/sim_etcd.h), in tests and the simulator. `options.endpoints` and
-// `request_timeout` are then the client's business.
-absl::Status InitEtcdPrefixOn(const EtcdCommitLogOptions& options, EtcdClient& etcd);
-absl::StatusOr<OpenedCommitLog> OpenEtcdCommitLogOn(const EtcdCommitLogOptions& options,
-                                                    std::unique_ptr<EtcdClient> etcd,
-                                                    PostToOwner post);
-absl::StatusOr<EtcdDestroyOutcome> DestroyEtcdPrefixOn(
-    const EtcdCommitLogOptions& options, std::unique_ptr<EtcdClient> etcd,
     const std::function<std::vector<std::string>(const StateMachine&)>& held);
 
 }  // namespace fencelock::server
