@@ -66,12 +66,15 @@ start_lockd() {
     --pool-demand-ttl=3s --permissions="$work/permissions" --admission-lock="$host_lock" \
     >>"$work/lockd.log" 2>&1 &
   lockd_pid=$!
-  for _ in $(seq 100); do
+  # Up to 60 s: a CI machine whose disk is busy with etcd's syncs took 3.5 s to restore this
+  # small state, and 5 s was once too little. A lockd that exited fails at once.
+  for _ in $(seq 1200); do
     [[ -S "$sock" ]] && "$lockctl" --server="unix:$sock" status >/dev/null 2>&1 && return 0
+    kill -0 "$lockd_pid" 2>/dev/null || { cat "$work/lockd.log" >&2; fail "lockd exited at start"; }
     sleep 0.05
   done
   cat "$work/lockd.log" >&2
-  fail "lockd did not start"
+  fail "lockd did not start within 60 s"
 }
 acquire_active() {  # acquire_active PROFILE SLOT OWNER: acquires and activates; prints the token
   local token
@@ -106,8 +109,9 @@ step "one admission namespace per host (ADR 0005): a second coordinator is refus
   --metrics-port=-1 --permissions="$work/permissions" --admission-lock="$host_lock" \
   >>"$work/other.log" 2>&1 &
 other_pid=$!
-for _ in $(seq 100); do
+for _ in $(seq 1200); do
   [[ -S "$work/other.sock" ]] && "$lockctl" --server="unix:$work/other.sock" status >/dev/null 2>&1 && break
+  kill -0 "$other_pid" 2>/dev/null || { cat "$work/other.log" >&2; fail "the second lockd exited at start"; }
   sleep 0.05
 done
 rc=0

@@ -77,6 +77,7 @@ class EtcdCommitLog final : public CommitLog {
                                  .log = [this](const std::string& line) { Log(line); }},
             time, etcd_.get())),
         commit_timer_(time->NewTimer()),
+        read_timer_(time->NewTimer()),
         probe_timer_(time->NewTimer()) {}
   ~EtcdCommitLog() override { *alive_ = false; }
 
@@ -143,6 +144,11 @@ class EtcdCommitLog final : public CommitLog {
       if (*alive) task();
     });
   }
+  // One read of the start; a member that timed out or was away is asked again (a read changes
+  // nothing, so asking twice is safe) until the ownership's wait ends, or while it holds.
+  void Read(etcdserverpb::RangeRequest r,
+            std::function<void(absl::StatusOr<etcdserverpb::RangeResponse>)> reply,
+            absl::Duration pause = absl::Milliseconds(10));
   void Get(const std::string& key,
            std::function<void(absl::StatusOr<std::optional<std::string>>)> reply);
   // Every key in [key, end), in key order, a page at a time (values can be large).
@@ -212,7 +218,7 @@ class EtcdCommitLog final : public CommitLog {
   const std::unique_ptr<EtcdCalls> etcd_;
   const std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   const std::unique_ptr<EtcdOwnership> ownership_;
-  std::unique_ptr<Timer> commit_timer_, probe_timer_;
+  std::unique_ptr<Timer> commit_timer_, read_timer_, probe_timer_;
   CommitLogListener* listener_ = nullptr;
   Started started_;
 
@@ -226,6 +232,7 @@ class EtcdCommitLog final : public CommitLog {
     uint64_t last = 0, replayed = 0;
   };
   std::unique_ptr<Restoring> restoring_;
+  MonoTime read_until_;  // the reads before the ownership retry until then
 
   uint64_t next_lsn_ = 1;
   std::string pending_;
@@ -258,12 +265,31 @@ class EtcdCommitLog final : public CommitLog {
   size_t probes_left_ = 0;
 };
 
+void EtcdCommitLog::Read(RangeRequest r, std::function<void(absl::StatusOr<RangeResponse>)> reply,
+                        absl::Duration pause) {
+  Ask<absl::StatusOr<RangeResponse>>(
+      [r](EtcdClient& c) { return c.Range(r); },
+      [this, r, pause, reply = std::move(reply)](absl::StatusOr<RangeResponse> got) mutable {
+        // Before the ownership: as long as the ownership would wait; after it, while it holds.
+        const MonoTime now = time_->Now();
+        const bool retry = restoring_ ? ownership_->HoldsAt(now) : now < read_until_;
+        if (got.ok() || !Transient(got.status()) || !retry) {
+          return reply(std::move(got));
+        }
+        ++stats_.commit_retries;
+        read_timer_->ArmAt(time_->Now() + pause,
+                           [this, r = std::move(r), pause, reply = std::move(reply)]() mutable {
+                             Read(std::move(r), std::move(reply),
+                                  std::min(2 * pause, absl::Milliseconds(250)));
+                           });
+      });
+}
+
 void EtcdCommitLog::Get(const std::string& key,
                         std::function<void(absl::StatusOr<std::optional<std::string>>)> reply) {
   RangeRequest r;
   r.set_key(key);
-  Ask<absl::StatusOr<RangeResponse>>(
-      [r = std::move(r)](EtcdClient& c) { return c.Range(r); },
+  Read(std::move(r),
       [reply = std::move(reply)](absl::StatusOr<RangeResponse> got) {
         if (!got.ok()) return reply(got.status());
         if (got->kvs_size() == 0) return reply(std::optional<std::string>());
@@ -282,8 +308,7 @@ void EtcdCommitLog::RangeAll(
   r.set_sort_order(RangeRequest::ASCEND);
   r.set_sort_target(RangeRequest::KEY);
   auto out = std::make_shared<std::vector<etcdserverpb::KeyValue>>(std::move(so_far));
-  Ask<absl::StatusOr<RangeResponse>>(
-      [r = std::move(r)](EtcdClient& c) { return c.Range(r); },
+  Read(std::move(r),
       [this, end = std::move(end), out, reply = std::move(reply)](
           absl::StatusOr<RangeResponse> got) mutable {
         if (!got.ok()) return reply(got.status());
@@ -296,6 +321,9 @@ void EtcdCommitLog::RangeAll(
 
 void EtcdCommitLog::Start(Started started) {
   started_ = std::move(started);
+  read_until_ = options_.owner_wait == absl::InfiniteDuration()
+                    ? MonoTime::Max()
+                    : time_->Now() + options_.owner_wait;
   Get(keys_.format(), [this](absl::StatusOr<std::optional<std::string>> format) {
     if (!format.ok()) return FinishStart(format.status());
     if (!format->has_value()) {
@@ -438,7 +466,17 @@ void EtcdCommitLog::FinishStart(absl::Status s) {
   summary.insert(summary.end(), r->summary.begin(), r->summary.end());
   if (options_.member_probe > absl::ZeroDuration()) Probe();
   auto state = std::make_shared<StateMachine>(std::move(*r->state));
-  Later([started, state, summary] { started(std::move(*state), summary); });
+  Later([this, started, state, summary] {
+    // The ownership may have ended between here and there (lockd stalled): it never begins to
+    // serve then, and a successor has the state.
+    if (!fault_.ok() || !ownership_->HoldsAt(time_->Now())) {
+      return started(absl::UnavailableError(absl::StrCat(
+                         "the ownership of etcd prefix ", options_.prefix,
+                         " ended before this lockd began to serve it")),
+                     {});
+    }
+    started(std::move(*state), summary);
+  });
 }
 
 CommitLogStats EtcdCommitLog::stats() const {
@@ -798,6 +836,38 @@ absl::Status InitEtcdPrefixOn(const EtcdCommitLogOptions& options, EtcdClient& e
         absl::StrCat("etcd prefix ", options.prefix, " was initialized meanwhile"));
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// The log of a standby's core: nothing is ever committed (the core answers everything
+// NOT_LEADER before it would be).
+class Standby final : public CommitLog {
+ public:
+  explicit Standby(std::string prefix)
+      : prefix_(std::move(prefix)),
+        fault_(absl::UnavailableError(absl::StrCat("standing by for etcd prefix ", prefix_))) {}
+  void SetListener(CommitLogListener*) override {}
+  void ReserveFor(FenceToken, SessionId) override {}
+  void Append(const Record&) override {}
+  void Flush() override {}
+  void Snapshot(const StateMachine&) override {}
+  uint64_t newest_batch() const override { return 0; }
+  uint64_t committed_batch() const override { return 0; }
+  uint64_t last_lsn() const override { return 0; }
+  const absl::Status* fault() const override { return &fault_; }
+  std::string Describe() const override { return "standing by for etcd prefix " + prefix_; }
+  CommitLogStats stats() const override { return {}; }
+
+ private:
+  const std::string prefix_;
+  const absl::Status fault_;
+};
+
+}  // namespace
+
+std::unique_ptr<CommitLog> StandbyCommitLog(const std::string& prefix) {
+  return std::make_unique<Standby>(prefix);
 }
 
 std::unique_ptr<EtcdLogOpening> OpenEtcdCommitLogOn(const EtcdCommitLogOptions& options,

@@ -24,6 +24,7 @@ struct Keys {
   std::string format() const { return prefix + "/format"; }
   std::string sequences() const { return prefix + "/sequences"; }
   std::string owner() const { return prefix + "/owner"; }
+  std::string owner_lease() const { return prefix + "/owner-lease"; }
   std::string term() const { return prefix + "/term"; }
   std::string head() const { return prefix + "/snapshot-head"; }
   std::string log_dir() const { return prefix + "/log/"; }

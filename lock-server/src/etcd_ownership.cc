@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "logging/logging.h"
 
@@ -102,10 +103,14 @@ void EtcdOwnership::RenewForTaking() {
 }
 
 void EtcdOwnership::TakingFailed(const absl::Status& s) {
-  if (!forever_ || !Transient(s)) return Finish(s);
+  // A member that timed out or an election under way is tried again until the wait ends: a
+  // standby forever, a lockd that starts as owner for its --etcd-owner-ttl plus 2 s.
+  if (!Transient(s) || time_->Now() >= give_up_) return Finish(s);
   if (said_unreachable_ != s.message()) {
     said_unreachable_ = std::string(s.message());
-    Log(absl::StrCat("standing by: ", s.message(), "; trying again"));
+    const std::string doing =
+        forever_ ? "standing by" : absl::StrCat("taking etcd prefix ", options_.prefix);
+    Log(absl::StrCat(doing, ": ", s.message(), "; trying again"));
   }
   step_timer_->ArmAt(time_->Now() + kRetry, [this] { StepTaking(); });
 }
@@ -113,6 +118,8 @@ void EtcdOwnership::TakingFailed(const absl::Status& s) {
 void EtcdOwnership::TryCreate() {
   TxnRequest txn;
   *txn.add_compare() = etcd_keys::NotPresent(keys_.owner());
+  // P/owner-lease is read before the put: the lease of whoever held P/owner last.
+  txn.add_success()->mutable_request_range()->set_key(keys_.owner_lease());
   *txn.add_success() = etcd_keys::Put(keys_.owner(), options_.owner, lease_);
   txn.add_failure()->mutable_request_range()->set_key(keys_.owner());
   Ask<absl::StatusOr<TxnResponse>>(
@@ -125,16 +132,27 @@ void EtcdOwnership::TryCreate() {
         }
         if (!r.ok()) return TakingFailed(r.status());
         const auto& kvs = r->responses(0).response_range().kvs();
-        // P/owner on our own lease is ours: created by an earlier try whose answer was lost
-        // (the client tried the next member), or before a wait that failed.
-        int64_t created = r->succeeded() ? r->header().revision() : 0;
-        if (!r->succeeded() && !kvs.empty() && kvs[0].lease() == lease_) {
-          created = kvs[0].create_revision();
+        if (r->succeeded()) {
+          revision_ = r->header().revision();
+          recorded_former_ = RecordedLease(kvs);
+          return Created();
         }
-        if (created != 0) {
-          revision_ = created;
-          if (former_lease_ != 0) return WaitOutFormerOwner();
-          return Owned();
+        // P/owner on our own lease is ours: created by an earlier try whose answer was lost
+        // (the client tried the next member), or before a wait that failed. What P/owner-lease
+        // said then, it still says: we record ours only once we own.
+        if (!kvs.empty() && kvs[0].lease() == lease_) {
+          revision_ = kvs[0].create_revision();
+          RangeRequest read;
+          read.set_key(keys_.owner_lease());
+          Ask<absl::StatusOr<RangeResponse>>(
+              [read = std::move(read)](EtcdClient& c) { return c.Range(read); },
+              [this](absl::StatusOr<RangeResponse> got) {
+                if (state_ != State::kTaking) return;
+                if (!got.ok()) return TakingFailed(got.status());
+                recorded_former_ = RecordedLease(got->kvs());
+                Created();
+              });
+          return;
         }
         const std::string owner = kvs.empty() ? std::string("another lockd") : kvs[0].value();
         if (!kvs.empty()) former_lease_ = kvs[0].lease();
@@ -156,6 +174,39 @@ void EtcdOwnership::TryCreate() {
       });
 }
 
+int64_t EtcdOwnership::RecordedLease(
+    const google::protobuf::RepeatedPtrField<etcdserverpb::KeyValue>& kvs) const {
+  int64_t lease = 0;
+  if (kvs.empty() || !absl::SimpleAtoi(kvs[0].value(), &lease) || lease == lease_) return 0;
+  return lease;
+}
+
+void EtcdOwnership::Created() {
+  // The former owner: the one P/owner-lease names, else the last one we saw.
+  if (recorded_former_ != 0) former_lease_ = recorded_former_;
+  if (former_lease_ == lease_) former_lease_ = 0;
+  if (former_lease_ != 0) return WaitOutFormerOwner();
+  Record();
+}
+
+void EtcdOwnership::Record() {
+  TxnRequest txn;
+  *txn.add_compare() = etcd_keys::CreatedAt(keys_.owner(), revision_);
+  *txn.add_success() = etcd_keys::Put(keys_.owner_lease(), absl::StrCat(lease_));
+  Ask<absl::StatusOr<TxnResponse>>(
+      [txn = std::move(txn)](EtcdClient& c) { return c.Txn(txn); },
+      [this](absl::StatusOr<TxnResponse> r) {
+        if (state_ != State::kTaking) return;
+        if (!r.ok()) return TakingFailed(r.status());  // and from the top: our key is found
+        if (!r->succeeded()) {
+          // Our P/owner went away while we waited (deleted, or our lease ran out): again.
+          revision_ = 0;
+          return StepTaking();
+        }
+        Owned();
+      });
+}
+
 void EtcdOwnership::WaitOutFormerOwner() {
   // P/owner went away while the lease it was on still lives: someone deleted the key by hand,
   // and its lockd may still think it serves. Revoke that lease (its lockd's next renewal fails)
@@ -166,7 +217,7 @@ void EtcdOwnership::WaitOutFormerOwner() {
         if (state_ != State::kTaking) return;
         if (absl::IsNotFound(life.status())) {  // it expired, or was revoked
           former_lease_ = 0;
-          return Owned();
+          return Record();
         }
         // Unknown (etcd failed to say): as long as our own TTL.
         const absl::Duration granted = life.ok() ? life->granted : options_.ttl;
@@ -192,7 +243,7 @@ void EtcdOwnership::WaitStep() {
   const MonoTime now = time_->Now();
   if (now >= wait_until_) {
     former_lease_ = 0;
-    return Owned();
+    return Record();
   }
   const MonoTime renew_at = lease_sent_ + options_.ttl / 3;
   if (now < renew_at) {

@@ -8,7 +8,9 @@
 //
 // A lockd taking over after P/owner went away while the lease it was on still lives (deleted by
 // hand) revokes that lease and waits its TTL, renewing its own, before it counts as the owner:
-// by then the former owner's own deadline has passed.
+// by then the former owner's own deadline has passed. Which lease the former owner held is
+// recorded in P/owner-lease by every owner before it serves, so that a standby that never saw
+// that owner's key still waits it out.
 //
 // All logic, no I/O of its own: etcd through EtcdCalls, time through a TimeSource, nothing
 // blocks and nothing sleeps. Not thread-safe: the TimeSource's owner thread only.
@@ -84,6 +86,13 @@ class EtcdOwnership {
   // A failed step: a standby logs it once and tries again; others give up.
   void TakingFailed(const absl::Status& s);
   void WaitOutFormerOwner();
+  // Created (and any former owner waited out): records our lease in P/owner-lease, guarded by
+  // our P/owner, then owns.
+  void Record();
+  // P/owner was created on our lease at revision_: waits out a former owner, then records.
+  void Created();
+  // The lease a P/owner-lease read names; 0 for none, or for our own.
+  int64_t RecordedLease(const google::protobuf::RepeatedPtrField<etcdserverpb::KeyValue>& kvs) const;
   void WaitStep();
   void Owned();
   void Finish(absl::Status s);
@@ -114,6 +123,10 @@ class EtcdOwnership {
   int64_t revision_ = 0;
   MonoTime until_ = MonoTime::Min();
   int64_t former_lease_ = 0;   // the lease of the last P/owner seen held by another
+  // The lease P/owner-lease names: the last owner's, recorded before it served. A standby that
+  // never saw that owner's key (etcd was away, or the key came and went between two looks)
+  // learns of it there.
+  int64_t recorded_former_ = 0;
   MonoTime wait_until_;        // waiting out the former owner until then
   std::string said_unreachable_;  // the last etcd failure a standby logged
   std::string said_owner_;        // the last owner a standby reported

@@ -59,30 +59,6 @@ absl::StatusOr<Permissions> LoadPermissions(Env* env, const std::string& path) {
   return Permissions::Parse(*text, path);
 }
 
-// The log of a standby's core: nothing is ever committed (the core answers everything
-// NOT_LEADER before it would be).
-class StandbyCommitLog final : public CommitLog {
- public:
-  explicit StandbyCommitLog(std::string prefix)
-      : prefix_(std::move(prefix)),
-        fault_(absl::UnavailableError(absl::StrCat("standing by for etcd prefix ", prefix_))) {}
-  void SetListener(CommitLogListener*) override {}
-  void ReserveFor(FenceToken, SessionId) override {}
-  void Append(const Record&) override {}
-  void Flush() override {}
-  void Snapshot(const StateMachine&) override {}
-  uint64_t newest_batch() const override { return 0; }
-  uint64_t committed_batch() const override { return 0; }
-  uint64_t last_lsn() const override { return 0; }
-  const absl::Status* fault() const override { return &fault_; }
-  std::string Describe() const override { return "standing by for etcd prefix " + prefix_; }
-  CommitLogStats stats() const override { return {}; }
-
- private:
-  const std::string prefix_;
-  const absl::Status fault_;
-};
-
 // The serving replica's TCP address from its P/owner value ("... (tcp host:port)"); empty when
 // it has none, or published port 0.
 std::string AddressOfOwner(const std::string& owner) {
@@ -376,7 +352,7 @@ absl::Status ServerImpl::StartStandby() {
                            .stall_threshold = absl::ZeroDuration(),
                            .standby = true};
   OpenedCommitLog nothing;
-  nothing.log = std::make_unique<StandbyCommitLog>(options_.etcd_prefix);
+  nothing.log = StandbyCommitLog(options_.etcd_prefix);
   standby_->core = std::make_unique<ServerCore>(core_options, &standby_->time, std::move(nothing));
   standby_->listener = std::make_unique<Listener>(standby_->io, standby_->core.get(),
                                                   &standby_->time, listen_options_, tls_);

@@ -3,8 +3,9 @@
 // (CallOnThreads), under ThreadSanitizer with no gRPC beneath them. What is committed comes
 // back; a second log is refused; a reply lost after its commit, and an election, cost nothing;
 // a deleted owner key and an ownership that lapses fault the log; and a standby takes over a
-// replica cut off from etcd only after that replica's ownership deadline. The log's timing is
-// on the real clock (owner TTL 2 s), and so is the simulated etcd's here.
+// replica cut off from etcd only after that replica's ownership deadline; a replica that
+// starts during an election waits it out. The log's timing is on the real clock (owner TTL
+// 2 s), and so is the simulated etcd's here.
 #include <atomic>
 #include <optional>
 #include <thread>
@@ -227,6 +228,33 @@ TEST_F(EtcdLogTest, AReplicaCutOffFromEtcdFaultsBeforeAStandbyTakesOver) {
   ASSERT_TRUE(b->Durable());
   etcd_.Partition("a", false);
   a.reset();
+}
+
+// A lockd that starts as owner (lockd waits its owner TTL plus 2 s) rides out an election
+// that began before it: its reads and its take are asked again, and it serves once etcd
+// answers. An etcd away for longer than that wait fails the start, naming etcd's answer.
+TEST_F(EtcdLogTest, AStartingReplicaWaitsOutAnElectionButNotForever) {
+  etcd_.SetUnavailable(true);
+  std::thread leader([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    etcd_.SetUnavailable(false);
+  });
+  const absl::Duration wait = absl::Seconds(4);
+  {
+    Replica a(etcd_, "a", wait);
+    leader.join();
+    ASSERT_TRUE(a.status().ok()) << a.status();
+    a.Take(1, "x-");
+    ASSERT_TRUE(a.Durable());
+  }
+  etcd_.SetUnavailable(true);
+  const absl::Time before = absl::Now();
+  Replica b(etcd_, "b", absl::Seconds(1));
+  EXPECT_FALSE(b.status().ok());
+  EXPECT_TRUE(absl::IsUnavailable(b.status()) || absl::IsDeadlineExceeded(b.status()))
+      << b.status();
+  EXPECT_GE(absl::Now() - before, absl::Seconds(1));
+  etcd_.SetUnavailable(false);
 }
 
 }  // namespace

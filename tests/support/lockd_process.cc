@@ -130,6 +130,11 @@ void LockdProcess::Start(int port) {
   auto bound = process::AwaitPortFile(port_file, child_, absl::Seconds(20));
   if (!bound.ok()) {
     std::fprintf(stderr, "lockd did not start listening: %s\n", bound.status().ToString().c_str());
+    // Its own words say why; the file goes with the test's directory.
+    if (!options_.stderr_file.empty()) {
+      std::fprintf(stderr, "lockd's stderr (%s):\n%s\n", options_.stderr_file.c_str(),
+                   ReadTextFile(options_.stderr_file).c_str());
+    }
     std::abort();
   }
   port_ = *bound;

@@ -6,6 +6,8 @@
 //   P/format                    "fencelock-lockd-etcd\nformat 1\n"; anything else is refused
 //   P/sequences                 token and session-id marks reserved ahead of use (as SEQUENCES)
 //   P/owner                     the serving lockd, on an etcd lease: one lockd per prefix
+//   P/owner-lease               the id of the lease P/owner was last created on, kept when
+//                               P/owner goes: what a successor waits out if it was deleted
 //   P/snapshot-head             "<lsn> <chunks>" (or "<lsn> <chunks> <first chunk>" for a
 //                               snapshot rewritten at the same lsn): the snapshot in force
 //   P/snapshot/<lsn>/<chunk>    that snapshot's bytes (the local snapshot file's), in chunks
@@ -20,7 +22,8 @@
 // its fault state: lockd answers nothing that depends on its state until restarted. It also
 // watches P/owner: any change of it (deleted by hand, overwritten) ends the ownership at once.
 // A lockd taking over after P/owner went away while the lease it was on still lives (deleted
-// by hand) revokes that lease and waits its TTL before it restores anything.
+// by hand) reads that lease from P/owner-lease, revokes it and waits its TTL before it
+// restores anything.
 //
 // Batches are grouped as in the local log (the records that pile up while a transaction is in
 // flight go in the next), split into keys of at most max_value_bytes. After a snapshot the log
@@ -132,6 +135,10 @@ std::unique_ptr<EtcdLogOpening> OpenEtcdCommitLogOn(const EtcdCommitLogOptions& 
 // (CallOnThreads): `time`'s Post() must be thread-safe.
 std::unique_ptr<EtcdLogOpening> OpenEtcdCommitLog(const EtcdCommitLogOptions& options,
                                                   TimeSource* time, EtcdLogOpened done);
+
+// The log of a standby replica's core (CoreOptions::standby) while it waits for the prefix:
+// it commits nothing, and its fault says it stands by.
+std::unique_ptr<CommitLog> StandbyCommitLog(const std::string& prefix);
 
 struct EtcdDestroyOutcome {
   std::vector<std::string> held;  // what `held` found: not empty, nothing was deleted
