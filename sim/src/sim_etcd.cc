@@ -57,6 +57,13 @@ struct SimEtcd::Core {
   uint64_t outage = 0;              // bumped at each fault, so that open watches break
   int lose_replies = 0;
   bool no_space = false;
+  std::function<void(const Event*)> observer;
+
+  // Every change and fault: blocked watches wake, and the observer hears of it.
+  void NotifyLocked(const Event* e) {
+    changed.notify_all();
+    if (observer) observer(e);
+  }
 
   absl::Status Available(const std::string& client) const {
     if (unavailable) return absl::UnavailableError("sim etcd: no leader (etcdserver: request timed out)");
@@ -87,6 +94,7 @@ struct SimEtcd::Core {
     e.mutable_kv()->set_mod_revision(rev);
     history.push_back(std::move(e));
     kvs.erase(it);
+    if (observer) observer(&history.back());
   }
 
   void PutKeyLocked(const std::string& key, const std::string& value, int64_t lease, int64_t rev) {
@@ -108,6 +116,7 @@ struct SimEtcd::Core {
     e.set_type(Event::PUT);
     *e.mutable_kv() = kv;
     history.push_back(std::move(e));
+    if (observer) observer(&history.back());
   }
 
   // Drops the leases the clock says have expired, and their keys (one revision per lease).
@@ -128,7 +137,7 @@ struct SimEtcd::Core {
     const int64_t rev = ++revision;
     const std::set<std::string> doomed = keys;
     for (const std::string& k : doomed) DeleteKeyLocked(k, rev);
-    changed.notify_all();
+    NotifyLocked(nullptr);
   }
 
   bool Matches(const Compare& c) const {
@@ -202,24 +211,16 @@ class SimWatch final : public server::EtcdWatch {
   absl::StatusOr<Changes> Next() override {
     std::unique_lock<std::mutex> lock(core_->mu);
     for (;;) {
-      if (cancelled_) return absl::CancelledError("watch cancelled");
-      if (core_->outage != outage_ || !core_->Available(client_).ok()) {
-        return absl::UnavailableError("sim etcd: the watch stream broke (no leader)");
-      }
-      if (next_ < core_->compacted) {
-        return absl::OutOfRangeError("etcdserver: mvcc: required revision has been compacted");
-      }
-      Changes c;
-      for (const Event& e : core_->history) {
-        if (e.kv().mod_revision() >= next_ && e.kv().key() == key_) c.events.push_back(e);
-      }
-      if (!c.events.empty()) {
-        next_ = c.events.back().kv().mod_revision() + 1;
-        c.revision = core_->revision;
-        return c;
-      }
+      auto changes = PollLocked();
+      if (!changes.ok()) return changes.status();
+      if (changes->has_value()) return std::move(**changes);
       core_->changed.wait(lock);
     }
+  }
+
+  absl::StatusOr<std::optional<Changes>> Poll() override {
+    std::lock_guard<std::mutex> lock(core_->mu);
+    return PollLocked();
   }
 
   void Cancel() override {
@@ -231,6 +232,24 @@ class SimWatch final : public server::EtcdWatch {
   }
 
  private:
+  absl::StatusOr<std::optional<Changes>> PollLocked() {
+    if (cancelled_) return absl::CancelledError("watch cancelled");
+    if (core_->outage != outage_ || !core_->Available(client_).ok()) {
+      return absl::UnavailableError("sim etcd: the watch stream broke (no leader)");
+    }
+    if (next_ < core_->compacted) {
+      return absl::OutOfRangeError("etcdserver: mvcc: required revision has been compacted");
+    }
+    Changes c;
+    for (const Event& e : core_->history) {
+      if (e.kv().mod_revision() >= next_ && e.kv().key() == key_) c.events.push_back(e);
+    }
+    if (c.events.empty()) return std::nullopt;
+    next_ = c.events.back().kv().mod_revision() + 1;
+    c.revision = core_->revision;
+    return c;
+  }
+
   std::shared_ptr<SimEtcd::Core> core_;
   const std::string client_;
   const std::string key_;
@@ -338,7 +357,7 @@ class SimClient final : public server::EtcdClient {
     h.erase(std::remove_if(h.begin(), h.end(),
                            [&](const Event& e) { return e.kv().mod_revision() < revision; }),
             h.end());
-    core_->changed.notify_all();
+    core_->NotifyLocked(nullptr);
     return absl::OkStatus();
   }
 
@@ -444,8 +463,8 @@ void SimEtcd::Partition(const std::string& name, bool partitioned) {
     } else {
       core_->partitioned.erase(name);
     }
+    core_->NotifyLocked(nullptr);
   }
-  core_->changed.notify_all();
 }
 
 void SimEtcd::SetUnavailable(bool unavailable) {
@@ -453,8 +472,8 @@ void SimEtcd::SetUnavailable(bool unavailable) {
     std::lock_guard<std::mutex> lock(core_->mu);
     if (unavailable && !core_->unavailable) ++core_->outage;
     core_->unavailable = unavailable;
+    core_->NotifyLocked(nullptr);
   }
-  core_->changed.notify_all();
 }
 
 void SimEtcd::LoseRepliesAfterCommit(int n) {
@@ -499,6 +518,32 @@ void SimEtcd::Put(const std::string& key, const std::string& value) {
   std::lock_guard<std::mutex> lock(core_->mu);
   core_->PutKeyLocked(key, value, 0, ++core_->revision);
   core_->changed.notify_all();
+}
+
+std::optional<KeyValue> SimEtcd::Get(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  auto it = core_->kvs.find(key);
+  if (it == core_->kvs.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<MonoTime> SimEtcd::LeaseExpiresAt(int64_t id) const {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  auto it = core_->leases.find(id);
+  if (it == core_->leases.end()) return std::nullopt;
+  return it->second.expires_at;
+}
+
+MonoTime SimEtcd::NextExpiry() const {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  MonoTime next = MonoTime::Max();
+  for (const auto& [id, lease] : core_->leases) next = std::min(next, lease.expires_at);
+  return next;
+}
+
+void SimEtcd::SetObserver(std::function<void(const Event*)> fn) {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  core_->observer = std::move(fn);
 }
 
 size_t SimEtcd::leases() const {

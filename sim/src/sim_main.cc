@@ -2,6 +2,7 @@
 //
 //   fencelock-sim --seeds=10000 --from=1            # seeds 1..10000
 //   fencelock-sim --seeds=1 --from=4711 --verbose   # one seed, with its figures
+//   fencelock-sim --replicas=3 --seeds=2000         # three lockd replicas on the simulated etcd
 //
 // Prints progress, each failing seed with the properties it broke and the one-line command that
 // replays it, and at the end seeds per second and a hash over every run's trace (the same range
@@ -19,6 +20,9 @@
 ABSL_FLAG(uint64_t, seeds, 1000, "how many seeds to run");
 ABSL_FLAG(uint64_t, from, 1, "the first seed");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(20), "simulated time per seed");
+ABSL_FLAG(int, replicas, 1,
+          "lockd replicas: 1 on its local log, or 2 to 3 on the simulated etcd (one serving, the "
+          "others standing by)");
 ABSL_FLAG(int, clients, 4, "simulated clients");
 ABSL_FLAG(int, locks, 3, "locks they contend for");
 ABSL_FLAG(double, margin, fencelock::defaults::kSafetyMargin, "the clients' safety margin (lock.client.safety-margin)");
@@ -35,10 +39,11 @@ ABSL_FLAG(bool, verbose, false, "print every seed's figures");
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "runs lockd's core and the client lease rules under the deterministic simulator\n"
-      "  fencelock-sim --seeds=N --from=S [--duration=20s] [--clients=4] [--locks=3]");
+      "  fencelock-sim --seeds=N --from=S [--replicas=1] [--duration=20s] [--clients=4] [--locks=3]");
   fencelock::process::ParseFlags(argc, argv);
   fencelock::sim::SimOptions options;
   options.duration = absl::GetFlag(FLAGS_duration);
+  options.replicas = absl::GetFlag(FLAGS_replicas);
   options.clients = absl::GetFlag(FLAGS_clients);
   options.locks = absl::GetFlag(FLAGS_locks);
   options.safety_margin = absl::GetFlag(FLAGS_margin);
@@ -67,13 +72,14 @@ int main(int argc, char** argv) {
     if (verbose || !r.ok) {
       std::printf(
           "seed %lu: %s trace %016lx events %lu grants %lu checks %lu overlaps %lu fenced %lu "
-          "crashes %lu disk-faults %lu pauses %lu cuts %lu\n",
+          "crashes %lu disk-faults %lu pauses %lu cuts %lu takeovers %lu etcd-faults %lu\n",
           static_cast<unsigned long>(r.seed), r.ok ? "ok" : "FAILED",
           static_cast<unsigned long>(r.trace_hash), static_cast<unsigned long>(r.events),
           static_cast<unsigned long>(r.grants), static_cast<unsigned long>(r.checks_passed),
           static_cast<unsigned long>(r.overlaps), static_cast<unsigned long>(r.fenced_out),
           static_cast<unsigned long>(r.crashes), static_cast<unsigned long>(r.disk_faults),
-          static_cast<unsigned long>(r.pauses), static_cast<unsigned long>(r.cuts));
+          static_cast<unsigned long>(r.pauses), static_cast<unsigned long>(r.cuts),
+          static_cast<unsigned long>(r.takeovers), static_cast<unsigned long>(r.etcd_faults));
     }
     if (!r.ok) {
       ++failed;

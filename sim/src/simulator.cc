@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "lock-client/core/client_core.h"
 #include "lock-client/core/lease.h"
 #include "lock-server/commit_log.h"
+#include "lock-server/etcd_commit_log.h"
 #include "lock-server/local_commit_log.h"
 #include "lock-server/server_core.h"
 #include "lock-server/storage.h"
@@ -25,7 +27,10 @@
 #include "protocol/requests.h"
 #include "protocol/session.h"
 #include "protocol/version.h"
+#include "etcd_net.h"
+#include "sim/sim_etcd.h"
 #include "sim_disk.h"
+#include "world.h"
 
 namespace fencelock::sim {
 namespace {
@@ -43,189 +48,24 @@ using server::SessionId;
 using server::StateMachine;
 
 constexpr char kDataDir[] = "/lockd";
-constexpr int kLockd = 0;  // node 0 is lockd; clients are 1..N; the last node is the
-                           // environment (faults), which never pauses or restarts
+// Nodes: the lockd replicas first (one on its local log, or 2 or 3 on the simulated etcd), then
+// the clients; the last node is the environment (faults, and etcd's own events), which never
+// pauses or restarts.
 constexpr absl::Duration kRequestTimeout = absl::Milliseconds(800);
-
-// splitmix64: small, fast, and the same on every platform (std's distributions are not).
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  uint64_t Below(uint64_t n) { return n == 0 ? 0 : Next() % n; }
-  bool Chance(double p) { return static_cast<double>(Next() >> 11) * 0x1.0p-53 < p; }
-  int64_t Between(int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(Below(hi - lo + 1)); }
-  absl::Duration Between(absl::Duration lo, absl::Duration hi) {
-    return absl::Nanoseconds(Between(absl::ToInt64Nanoseconds(lo), absl::ToInt64Nanoseconds(hi)));
-  }
-
- private:
-  uint64_t state_;
-};
-
-int64_t Ns(absl::Duration d) { return absl::ToInt64Nanoseconds(d); }
-
-// True time, events, and nodes that may be paused and (lockd) restarted.
-class World {
- public:
-  struct Node {
-    uint64_t incarnation = 0;
-    int64_t paused_until = 0;
-    int64_t rate_ppm = 0;  // the node's clock runs at 1 + rate_ppm / 1e6 of true time
-    int64_t origin = 0;
-  };
-
-  explicit World(int nodes) : nodes_(nodes) {}
-
-  int64_t now() const { return now_; }
-  Node& node(int i) { return nodes_[i]; }
-
-  // Runs `fn` on `node` at true time `t`, unless the node restarts before then. A paused node
-  // runs it when the pause ends.
-  void At(int64_t t, int node, std::function<void()> fn) {
-    queue_.emplace(Key{std::max(t, now_), seq_++},
-                   Event{node, nodes_[node].incarnation, std::move(fn)});
-  }
-  // Runs the next event; false when none is left before `end`.
-  bool Step(int64_t end, const std::function<void(int node, const std::function<void()>&)>& run) {
-    while (!queue_.empty()) {
-      auto it = queue_.begin();
-      if (it->first.time > end) return false;
-      Event e = std::move(it->second);
-      const int64_t t = it->first.time;
-      queue_.erase(it);
-      Node& n = nodes_[e.node];
-      if (e.incarnation != n.incarnation) continue;  // the node restarted since
-      if (t < n.paused_until) {                       // runs when the node runs again
-        queue_.emplace(Key{n.paused_until, seq_++}, std::move(e));
-        continue;
-      }
-      now_ = t;
-      Mix(static_cast<uint64_t>(t));
-      Mix(static_cast<uint64_t>(e.node));
-      ++events_;
-      run(e.node, e.fn);
-      return true;
-    }
-    return false;
-  }
-  void Restart(int node) { ++nodes_[node].incarnation; }
-
-  // The trace: FNV-1a over everything that happened.
-  void Mix(uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      hash_ ^= (v >> (8 * i)) & 0xff;
-      hash_ *= 0x100000001b3ULL;
-    }
-  }
-  void Mix(std::string_view s) {
-    for (unsigned char c : s) {
-      hash_ ^= c;
-      hash_ *= 0x100000001b3ULL;
-    }
-    Mix(static_cast<uint64_t>(s.size()));
-  }
-  uint64_t hash() const { return hash_; }
-  uint64_t events() const { return events_; }
-
- private:
-  struct Key {
-    int64_t time;
-    uint64_t seq;
-    bool operator<(const Key& o) const { return time != o.time ? time < o.time : seq < o.seq; }
-  };
-  struct Event {
-    int node;
-    uint64_t incarnation;
-    std::function<void()> fn;
-  };
-  std::vector<Node> nodes_;
-  std::map<Key, Event> queue_;
-  int64_t now_ = 0;
-  uint64_t seq_ = 0;
-  uint64_t events_ = 0;
-  uint64_t hash_ = 0xcbf29ce484222325ULL;
-};
-
-// One node's clock and timers: a TimeSource whose Now() runs at the node's rate.
-class NodeTime final : public TimeSource {
- public:
-  NodeTime(World* world, int node) : world_(world), node_(node) {}
-
-  MonoTime Now() const override { return Local(world_->now()); }
-  void Post(std::function<void()> task) override {
-    world_->At(world_->now(), node_, std::move(task));
-  }
-  std::unique_ptr<Timer> NewTimer() override { return std::make_unique<SimTimer>(this); }
-
-  MonoTime Local(int64_t t) const {
-    const World::Node& n = world_->node(node_);
-    const __int128 local = static_cast<__int128>(t) * (1'000'000 + n.rate_ppm) / 1'000'000;
-    return MonoTime::FromNanos(n.origin + static_cast<int64_t>(local));
-  }
-  // The first true time at which the local clock reads at least `local`.
-  int64_t TrueTimeOf(MonoTime local) const {
-    const World::Node& n = world_->node(node_);
-    const __int128 want = static_cast<__int128>(local.nanos() - n.origin) * 1'000'000;
-    const int64_t rate = 1'000'000 + n.rate_ppm;
-    int64_t t = static_cast<int64_t>((want + rate - 1) / rate);
-    while (Local(t) < local) ++t;
-    return t;
-  }
-
- private:
-  class SimTimer final : public Timer {
-   public:
-    explicit SimTimer(NodeTime* time) : time_(time), state_(std::make_shared<State>()) {}
-    ~SimTimer() override { Cancel(); }
-    void ArmAt(MonoTime when, std::function<void()> fire) override {
-      Cancel();
-      state_->armed = true;
-      state_->when = when;
-      const uint64_t mine = ++state_->arming;
-      std::weak_ptr<State> weak = state_;
-      time_->world_->At(time_->TrueTimeOf(when), time_->node_,
-                        [weak, mine, fire = std::move(fire)] {
-                          auto s = weak.lock();
-                          if (!s || !s->armed || s->arming != mine) return;
-                          s->armed = false;
-                          fire();
-                        });
-    }
-    void Cancel() override {
-      state_->armed = false;
-      ++state_->arming;
-    }
-    MonoTime armed_for() const override {
-      return state_->armed ? state_->when : MonoTime::Max();
-    }
-
-   private:
-    struct State {
-      bool armed = false;
-      MonoTime when;
-      uint64_t arming = 0;
-    };
-    NodeTime* time_;
-    std::shared_ptr<State> state_;
-  };
-
-  World* world_;
-  int node_;
-};
+// The replicas' prefix on the simulated etcd, the TTL of their ownership, and how long one etcd
+// request may take (lockd's default: a third of the usable ownership).
+constexpr char kPrefix[] = "/fencelock/sim";
+constexpr absl::Duration kOwnerTtl = absl::Seconds(2);
+constexpr uint64_t kReservationBlock = 7;
+const absl::Duration kEtcdRequestTimeout = kOwnerTtl * (1 - server::kEtcdOwnerMargin) / 3;
 
 class Simulation;
 
 // Records every record lockd appends and learns which are committed, for the checks.
 class RecordingLog final : public CommitLog, public CommitLogListener {
  public:
-  RecordingLog(std::unique_ptr<CommitLog> inner, Simulation* sim)
-      : inner_(std::move(inner)), sim_(sim) {}
+  RecordingLog(std::unique_ptr<CommitLog> inner, Simulation* sim, int replica)
+      : inner_(std::move(inner)), sim_(sim), replica_(replica) {}
   void SetListener(CommitLogListener* listener) override {
     listener_ = listener;
     inner_->SetListener(this);
@@ -242,6 +82,11 @@ class RecordingLog final : public CommitLog, public CommitLogListener {
   uint64_t last_lsn() const override { return inner_->last_lsn(); }
   const absl::Status* fault() const override { return inner_->fault(); }
   std::string Describe() const override { return inner_->Describe(); }
+  absl::Duration OwnershipLeft() const override { return inner_->OwnershipLeft(); }
+  MonoTime OwnedUntil() const override { return inner_->OwnedUntil(); }
+  bool FaultEndsServing() const override { return inner_->FaultEndsServing(); }
+  std::string FaultRemedy() const override { return inner_->FaultRemedy(); }
+  std::vector<server::StoreMember> Members() const override { return inner_->Members(); }
   CommitLogStats stats() const override { return inner_->stats(); }
 
   void OnCommitted(uint64_t batch) override;
@@ -251,6 +96,7 @@ class RecordingLog final : public CommitLog, public CommitLogListener {
  private:
   std::unique_ptr<CommitLog> inner_;
   Simulation* sim_;
+  const int replica_;
   CommitLogListener* listener_ = nullptr;
   std::map<uint64_t, uint64_t> batch_last_lsn_;
   uint64_t reported_ = 0;  // the highest batch OnCommitted() was told of
@@ -258,6 +104,7 @@ class RecordingLog final : public CommitLog, public CommitLogListener {
 
 struct Connection {
   int client = 0;
+  int replica = 0;  // the lockd replica it goes to
   bool open = true;
   ConnectionId server_id = 0;  // 0 until lockd accepted it
   int64_t last_to_server = 0;  // TCP: frames arrive in order
@@ -277,6 +124,14 @@ class SimClient {
   void OnResponse(int conn, const wire::Response& r);
   void OnDisconnected(int conn);
   int node() const { return node_; }
+  // The token and session this client holds `lock` with, if its checkStillHeld would pass now.
+  std::optional<std::pair<FenceToken, SessionId>> Believes(const std::string& lock) const {
+    auto it = held_.find(lock);
+    if (it == held_.end() || it->second.lease->Check(time_.Now()) != LossReason::kNone) {
+      return std::nullopt;
+    }
+    return std::make_pair(it->second.lease->token(), it->second.session);
+  }
 
  private:
   struct Held {
@@ -350,8 +205,9 @@ class Simulation {
       : options_(options),
         rng_(options.seed),
         secrets_(options.seed ^ 0x5ec7e75ec7e75ULL),
-        world_(options.clients + 2),
-        env_node_(options.clients + 1) {
+        replica_count_(options.replicas),
+        world_(options.replicas + options.clients + 1),
+        env_node_(options.replicas + options.clients) {
     result_.seed = options.seed;
   }
   SimResult Run();
@@ -360,18 +216,28 @@ class Simulation {
   World* world() { return &world_; }
   Rng* rng() { return &rng_; }
   const SimOptions& options() const { return options_; }
-  int OpenConnection(int client_node);
+  int OpenConnection(int client_node, int replica);
   void ClientSend(int conn, const wire::Request& r);
   void CutConnection(int conn);
-  void OnAppended(uint64_t lsn, const Record& r);
-  void OnCommittedLsn(uint64_t lsn) { committed_lsn_ = std::max(committed_lsn_, lsn); }
+  void OnAppended(int replica, uint64_t lsn, const Record& r);
+  void OnCommittedLsn(int replica, uint64_t lsn) {
+    committed_lsn_ = std::max(committed_lsn_, lsn);
+    if (replica == current_) current_committed_lsn_ = std::max(current_committed_lsn_, lsn);
+  }
   void OnDiskFault() {
     ++result_.disk_faults;
     // An operator restarts lockd once the disk is fixed.
     world_.At(world_.now() + Ns(rng_.Between(absl::Milliseconds(200), absl::Seconds(1))),
-              env_node_, [this] { Crash(); });
+              env_node_, [this] { Crash(0); });
+  }
+  // With FENCELOCK_SIM_TRACE set, what the replicas and etcd do goes to stderr (for a failing
+  // seed's story); it changes nothing in the run.
+  void Trace(const std::string& line) {
+    if (trace_) std::fprintf(stderr, "t=%.6fs %s\n", world_.now() / 1e9, line.c_str());
   }
   void Fail(const std::string& what) {
+    // The same violation seen twice (as the core reports an act and as its reply leaves) once.
+    if (!failed_.insert(what).second) return;
     if (result_.failures.size() < 20) {
       result_.failures.push_back(absl::StrFormat("t=%.6fs: %s", world_.now() / 1e9, what));
     }
@@ -395,22 +261,80 @@ class Simulation {
   // Since when (true time) lockd has run without a restart or a pause: leases it restored
   // or postponed run their full TTL from then.
   int64_t lockd_undisturbed_since() {
-    return std::max(lockd_started_at_, world_.node(kLockd).paused_until);
+    if (current_ < 0) return world_.now();
+    const Replica& r = replicas_[current_];
+    return std::max(r.started_at, world_.node(r.node).paused_until);
   }
   // Whether lockd ended `session` on its own (the fault EndASession): until its client hears
   // so, its leases may overlap another's.
   bool ended_by_fault(SessionId session) const { return ended_sessions_.contains(session); }
   // Who holds `lock` on lockd now; nullptr when it is free or lockd is down.
   const server::HolderState* Holder(const std::string& lock) const {
-    return core_ ? core_->service().state().FindHolder(lock) : nullptr;
+    const ServerCore* core = ServingCore();
+    return core ? core->service().state().FindHolder(lock) : nullptr;
   }
+  // The address clients dial for replica `i`.
+  std::string ReplicaAddress(int i) const { return absl::StrCat("lockd-", i, ":7420"); }
+  int replica_count() const { return replica_count_; }
+  bool on_etcd() const { return replica_count_ > 1; }
+  // How likely a client is to release a lock it holds at each step of its work.
+  double release_chance() const { return long_holders_ ? 0.002 : 0.15; }
 
   class Sink;
 
  private:
+  // A lockd replica: node i, one process at a time (a new incarnation after each crash or exit).
+  struct Replica {
+    int node = 0;
+    std::unique_ptr<NodeTime> time;
+    std::unique_ptr<ServerCore> core;  // serving, or (on etcd) a standby's while it waits
+    uint64_t core_gen = 0;             // counts the cores it had, so that none is mistaken
+    std::unique_ptr<LoopTime> standby_loop;  // the standby core's own loop, gone with it
+    bool up = false;                   // accepting connections
+    bool serving = false;              // `core` serves the state
+    int64_t started_at = 0;            // true time it began to serve
+    // On etcd:
+    uint64_t incarnation = 0;
+    std::string owner;                 // what it writes into P/owner
+    std::shared_ptr<bool> dead;        // set at a crash: nothing more reaches etcd
+    std::unique_ptr<server::EtcdLogOpening> opening;
+    MonoTime owned_until = MonoTime::Min();  // the ownership deadline the log last reported
+  };
+
+  // The core of the replica serving now, or nullptr.
+  const ServerCore* ServingCore() const {
+    return current_ >= 0 && replicas_[current_].serving ? replicas_[current_].core.get() : nullptr;
+  }
+  ServerCore* ServingCore() {
+    return current_ >= 0 && replicas_[current_].serving ? replicas_[current_].core.get() : nullptr;
+  }
+  ServerCore* CoreOf(int conn) { return replicas_[conns_[conn]->replica].core.get(); }
+  int NodeOf(int conn) const { return replicas_[conns_[conn]->replica].node; }
+  SimClient* ClientAt(int node) { return clients_[node - replica_count_].get(); }
+
   void StartLockd();
-  void Crash();
+  void Crash(int replica);
+  // On etcd: a replica process starts, standing by until it owns the prefix.
+  void StartReplica(int i);
+  void OnReplicaOpened(int i, absl::StatusOr<server::OpenedCommitLog> opened);
+  // The replica's process ends (a crash: `crashed`; else it gave its ownership back) and a
+  // supervisor starts it again a moment later.
+  void StopReplica(int i, bool crashed);
+  // Checks of the replicas: what they act on, and who commits in etcd.
+  // `leaving`: the reply leaves the replica now (else it was handed to the reply gate, which
+  // holds it until what it reflects is committed).
+  void CheckAct(int i, server::Act::Kind kind, const std::string& lock, uint64_t token,
+                bool leaving);
+  void OnEtcdEvent(const etcdserverpb::Event& e);
+  // P/sequences as etcd holds it now.
+  server::Sequences EtcdSequences();
+  // Recovery gives exactly the committed log; nothing acknowledged is lost.
+  void CheckRecovered(const server::OpenedCommitLog& opened, MonoTime now, const std::string& who);
+  server::CoreOptions CoreOptionsFor(bool standby);
   void ScheduleFaults();
+  // The simulated etcd's: elections, replies lost after commits, a slow member, a replica cut
+  // off from etcd, NOSPACE, and P/owner deleted by hand.
+  void ScheduleEtcdFaults();
   // lockd loses a client's session while the client still holds its leases, as a replica that
   // lost it would: the client's connection is cut, and the session is ended at once (by a
   // stranger with its secret) before the client can resume it.
@@ -419,7 +343,7 @@ class Simulation {
   int RandomOpenConnection();
   void DeliverToLockd(int conn, std::string payload, wire::Request request);
   // Runs one lockd event with the FIFO check around it.
-  void RunLockdEvent(const std::function<void()>& fn);
+  void RunLockdEvent(int node, const std::function<void()>& fn);
   void CheckReplyGate(int conn, std::string_view frames);
 
   SimOptions options_;
@@ -427,9 +351,16 @@ class Simulation {
   Rng secrets_;  // session secrets, apart from rng_ so that they change no other draw
   World world_;
   SimResult result_;
+  const int replica_count_;
+  const bool trace_ = std::getenv("FENCELOCK_SIM_TRACE") != nullptr;
+  // On etcd, some runs have holders that keep their locks for seconds: long stretches with
+  // nothing to commit, only renewals and confirmations.
+  bool long_holders_ = false;
+  std::set<std::string> failed_;
   SimDisk disk_;
-  std::unique_ptr<NodeTime> lockd_time_;
-  std::unique_ptr<ServerCore> core_;
+  std::vector<Replica> replicas_;
+  int current_ = -1;  // the replica that began to serve last
+  uint64_t current_committed_lsn_ = 0;  // the highest lsn it reported committed
   std::vector<std::unique_ptr<Sink>> sinks_;
   std::vector<std::unique_ptr<Connection>> conns_;
   std::vector<std::unique_ptr<SimClient>> clients_;
@@ -449,13 +380,23 @@ class Simulation {
   std::set<SessionId> ended_sessions_;
   std::set<std::tuple<uint64_t, uint64_t, std::string>> stale_;  // conn, request, lock
   std::vector<std::pair<std::string, SessionId>> grants_this_event_;
-  bool lockd_up_ = false;
-  int64_t lockd_started_at_ = 0;
   int64_t handoff_at_ = 0;  // when the log's last completion reaches lockd's thread
   const int env_node_;
   // One-way partitions of a client's link: nothing it sends (or nothing sent to it) arrives
   // before these true times; TCP then delivers what was sent, in order.
   std::map<int, int64_t> blocked_to_server_, blocked_to_client_;
+  // The simulated etcd (replicas > 1).
+  std::unique_ptr<WorldClock> etcd_clock_;
+  std::unique_ptr<SimEtcd> etcd_;
+  std::unique_ptr<EtcdNet> etcd_net_;
+  std::string etcd_owner_;                  // P/owner's value now
+  bool deleting_by_hand_ = false;
+  struct OwnerKey {
+    int64_t created = 0;
+    int64_t gone = INT64_MAX;
+    bool by_hand = false;
+  };
+  std::map<std::string, OwnerKey> owner_keys_;  // by P/owner value
 };
 
 class Simulation::Sink final : public ConnectionSink {
@@ -476,7 +417,7 @@ void RecordingLog::Append(const Record& record) {
   inner_->Append(record);
   if (inner_->last_lsn() == before) return;  // renewals are not logged
   batch_last_lsn_[inner_->newest_batch()] = inner_->last_lsn();
-  sim_->OnAppended(inner_->last_lsn(), record);
+  sim_->OnAppended(replica_, inner_->last_lsn(), record);
 }
 
 void RecordingLog::OnCommitted(uint64_t batch) {
@@ -492,40 +433,42 @@ void RecordingLog::OnCommitted(uint64_t batch) {
   }
   reported_ = std::max(reported_, batch);
   for (auto it = batch_last_lsn_.begin(); it != batch_last_lsn_.end() && it->first <= batch;) {
-    sim_->OnCommittedLsn(it->second);
+    sim_->OnCommittedLsn(replica_, it->second);
     it = batch_last_lsn_.erase(it);
   }
   listener_->OnCommitted(batch);
 }
 
 void RecordingLog::OnCommitFault(const absl::Status& status) {
-  sim_->OnDiskFault();
+  // On etcd a commit fault ends the replica's service (CoreOptions::on_ending_fault).
+  if (!sim_->on_etcd()) sim_->OnDiskFault();
   listener_->OnCommitFault(status);
 }
 
 // ---- the network ----
 
-int Simulation::OpenConnection(int client_node) {
+int Simulation::OpenConnection(int client_node, int replica) {
   const int id = static_cast<int>(conns_.size());
   auto c = std::make_unique<Connection>();
   c->client = client_node;
+  c->replica = replica;
   const int64_t arrive =
       std::max(world_.now() + Ns(rng_.Between(absl::Microseconds(50), absl::Microseconds(500))),
                blocked_to_server_[client_node]);
   c->last_to_server = arrive;
   conns_.push_back(std::move(c));
   sinks_.push_back(std::make_unique<Sink>(this, id));
-  if (!lockd_up_) {
+  if (!replicas_[replica].up) {
     // Nobody listens: the connection is refused.
     world_.At(arrive, client_node, [this, id] {
       conns_[id]->open = false;
-      if (conns_[id]->client != env_node_) clients_[conns_[id]->client - 1]->OnDisconnected(id);
+      if (conns_[id]->client != env_node_) ClientAt(conns_[id]->client)->OnDisconnected(id);
     });
     return id;
   }
-  world_.At(arrive, kLockd, [this, id] {
+  world_.At(arrive, replicas_[replica].node, [this, id] {
     if (!conns_[id]->open) return;
-    if (core_) conns_[id]->server_id = core_->Connect(sinks_[id].get());
+    if (ServerCore* core = CoreOf(id)) conns_[id]->server_id = core->Connect(sinks_[id].get());
   });
   return id;
 }
@@ -542,17 +485,18 @@ void Simulation::ClientSend(int conn, const wire::Request& r) {
                                world_.now() + NetworkDelay(rng_, options_.network_faults)});
   c.last_to_server = at;
   std::string payload = r.SerializeAsString();
-  world_.At(at, kLockd, [this, conn, payload = std::move(payload), r] {
+  world_.At(at, NodeOf(conn), [this, conn, payload = std::move(payload), r] {
     DeliverToLockd(conn, payload, r);
   });
 }
 
 void Simulation::DeliverToLockd(int conn, std::string payload, wire::Request request) {
   Connection& c = *conns_[conn];
-  if (!c.open || c.server_id == 0 || !core_) return;
+  ServerCore* core = CoreOf(conn);
+  if (!c.open || c.server_id == 0 || !core) return;
   world_.Mix(payload);
   // Which lock renewals and releases are stale on arrival: lockd must never accept those.
-  const auto& state = core_->service().state();
+  const auto& state = core->service().state();
   auto note = [&](const std::string& lock, FenceToken token) {
     const auto* h = state.FindHolder(lock);
     if (h == nullptr || h->token != token) stale_.insert({conn, request.request_id(), lock});
@@ -569,7 +513,7 @@ void Simulation::DeliverToLockd(int conn, std::string payload, wire::Request req
   } else if (request.has_validate()) {
     note(request.validate().lock(), request.validate().token());
   }
-  core_->Receive(c.server_id, std::span<const std::string>(&payload, 1));
+  core->Receive(c.server_id, std::span<const std::string>(&payload, 1));
 }
 
 void Simulation::Sink::Send(std::string_view frames) {
@@ -595,7 +539,7 @@ void Simulation::Sink::Send(std::string_view frames) {
         continue;
       }
       if (c.client == sim->env_node_) continue;  // a stranger's: nobody reads it
-      sim->clients_[c.client - 1]->OnResponse(conn, r);
+      sim->ClientAt(c.client)->OnResponse(conn, r);
       if (!c.open) break;
     }
   });
@@ -605,7 +549,7 @@ void Simulation::Sink::CloseAfterSend() {
   Simulation* sim = sim_;
   const int conn = conn_;
   const int64_t at = sim->conns_[conn]->last_to_client + 1;
-  sim->world_.At(at, kLockd, [sim, conn] { sim->CutConnection(conn); });
+  sim->world_.At(at, sim->NodeOf(conn), [sim, conn] { sim->CutConnection(conn); });
 }
 
 void Simulation::CutConnection(int conn) {
@@ -613,17 +557,20 @@ void Simulation::CutConnection(int conn) {
   if (!c.open) return;
   c.open = false;
   world_.Mix(static_cast<uint64_t>(conn) | (uint64_t{0xC} << 56));
-  if (c.server_id != 0 && core_) {
+  if (c.server_id != 0 && CoreOf(conn) != nullptr) {
     const ConnectionId id = c.server_id;
-    world_.At(world_.now() + Ns(absl::Microseconds(100)), kLockd,
-              [this, id] {
-                if (core_) core_->Disconnect(id);
+    const uint64_t gen = replicas_[c.replica].core_gen;
+    world_.At(world_.now() + Ns(absl::Microseconds(100)), NodeOf(conn),
+              [this, conn, id, gen] {
+                // Only the core it was connected to: a takeover replaces a standby's core.
+                const Replica& r = replicas_[conns_[conn]->replica];
+                if (r.core && r.core_gen == gen) r.core->Disconnect(id);
               });
   }
   const int client = c.client;
   world_.At(world_.now() + Ns(absl::Microseconds(100)), client,
             [this, conn, client] {
-              if (client != env_node_) clients_[client - 1]->OnDisconnected(conn);
+              if (client != env_node_) ClientAt(client)->OnDisconnected(conn);
             });
 }
 
@@ -637,71 +584,47 @@ void Simulation::StartLockd() {
                                             // Half the runs sync small batches on lockd's own
                                             // thread when no batch is in flight, as lockd does.
                                             .inline_sync_max_records = rng_.Chance(0.5) ? 4u : 0u,
-                                            .now = [this] { return lockd_time_->Now(); },
+                                            .now = [this] { return replicas_[0].time->Now(); },
                                             .log = [](const std::string&) {}};
   log_options.schedule_writer = [this](std::function<void()> step) {
     absl::Duration latency = rng_.Between(absl::Microseconds(100), absl::Milliseconds(1));
     if (options_.disk_faults && rng_.Chance(0.02)) {
       latency = rng_.Between(absl::Milliseconds(50), absl::Milliseconds(400));  // a slow sync
     }
-    world_.At(world_.now() + Ns(latency), kLockd, std::move(step));
+    world_.At(world_.now() + Ns(latency), replicas_[0].node, std::move(step));
   };
   // The writer hands its completions to lockd's thread across threads: they arrive in order,
   // each some microseconds later, and lockd may run other events (an inline sync) meanwhile.
   auto opened = server::OpenLocalCommitLog(
-      log_options, lockd_time_->Now(), [this](std::function<void()> f) {
+      log_options, replicas_[0].time->Now(), [this](std::function<void()> f) {
         handoff_at_ = std::max(handoff_at_, world_.now() + rng_.Between(0, Ns(absl::Microseconds(500))));
-        world_.At(handoff_at_, kLockd, std::move(f));
+        world_.At(handoff_at_, replicas_[0].node, std::move(f));
       });
   if (!opened.ok()) {
     Fail(absl::StrCat("lockd does not recover after a crash: ", opened.status().ToString()));
     return;
   }
-  // Nothing committed may be lost, and recovery must give exactly the log up to where it ends.
-  const uint64_t recovered_lsn = opened->log->last_lsn();
-  if (recovered_lsn < committed_lsn_) {
-    Fail(absl::StrCat("recovery ends at lsn ", recovered_lsn, " but lsn ", committed_lsn_,
-                      " was committed (acknowledged state lost)"));
-  }
-  appended_.erase(appended_.upper_bound(recovered_lsn), appended_.end());
-  max_token_appended_ = 0;
-  committed_lsn_ = recovered_lsn;
-  StateMachine replayed;
-  for (const auto& [lsn, r] : appended_) replayed.Apply(r, lockd_time_->Now());
-  if (replayed.DebugString() != opened->state.DebugString()) {
-    Fail(absl::StrCat("recovered state differs from the committed log: recovered {",
-                      opened->state.DebugString(), "} log {", replayed.DebugString(), "}"));
-  }
-  if (!acked_tokens_.empty() && opened->state.last_token() < *acked_tokens_.rbegin()) {
-    Fail(absl::StrCat("after recovery the next token would be ", opened->state.last_token() + 1,
-                      ", but token ", *acked_tokens_.rbegin(), " was acknowledged"));
-  }
-  opened->log = std::make_unique<RecordingLog>(std::move(opened->log), this);
-  server::CoreOptions core_options{
-      .service = server::ServiceOptions{.min_ttl = absl::Milliseconds(10),
-                                        .max_ttl = absl::Seconds(60),
-                                        .max_wait = absl::Seconds(60)},
-      .hello_timeout = absl::Seconds(2),
-      .stall_threshold = absl::Seconds(1),
-      .log = [](const std::string&) {},
-      .session_secrets = [this] {
-        std::string secret(16, '\0');
-        for (char& c : secret) c = static_cast<char>(secrets_.Next());
-        return secret;
-      }};
-  core_ = std::make_unique<ServerCore>(core_options, lockd_time_.get(), std::move(*opened));
-  core_->Start();
-  lockd_up_ = true;
-  lockd_started_at_ = world_.now();
+  CheckRecovered(*opened, replicas_[0].time->Now(), "lockd");
+  current_ = 0;
+  current_committed_lsn_ = committed_lsn_;
+  opened->log = std::make_unique<RecordingLog>(std::move(opened->log), this, 0);
+  Replica& r = replicas_[0];
+  r.core = std::make_unique<ServerCore>(CoreOptionsFor(false), r.time.get(), std::move(*opened));
+  ++r.core_gen;
+  r.core->Start();
+  r.up = r.serving = true;
+  r.started_at = world_.now();
 }
 
-void Simulation::Crash() {
-  if (!lockd_up_) return;
+void Simulation::Crash(int replica) {
+  if (on_etcd()) return StopReplica(replica, true);
+  if (!replicas_[0].up) return;
   ++result_.crashes;
   world_.Mix(uint64_t{0xDEAD});
-  lockd_up_ = false;
-  world_.Restart(kLockd);  // every pending lockd event (timers, disk steps, deliveries) is gone
-  core_.reset();
+  Replica& r = replicas_[0];
+  r.up = r.serving = false;
+  world_.Restart(r.node);  // every pending lockd event (timers, disk steps, deliveries) is gone
+  r.core.reset();
   renewals_.clear();  // none of them will be answered
   for (size_t i = 0; i < conns_.size(); ++i) {
     if (conns_[i]->open) {
@@ -714,10 +637,53 @@ void Simulation::Crash() {
     return rng_.Chance(0.5) ? 0 : rng_.Below(unsynced + 1);  // lost, or torn
   });
   const int64_t back = world_.now() + Ns(rng_.Between(absl::Milliseconds(50), absl::Seconds(1)));
-  world_.At(back, kLockd, [this] { StartLockd(); });
+  world_.At(back, replicas_[0].node, [this] { StartLockd(); });
 }
 
-void Simulation::OnAppended(uint64_t lsn, const Record& r) {
+server::CoreOptions Simulation::CoreOptionsFor(bool standby) {
+  server::CoreOptions options{
+      .service = server::ServiceOptions{.min_ttl = absl::Milliseconds(10),
+                                        .max_ttl = absl::Seconds(60),
+                                        .max_wait = absl::Seconds(60)},
+      .hello_timeout = absl::Seconds(2),
+      .stall_threshold = absl::Seconds(1),
+      .log = [](const std::string&) {},
+      .session_secrets = [this] {
+        std::string secret(16, '\0');
+        for (char& c : secret) c = static_cast<char>(secrets_.Next());
+        return secret;
+      }};
+  options.standby = standby;
+  return options;
+}
+
+void Simulation::CheckRecovered(const server::OpenedCommitLog& opened, MonoTime now,
+                                const std::string& who) {
+  // Nothing committed may be lost, and recovery must give exactly the log up to where it ends.
+  const uint64_t recovered_lsn = opened.log->last_lsn();
+  if (recovered_lsn < committed_lsn_) {
+    Fail(absl::StrCat(who, ": recovery ends at lsn ", recovered_lsn, " but lsn ", committed_lsn_,
+                      " was committed (acknowledged state lost)"));
+  }
+  appended_.erase(appended_.upper_bound(recovered_lsn), appended_.end());
+  max_token_appended_ = 0;
+  committed_lsn_ = recovered_lsn;
+  StateMachine replayed;
+  for (const auto& [lsn, r] : appended_) replayed.Apply(r, now);
+  if (replayed.DebugString() != opened.state.DebugString()) {
+    Fail(absl::StrCat(who, ": recovered state differs from the committed log: recovered {",
+                      opened.state.DebugString(), "} log {", replayed.DebugString(), "}"));
+  }
+  if (!acked_tokens_.empty() && opened.state.last_token() < *acked_tokens_.rbegin()) {
+    Fail(absl::StrCat(who, ": after recovery the next token would be ", opened.state.last_token() + 1,
+                      ", but token ", *acked_tokens_.rbegin(), " was acknowledged"));
+  }
+}
+
+void Simulation::OnAppended(int replica, uint64_t lsn, const Record& r) {
+  // A deposed replica's records are never committed (its transactions are guarded by its
+  // ownership; CheckTxn); only the serving one's count.
+  if (replica != current_) return;
   appended_[lsn] = r;
   if (const auto* g = std::get_if<server::record::LockGranted>(&r)) {
     // Within one run of lockd every grant takes a higher token; across crashes no grant may
@@ -751,12 +717,25 @@ void Simulation::CheckReplyGate(int conn, std::string_view frames) {
     }
     for (const auto& l : r.list().locks()) max_token_sent_ = std::max(max_token_sent_, l.token());
     if (r.code() != wire::OK) continue;
+    // On etcd every act is checked again as it leaves the replica, whatever the core said.
+    if (on_etcd() && conns_[conn]->client != env_node_) {
+      if (r.has_acquire() && r.acquire().granted()) {
+        CheckAct(conns_[conn]->replica, server::Act::kGrant, r.acquire().lock(), r.acquire().token(),
+                 true);
+      } else if (r.has_keep_alive()) {
+        CheckAct(conns_[conn]->replica, server::Act::kRenew, "-", 0, true);
+      } else if (r.has_validate()) {
+        CheckAct(conns_[conn]->replica, server::Act::kValidate, "-", 0, true);
+      }
+    }
+    // The lsns are the serving replica's; a deposed one's acts are CheckAct's.
+    if (conns_[conn]->replica != current_) continue;
     auto committed = [&](const std::map<uint64_t, uint64_t>& lsns, uint64_t key,
                          const char* what) {
       auto it = lsns.find(key);
-      if (it != lsns.end() && it->second > committed_lsn_) {
+      if (it != lsns.end() && it->second > current_committed_lsn_) {
         Fail(absl::StrCat("reply acknowledging ", what, " ", key, " left lockd before lsn ",
-                          it->second, " was committed (committed: ", committed_lsn_, ")"));
+                          it->second, " was committed (committed: ", current_committed_lsn_, ")"));
       }
     };
     if (r.has_acquire() && r.acquire().granted()) committed(grant_lsn_, r.acquire().token(), "grant of token");
@@ -783,23 +762,27 @@ void Simulation::CheckReplyGate(int conn, std::string_view frames) {
   }
 }
 
-void Simulation::RunLockdEvent(const std::function<void()>& fn) {
+void Simulation::RunLockdEvent(int node, const std::function<void()>& fn) {
   // FIFO: a grant to a waiter while an earlier waiter for the same lock stays queued skips it.
+  Replica& r = replicas_[node];
+  const uint64_t gen = r.core_gen;
+  const bool serving = r.serving;
   std::map<std::string, std::vector<SessionId>> before;
-  if (core_) {
+  if (serving) {
     for (int l = 0; l < options_.locks; ++l) {
       const std::string lock = absl::StrCat("lock-", l);
-      before[lock] = core_->service().QueuedSessions(lock);
+      before[lock] = r.core->service().QueuedSessions(lock);
     }
   }
   grants_this_event_.clear();
   fn();
-  if (!core_) return;
+  if (!serving || !r.serving || r.core_gen != gen) return;
+  ServerCore* core = r.core.get();
   for (const auto& [lock, session] : grants_this_event_) {
     const auto& queue = before[lock];
     auto pos = std::find(queue.begin(), queue.end(), session);
     if (pos == queue.end()) continue;  // not a waiter
-    const auto after = core_->service().QueuedSessions(lock);
+    const auto after = core->service().QueuedSessions(lock);
     for (auto it = queue.begin(); it != pos; ++it) {
       if (std::find(after.begin(), after.end(), *it) != after.end()) {
         Fail(absl::StrCat("lock ", lock, " went to waiting session ", session,
@@ -812,8 +795,23 @@ void Simulation::RunLockdEvent(const std::function<void()>& fn) {
 void Simulation::CheckHeld(int client, const std::string& lock, FenceToken token,
                            SessionId session) {
   ++result_.checks_passed;
-  if (!core_) return;
-  const auto* holder = core_->service().state().FindHolder(lock);
+  // On the simulated timeline, whatever lockd's state: no other client believes it holds the
+  // lock with another token right now (its own checkStillHeld would pass).
+  if (bounds_hold() && !ended_by_fault(session)) {
+    for (const auto& other : clients_) {
+      if (other->node() == client) continue;
+      const auto believed = other->Believes(lock);
+      if (believed && believed->first != token && !ended_by_fault(believed->second)) {
+        ++result_.overlaps;
+        Fail(absl::StrCat("client ", client, " passed checkStillHeld for ", lock, " with token ",
+                          token, " while client ", other->node(),
+                          " would pass it too with token ", believed->first));
+      }
+    }
+  }
+  const ServerCore* core = ServingCore();
+  if (core == nullptr) return;
+  const auto* holder = core->service().state().FindHolder(lock);
   if (holder == nullptr || holder->token == token) return;
   ++result_.overlaps;
   if (bounds_hold() && !ended_by_fault(session)) {
@@ -837,20 +835,29 @@ void Simulation::ScheduleFaults() {
   const int64_t end = Ns(options_.duration);
   if (options_.crashes) {
     for (int i = 0, n = static_cast<int>(rng_.Below(3)); i < n; ++i) {
-      world_.At(rng_.Between(Ns(absl::Seconds(1)), end), env_node_, [this] { Crash(); });
+      world_.At(rng_.Between(Ns(absl::Seconds(1)), end), env_node_, [this] {
+        // On etcd, mostly the serving replica.
+        int replica = 0;
+        if (on_etcd()) {
+          replica = current_ >= 0 && rng_.Chance(0.7) ? current_
+                                                     : static_cast<int>(rng_.Below(replica_count_));
+        }
+        Crash(replica);
+      });
     }
   }
   if (options_.network_faults && rng_.Chance(0.2)) {
     world_.At(rng_.Between(Ns(absl::Seconds(1)), end), env_node_, [this] { EndASession(); });
   }
-  if (options_.disk_faults && rng_.Chance(0.25)) {
+  if (options_.disk_faults && !on_etcd() && rng_.Chance(0.25)) {
     world_.At(rng_.Between(Ns(absl::Seconds(1)), end), env_node_, [this] {
-      if (lockd_up_) disk_.FailNextSync();
+      if (replicas_[0].up) disk_.FailNextSync();
     });
   }
+  if (on_etcd()) ScheduleEtcdFaults();
   if (options_.pauses) {
     for (int i = 0, n = static_cast<int>(rng_.Below(4)); i < n; ++i) {
-      const int node = static_cast<int>(rng_.Below(options_.clients + 1));
+      const int node = static_cast<int>(rng_.Below(replica_count_ + options_.clients));
       const int64_t at = rng_.Between(0, end);
       const int64_t length = Ns(rng_.Between(absl::Milliseconds(300), absl::Seconds(6)));
       // The pause itself is not an event of the node: it happens to it.
@@ -890,7 +897,7 @@ void Simulation::ScheduleFaults() {
     for (int i = 0, n = static_cast<int>(rng_.Below(8)); i < n; ++i) {
       // A one-way partition of a client's whole link, across its reconnects.
       world_.At(rng_.Between(0, end), env_node_, [this] {
-        const int client = 1 + static_cast<int>(rng_.Below(options_.clients));
+        const int client = replica_count_ + static_cast<int>(rng_.Below(options_.clients));
         const int64_t heal = world_.now() + Ns(rng_.Between(absl::Milliseconds(200), absl::Seconds(4)));
         auto& blocked = rng_.Chance(0.5) ? blocked_to_server_ : blocked_to_client_;
         blocked[client] = std::max(blocked[client], heal);
@@ -901,7 +908,7 @@ void Simulation::ScheduleFaults() {
 }
 
 void Simulation::EndASession() {
-  if (!core_) return;
+  if (ServingCore() == nullptr) return;
   // A session with a lock held.
   std::vector<SessionId> candidates;
   for (int l = 0; l < options_.locks; ++l) {
@@ -920,6 +927,7 @@ void Simulation::EndASession() {
   const int stranger = static_cast<int>(conns_.size());
   auto c = std::make_unique<Connection>();
   c->client = env_node_;
+  c->replica = current_;
   conns_.push_back(std::move(c));
   sinks_.push_back(std::make_unique<Sink>(this, stranger));
   std::vector<std::string> payloads;
@@ -932,39 +940,64 @@ void Simulation::EndASession() {
   r = protocol::request::Close(session);
   r.set_request_id(3);
   payloads.push_back(r.SerializeAsString());
-  world_.At(world_.now(), kLockd, [this, stranger, payloads = std::move(payloads)] {
-    if (!core_ || !conns_[stranger]->open) return;
-    conns_[stranger]->server_id = core_->Connect(sinks_[stranger].get());
-    core_->Receive(conns_[stranger]->server_id, std::span<const std::string>(payloads));
+  world_.At(world_.now(), NodeOf(stranger), [this, stranger, payloads = std::move(payloads)] {
+    ServerCore* core = CoreOf(stranger);
+    if (core == nullptr || !conns_[stranger]->open) return;
+    conns_[stranger]->server_id = core->Connect(sinks_[stranger].get());
+    core->Receive(conns_[stranger]->server_id, std::span<const std::string>(payloads));
   });
 }
 
 SimResult Simulation::Run() {
   const int64_t bound_ppm = static_cast<int64_t>(options_.clock_rate_bound * 1e6);
-  for (int n = 0; n <= options_.clients; ++n) {
+  for (int n = 0; n < replica_count_ + options_.clients; ++n) {
     World::Node& node = world_.node(n);
     node.rate_ppm = rng_.Between(-bound_ppm, bound_ppm);
     node.origin = Ns(absl::Hours(1)) + rng_.Between(0, Ns(absl::Hours(100)));
   }
-  if (options_.lockd_fast_clock > 0) {
-    world_.node(kLockd).rate_ppm = static_cast<int64_t>(options_.lockd_fast_clock * 1e6);
+  replicas_.resize(replica_count_);
+  for (int i = 0; i < replica_count_; ++i) {
+    if (options_.lockd_fast_clock > 0) {
+      world_.node(i).rate_ppm = static_cast<int64_t>(options_.lockd_fast_clock * 1e6);
+    }
+    replicas_[i].node = i;
+    replicas_[i].time = std::make_unique<NodeTime>(&world_, i);
   }
-  lockd_time_ = std::make_unique<NodeTime>(&world_, kLockd);
-  if (absl::Status s = server::InitDataDir(&disk_, kDataDir, 16 << 10); !s.ok()) {
-    Fail(absl::StrCat("init: ", s.ToString()));
-    return result_;
+  if (on_etcd()) {
+    long_holders_ = rng_.Chance(0.3);
+    etcd_clock_ = std::make_unique<WorldClock>(&world_);
+    etcd_ = std::make_unique<SimEtcd>(etcd_clock_.get());
+    etcd_net_ = std::make_unique<EtcdNet>(&world_, &rng_, env_node_, etcd_.get());
+    etcd_->SetObserver([this](const etcdserverpb::Event* e) {
+      etcd_net_->OnChange();
+      if (e != nullptr) OnEtcdEvent(*e);
+    });
+    server::EtcdCommitLogOptions init{.prefix = kPrefix, .reservation_block = 7};
+    if (absl::Status s = server::InitEtcdPrefixOn(init, *etcd_->Connect("init")); !s.ok()) {
+      Fail(absl::StrCat("init: ", s.ToString()));
+      return result_;
+    }
+    for (int i = 0; i < replica_count_; ++i) {
+      world_.At(i == 0 ? 0 : rng_.Between(0, Ns(absl::Milliseconds(300))), i,
+                [this, i] { StartReplica(i); });
+    }
+  } else {
+    if (absl::Status s = server::InitDataDir(&disk_, kDataDir, 16 << 10); !s.ok()) {
+      Fail(absl::StrCat("init: ", s.ToString()));
+      return result_;
+    }
+    RunLockdEvent(0, [&] { StartLockd(); });
   }
-  RunLockdEvent([&] { StartLockd(); });
-  for (int c = 1; c <= options_.clients; ++c) {
-    clients_.push_back(std::make_unique<SimClient>(this, c, &world_, &rng_));
+  for (int c = 0; c < options_.clients; ++c) {
+    clients_.push_back(std::make_unique<SimClient>(this, replica_count_ + c, &world_, &rng_));
   }
   for (auto& c : clients_) c->Start();
   ScheduleFaults();
   const int64_t end = Ns(options_.duration);
   while (result_.ok &&
          world_.Step(end, [this](int node, const std::function<void()>& fn) {
-           if (node == kLockd) {
-             RunLockdEvent(fn);
+           if (node < replica_count_) {
+             RunLockdEvent(node, fn);
            } else {
              fn();
            }
@@ -972,17 +1005,350 @@ SimResult Simulation::Run() {
   }
   result_.events = world_.events();
   result_.trace_hash = world_.hash();
-  // Timers and clients refer to the core: tear down in order.
-  core_.reset();
+  // Timers and clients refer to the cores: tear down in order. Nothing more reaches etcd.
+  for (Replica& r : replicas_) {
+    if (r.dead) *r.dead = true;
+    r.core.reset();
+    r.standby_loop.reset();
+    r.opening.reset();
+  }
   clients_.clear();
   return result_;
+}
+
+// ---- replicas on the simulated etcd ----
+
+void Simulation::StartReplica(int i) {
+  Replica& r = replicas_[i];
+  ++r.incarnation;
+  r.dead = std::make_shared<bool>(false);
+  r.owner = absl::StrCat("lockd-", i, " #", r.incarnation, " (tcp ", ReplicaAddress(i), ")");
+  r.owned_until = MonoTime::Min();
+  world_.Mix(r.owner);
+  Trace(absl::StrCat(r.owner, " starts"));
+  // It listens at once, answering NOT_LEADER (naming the owner once it knows it) while it
+  // waits for the prefix, as `lockd serve --etcd-standby` does.
+  server::OpenedCommitLog nothing;
+  nothing.log = server::StandbyCommitLog(kPrefix);
+  r.standby_loop = std::make_unique<LoopTime>(r.time.get());
+  r.core = std::make_unique<ServerCore>(CoreOptionsFor(true), r.standby_loop.get(), std::move(nothing));
+  ++r.core_gen;
+  r.core->Start();
+  r.up = true;
+  r.serving = false;
+  server::EtcdCommitLogOptions o{.endpoints = {"sim-etcd-0", "sim-etcd-1", "sim-etcd-2"},
+                                 .prefix = kPrefix,
+                                 .reservation_block = kReservationBlock,
+                                 .request_timeout = kEtcdRequestTimeout,
+                                 .owner_ttl = kOwnerTtl,
+                                 .owner_wait = absl::InfiniteDuration(),
+                                 .snapshot_min_bytes = 8 << 10,
+                                 .max_value_bytes = 4 << 10,
+                                 .owner = r.owner,
+                                 .member_probe = absl::ZeroDuration()};
+  const uint64_t incarnation = r.incarnation;
+  o.on_owned = [this, i, incarnation](MonoTime, MonoTime until) {
+    Replica& r = replicas_[i];
+    if (r.incarnation != incarnation) return;
+    r.owned_until = until;
+    // lockd gives up before etcd could: the deadline comes before etcd's own expiry of the
+    // lease P/owner is on.
+    const auto key = etcd_->Get(absl::StrCat(kPrefix, "/owner"));
+    if (!key || key->value() != r.owner) return;
+    const auto expires = etcd_->LeaseExpiresAt(key->lease());
+    const int64_t deadline = r.time->TrueTimeOf(until);
+    if (expires && deadline > expires->nanos()) {
+      Fail(absl::StrCat(r.owner, " holds its ownership until ", deadline / 1e9,
+                        " s, after etcd's expiry of its lease at ", expires->nanos() / 1e9, " s"));
+    }
+  };
+  o.on_standby = [this, i, incarnation](const std::string& owner) {
+    Replica& r = replicas_[i];
+    if (r.incarnation != incarnation || r.serving || !r.core) return;
+    // "lockd-<j> #<n> (tcp lockd-<j>:7420)": the address is what the clients dial.
+    const size_t at = owner.rfind("(tcp ");
+    r.core->SetStandbyLeader(at == std::string::npos ? "" : owner.substr(at + 5, owner.size() - at - 6),
+                             owner);
+  };
+  o.log = [this, i](const std::string& line) {
+    world_.Mix(line);
+    Trace(absl::StrCat("lockd-", i, " log: ", line));
+  };
+  const std::string owner = r.owner;
+  EtcdNet::TxnCheck check;
+  auto before = std::make_shared<std::string>();
+  check.before = [this, before](const etcdserverpb::TxnRequest&) { *before = etcd_owner_; };
+  check.after = [this, before, owner](const etcdserverpb::TxnRequest& request,
+                                      const absl::StatusOr<etcdserverpb::TxnResponse>& response) {
+    if (!response.ok() || !response->succeeded() || *before == owner) return;
+    // Only the owner's transactions may change lockd's state under the prefix.
+    for (const auto& op : request.success()) {
+      const std::string& key = op.has_request_put() ? op.request_put().key()
+                               : op.has_request_delete_range() ? op.request_delete_range().key()
+                                                               : std::string();
+      if (key.empty() || key == absl::StrCat(kPrefix, "/owner")) continue;
+      Fail(absl::StrCat(owner, " committed a write of ", key, " while ",
+                        before->empty() ? std::string("nobody") : *before, " owned the prefix"));
+      return;
+    }
+  };
+  r.opening = server::OpenEtcdCommitLogOn(
+      o, r.time.get(), etcd_net_->Connect(r.node, absl::StrCat("lockd-", i), kEtcdRequestTimeout, r.dead,
+                                          std::move(check)),
+      [this, i](absl::StatusOr<server::OpenedCommitLog> opened) {
+        OnReplicaOpened(i, std::move(opened));
+      });
+}
+
+void Simulation::OnReplicaOpened(int i, absl::StatusOr<server::OpenedCommitLog> opened) {
+  Replica& r = replicas_[i];
+  if (!opened.ok()) {
+    world_.Mix(opened.status().ToString());
+    if (opened.status().code() == absl::StatusCode::kDataLoss ||
+        opened.status().code() == absl::StatusCode::kInvalidArgument) {
+      Fail(absl::StrCat(r.owner, " cannot restore the state: ", opened.status().ToString()));
+    }
+    // It exits, and its supervisor starts it again.
+    return StopReplica(i, false);
+  }
+  Trace(absl::StrCat(r.owner, " serves"));
+  CheckRecovered(*opened, r.time->Now(), absl::StrCat(r.owner, " taking over"));
+  // Before it answers anyone, a new owner reserves a block of tokens and session ids above
+  // everything it restored.
+  const server::Sequences reserved = EtcdSequences();
+  if (reserved.token_hwm < opened->state.last_token() + kReservationBlock ||
+      reserved.session_hwm < opened->state.last_session_id() + kReservationBlock) {
+    Fail(absl::StrCat(r.owner, " serves with P/sequences at token ", reserved.token_hwm,
+                      " and session ", reserved.session_hwm, ", not a block above the restored token ",
+                      opened->state.last_token(), " and session ", opened->state.last_session_id()));
+  }
+  ++result_.takeovers;
+  // The standby's connections close; the same port serves from now on.
+  for (size_t c = 0; c < conns_.size(); ++c) {
+    if (conns_[c]->open && conns_[c]->replica == i) CutConnection(static_cast<int>(c));
+  }
+  renewals_.clear();
+  grant_lsn_.clear();
+  session_lsn_.clear();
+  current_ = i;
+  current_committed_lsn_ = committed_lsn_;
+  opened->log = std::make_unique<RecordingLog>(std::move(opened->log), this, i);
+  server::CoreOptions options = CoreOptionsFor(false);
+  const uint64_t incarnation = r.incarnation;
+  options.on_act = [this, i](const server::Act& act) {
+    if (trace_) Trace(absl::StrCat("lockd-", i, " act ", act.kind, " ", act.key, " token ", act.token, " at ",
+                       act.at.nanos(), " owned until ", act.owned_until.nanos()));
+    CheckAct(i, act.kind, act.key, act.token, false);
+  };
+  options.on_ending_fault = [this, i, incarnation](const absl::Status& fault) {
+    Replica& r = replicas_[i];
+    if (r.incarnation != incarnation) return;
+    world_.Mix(fault.ToString());
+    // It stops accepting, refuses what it held, closes its connections 200 ms later, gives its
+    // lease back and exits (status 3); a supervisor starts it again.
+    r.up = false;
+    world_.At(world_.now() + Ns(absl::Milliseconds(200)), r.node, [this, i, incarnation] {
+      if (replicas_[i].incarnation == incarnation) StopReplica(i, false);
+    });
+  };
+  r.core = std::make_unique<ServerCore>(options, r.time.get(), std::move(*opened));
+  r.standby_loop.reset();
+  ++r.core_gen;
+  r.core->Start();
+  r.serving = true;
+  r.started_at = world_.now();
+}
+
+void Simulation::StopReplica(int i, bool crashed) {
+  Replica& r = replicas_[i];
+  if (!r.core && !r.opening) return;
+  world_.Mix(uint64_t{crashed ? 0xDEADu : 0xE817u} | (uint64_t(i) << 32));
+  Trace(absl::StrCat(r.owner, crashed ? " crashes" : " exits"));
+  if (crashed) {
+    ++result_.crashes;
+    *r.dead = true;  // what it sent still arrives; nothing more leaves
+    world_.Restart(r.node);
+  }
+  r.up = false;
+  r.serving = false;
+  for (size_t c = 0; c < conns_.size(); ++c) {
+    if (conns_[c]->open && conns_[c]->replica == i) {
+      conns_[c]->server_id = 0;
+      CutConnection(static_cast<int>(c));
+    }
+  }
+  // A clean exit gives the lease back (the log's destructor revokes it); a crash cannot.
+  r.core.reset();
+  r.standby_loop.reset();
+  r.opening.reset();
+  *r.dead = true;
+  if (!crashed) world_.Restart(r.node);
+  const int64_t back = world_.now() + Ns(rng_.Between(absl::Milliseconds(100), absl::Seconds(2)));
+  world_.At(back, r.node, [this, i] { StartReplica(i); });
+}
+
+void Simulation::CheckAct(int i, server::Act::Kind kind, const std::string& lock,
+                          uint64_t token, bool leaving) {
+  if (kind == server::Act::kFencedOut) return;
+  static constexpr const char* kWhat[] = {"a grant", "a renewal", "a confirmation (Validate)"};
+  const Replica& r = replicas_[i];
+  const std::string what =
+      absl::StrCat(r.owner, " answered ", kWhat[kind], lock == "-" ? "" : " of ", lock == "-" ? "" : lock,
+                   token != 0 ? absl::StrCat(" (token ", token, ")") : "");
+  if (!r.serving) Fail(absl::StrCat(what, " while not serving"));
+  if (current_ != i) {
+    Fail(absl::StrCat(what, " after ", replicas_[current_].owner, " took over"));
+  }
+  if (r.time->Now() >= r.owned_until) {
+    Fail(absl::StrCat(what, " at ", r.time->Now().nanos(), " on its clock, at or after its ownership deadline ",
+                      r.owned_until.nanos()));
+  }
+  // A token is reserved in etcd before it is handed out.
+  if (leaving && kind == server::Act::kGrant && token > EtcdSequences().token_hwm) {
+    Fail(absl::StrCat(what, " above the reservation in P/sequences (", EtcdSequences().token_hwm, ")"));
+  }
+  auto key = owner_keys_.find(r.owner);
+  if (key == owner_keys_.end()) return Fail(absl::StrCat(what, " without ever owning the prefix"));
+  const int64_t now = world_.now();
+  if (!key->second.by_hand && now >= key->second.gone) {
+    Fail(absl::StrCat(what, " ", (now - key->second.gone) / 1e6,
+                      " ms after etcd let its ownership go (its lease ran out or was revoked)"));
+  }
+  // Deleted by hand: it stops within its usable ownership (its deadline moves only while
+  // P/owner is its own), however long its lease lives.
+  const int64_t usable = static_cast<int64_t>(Ns(kOwnerTtl) * (1 - server::kEtcdOwnerMargin) *
+                                              (1 + 2 * options_.clock_rate_bound));
+  if (key->second.by_hand && now >= key->second.gone + usable) {
+    Fail(absl::StrCat(what, " ", (now - key->second.gone) / 1e6,
+                      " ms after its P/owner was deleted by hand"));
+  }
+}
+
+server::Sequences Simulation::EtcdSequences() {
+  const auto kv = etcd_->Get(absl::StrCat(kPrefix, "/sequences"));
+  if (!kv) return {};
+  auto decoded = server::DecodeSequences("P/sequences", kv->value());
+  if (!decoded.ok()) {
+    Fail(absl::StrCat("P/sequences does not decode: ", decoded.status().ToString()));
+    return {};
+  }
+  return *decoded;
+}
+
+void Simulation::OnEtcdEvent(const etcdserverpb::Event& e) {
+  if (e.kv().key() != absl::StrCat(kPrefix, "/owner")) return;
+  const int64_t now = world_.now();
+  Trace(absl::StrCat("etcd: P/owner ", etcdserverpb::Event::EventType_Name(e.type()), " ",
+                     e.kv().value(), deleting_by_hand_ ? " (by hand)" : ""));
+  auto gone = [&] {
+    if (etcd_owner_.empty()) return;
+    OwnerKey& k = owner_keys_[etcd_owner_];
+    k.gone = std::min(k.gone, now);
+    k.by_hand = deleting_by_hand_;
+  };
+  if (e.type() == etcdserverpb::Event::DELETE) {
+    gone();
+    etcd_owner_.clear();
+    return;
+  }
+  if (e.kv().value() == etcd_owner_ && e.kv().create_revision() != e.kv().mod_revision()) return;
+  gone();
+  etcd_owner_ = e.kv().value();
+  // A replica that lost its key while it waited to take over may create it again. One that
+  // served keeps its record: it must not act on a key it lost, whatever comes after.
+  const bool serving = current_ >= 0 && replicas_[current_].owner == etcd_owner_ &&
+                       replicas_[current_].serving;
+  if (!serving) owner_keys_[etcd_owner_] = OwnerKey{.created = now};
+}
+
+void Simulation::ScheduleEtcdFaults() {
+  const int64_t end = Ns(options_.duration);
+  const std::string owner_key = absl::StrCat(kPrefix, "/owner");
+  for (int i = 0, n = static_cast<int>(rng_.Below(3)); i < n; ++i) {
+    // A leader election: etcd answers nothing for a while.
+    const int64_t at = rng_.Between(0, end);
+    const int64_t length = Ns(rng_.Between(absl::Milliseconds(100), absl::Seconds(3)));
+    world_.At(at, env_node_, [this, length] {
+      ++result_.etcd_faults;
+      etcd_->SetUnavailable(true);
+      world_.At(world_.now() + length, env_node_, [this] { etcd_->SetUnavailable(false); });
+    });
+  }
+  for (int i = 0, n = static_cast<int>(rng_.Below(4)); i < n; ++i) {
+    world_.At(rng_.Between(0, end), env_node_, [this] {
+      ++result_.etcd_faults;
+      etcd_->LoseRepliesAfterCommit(1 + static_cast<int>(rng_.Below(3)));
+    });
+  }
+  for (int i = 0, n = static_cast<int>(rng_.Below(3)); i < n; ++i) {
+    // A slow member: calls take up to 600 ms each way, some past the request timeout.
+    const int64_t at = rng_.Between(0, end);
+    const int64_t length = Ns(rng_.Between(absl::Milliseconds(300), absl::Seconds(4)));
+    world_.At(at, env_node_, [this, length] {
+      ++result_.etcd_faults;
+      etcd_net_->SlowUntil(world_.now() + length);
+    });
+  }
+  for (int i = 0, n = static_cast<int>(rng_.Below(3)); i < n; ++i) {
+    // One replica cut off from etcd (not from its clients).
+    const int64_t at = rng_.Between(0, end);
+    const int64_t length = Ns(rng_.Between(absl::Milliseconds(200), absl::Seconds(4)));
+    const int replica = static_cast<int>(rng_.Below(replica_count_));
+    world_.At(at, env_node_, [this, length, replica] {
+      ++result_.etcd_faults;
+      const std::string name = absl::StrCat("lockd-", replica);
+      etcd_->Partition(name, true);
+      world_.At(world_.now() + length, env_node_, [this, name] { etcd_->Partition(name, false); });
+    });
+  }
+  for (int i = 0, n = static_cast<int>(rng_.Below(3)); i < n; ++i) {
+    // The serving replica stalls while a lease renewal of its is in flight.
+    const int64_t at = rng_.Between(0, end);
+    const int64_t length = Ns(rng_.Chance(0.5) ? rng_.Between(absl::Milliseconds(300), absl::Seconds(1))
+                                               : rng_.Between(absl::Seconds(1), absl::Seconds(3)));
+    world_.At(at, env_node_, [this, length] {
+      if (current_ < 0) return;
+      ++result_.etcd_faults;
+      etcd_net_->StallAtNextRenewal(replicas_[current_].node, length);
+    });
+  }
+  if (rng_.Chance(0.1)) {
+    const int64_t at = rng_.Between(0, end);
+    const int64_t length = Ns(rng_.Between(absl::Milliseconds(200), absl::Seconds(2)));
+    world_.At(at, env_node_, [this, length] {
+      ++result_.etcd_faults;
+      etcd_->SetNoSpace(true);
+      world_.At(world_.now() + length, env_node_, [this] { etcd_->SetNoSpace(false); });
+    });
+  }
+  if (rng_.Chance(0.3)) {
+    // An operator deletes P/owner by hand (etcdctl del).
+    // Half the time while the standbys are cut off from etcd for a moment: nobody takes over
+    // and revokes the lease the key was on, so only the serving replica's own watch and its
+    // reads of the key end its service.
+    const bool alone = rng_.Chance(0.5);
+    const int64_t cut = Ns(rng_.Between(absl::Seconds(1), absl::Seconds(3)));
+    world_.At(rng_.Between(Ns(absl::Seconds(1)), end), env_node_, [this, owner_key, alone, cut] {
+      ++result_.etcd_faults;
+      Trace(absl::StrCat("an operator deletes P/owner", alone ? ", the standbys cut off" : ""));
+      for (int i = 0; alone && i < replica_count_; ++i) {
+        if (i == current_) continue;
+        const std::string name = absl::StrCat("lockd-", i);
+        etcd_->Partition(name, true);
+        world_.At(world_.now() + cut, env_node_, [this, name] { etcd_->Partition(name, false); });
+      }
+      deleting_by_hand_ = true;
+      etcd_->Delete(owner_key);
+      deleting_by_hand_ = false;
+    });
+  }
 }
 
 // ---- the client ----
 
 void SimClient::Start() {
   client_core::CoreOptions options;
-  options.replicas = {"lockd:7420"};
+  for (int i = 0; i < sim_->replica_count(); ++i) options.replicas.push_back(sim_->ReplicaAddress(i));
   options.session_ttl = rng_->Between(absl::Seconds(2), absl::Seconds(5));
   options.safety_margin = sim_->options().safety_margin;
   options.request_timeout = kRequestTimeout;
@@ -1054,7 +1420,7 @@ void SimClient::Apply() {
 }
 
 void SimClient::Dial(const client_core::Dial& dial) {
-  dialing_ = sim_->OpenConnection(node_);
+  dialing_ = sim_->OpenConnection(node_, static_cast<int>(dial.replica));
   dial_replica_ = dial.replica;
   wire::Request hello = protocol::HelloRequest("sim-client");
   hello.set_request_id(hello_id_ = ++next_request_);
@@ -1090,7 +1456,8 @@ void SimClient::OnResponse(int conn, const wire::Response& r) {
     dialing_ = -1;
     dial_timeout_->Cancel();
     std::string leader;
-    auto version = protocol::ReadHelloReply(r, "lockd:7420", &leader);
+    auto version =
+        protocol::ReadHelloReply(r, sim_->ReplicaAddress(static_cast<int>(dial_replica_)), &leader);
     if (!version.ok()) {
       sim_->CutConnection(d);
       core_->OnDialFailed(time_.Now(), dial_replica_, version.status(), leader);
@@ -1271,7 +1638,7 @@ void SimClient::Work() {
     // The caller gives up waiting: the core withdraws the Acquire from the lock's queue.
     acquire_cancelled_ = core_->Cancel(now, acquire_op_);
     if (acquire_cancelled_ && acquire_rid_ != 0) withdrawn_acquires_.insert(acquire_rid_);
-  } else if (!held_.empty() && rng_->Chance(0.15)) {
+  } else if (!held_.empty() && rng_->Chance(sim_->release_chance())) {
     auto it = std::next(held_.begin(), static_cast<long>(rng_->Below(held_.size())));
     const Held held = it->second;
     const std::string lock = it->first;
@@ -1302,6 +1669,9 @@ std::string CheckOptions(const SimOptions& o) {
     return "--duration must be positive and at most 24h";
   }
   if (o.clients < 1 || o.clients > 1000) return "--clients must be 1 to 1000";
+  if (o.replicas < 1 || o.replicas > 3) {
+    return "--replicas must be 1 (lockd on its local log) or 2 to 3 (replicas on the simulated etcd)";
+  }
   if (o.locks < 1 || o.locks > 1000) return "--locks must be 1 to 1000";
   if (!(o.safety_margin > 0 && o.safety_margin < 1)) return "--margin must be in (0, 1)";
   if (!(o.clock_rate_bound >= 0 && o.clock_rate_bound < 0.5)) {
@@ -1323,6 +1693,7 @@ std::string ReplayCommand(const SimOptions& o) {
                                  absl::FormatDuration(o.duration), " --clients=", o.clients,
                                  " --locks=", o.locks, " --margin=", o.safety_margin,
                                  " --clock-rate-bound=", o.clock_rate_bound);
+  if (o.replicas != 1) absl::StrAppend(&cmd, " --replicas=", o.replicas);
   if (o.lockd_fast_clock > 0) absl::StrAppend(&cmd, " --lockd-fast-clock=", o.lockd_fast_clock);
   if (!o.network_faults) absl::StrAppend(&cmd, " --network-faults=false");
   if (!o.disk_faults) absl::StrAppend(&cmd, " --disk-faults=false");

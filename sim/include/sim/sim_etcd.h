@@ -18,7 +18,9 @@
 #define FENCELOCK_SIM_SIM_ETCD_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,6 +70,19 @@ class SimEtcd {
   void Put(const std::string& key, const std::string& value);
   // Leases currently alive.
   size_t leases() const;
+  // `key` as it is now, or nullopt.
+  std::optional<etcdserverpb::KeyValue> Get(const std::string& key) const;
+  // When lease `id` runs out on the clock, or nullopt if it is gone.
+  std::optional<MonoTime> LeaseExpiresAt(int64_t id) const;
+  // When the next lease runs out on the clock (MonoTime::Max() for none): Tick() then.
+  MonoTime NextExpiry() const;
+
+  // --- for a simulator on one thread ---
+  // `fn` is called after every change (with its event: a put, or a delete by a call, by hand or
+  // by a lease running out) and, with nullptr, after every fault set or lifted, so that open
+  // watches are polled (EtcdWatch::Poll). It runs while the cluster's lock is held: it must
+  // not call this object. Set it before any client connects.
+  void SetObserver(std::function<void(const etcdserverpb::Event*)> fn);
 
   struct Core;  // the cluster's state, shared with its clients and watches
 

@@ -37,6 +37,9 @@ struct SimOptions {
   uint64_t seed = 1;
   // Simulated duration of one run. Default: 20 s.
   absl::Duration duration = absl::Seconds(20);
+  // lockd replicas: 1 runs lockd on its local log over the simulated disk; 2 or 3 run replicas
+  // on the simulated etcd (sim_etcd.h), one serving and the others standing by. Default: 1.
+  int replicas = 1;
   // Clients, and the locks they contend for. Defaults: 4 and 3.
   int clients = 4;
   int locks = 3;
@@ -72,6 +75,8 @@ struct SimResult {
   uint64_t pauses = 0;
   uint64_t cuts = 0;
   uint64_t withdrawals = 0;           // queued Acquires lockd said it withdrew
+  uint64_t takeovers = 0;             // replicas that began to serve (on etcd)
+  uint64_t etcd_faults = 0;           // elections, lost replies, slow or cut-off members, ...
 };
 
 // Empty if `options` can be simulated; otherwise what is wrong with them.
