@@ -39,13 +39,14 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
     return close();
   }
   resp.set_request_id(req.request_id());
-  if (const DispatchHost::Redirect* standby = host.standby(); standby != nullptr) {
+  if (const std::optional<StandingBy::Leader> standby = host.standby(); standby.has_value()) {
     resp.set_code(wire::NOT_LEADER);
     resp.set_message(absl::StrCat(
         "this lockd replica stands by; ",
-        standby->leader.empty() ? std::string("no replica serves the prefix just now")
-                                : absl::StrCat("the serving replica is ", standby->leader)));
-    if (req.has_hello()) resp.mutable_hello()->set_leader(standby->leader_address);
+        standby->description.empty()
+            ? std::string("no replica serves the prefix just now")
+            : absl::StrCat("the serving replica is ", standby->description)));
+    if (req.has_hello()) resp.mutable_hello()->set_leader(standby->address);
     return close();
   }
   if (req.body_case() == wire::Request::BODY_NOT_SET) {

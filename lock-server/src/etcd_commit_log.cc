@@ -117,15 +117,9 @@ class EtcdCommitLog final : public CommitLog {
     return absl::StrCat("etcd prefix ", options_.prefix, " on ",
                         absl::StrJoin(etcd_->endpoints(), ","));
   }
-  absl::Duration OwnershipLeft() const override {
-    return std::max(OwnedUntil() - time_->Now(), absl::ZeroDuration());
-  }
-  MonoTime OwnedUntil() const override { return stopped_ ? MonoTime::Min() : ownership_->until(); }
-  bool FaultEndsServing() const override { return true; }
-  std::string FaultRemedy() const override {
-    return "this lockd no longer serves the prefix and exits; a standby replica takes over";
-  }
-  std::vector<StoreMember> Members() const override {
+  // For its leadership (EtcdLeadership, below).
+  MonoTime OwnedUntil() const { return stopped_ ? MonoTime::Min() : ownership_->until(); }
+  std::vector<StoreMember> Members() const {
     std::lock_guard<std::mutex> lock(members_mu_);
     return members_;
   }
@@ -263,6 +257,25 @@ class EtcdCommitLog final : public CommitLog {
   std::vector<StoreMember> members_;  // guarded by members_mu_
   std::vector<StoreMember> probing_;  // the round under way
   size_t probes_left_ = 0;
+};
+
+// The leadership of an etcd log: serving while the log holds the prefix, deposed from the
+// moment its ownership ends (fault() sees it then, before any timer does).
+class EtcdLeadership final : public Leadership {
+ public:
+  explicit EtcdLeadership(const EtcdCommitLog* log) : log_(log) {}
+  Role role() const override {
+    return log_->fault() == nullptr ? Role::kServing : Role::kDeposed;
+  }
+  MonoTime ServesUntil() const override { return log_->OwnedUntil(); }
+  bool leased() const override { return true; }
+  std::string FaultRemedy() const override {
+    return "this lockd no longer serves the prefix and exits; a standby replica takes over";
+  }
+  std::vector<StoreMember> Members() const override { return log_->Members(); }
+
+ private:
+  const EtcdCommitLog* const log_;  // destroyed after this (OpenedCommitLog)
 };
 
 void EtcdCommitLog::Read(RangeRequest r, std::function<void(absl::StatusOr<RangeResponse>)> reply,
@@ -890,6 +903,7 @@ std::unique_ptr<EtcdLogOpening> OpenEtcdCommitLogOn(const EtcdCommitLogOptions& 
     OpenedCommitLog opened;
     opened.state = std::move(*state);
     opened.summary = std::move(summary);
+    opened.leadership = std::make_unique<EtcdLeadership>(o->log());
     opened.log = o->Release();
     done(std::move(opened));
   });

@@ -57,7 +57,9 @@ void MetricsExport::ExportNow() {
   const CommitLog& log = core_->log();
   add("lockd_log_syncs_total", "WAL batches written and fdatasynced", log.stats().commits,
       exported_commits_);
-  if (const absl::Duration left = log.OwnershipLeft(); left != absl::InfiniteDuration()) {
+  const Leadership& leadership = core_->leadership();
+  if (const MonoTime until = leadership.ServesUntil(); until != MonoTime::Max()) {
+    const absl::Duration left = std::max(until - time_->Now(), absl::ZeroDuration());
     m.GetGauge("lockd_ownership_left_seconds",
                "With etcd: how much longer this lockd owns its prefix; 0 once it has lapsed")
         .Set(absl::ToDoubleSeconds(left));
@@ -69,7 +71,7 @@ void MetricsExport::ExportNow() {
     add("lockd_etcd_commit_retries_total",
         "With etcd: transactions sent again after etcd failed them (no leader for a moment)",
         stats.commit_retries, exported_commit_retries_);
-    const std::vector<StoreMember> members = log.Members();
+    const std::vector<StoreMember> members = leadership.Members();
     m.GetGauge("lockd_etcd_members_reachable",
                "With etcd: members that answered lockd's last status request")
         .Set(static_cast<double>(std::count_if(members.begin(), members.end(),

@@ -3,7 +3,9 @@
 //   Listener (listener.cc)          binds, admits peers, makes AsioConnections
 //   AsioConnection (asio_connection.cc)  one connection's framing and writes
 //   ServerCore (server_core.cc)     dispatch, reply gate, expiry and stall timing
-//   CommitLog (local_commit_log.cc) where records become committed
+//   CommitLog (local_commit_log.cc, etcd_commit_log.cc)  where records become committed
+//   Leadership (leadership.h, etcd_commit_log.cc)  whether this lockd serves, and until when
+//   StandbyFront (standby_front.cc) NOT_LEADER on the listeners while a standby waits
 //   MetricsExport (metrics_export.cc)    figures into Prometheus
 //
 // Time reaches all of them through one AsioTimeSource over the configured Clock.
@@ -14,7 +16,6 @@
 
 #include <memory>
 #include <optional>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -23,6 +24,7 @@
 #include "lock-server/server_core.h"
 #include "lock-server/storage.h"
 #include "listener.h"
+#include "standby_front.h"
 #include "metrics/exposer.h"
 #include "metrics/metrics.h"
 #include "metrics_export.h"
@@ -57,18 +59,6 @@ absl::StatusOr<Permissions> LoadPermissions(Env* env, const std::string& path) {
                                                    text.status().message()));
   }
   return Permissions::Parse(*text, path);
-}
-
-// The serving replica's TCP address from its P/owner value ("... (tcp host:port)"); empty when
-// it has none, or published port 0.
-std::string AddressOfOwner(const std::string& owner) {
-  const size_t at = owner.rfind("(tcp ");
-  if (at == std::string::npos) return "";
-  const size_t end = owner.find(')', at);
-  if (end == std::string::npos) return "";
-  std::string address = owner.substr(at + 5, end - at - 5);
-  if (address.size() >= 2 && address.compare(address.size() - 2, 2, ":0") == 0) return "";
-  return address;
 }
 
 // ADR 0004: without a permissions file the operator of pools is the uid that owns lockd's
@@ -125,11 +115,6 @@ class ServerImpl final : public Server {
  private:
   absl::StatusOr<OpenedCommitLog> OpenCommitLog();
   void Stop();
-  // --etcd-standby: while OpenCommitLog() waits for the prefix, a core of its own, on its own
-  // event loop and thread, answers every request on lockd's listeners with NOT_LEADER naming
-  // the serving replica. Stopped (its connections closed) once the prefix is ours.
-  absl::Status StartStandby();
-  void StopStandby();
   // The log cannot come back from `fault`: refuse nothing more than was refused, close the
   // listeners and connections (a moment later, so that the refusals reach their clients), and
   // make Run() return the fault.
@@ -157,15 +142,9 @@ class ServerImpl final : public Server {
   std::unique_ptr<history::Writer> history_;  // null without options_.history_file
   // options_ with the TCP port a standby bound (the same port serves after the takeover).
   ServerOptions listen_options_;
-  struct Standby {
-    explicit Standby(Clock* clock) : time(io, clock) {}
-    asio::io_context io{1};
-    AsioTimeSource time;
-    std::unique_ptr<ServerCore> core;
-    std::unique_ptr<Listener> listener;
-    std::thread thread;
-  };
-  std::unique_ptr<Standby> standby_;  // while standing by
+  // --etcd-standby: answers NOT_LEADER on lockd's listeners while OpenCommitLog() waits for
+  // the prefix; gone once it is ours.
+  std::unique_ptr<StandbyFront> standby_;
   // The host's admission lock, once this lockd coordinates pools (ADR 0005). Taken by Init or
   // on the core's thread, before the first publish; let go of when the process exits.
   std::unique_ptr<FileLock> admission_lock_;
@@ -227,10 +206,8 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
                               .owner = owner};
     etcd.on_commit = [&commit_latency](int64_t ns) { commit_latency.Observe(ns / 1e9); };
     if (standby_) {
-      etcd.on_standby = [this](const std::string& owner) {
-        asio::post(standby_->io, [core = standby_->core.get(), owner] {
-          core->SetStandbyLeader(AddressOfOwner(owner), owner);
-        });
+      etcd.on_standby = [front = standby_.get()](const std::string& owner) {
+        front->SetOwner(owner);
       };
     }
     etcd.on_owned = [this](MonoTime sent, MonoTime until) {
@@ -267,10 +244,15 @@ absl::Status ServerImpl::Init() {
   }
   listen_options_ = options_;
   if (!options_.etcd_endpoints.empty() && options_.etcd_standby) {
-    if (absl::Status s = StartStandby(); !s.ok()) return s;
+    auto front = StandbyFront::Start(listen_options_, tls_);
+    if (!front.ok()) return front.status();
+    standby_ = std::move(*front);
+    if (options_.tcp) listen_options_.tcp_port = standby_->tcp_port();
+    Note(absl::StrCat("stood by on tcp ", listen_options_.tcp_host, ":", listen_options_.tcp_port,
+                      ", answering NOT_LEADER"));
   }
   auto opened = OpenCommitLog();
-  if (standby_) StopStandby();
+  standby_.reset();
   if (!opened.ok()) return opened.status();
   summary_.insert(summary_.end(), opened->summary.begin(), opened->summary.end());
   // A state that holds a pool is an admission namespace: a second one on the host does not
@@ -341,42 +323,6 @@ absl::Status ServerImpl::Init() {
     exporter_->ExportNow();
   }
   return absl::OkStatus();
-}
-
-absl::Status ServerImpl::StartStandby() {
-  standby_ = std::make_unique<Standby>(options_.clock);
-  CoreOptions core_options{.max_sessions_per_connection = options_.max_sessions_per_connection,
-                           .max_frame_bytes = options_.max_frame_bytes,
-                           .hello_timeout = options_.hello_timeout,
-                           .idle_timeout = options_.idle_timeout,
-                           .stall_threshold = absl::ZeroDuration(),
-                           .standby = true};
-  OpenedCommitLog nothing;
-  nothing.log = StandbyCommitLog(options_.etcd_prefix);
-  standby_->core = std::make_unique<ServerCore>(core_options, &standby_->time, std::move(nothing));
-  standby_->listener = std::make_unique<Listener>(standby_->io, standby_->core.get(),
-                                                  &standby_->time, listen_options_, tls_);
-  if (absl::Status s = standby_->listener->Bind(); !s.ok()) {
-    standby_.reset();
-    return s;
-  }
-  if (options_.tcp) listen_options_.tcp_port = standby_->listener->tcp_port();
-  standby_->core->Start();
-  standby_->listener->Start();
-  standby_->thread = std::thread([s = standby_.get()] { s->io.run(); });
-  Note(absl::StrCat("stood by on tcp ", listen_options_.tcp_host, ":", listen_options_.tcp_port,
-                    ", answering NOT_LEADER"));
-  return absl::OkStatus();
-}
-
-void ServerImpl::StopStandby() {
-  asio::post(standby_->io, [s = standby_.get()] {
-    s->listener->Stop();
-    s->core->Stop();
-    s->io.stop();
-  });
-  standby_->thread.join();
-  standby_.reset();
 }
 
 absl::Status ServerImpl::Run() {

@@ -96,6 +96,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
         limiter_(time, kLogInterval, options_.log),
         service_(WithLogs(options_.service), std::move(opened.state)),
         log_(std::move(opened.log)),
+        leadership_(opened.leadership ? std::move(opened.leadership) : SoleLeadership()),
         gate_([this](ConnectionId c, std::string frames) { Deliver(c, frames); }),
         lazy_flush_(time->NewTimer()),
         expiry_(time, [this] { OnExpiryDue(); }),
@@ -252,7 +253,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
         limiter_.Log("fenced out", line);
         if (options_.on_act) {
           options_.on_act(Act{.kind = Act::kFencedOut, .at = time_->Now(),
-                              .owned_until = log_->OwnedUntil(), .key = "-"});
+                              .owned_until = leadership_->ServesUntil(), .key = "-"});
         }
       };
     }
@@ -272,10 +273,10 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   // DispatchHost
   LockService& service() override { return service_; }
   const absl::Status* fault() const override { return log_->fault(); }
-  std::string FaultRemedy() const override { return log_->FaultRemedy(); }
-  const Redirect* standby() const override { return options_.standby ? &redirect_ : nullptr; }
-  void SetStandbyLeader(std::string address, std::string description) {
-    redirect_ = Redirect{std::move(address), std::move(description)};
+  std::string FaultRemedy() const override { return leadership_->FaultRemedy(); }
+  std::optional<StandingBy::Leader> standby() const override {
+    if (leadership_->role() != Role::kStandingBy) return std::nullopt;
+    return static_cast<const StandingBy&>(*leadership_).leader();
   }
   WaiterId NextWaiterId() override { return ++last_waiter_id_; }
   std::string NewSessionSecret() override { return options_.session_secrets(); }
@@ -319,6 +320,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
 
   const LockService& service_ref() const { return service_; }
   const CommitLog& log() const { return *log_; }
+  const Leadership& leadership() const { return *leadership_; }
 
  private:
   bool upgraded_secrets_ = false;  // the snapshot that drops clear secrets was asked for
@@ -373,7 +375,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   }
   void Reply(ConnectionId id, const wire::Response& response, uint64_t batch) {
     std::optional<Act::Kind> kind = ActOf(response);
-    const MonoTime until = kind ? log_->OwnedUntil() : MonoTime::Max();
+    const MonoTime until = kind ? leadership_->ServesUntil() : MonoTime::Max();
     // A local log's ownership is not leased and only the event loop changes its fault, which
     // dispatch checked: nothing to check again, and no clock to read unless acts are recorded.
     if (kind && (until != MonoTime::Max() || options_.on_act)) {
@@ -440,6 +442,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   LogLimiter limiter_;
   LockService service_;
   std::unique_ptr<CommitLog> log_;
+  std::unique_ptr<Leadership> leadership_;  // after log_: it may refer to the log
   ReplyGate gate_;
   // How long records that no reply waits for may wait for others to share their sync.
   static constexpr absl::Duration kLazyFlush = absl::Milliseconds(2);
@@ -449,7 +452,6 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   bool stopped_ = true;
   bool flush_scheduled_ = false;
   bool ending_reported_ = false;  // on_ending_fault was called
-  Redirect redirect_;             // with options_.standby
   ConnectionId last_connection_id_ = 0;
   WaiterId last_waiter_id_ = 0;
   uint64_t protocol_errors_total_ = 0;
@@ -585,7 +587,7 @@ void ServerCore::Impl::OnIdleCheck(ConnectionId id) {
 void ServerCore::Impl::OnCommitFault(const absl::Status& status) {
   const std::string message =
       absl::StrCat("lockd could not make this durable (", status.message(),
-                   ") and stopped taking requests; ", log_->FaultRemedy());
+                   ") and stopped taking requests; ", leadership_->FaultRemedy());
   // Nothing held back was committed: none of it may be acknowledged.
   for (const auto& [id, request_id] : gate_.TakeAll()) {
     wire::Response r;
@@ -597,7 +599,7 @@ void ServerCore::Impl::OnCommitFault(const absl::Status& status) {
   service_.FailAllWaiters(absl::UnavailableError(message));
   AfterRequest();
   expiry_.Stop();
-  if (log_->FaultEndsServing() && !ending_reported_ && options_.on_ending_fault) {
+  if (leadership_->leased() && !ending_reported_ && options_.on_ending_fault) {
     ending_reported_ = true;
     options_.on_ending_fault(status);
   }
@@ -616,7 +618,8 @@ void ServerCore::Impl::FillStats(wire::StatsReply* stats) const {
     stats->set_last_lsn(log_->last_lsn());
   }
   stats->set_storage(log_->Describe());
-  if (const absl::Duration left = log_->OwnershipLeft(); left != absl::InfiniteDuration()) {
+  if (const MonoTime until = leadership_->ServesUntil(); until != MonoTime::Max()) {
+    const absl::Duration left = std::max(until - time_->Now(), absl::ZeroDuration());
     stats->set_ownership_left_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(left)));
   }
   stats->set_grants_total(s.grants_total);
@@ -639,7 +642,7 @@ void ServerCore::Impl::FillStats(wire::StatsReply* stats) const {
   stats->set_log_sync_ns_total(static_cast<uint64_t>(log.total_commit_ns));
   stats->set_term(log.term);
   stats->set_commit_retries_total(log.commit_retries);
-  for (const StoreMember& m : log_->Members()) {
+  for (const StoreMember& m : leadership_->Members()) {
     wire::StoreMemberInfo* info = stats->add_store_members();
     info->set_endpoint(m.endpoint);
     info->set_reachable(m.reachable);
@@ -656,9 +659,6 @@ ServerCore::ServerCore(const CoreOptions& options, TimeSource* time, OpenedCommi
 ServerCore::~ServerCore() = default;
 void ServerCore::Start() { impl_->Start(); }
 void ServerCore::Stop() { impl_->Stop(); }
-void ServerCore::SetStandbyLeader(std::string address, std::string description) {
-  impl_->SetStandbyLeader(std::move(address), std::move(description));
-}
 void ServerCore::SetPermissions(Permissions permissions) {
   impl_->SetPermissions(std::move(permissions));
 }
@@ -677,6 +677,7 @@ size_t ServerCore::HeldReplies(ConnectionId id) const { return impl_->HeldReplie
 void ServerCore::CountTransportEvent(TransportEvent event) { impl_->CountTransportEvent(event); }
 const LockService& ServerCore::service() const { return impl_->service_ref(); }
 const CommitLog& ServerCore::log() const { return impl_->log(); }
+const Leadership& ServerCore::leadership() const { return impl_->leadership(); }
 CoreStats ServerCore::stats() const { return impl_->stats(); }
 void ServerCore::FillStats(wire::StatsReply* stats) const { impl_->FillStats(stats); }
 

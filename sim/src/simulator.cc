@@ -82,11 +82,6 @@ class RecordingLog final : public CommitLog, public CommitLogListener {
   uint64_t last_lsn() const override { return inner_->last_lsn(); }
   const absl::Status* fault() const override { return inner_->fault(); }
   std::string Describe() const override { return inner_->Describe(); }
-  absl::Duration OwnershipLeft() const override { return inner_->OwnershipLeft(); }
-  MonoTime OwnedUntil() const override { return inner_->OwnedUntil(); }
-  bool FaultEndsServing() const override { return inner_->FaultEndsServing(); }
-  std::string FaultRemedy() const override { return inner_->FaultRemedy(); }
-  std::vector<server::StoreMember> Members() const override { return inner_->Members(); }
   CommitLogStats stats() const override { return inner_->stats(); }
 
   void OnCommitted(uint64_t batch) override;
@@ -290,6 +285,7 @@ class Simulation {
     std::unique_ptr<ServerCore> core;  // serving, or (on etcd) a standby's while it waits
     uint64_t core_gen = 0;             // counts the cores it had, so that none is mistaken
     std::unique_ptr<LoopTime> standby_loop;  // the standby core's own loop, gone with it
+    server::StandingBy* standing_by = nullptr;  // the standby core's leadership, while it lives
     bool up = false;                   // accepting connections
     bool serving = false;              // `core` serves the state
     int64_t started_at = 0;            // true time it began to serve
@@ -330,7 +326,7 @@ class Simulation {
   server::Sequences EtcdSequences();
   // Recovery gives exactly the committed log; nothing acknowledged is lost.
   void CheckRecovered(const server::OpenedCommitLog& opened, MonoTime now, const std::string& who);
-  server::CoreOptions CoreOptionsFor(bool standby);
+  server::CoreOptions CoreOptions();
   void ScheduleFaults();
   // The simulated etcd's: elections, replies lost after commits, a slow member, a replica cut
   // off from etcd, NOSPACE, and P/owner deleted by hand.
@@ -609,7 +605,7 @@ void Simulation::StartLockd() {
   current_committed_lsn_ = committed_lsn_;
   opened->log = std::make_unique<RecordingLog>(std::move(opened->log), this, 0);
   Replica& r = replicas_[0];
-  r.core = std::make_unique<ServerCore>(CoreOptionsFor(false), r.time.get(), std::move(*opened));
+  r.core = std::make_unique<ServerCore>(CoreOptions(), r.time.get(), std::move(*opened));
   ++r.core_gen;
   r.core->Start();
   r.up = r.serving = true;
@@ -640,7 +636,7 @@ void Simulation::Crash(int replica) {
   world_.At(back, replicas_[0].node, [this] { StartLockd(); });
 }
 
-server::CoreOptions Simulation::CoreOptionsFor(bool standby) {
+server::CoreOptions Simulation::CoreOptions() {
   server::CoreOptions options{
       .service = server::ServiceOptions{.min_ttl = absl::Milliseconds(10),
                                         .max_ttl = absl::Seconds(60),
@@ -653,7 +649,6 @@ server::CoreOptions Simulation::CoreOptionsFor(bool standby) {
         for (char& c : secret) c = static_cast<char>(secrets_.Next());
         return secret;
       }};
-  options.standby = standby;
   return options;
 }
 
@@ -1030,8 +1025,11 @@ void Simulation::StartReplica(int i) {
   // waits for the prefix, as `lockd serve --etcd-standby` does.
   server::OpenedCommitLog nothing;
   nothing.log = server::StandbyCommitLog(kPrefix);
+  auto standing_by = std::make_unique<server::StandingBy>();
+  r.standing_by = standing_by.get();
+  nothing.leadership = std::move(standing_by);
   r.standby_loop = std::make_unique<LoopTime>(r.time.get());
-  r.core = std::make_unique<ServerCore>(CoreOptionsFor(true), r.standby_loop.get(), std::move(nothing));
+  r.core = std::make_unique<ServerCore>(CoreOptions(), r.standby_loop.get(), std::move(nothing));
   ++r.core_gen;
   r.core->Start();
   r.up = true;
@@ -1064,11 +1062,9 @@ void Simulation::StartReplica(int i) {
   };
   o.on_standby = [this, i, incarnation](const std::string& owner) {
     Replica& r = replicas_[i];
-    if (r.incarnation != incarnation || r.serving || !r.core) return;
+    if (r.incarnation != incarnation || r.standing_by == nullptr) return;
     // "lockd-<j> #<n> (tcp lockd-<j>:7420)": the address is what the clients dial.
-    const size_t at = owner.rfind("(tcp ");
-    r.core->SetStandbyLeader(at == std::string::npos ? "" : owner.substr(at + 5, owner.size() - at - 6),
-                             owner);
+    r.standing_by->SetLeader(server::LeaderOfOwner(owner));
   };
   o.log = [this, i](const std::string& line) {
     world_.Mix(line);
@@ -1133,7 +1129,7 @@ void Simulation::OnReplicaOpened(int i, absl::StatusOr<server::OpenedCommitLog> 
   current_ = i;
   current_committed_lsn_ = committed_lsn_;
   opened->log = std::make_unique<RecordingLog>(std::move(opened->log), this, i);
-  server::CoreOptions options = CoreOptionsFor(false);
+  server::CoreOptions options = CoreOptions();
   const uint64_t incarnation = r.incarnation;
   options.on_act = [this, i](const server::Act& act) {
     if (trace_) Trace(absl::StrCat("lockd-", i, " act ", act.kind, " ", act.key, " token ", act.token, " at ",
@@ -1151,6 +1147,7 @@ void Simulation::OnReplicaOpened(int i, absl::StatusOr<server::OpenedCommitLog> 
       if (replicas_[i].incarnation == incarnation) StopReplica(i, false);
     });
   };
+  r.standing_by = nullptr;
   r.core = std::make_unique<ServerCore>(options, r.time.get(), std::move(*opened));
   r.standby_loop.reset();
   ++r.core_gen;
@@ -1178,6 +1175,7 @@ void Simulation::StopReplica(int i, bool crashed) {
     }
   }
   // A clean exit gives the lease back (the log's destructor revokes it); a crash cannot.
+  r.standing_by = nullptr;
   r.core.reset();
   r.standby_loop.reset();
   r.opening.reset();

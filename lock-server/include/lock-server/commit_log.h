@@ -13,6 +13,8 @@
 //
 // A failed commit puts the log in a fault state for good: fault() says why, later batches are
 // never committed, and the server stops taking mutations until it restarts and recovers.
+// Whether this process may serve the log at all, and until when, is not the log's to say: the
+// leadership beside it says that (leadership.h).
 //
 // Thread safety: every method is for the owner's thread (lockd's event loop); the listener is
 // called on it too.
@@ -28,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "lock-server/leadership.h"
 #include "lock-server/state_machine.h"
 
 namespace fencelock::server {
@@ -68,16 +71,6 @@ struct CommitLogStats {
   uint64_t term = 0;
 };
 
-// One member of a replicated store (etcd), as lockd last saw it.
-struct StoreMember {
-  std::string endpoint;
-  bool reachable = false;
-  bool leader = false;       // the store's leader, by its own answer
-  uint64_t raft_index = 0;
-  int64_t db_bytes = 0;
-  std::string error;         // why it was not reachable
-};
-
 class CommitLog {
  public:
   virtual ~CommitLog() = default;
@@ -113,21 +106,6 @@ class CommitLog {
   virtual const absl::Status* fault() const = 0;
   // Where the records go, for operators: "state directory /var/lib/lockd".
   virtual std::string Describe() const = 0;
-  // For a log whose right to commit is leased (etcd): how long it still holds it. Infinite for
-  // a log that needs none (a local directory, held by a file lock for the process's life).
-  virtual absl::Duration OwnershipLeft() const { return absl::InfiniteDuration(); }
-  // The same as a point on the log's clock: nothing may be answered from the state from then
-  // on. MonoTime::Max() for a log that needs no lease.
-  virtual MonoTime OwnedUntil() const { return MonoTime::Max(); }
-  // True for a log that cannot come back from a fault within this process: the etcd log, whose
-  // ownership of the prefix may be gone. lockd then stops serving (and exits), so that a
-  // standby replica takes over, instead of staying up refusing everything.
-  virtual bool FaultEndsServing() const { return false; }
-  // What an operator does about a fault, for lockd's refusals.
-  virtual std::string FaultRemedy() const { return "restart it once the disk is fixed"; }
-  // The store's members and their health, polled in the background (etcd); empty for a log
-  // with none. Thread-safe.
-  virtual std::vector<StoreMember> Members() const { return {}; }
   virtual CommitLogStats stats() const = 0;
 };
 
@@ -138,6 +116,9 @@ using PostToOwner = std::function<void(std::function<void()>)>;
 struct OpenedCommitLog {
   StateMachine state;                   // every committed record applied, floors raised
   std::unique_ptr<CommitLog> log;
+  // Whether this process serves the log, beside it (leadership.h). It may refer to the log
+  // (etcd's does): it is destroyed first, and the two move together. Null: SoleLeadership().
+  std::unique_ptr<Leadership> leadership;
   std::vector<std::string> summary;     // what recovery found, one line per fact, for the log
 };
 

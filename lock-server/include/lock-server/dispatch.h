@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "clock/clock.h"
 #include "fencelock/wire.pb.h"
+#include "lock-server/leadership.h"
 #include "lock-server/lock_service.h"
 #include "lock-server/permissions.h"
 
@@ -47,12 +48,8 @@ class DispatchHost {
   // What an operator does about it, for the refusals' messages.
   virtual std::string FaultRemedy() const { return "restart it once the disk is fixed"; }
   // A standby replica's answer to everything: NOT_LEADER naming the serving replica (its TCP
-  // address, and how it describes itself). nullptr for a lockd that serves.
-  struct Redirect {
-    std::string leader_address;
-    std::string leader;
-  };
-  virtual const Redirect* standby() const { return nullptr; }
+  // address, and how it describes itself). nullopt for a lockd that does not stand by.
+  virtual std::optional<StandingBy::Leader> standby() const { return std::nullopt; }
   virtual WaiterId NextWaiterId() = 0;
   // The secret of a new session: 16 bytes nobody can guess (see OpenSessionReply.secret).
   virtual std::string NewSessionSecret() = 0;

@@ -54,7 +54,7 @@ struct Act {
   enum Kind { kGrant, kRenew, kValidate, kFencedOut };
   Kind kind;
   // Read before the check that the state is still this lockd's to serve, which found it so
-  // until `owned_until` (CommitLog::OwnedUntil): at < owned_until.
+  // until `owned_until` (Leadership::ServesUntil): at < owned_until.
   MonoTime at;
   MonoTime owned_until;
   std::string key;  // the lock; for kRenew the session id
@@ -87,7 +87,7 @@ struct CoreOptions {
   // file, and no known owner of the state: see Permissions::WithoutFile).
   Permissions permissions;
   // Called on the core's thread once a commit fault has been answered (every reply held for a
-  // commit refused) and only if the log cannot come back from it (CommitLog::FaultEndsServing).
+  // commit refused) and only if the log cannot come back from it (Leadership::leased).
   // Default: nothing (the core stays up, refusing what needs the state).
   std::function<void(const absl::Status&)> on_ending_fault;
   // Called for every act (see Act) as its reply is handed to the reply gate, and for every
@@ -104,9 +104,6 @@ struct CoreOptions {
   // Called (on the core's thread) when a publish was refused and no pool exists: the lock
   // taken for it goes (DispatchHost::LetGoOfAdmissionNamespace). Default: none.
   std::function<void()> let_go_of_admission_namespace;
-  // A standby replica's core: every request is answered NOT_LEADER naming the serving replica
-  // (SetStandbyLeader), and the connection closed. Default: false.
-  bool standby = false;
 };
 
 // Figures the core counts, for GetStats and the metrics export.
@@ -141,8 +138,6 @@ class ServerCore {
   void Start();
   // Cancels every timer; connections are left to the transport (which disconnects them).
   void Stop();
-  // With CoreOptions::standby: the serving replica that NOT_LEADER names from now on.
-  void SetStandbyLeader(std::string address, std::string description);
 
   // A new connection whose replies go to `sink` (which stays valid until Disconnect()), from a
   // peer authenticated as `identity` (empty: none, as on plaintext TCP). Arms its Hello
@@ -165,6 +160,9 @@ class ServerCore {
 
   const LockService& service() const;
   const CommitLog& log() const;
+  // Whether it serves, and until when. A core whose leadership is StandingBy answers every
+  // request NOT_LEADER naming the serving replica, and closes the connection.
+  const Leadership& leadership() const;
   CoreStats stats() const;
   void FillStats(wire::StatsReply* stats) const;
 
