@@ -97,6 +97,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
         service_(WithLogs(options_.service), std::move(opened.state)),
         log_(std::move(opened.log)),
         leadership_(opened.leadership ? std::move(opened.leadership) : SoleLeadership()),
+        standing_by_(dynamic_cast<const StandingBy*>(leadership_.get())),
         gate_([this](ConnectionId c, std::string frames) { Deliver(c, frames); }),
         lazy_flush_(time->NewTimer()),
         expiry_(time, [this] { OnExpiryDue(); }),
@@ -274,9 +275,10 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   LockService& service() override { return service_; }
   const absl::Status* fault() const override { return log_->fault(); }
   std::string FaultRemedy() const override { return leadership_->FaultRemedy(); }
+  // Asked for every request: no clock read (an etcd leadership's role() reads one).
   std::optional<StandingBy::Leader> standby() const override {
-    if (leadership_->role() != Role::kStandingBy) return std::nullopt;
-    return static_cast<const StandingBy&>(*leadership_).leader();
+    if (standing_by_ == nullptr) return std::nullopt;
+    return standing_by_->leader();
   }
   WaiterId NextWaiterId() override { return ++last_waiter_id_; }
   std::string NewSessionSecret() override { return options_.session_secrets(); }
@@ -443,6 +445,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   LockService service_;
   std::unique_ptr<CommitLog> log_;
   std::unique_ptr<Leadership> leadership_;  // after log_: it may refer to the log
+  const StandingBy* const standing_by_;      // leadership_, for a standby's core; else null
   ReplyGate gate_;
   // How long records that no reply waits for may wait for others to share their sync.
   static constexpr absl::Duration kLazyFlush = absl::Milliseconds(2);
