@@ -565,5 +565,74 @@ TEST_F(ServerCoreTest, AfterADiskFaultNothingIsAcknowledgedAndNoTimerSpins) {
   EXPECT_EQ(core_->stats().service.session_expiries_total, 0u);
 }
 
+
+// The leader a standby names is read from the serving replica's P/owner value.
+TEST(LeadershipTest, TheServingReplicasAddressIsReadFromItsOwnerValue) {
+  EXPECT_EQ(LeaderOfOwner("lockd pid 7 on host h (tcp 10.0.0.1:7420)").address, "10.0.0.1:7420");
+  EXPECT_EQ(LeaderOfOwner("lockd pid 7 on host h (tcp 10.0.0.1:7420)").description,
+            "lockd pid 7 on host h (tcp 10.0.0.1:7420)");
+  EXPECT_EQ(LeaderOfOwner("lockd pid 7 on host h (tcp 0.0.0.0:0)").address, "");  // no port yet
+  EXPECT_EQ(LeaderOfOwner("lockd pid 7 on host h (unix socket only)").address, "");
+  EXPECT_EQ(LeaderOfOwner("lockd pid 7 (tcp 10.0.0.1:7420").address, "");  // cut short
+  const std::unique_ptr<Leadership> sole = SoleLeadership();
+  EXPECT_EQ(sole->role(), Role::kServing);
+  EXPECT_EQ(sole->ServesUntil(), MonoTime::Max());
+  EXPECT_FALSE(sole->leased());
+}
+
+// A log that commits nothing, for a standby's core.
+class NothingLog final : public CommitLog {
+ public:
+  void SetListener(CommitLogListener*) override {}
+  void ReserveFor(FenceToken, SessionId) override {}
+  void Append(const Record&) override {}
+  void Flush() override {}
+  void Snapshot(const StateMachine&) override {}
+  uint64_t newest_batch() const override { return 0; }
+  uint64_t committed_batch() const override { return 0; }
+  uint64_t last_lsn() const override { return 0; }
+  const absl::Status* fault() const override { return &fault_; }
+  std::string Describe() const override { return "nothing"; }
+  CommitLogStats stats() const override { return {}; }
+
+ private:
+  const absl::Status fault_ = absl::UnavailableError("standing by");
+};
+
+// A core whose leadership is StandingBy answers NOT_LEADER and closes: first saying no replica
+// serves, then naming the one it was told of, with its address in the Hello reply.
+TEST(LeadershipTest, AStandbysCoreNamesTheServingReplicaOnceToldOfIt) {
+  ManualTimeSource time;
+  OpenedCommitLog nothing;
+  nothing.log = std::make_unique<NothingLog>();
+  auto standing_by = std::make_unique<StandingBy>();
+  StandingBy* leader = standing_by.get();
+  nothing.leadership = std::move(standing_by);
+  ServerCore core(CoreOptions{.stall_threshold = absl::ZeroDuration()}, &time, std::move(nothing));
+  core.Start();
+  auto ask = [&core](Sink* sink) {
+    const ConnectionId c = core.Connect(sink);
+    wire::Request hello = protocol::HelloRequest("server_core_test", {.min = 1, .max = 1});
+    std::string payload;
+    EXPECT_TRUE(hello.SerializeToString(&payload));
+    core.Receive(c, std::span<const std::string>(&payload, 1));
+    std::vector<wire::Response> got = sink->Take();
+    EXPECT_TRUE(sink->closed());
+    core.Disconnect(c);
+    return got.size() == 1 ? got[0] : wire::Response();
+  };
+  Sink before;
+  wire::Response r = ask(&before);
+  EXPECT_EQ(r.code(), wire::NOT_LEADER) << r.ShortDebugString();
+  EXPECT_NE(r.message().find("no replica serves the prefix just now"), std::string::npos);
+  leader->SetLeader(LeaderOfOwner("lockd pid 7 on host h (tcp 10.0.0.1:7420)"));
+  Sink after;
+  r = ask(&after);
+  EXPECT_EQ(r.code(), wire::NOT_LEADER) << r.ShortDebugString();
+  EXPECT_NE(r.message().find("the serving replica is lockd pid 7"), std::string::npos);
+  EXPECT_EQ(r.hello().leader(), "10.0.0.1:7420");
+  core.Stop();
+}
+
 }  // namespace
 }  // namespace fencelock::server
