@@ -851,38 +851,6 @@ absl::Status InitEtcdPrefixOn(const EtcdCommitLogOptions& options, EtcdClient& e
   return absl::OkStatus();
 }
 
-namespace {
-
-// The log of a standby's core: nothing is ever committed (the core answers everything
-// NOT_LEADER before it would be).
-class Standby final : public CommitLog {
- public:
-  explicit Standby(std::string prefix)
-      : prefix_(std::move(prefix)),
-        fault_(absl::UnavailableError(absl::StrCat("standing by for etcd prefix ", prefix_))) {}
-  void SetListener(CommitLogListener*) override {}
-  void ReserveFor(FenceToken, SessionId) override {}
-  void Append(const Record&) override {}
-  void Flush() override {}
-  void Snapshot(const StateMachine&) override {}
-  uint64_t newest_batch() const override { return 0; }
-  uint64_t committed_batch() const override { return 0; }
-  uint64_t last_lsn() const override { return 0; }
-  const absl::Status* fault() const override { return &fault_; }
-  std::string Describe() const override { return "standing by for etcd prefix " + prefix_; }
-  CommitLogStats stats() const override { return {}; }
-
- private:
-  const std::string prefix_;
-  const absl::Status fault_;
-};
-
-}  // namespace
-
-std::unique_ptr<CommitLog> StandbyCommitLog(const std::string& prefix) {
-  return std::make_unique<Standby>(prefix);
-}
-
 std::unique_ptr<EtcdLogOpening> OpenEtcdCommitLogOn(const EtcdCommitLogOptions& options,
                                                     TimeSource* time,
                                                     std::unique_ptr<EtcdCalls> etcd,

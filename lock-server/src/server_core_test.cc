@@ -580,31 +580,12 @@ TEST(LeadershipTest, TheServingReplicasAddressIsReadFromItsOwnerValue) {
   EXPECT_FALSE(sole->leased());
 }
 
-// A log that commits nothing, for a standby's core.
-class NothingLog final : public CommitLog {
- public:
-  void SetListener(CommitLogListener*) override {}
-  void ReserveFor(FenceToken, SessionId) override {}
-  void Append(const Record&) override {}
-  void Flush() override {}
-  void Snapshot(const StateMachine&) override {}
-  uint64_t newest_batch() const override { return 0; }
-  uint64_t committed_batch() const override { return 0; }
-  uint64_t last_lsn() const override { return 0; }
-  const absl::Status* fault() const override { return &fault_; }
-  std::string Describe() const override { return "nothing"; }
-  CommitLogStats stats() const override { return {}; }
-
- private:
-  const absl::Status fault_ = absl::UnavailableError("standing by");
-};
-
 // A core whose leadership is StandingBy answers NOT_LEADER and closes: first saying no replica
 // serves, then naming the one it was told of, with its address in the Hello reply.
 TEST(LeadershipTest, AStandbysCoreNamesTheServingReplicaOnceToldOfIt) {
   ManualTimeSource time;
   OpenedCommitLog nothing;
-  nothing.log = std::make_unique<NothingLog>();
+  nothing.log = StandbyCommitLog("/p");
   auto standing_by = std::make_unique<StandingBy>();
   StandingBy* leader = standing_by.get();
   nothing.leadership = std::move(standing_by);

@@ -112,6 +112,10 @@ class CommitLog {
 // Runs `task` on the owner's thread (lockd's event loop), after what is already due.
 using PostToOwner = std::function<void(std::function<void()>)>;
 
+// The log of a standby replica's core (with StandingBy, leadership.h) while it waits for
+// etcd prefix `prefix`: it commits nothing, and its fault says it stands by.
+std::unique_ptr<CommitLog> StandbyCommitLog(const std::string& prefix);
+
 // A log opened on recovered state: what the core starts from.
 struct OpenedCommitLog {
   StateMachine state;                   // every committed record applied, floors raised

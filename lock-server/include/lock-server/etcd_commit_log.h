@@ -136,10 +136,6 @@ std::unique_ptr<EtcdLogOpening> OpenEtcdCommitLogOn(const EtcdCommitLogOptions& 
 std::unique_ptr<EtcdLogOpening> OpenEtcdCommitLog(const EtcdCommitLogOptions& options,
                                                   TimeSource* time, EtcdLogOpened done);
 
-// The log of a standby replica's core (CoreOptions::standby) while it waits for the prefix:
-// it commits nothing, and its fault says it stands by.
-std::unique_ptr<CommitLog> StandbyCommitLog(const std::string& prefix);
-
 struct EtcdDestroyOutcome {
   std::vector<std::string> held;  // what `held` found: not empty, nothing was deleted
   int64_t deleted = 0;            // the keys deleted under the prefix
