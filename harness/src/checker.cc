@@ -77,13 +77,16 @@ std::string Describe(const LockdAct& a) {
 
 // Check 5: one serving lockd at a time.
 void CheckReplicas(const std::vector<history::Record>& records, CheckResult* result) {
-  // A replica that ended its service (lockd-deposed) claims nothing from then on: it gave its
-  // lease on the prefix back, and a successor may serve at once.
-  std::map<std::string, int64_t> deposed_at;
+  // A replica that ended its service (lockd-deposed) claims nothing from then on, until it
+  // serves again (its next lockd-serving: it stood by again in the same process and took the
+  // prefix over): it gave its lease on the prefix back, and a successor may serve at once.
+  std::map<std::string, std::vector<int64_t>> deposed_at, serving_at;
   for (const auto& r : records) {
-    if (r.event != "lockd-deposed") continue;
-    auto [it, fresh] = deposed_at.emplace(r.process, r.begin_ns);
-    if (!fresh) it->second = std::min(it->second, r.begin_ns);
+    if (r.event == "lockd-deposed") deposed_at[r.process].push_back(r.begin_ns);
+    if (r.event == "lockd-serving") serving_at[r.process].push_back(r.begin_ns);
+  }
+  for (auto* times : {&deposed_at, &serving_at}) {
+    for (auto& [process, t] : *times) std::sort(t.begin(), t.end());
   }
   std::map<std::string, std::vector<LockdAct>> by_replica;
   for (const auto& r : records) {
@@ -103,11 +106,21 @@ void CheckReplicas(const std::vector<history::Record>& records, CheckResult* res
                                                 act.until));
     }
     if (auto d = deposed_at.find(r.process); d != deposed_at.end()) {
-      if (act.at >= d->second) {
-        result->violations.push_back(absl::StrCat(Describe(act), ", after it ended its service at ",
-                                                  d->second));
+      // The service this act belongs to began at the replica's last lockd-serving before it.
+      int64_t began = INT64_MIN;
+      if (auto sv = serving_at.find(r.process); sv != serving_at.end()) {
+        auto after = std::upper_bound(sv->second.begin(), sv->second.end(), act.at);
+        if (after != sv->second.begin()) began = *std::prev(after);
       }
-      act.until = std::min(act.until, d->second);
+      const std::vector<int64_t>& ends = d->second;
+      auto ended = std::lower_bound(ends.begin(), ends.end(), began);
+      if (ended != ends.end() && *ended <= act.at) {
+        result->violations.push_back(absl::StrCat(Describe(act), ", after it ended its service at ",
+                                                  *ended));
+      }
+      if (auto next = std::upper_bound(ends.begin(), ends.end(), act.at); next != ends.end()) {
+        act.until = std::min(act.until, *next);
+      }
     }
     by_replica[r.process].push_back(act);
     ++result->lockd_acts;

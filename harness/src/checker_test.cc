@@ -167,6 +167,31 @@ TEST(CheckerTest, AReplicaThatEndedItsServiceClaimsNothingAfterward) {
   EXPECT_THAT(r.violations[0], HasSubstr("lockd-a renew - at 1470, after it ended its service at 1450"));
 }
 
+// Issue 37: a deposed replica stands by again in the same process, and may serve again once
+// it has taken the prefix over (its next lockd-serving); not before.
+TEST(CheckerTest, ADeposedReplicaMayActAgainOnlyOnceItServesAgain) {
+  auto h = Failover();
+  h.push_back(R(1450, 1450, "lockd-a", "lockd-deposed", "-", 0, "etcd did not answer"));
+  // b's last claim ends at 3400; a serves again from 3500.
+  h.push_back(R(3500, 3500, "lockd-a", "lockd-serving", "-", 0, "etcd prefix /p"));
+  h.push_back(R(3600, 3601, "lockd-a", "lockd-grant", "payout/3", 20001, "5000"));
+  EXPECT_THAT(Check(h).violations, IsEmpty());
+  // An act between the deposition and the next service is still one after its end.
+  h.push_back(R(3000, 3001, "lockd-a", "lockd-renew", "-", 0, "1500"));
+  CheckResult r = Check(h);
+  ASSERT_THAT(r.violations, Not(IsEmpty()));
+  EXPECT_THAT(r.violations, ::testing::Contains(HasSubstr(
+                                "lockd-a renew - at 3000, after it ended its service at 1450")));
+  // Deposed again in its second service: an act after that is one too.
+  h.pop_back();
+  h.push_back(R(4000, 4000, "lockd-a", "lockd-deposed", "-", 0, "owner deleted"));
+  h.push_back(R(4100, 4101, "lockd-a", "lockd-validate", "-", 0, "5000"));
+  r = Check(h);
+  ASSERT_THAT(r.violations, Not(IsEmpty()));
+  EXPECT_THAT(r.violations, ::testing::Contains(HasSubstr(
+                                "lockd-a validate - at 4100, after it ended its service at 4000")));
+}
+
 TEST(CheckerTest, AnActPastTheDeadlineOfItsRenewalsIsAViolationWhateverItSays) {
   auto h = Failover();
   // a's renewals: sent at 90 and 590, each recorded before the acts that rely on it.

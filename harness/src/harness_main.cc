@@ -49,6 +49,11 @@ ABSL_FLAG(std::string, lockd_binary, LOCKD_BINARY, "the lockd executable");
 ABSL_FLAG(std::string, rail_binary, RAIL_BINARY, "the payout-rail executable");
 ABSL_FLAG(std::string, etcd_binary, "/usr/bin/etcd",
           "the etcd executable of the replicated scenarios (Debian's etcd-server)");
+ABSL_FLAG(absl::Duration, etcd_owner_ttl, absl::ZeroDuration(),
+          "ha-etcd-elections: the replicas' --etcd-owner-ttl (0: 2s)");
+ABSL_FLAG(int, elections, 0,
+          "ha-etcd-elections: how many times the etcd leader is killed (0: 3 with --quick, else "
+          "10; at most 100)");
 ABSL_FLAG(bool, ha, false, "soak: draw from the replicated scenarios instead of the others");
 ABSL_FLAG(std::string, worker_binary, WORKER_BINARY,
           "the worker executable: payout-worker-faults (payout-worker with fault points)");
@@ -179,6 +184,8 @@ class Runner {
     env.seed = seed;
     env.quick = absl::GetFlag(FLAGS_quick);
     env.tls_dir = absl::GetFlag(FLAGS_tls_dir);
+    env.etcd_owner_ttl = absl::GetFlag(FLAGS_etcd_owner_ttl);
+    env.elections = absl::GetFlag(FLAGS_elections);
     env.binaries = {absl::GetFlag(FLAGS_lockd_binary), absl::GetFlag(FLAGS_rail_binary),
                     absl::GetFlag(FLAGS_worker_binary), absl::GetFlag(FLAGS_etcd_binary)};
     env.dir = absl::StrCat(root_, "/", runs_.size() + 1, "-", scenario.name, "-", seed);
@@ -254,6 +261,16 @@ int Main(const std::vector<std::string>& args) {
     for (const auto& o : r->client_overlaps) std::printf("client-believed overlap: %s\n", o.c_str());
     std::printf("%s\n", r->ok() ? "no violations" : "VIOLATIONS FOUND");
     return r->ok() ? 0 : 1;
+  }
+  if (const int e = absl::GetFlag(FLAGS_elections); e < 0 || e > 100) {
+    std::fprintf(stderr, "fencelock-harness: --elections must be 0 to 100, got %d\n", e);
+    return 2;
+  }
+  if (const absl::Duration ttl = absl::GetFlag(FLAGS_etcd_owner_ttl);
+      ttl != absl::ZeroDuration() && (ttl < absl::Seconds(2) || ttl > absl::Minutes(1))) {
+    std::fprintf(stderr, "fencelock-harness: --etcd-owner-ttl must be 0 or 2s to 1m, got %s\n",
+                 absl::FormatDuration(ttl).c_str());
+    return 2;
   }
   uint64_t seed = FirstSeed();
   if (command == "run") {

@@ -31,6 +31,10 @@ struct Env {
   // Certificates for TLS between the workers and lockd (ClusterOptions::tls_dir); empty:
   // plaintext loopback.
   std::string tls_dir;
+  // ha-etcd-elections: the owner TTL of the replicas (zero: 2 s) and how many times the etcd
+  // leader is killed (zero: 3 with quick, else 10).
+  absl::Duration etcd_owner_ttl = absl::ZeroDuration();
+  int elections = 0;
   std::mt19937_64 rng;
   // A value in [lo, hi] from the run's seed.
   int64_t Uniform(int64_t lo, int64_t hi) {

@@ -39,14 +39,15 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
     return close();
   }
   resp.set_request_id(req.request_id());
-  if (const std::optional<StandingBy::Leader> standby = host.standby(); standby.has_value()) {
+  if (const StandingBy* standing_by = host.standby(); standing_by != nullptr) {
+    const StandingBy::Leader leader = standing_by->leader();
     resp.set_code(wire::NOT_LEADER);
     resp.set_message(absl::StrCat(
         "this lockd replica stands by; ",
-        standby->description.empty()
-            ? std::string("no replica serves the prefix just now")
-            : absl::StrCat("the serving replica is ", standby->description)));
-    if (req.has_hello()) resp.mutable_hello()->set_leader(standby->address);
+        leader.description.empty() ? std::string("no replica serves the prefix just now")
+                                   : absl::StrCat("the serving replica is ", leader.description),
+        standing_by->note().empty() ? "" : "; ", standing_by->note()));
+    if (req.has_hello()) resp.mutable_hello()->set_leader(leader.address);
     return close();
   }
   if (req.body_case() == wire::Request::BODY_NOT_SET) {

@@ -2,6 +2,12 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
+#include <fstream>
+#include <iterator>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -31,6 +37,10 @@ absl::Status FromGrpc(const char* what, const std::string& endpoint, const grpc:
       return absl::FailedPreconditionError(message);
     case grpc::StatusCode::OUT_OF_RANGE:
       return absl::OutOfRangeError(message);
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return absl::UnauthenticatedError(message);
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return absl::PermissionDeniedError(message);
     default:
       return absl::UnavailableError(message);
   }
@@ -48,24 +58,72 @@ void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
       gpr_time_from_micros(absl::ToInt64Microseconds(timeout), GPR_TIMESPAN)));
 }
 
+// A PEM file's text; kInvalidArgument naming the flag when it cannot be read or is not PEM.
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) text.clear();
+  if (text.empty() || text.size() > (size_t{1} << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, "=", path, ": ", text.empty() ? "cannot be read, or is empty" : "is over 1 MiB"));
+  }
+  if (text.find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, " is not a PEM file"));
+  }
+  return text;
+}
+
+// Whether `key` is the private key of the first certificate in `cert` (both PEM).
+absl::Status CheckKeyPair(const std::string& cert, const std::string& key, const EtcdAccess& a) {
+  BIO* cert_bio = BIO_new_mem_buf(cert.data(), static_cast<int>(cert.size()));
+  BIO* key_bio = BIO_new_mem_buf(key.data(), static_cast<int>(key.size()));
+  X509* x509 = PEM_read_bio_X509(cert_bio, nullptr, nullptr, nullptr);
+  EVP_PKEY* pkey = PEM_read_bio_PrivateKey(key_bio, nullptr, nullptr, nullptr);
+  absl::Status s;
+  if (x509 == nullptr) {
+    s = absl::InvalidArgumentError(
+        absl::StrCat("--etcd-tls-cert=", a.cert_file, " holds no certificate"));
+  } else if (pkey == nullptr) {
+    s = absl::InvalidArgumentError(absl::StrCat(
+        "--etcd-tls-key=", a.key_file, " holds no private key (or one with a passphrase)"));
+  } else if (X509_check_private_key(x509, pkey) != 1) {
+    s = absl::InvalidArgumentError(absl::StrCat("--etcd-tls-key=", a.key_file,
+                                                " is not the key of --etcd-tls-cert=", a.cert_file));
+  }
+  ERR_clear_error();
+  EVP_PKEY_free(pkey);
+  X509_free(x509);
+  BIO_free(key_bio);
+  BIO_free(cert_bio);
+  return s;
+}
+
 }  // namespace
 
-GrpcEtcdClient::GrpcEtcdClient(std::vector<std::string> endpoints, absl::Duration timeout)
-    : endpoints_(std::move(endpoints)), timeout_(timeout) {
+GrpcEtcdClient::GrpcEtcdClient(std::vector<std::string> endpoints, absl::Duration timeout,
+                               EtcdAccess access, const Pem& pem)
+    : endpoints_(std::move(endpoints)), timeout_(timeout), access_(std::move(access)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (access_.tls()) {
+    credentials = grpc::SslCredentials(grpc::SslCredentialsOptions{
+        .pem_root_certs = pem.ca, .pem_private_key = pem.key, .pem_cert_chain = pem.cert});
+  }
   for (const std::string& e : endpoints_) {
-    auto channel = grpc::CreateCustomChannel(e, grpc::InsecureChannelCredentials(), args);
+    auto channel = grpc::CreateCustomChannel(e, credentials, args);
     stubs_.push_back(Endpoint{etcdserverpb::KV::NewStub(channel),
                               etcdserverpb::Lease::NewStub(channel),
                               etcdserverpb::Maintenance::NewStub(channel),
-                              etcdserverpb::Watch::NewStub(channel)});
+                              etcdserverpb::Watch::NewStub(channel),
+                              etcdserverpb::Auth::NewStub(channel)});
   }
 }
 
 absl::StatusOr<std::unique_ptr<EtcdClient>> GrpcEtcdClient::Create(std::vector<std::string> endpoints,
-                                                               absl::Duration timeout) {
+                                                               absl::Duration timeout,
+                                                               const EtcdAccess& access) {
   if (endpoints.empty()) return absl::InvalidArgumentError("no etcd endpoints (--etcd)");
   for (const std::string& e : endpoints) {
     if (e.empty()) return absl::InvalidArgumentError("an empty etcd endpoint (--etcd)");
@@ -73,7 +131,112 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> GrpcEtcdClient::Create(std::vector<s
   if (timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the etcd request timeout must be positive");
   }
-  return std::unique_ptr<EtcdClient>(new GrpcEtcdClient(std::move(endpoints), timeout));
+  if (access.cert_file.empty() != access.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--etcd-tls-cert and --etcd-tls-key go together: give both or neither");
+  }
+  if (!access.cert_file.empty() && access.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "a client certificate for etcd (--etcd-tls-cert) needs TLS: give --etcd-tls-ca, the CA "
+        "etcd's certificate chains to");
+  }
+  if (access.user.empty() != access.password.empty()) {
+    return absl::InvalidArgumentError(
+        "an etcd user needs its password and a password its user: give --etcd-user and "
+        "--etcd-password-file together");
+  }
+  Pem pem;
+  if (access.tls()) {
+    auto ca = ReadPem(access.ca_file, "--etcd-tls-ca");
+    if (!ca.ok()) return ca.status();
+    pem.ca = std::move(*ca);
+    if (!access.cert_file.empty()) {
+      auto cert = ReadPem(access.cert_file, "--etcd-tls-cert");
+      if (!cert.ok()) return cert.status();
+      auto key = ReadPem(access.key_file, "--etcd-tls-key");
+      if (!key.ok()) return key.status();
+      if (absl::Status s = CheckKeyPair(*cert, *key, access); !s.ok()) return s;
+      pem.cert = std::move(*cert);
+      pem.key = std::move(*key);
+    }
+  }
+  return std::unique_ptr<EtcdClient>(
+      new GrpcEtcdClient(std::move(endpoints), timeout, access, pem));
+}
+
+absl::Status GrpcEtcdClient::Prepare(size_t i, grpc::ClientContext& context) {
+  SetDeadline(context, timeout_);
+  if (access_.user.empty()) return absl::OkStatus();
+  std::string token;
+  {
+    absl::MutexLock lock(&mu_);
+    token = token_;
+  }
+  if (token.empty()) {
+    if (absl::Status s = Authenticate(i, ""); !s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    token = token_;
+  }
+  context.AddMetadata("token", token);
+  return absl::OkStatus();
+}
+
+absl::Status GrpcEtcdClient::Authenticate(size_t i, const std::string& stale) {
+  etcdserverpb::AuthenticateRequest request;
+  request.set_name(access_.user);
+  request.set_password(access_.password);
+  etcdserverpb::AuthenticateResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, timeout_);
+  absl::Status s = FromGrpc("authenticate", endpoints_[i],
+                            stubs_[i].auth->Authenticate(&context, request, &response));
+  if (!s.ok()) {
+    if (TryAnother(s)) return s;
+    // A wrong name or password, or an etcd without auth: nothing to retry.
+    return absl::PermissionDeniedError(absl::StrCat(
+        "etcd refused user \"", access_.user, "\" (--etcd-user, --etcd-password-file): ",
+        s.message()));
+  }
+  absl::MutexLock lock(&mu_);
+  if (token_ == stale) token_ = response.token();
+  return absl::OkStatus();
+}
+
+absl::Status GrpcEtcdClient::Explain(absl::Status s) const {
+  const absl::string_view m = s.message();
+  if (absl::IsPermissionDenied(s) && !absl::StrContains(m, "--etcd-user")) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        m, " (etcd's auth is on: ",
+        access_.user.empty() ? std::string("lockd's client certificate's common name")
+                             : absl::StrCat("user \"", access_.user, "\""),
+        " needs a role with readwrite on the prefix's keys; see docs/high-availability.md)"));
+  }
+  if (absl::IsInvalidArgument(s) && absl::StrContains(m, "user name is empty")) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        m, " (etcd's auth is on: give --etcd-user and --etcd-password-file, or a client "
+           "certificate whose common name is an etcd user)"));
+  }
+  if (!absl::IsUnavailable(s)) return s;
+  // What gRPC says when TLS went wrong: the handshake failed (etcd's certificate), or etcd
+  // closed the connection during it (lockd's certificate, or plaintext to a TLS port).
+  if (!absl::StrContains(m, "andshake") && !absl::StrContains(m, "Connection reset by peer") &&
+      !absl::StrContains(m, "Socket closed") && !absl::StrContains(m, "certificate") &&
+      !absl::StrContains(m, "Endpoint read failed")) {
+    return s;
+  }
+  const std::string hint =
+      access_.tls()
+          ? absl::StrCat("TLS to etcd: etcd's certificate must chain to --etcd-tls-ca=",
+                         access_.ca_file, " and name the endpoint's host",
+                         access_.cert_file.empty()
+                             ? std::string(", and an etcd that requires client certificates "
+                                           "needs --etcd-tls-cert and --etcd-tls-key")
+                             : absl::StrCat(", and --etcd-tls-cert=", access_.cert_file,
+                                            " must chain to a CA etcd trusts (its "
+                                            "--trusted-ca-file)"))
+          : std::string("an etcd that speaks TLS needs --etcd-tls-ca (and, if it requires "
+                        "client certificates, --etcd-tls-cert and --etcd-tls-key)");
+  return absl::UnavailableError(absl::StrCat(m, " (", hint, ")"));
 }
 
 template <typename Call>
@@ -82,16 +245,29 @@ absl::Status GrpcEtcdClient::WithFailover(const char* what, Call call) {
   const size_t first = current_.load();
   for (size_t n = 0; n < stubs_.size(); ++n) {
     const size_t i = (first + n) % stubs_.size();
-    grpc::ClientContext context;
-    SetDeadline(context, timeout_);
-    last = FromGrpc(what, endpoints_[i], call(stubs_[i], context));
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      grpc::ClientContext context;
+      last = Prepare(i, context);
+      if (last.ok()) last = FromGrpc(what, endpoints_[i], call(stubs_[i], context));
+      // etcd no longer knows the token (it restarted, or the token timed out): a new one.
+      if (attempt == 0 && absl::IsUnauthenticated(last) && !access_.user.empty()) {
+        std::string stale;
+        {
+          absl::MutexLock lock(&mu_);
+          stale = token_;
+        }
+        last = Authenticate(i, stale);
+        if (last.ok()) continue;
+      }
+      break;
+    }
     if (last.ok()) {
       current_ = i;
       return last;
     }
-    if (!TryAnother(last)) return last;
+    if (!TryAnother(last)) return Explain(last);
   }
-  return last;
+  return Explain(last);
 }
 
 absl::StatusOr<etcdserverpb::RangeResponse> GrpcEtcdClient::Range(
@@ -184,8 +360,12 @@ namespace {
 
 class GrpcWatch final : public EtcdWatch {
  public:
-  GrpcWatch(etcdserverpb::Watch::Stub* stub, std::string endpoint)
-      : endpoint_(std::move(endpoint)), stream_(stub->Watch(&context_)) {}
+  // `token`: etcd's token for lockd's user; empty for none.
+  GrpcWatch(etcdserverpb::Watch::Stub* stub, std::string endpoint, const std::string& token)
+      : endpoint_(std::move(endpoint)) {
+    if (!token.empty()) context_.AddMetadata("token", token);
+    stream_ = stub->Watch(&context_);
+  }
   ~GrpcWatch() override {
     Cancel();
     if (!finished_) (void)stream_->Finish();
@@ -264,7 +444,18 @@ absl::StatusOr<std::unique_ptr<EtcdWatch>> GrpcEtcdClient::Watch(const std::stri
   const size_t first = current_.load();
   for (size_t n = 0; n < stubs_.size(); ++n) {
     const size_t i = (first + n) % stubs_.size();
-    auto watch = std::make_unique<GrpcWatch>(stubs_[i].watch.get(), endpoints_[i]);
+    std::string token;
+    if (!access_.user.empty()) {
+      grpc::ClientContext unused;  // Prepare asks etcd for a token if there is none yet
+      last = Prepare(i, unused);
+      if (!last.ok()) {
+        if (!TryAnother(last)) return last;
+        continue;
+      }
+      absl::MutexLock lock(&mu_);
+      token = token_;
+    }
+    auto watch = std::make_unique<GrpcWatch>(stubs_[i].watch.get(), endpoints_[i], token);
     last = watch->Create(key, start_revision);
     if (last.ok()) {
       current_ = i;
@@ -278,7 +469,7 @@ absl::StatusOr<std::unique_ptr<EtcdWatch>> GrpcEtcdClient::Watch(const std::stri
 absl::StatusOr<etcdserverpb::StatusResponse> GrpcEtcdClient::MemberStatus(size_t i) {
   if (i >= stubs_.size()) return absl::InvalidArgumentError("no such etcd endpoint");
   grpc::ClientContext context;
-  SetDeadline(context, timeout_);
+  if (absl::Status s = Prepare(i, context); !s.ok()) return s;
   etcdserverpb::StatusResponse response;
   absl::Status s = FromGrpc("status", endpoints_[i],
                             stubs_[i].maintenance->Status(&context, {}, &response));

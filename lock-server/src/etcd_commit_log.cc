@@ -270,7 +270,7 @@ class EtcdLeadership final : public Leadership {
   MonoTime ServesUntil() const override { return log_->OwnedUntil(); }
   bool leased() const override { return true; }
   std::string FaultRemedy() const override {
-    return "this lockd no longer serves the prefix and exits; a standby replica takes over";
+    return "this lockd no longer serves the prefix; another replica takes over";
   }
   std::vector<StoreMember> Members() const override { return log_->Members(); }
 
@@ -470,6 +470,13 @@ void EtcdCommitLog::FinishStart(absl::Status s) {
   started_ = nullptr;
   std::unique_ptr<Restoring> r = std::move(restoring_);
   if (!s.ok()) {
+    // Taken and lost again before it served (an etcd election as it restored): kAborted, which
+    // a standby answers by standing by again.
+    if (!fault_.ok()) {
+      s = absl::AbortedError(absl::StrCat("the ownership of etcd prefix ", options_.prefix,
+                                          " ended before this lockd began to serve it: ",
+                                          fault_.message()));
+    }
     Later([started, s] { started(s, {}); });
     return;
   }
@@ -483,7 +490,7 @@ void EtcdCommitLog::FinishStart(absl::Status s) {
     // The ownership may have ended between here and there (lockd stalled): it never begins to
     // serve then, and a successor has the state.
     if (!fault_.ok() || !ownership_->HoldsAt(time_->Now())) {
-      return started(absl::UnavailableError(absl::StrCat(
+      return started(absl::AbortedError(absl::StrCat(
                          "the ownership of etcd prefix ", options_.prefix,
                          " ended before this lockd began to serve it")),
                      {});

@@ -11,14 +11,14 @@
 namespace fencelock::server {
 
 absl::Status InitEtcdPrefix(const EtcdCommitLogOptions& options) {
-  auto etcd = GrpcEtcdClient::Create(options.endpoints, options.request_timeout);
+  auto etcd = GrpcEtcdClient::Create(options.endpoints, options.request_timeout, options.access);
   if (!etcd.ok()) return etcd.status();
   return InitEtcdPrefixOn(options, **etcd);
 }
 
 std::unique_ptr<EtcdLogOpening> OpenEtcdCommitLog(const EtcdCommitLogOptions& options,
                                                   TimeSource* time, EtcdLogOpened done) {
-  auto etcd = GrpcEtcdClient::Create(options.endpoints, options.request_timeout);
+  auto etcd = GrpcEtcdClient::Create(options.endpoints, options.request_timeout, options.access);
   if (!etcd.ok()) {
     time->Post([done, s = etcd.status()] { done(s); });
     return nullptr;
@@ -30,7 +30,7 @@ std::unique_ptr<EtcdLogOpening> OpenEtcdCommitLog(const EtcdCommitLogOptions& op
 absl::StatusOr<EtcdDestroyOutcome> DestroyEtcdPrefix(
     const EtcdCommitLogOptions& options,
     const std::function<std::vector<std::string>(const StateMachine&)>& held) {
-  auto etcd = GrpcEtcdClient::Create(options.endpoints, options.request_timeout);
+  auto etcd = GrpcEtcdClient::Create(options.endpoints, options.request_timeout, options.access);
   if (!etcd.ok()) return etcd.status();
   asio::io_context io(1);
   AsioTimeSource time(io, Clock::Real());

@@ -104,13 +104,22 @@ void EtcdOwnership::RenewForTaking() {
 
 void EtcdOwnership::TakingFailed(const absl::Status& s) {
   // A member that timed out or an election under way is tried again until the wait ends: a
-  // standby forever, a lockd that starts as owner for its --etcd-owner-ttl plus 2 s.
-  if (!Transient(s) || time_->Now() >= give_up_) return Finish(s);
+  // standby forever, a lockd that starts as owner for its --etcd-owner-ttl plus 2 s. So is an
+  // etcd out of space (its NOSPACE alarm refuses every write, the ownership's first): nothing
+  // can be served until an operator frees space and disarms the alarm, and then a standby
+  // should take over by itself.
+  const bool no_space = absl::IsResourceExhausted(s);
+  if ((!Transient(s) && !no_space) || time_->Now() >= give_up_) return Finish(s);
   if (said_unreachable_ != s.message()) {
     said_unreachable_ = std::string(s.message());
     const std::string doing =
         forever_ ? "standing by" : absl::StrCat("taking etcd prefix ", options_.prefix);
-    Log(absl::StrCat(doing, ": ", s.message(), "; trying again"));
+    Log(absl::StrCat(doing, ": ", s.message(),
+                     no_space ? " (etcd is out of space: its NOSPACE alarm refuses writes until "
+                                "an operator compacts and defragments it and runs `etcdctl "
+                                "alarm disarm`)"
+                              : "",
+                     "; trying again"));
   }
   step_timer_->ArmAt(time_->Now() + kRetry, [this] { StepTaking(); });
 }

@@ -123,15 +123,18 @@ int Main(const std::string& command) {
       leader.has_value() && command == "status") {
     // A standby replica answers only that it stands by, and who serves.
     const std::string serving(leader->Flatten());
+    // Its answer says who serves, and whether this replica served and was deposed before.
+    const std::string answer(connected.status().message());
     if (json) {
-      std::printf("{\n  \"leader\": %s,\n  \"role\": \"standby\"\n}\n",
-                  fencelock::JsonString(serving).c_str());
+      std::printf("{\n  \"answer\": %s,\n  \"leader\": %s,\n  \"role\": \"standby\"\n}\n",
+                  fencelock::JsonString(answer).c_str(), fencelock::JsonString(serving).c_str());
     } else {
       std::printf("lockd at %s\n", absl::GetFlag(FLAGS_server).c_str());
       std::printf("  role              standby (--etcd-standby): takes over when the serving "
                   "replica's lease ends\n");
       std::printf("  leader            %s\n", serving.empty() ? "unknown (none serves just now?)"
                                                           : serving.c_str());
+      std::printf("  answer            %s\n", answer.c_str());
     }
     return 0;
   }
@@ -171,6 +174,9 @@ int Main(const std::string& command) {
                   static_cast<unsigned long>(s.term()));
       std::printf("  ownership         %s left (renewed every third of its TTL)\n",
                   absl::FormatDuration(absl::Milliseconds(s.ownership_left_ms())).c_str());
+      std::printf("  depositions       %lu%s%s\n", static_cast<unsigned long>(s.depositions_total()),
+                  s.depositions_total() > 0 ? " in this process, last: " : "",
+                  s.last_deposition().c_str());
       std::printf("  commits           lsn %lu, %lu transactions, %lu snapshots, %lu retried\n",
                   static_cast<unsigned long>(s.last_lsn()),
                   static_cast<unsigned long>(s.log_syncs_total()),

@@ -14,12 +14,15 @@
 #include <grp.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -31,7 +34,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "clock/clock.h"
 #include "lock-server/destroy.h"
+#include "lock-server/etcd_access.h"
 #include "lock-server/env.h"
 #include "lock-server/etcd_commit_log.h"
 #include "lock-server/server.h"
@@ -51,6 +56,22 @@ ABSL_FLAG(absl::Duration, etcd_owner_ttl, absl::Seconds(10),
 ABSL_FLAG(bool, etcd_standby, false,
           "with --etcd: while another lockd serves the prefix, stand by (not listening) and "
           "take over when its lease ends, instead of refusing");
+ABSL_FLAG(std::string, etcd_tls_ca, "",
+          "with --etcd: speak TLS to etcd, its certificates checked against this CA (PEM; as "
+          "etcdctl's --cacert)");
+ABSL_FLAG(std::string, etcd_tls_cert, "",
+          "with --etcd-tls-ca: lockd's client certificate for etcd (PEM; as etcdctl's --cert)");
+ABSL_FLAG(std::string, etcd_tls_key, "",
+          "with --etcd-tls-cert: its private key (PEM; as etcdctl's --key)");
+ABSL_FLAG(std::string, etcd_user, "",
+          "with --etcd: the etcd user lockd authenticates as (etcd's auth enabled); the password "
+          "is read from --etcd-password-file");
+ABSL_FLAG(std::string, etcd_password_file, "",
+          "with --etcd-user: a file holding the user's password (one line; readable by lockd's "
+          "user only)");
+ABSL_FLAG(bool, exit_on_depose, false,
+          "with --etcd: once deposed (the ownership of the prefix lost), exit 3 for a "
+          "supervisor to restart, instead of standing by again in this process");
 ABSL_FLAG(absl::Duration, etcd_request_timeout, absl::ZeroDuration(),
           "with --etcd: how long one etcd request may take before the next endpoint is tried; "
           "0: a third of the usable ownership (--etcd-owner-ttl x 0.7 / 3, at most 5s)");
@@ -106,7 +127,9 @@ ABSL_FLAG(absl::Duration, hello_timeout, absl::Seconds(10),
 ABSL_FLAG(absl::Duration, stall_threshold, absl::Seconds(1),
           "when lockd itself did not run for longer than this, extend every lease by the time "
           "it lost; 0 disables");
-ABSL_FLAG(std::string, port_file, "", "write the bound TCP port to this file");
+ABSL_FLAG(std::string, port_file, "",
+          "write the bound TCP port to this file once lockd serves (with --etcd: removed while "
+          "it stands by again after a deposition)");
 ABSL_FLAG(std::string, log_level, "info",
           "the least level of lockd's log lines: debug, info, warning or error (each line is "
           "timestamped in UTC; debug and info go to standard output, warnings and errors to "
@@ -130,6 +153,9 @@ ABSL_FLAG(absl::Duration, pool_provisional_ttl, absl::Seconds(30),
 
 namespace {
 
+using fencelock::Clock;
+using fencelock::MonoTime;
+
 const fencelock::logging::Logger& Log() { return fencelock::logging::Lockd(); }
 
 // "1000" or "alice" to a user id; "staff" or "50" to a group id.
@@ -142,6 +168,130 @@ std::optional<uint32_t> ResolveId(const std::string& text, bool group) {
     return p->pw_uid;
   }
   return std::nullopt;
+}
+
+// A lockd deposed because its ownership lapsed or was taken (an etcd election, a freeze, an
+// operator: kUnavailable, kFailedPrecondition) stands by again at once: that cannot come round
+// faster than its lease. One that etcd refused a commit (anything else) soon after it began
+// to serve, within its owner TTL, waits kFirstPause, doubling up to kLongestPause, so that a
+// request etcd always refuses never makes it spin through takeovers and restores. (A pause
+// after every early deposition left no replica standing by after a dozen elections.)
+constexpr absl::Duration kFirstPause = absl::Seconds(1);
+constexpr absl::Duration kLongestPause = absl::Seconds(30);
+
+// Server::Create restores the state before it listens, and a standby waits there until it
+// takes over: a stop signal meanwhile (or during `pause`, first) ends lockd at once, with
+// status 0 (it serves nothing yet).
+absl::StatusOr<std::unique_ptr<fencelock::server::Server>> CreateUnlessStopped(
+    const fencelock::server::ServerOptions& options, const sigset_t& stop_signals,
+    absl::Duration pause) {
+  std::atomic<bool> starting{true};
+  std::thread startup_signals([&] {
+    const timespec tick{0, 100'000'000};
+    while (starting) {
+      const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
+      if (sig == SIGINT || sig == SIGTERM) {
+        Log().Info(absl::StrCat("signal ", sig, " before serving, exiting"));
+        std::_Exit(0);
+      }
+    }
+  });
+  // The pause on the boot-time clock, so that a wall-clock step does not stretch it.
+  const MonoTime until = Clock::Real()->Now() + pause;
+  while (Clock::Real()->Now() < until) {
+    absl::SleepFor(std::min(absl::Milliseconds(100), until - Clock::Real()->Now()));
+  }
+  auto server = fencelock::server::Server::Create(options);
+  starting = false;
+  startup_signals.join();
+  return server;
+}
+
+// Ends the signal thread once Run() returned; blocked with the stop signals, ignored unless
+// lockd sends it to that thread.
+constexpr int kEndSignalThread = SIGUSR2;
+
+struct RunOutcome {
+  absl::Status ended;     // what Run() returned
+  bool stopped = false;   // a stop signal came (SIGINT or SIGTERM)
+};
+
+// Runs `server` until a stop signal (SIGHUP reloads the permissions) or until it ends by
+// itself.
+RunOutcome RunUntilStopped(fencelock::server::Server& server, const sigset_t& signals) {
+  std::atomic<bool> ending{false};
+  std::atomic<bool> stopped{false};
+  std::thread signal_thread([&] {
+    for (;;) {
+      int sig = 0;
+      sigwait(&signals, &sig);
+      if (sig == kEndSignalThread) {
+        if (ending) return;
+        continue;
+      }
+      if (sig == SIGHUP) {
+        // A bad file changes nothing: the permissions in force stay.
+        auto reloaded = server.ReloadPermissions();
+        if (reloaded.ok()) {
+          Log().Info(absl::StrCat("SIGHUP: ", *reloaded));
+        } else {
+          // Beside the successful reloads, on standard output: one stream tells the outcomes.
+          Log().Info(absl::StrCat("SIGHUP: ", reloaded.status().message(),
+                                  "; the permissions in force are unchanged"));
+        }
+        continue;
+      }
+      Log().Info(absl::StrCat("signal ", sig, ", shutting down"));
+      stopped = true;
+      server.Shutdown();
+      return;
+    }
+  });
+  RunOutcome outcome{.ended = server.Run()};
+  // Run() returned because of a signal, or something made it stop: the signal thread ends
+  // either way.
+  ending = true;
+  pthread_kill(signal_thread.native_handle(), kEndSignalThread);
+  signal_thread.join();
+  outcome.stopped = stopped;
+  return outcome;
+}
+
+// --etcd-tls-* and --etcd-user with its password file; kInvalidArgument naming the flag.
+absl::StatusOr<fencelock::server::EtcdAccess> EtcdAccessFromFlags() {
+  fencelock::server::EtcdAccess access{.ca_file = absl::GetFlag(FLAGS_etcd_tls_ca),
+                                       .cert_file = absl::GetFlag(FLAGS_etcd_tls_cert),
+                                       .key_file = absl::GetFlag(FLAGS_etcd_tls_key),
+                                       .user = absl::GetFlag(FLAGS_etcd_user)};
+  const std::string file = absl::GetFlag(FLAGS_etcd_password_file);
+  if (access.user.empty() != file.empty()) {
+    return absl::InvalidArgumentError(
+        "--etcd-user and --etcd-password-file go together: give both or neither");
+  }
+  if (file.empty()) return access;
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--etcd-password-file=", file, " is not a readable regular file of at most 4096 bytes"));
+  }
+  std::ifstream in(file, std::ios::binary);
+  std::string password((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot read --etcd-password-file=", file));
+  }
+  // One line: a trailing newline (echo's, an editor's) is not part of the password.
+  while (!password.empty() && (password.back() == '\n' || password.back() == '\r')) {
+    password.pop_back();
+  }
+  if (password.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--etcd-password-file=", file, " is empty"));
+  }
+  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+    Log().Warning(absl::StrCat("--etcd-password-file=", file,
+                               " is readable by others than its owner; chmod 600 it"));
+  }
+  access.password = std::move(password);
+  return access;
 }
 
 int Serve() {
@@ -182,6 +332,14 @@ int Serve() {
     options.etcd_endpoints = *endpoints;
   }
   options.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
+  {
+    auto access = EtcdAccessFromFlags();
+    if (!access.ok()) {
+      Log().Error(std::string(access.status().message()));
+      return 1;
+    }
+    options.etcd_access = std::move(*access);
+  }
   options.etcd_owner_ttl = absl::GetFlag(FLAGS_etcd_owner_ttl);
   options.etcd_snapshot_bytes = absl::GetFlag(FLAGS_etcd_snapshot_bytes);
   options.etcd_standby = absl::GetFlag(FLAGS_etcd_standby);
@@ -245,94 +403,94 @@ int Serve() {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGHUP);  // reloads the permissions file
+  sigaddset(&stop_signals, kEndSignalThread);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  // Create() restores the state before it listens, and a standby waits there until it takes
-  // over: a stop signal meanwhile ends lockd at once (it serves nothing yet).
-  std::atomic<bool> starting{true};
-  std::thread startup_signals([&] {
-    const timespec tick{0, 100'000'000};
-    while (starting) {
-      const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
-      if (sig == SIGINT || sig == SIGTERM) {
-        Log().Info(absl::StrCat("signal ", sig, " before serving, exiting"));
-        std::_Exit(0);
-      }
+  const bool exit_on_depose = absl::GetFlag(FLAGS_exit_on_depose);
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  const std::string metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  // Deposed in quick succession (a store that faults every commit), lockd stands by again
+  // only after a pause that doubles each time, so that it never spins through takeovers.
+  absl::Duration pause = absl::ZeroDuration();
+  for (;;) {
+    auto server = CreateUnlessStopped(options, stop_signals, pause);
+    if (!server.ok() && absl::IsAborted(server.status()) && options.etcd_standby) {
+      // A standby took the prefix and lost it again before it served (an etcd election while
+      // it restored): it stands by again, as after a deposition by time.
+      pause = absl::ZeroDuration();
+      Log().Warning(absl::StrCat(server.status().message(), "; standing by again"));
+      continue;
     }
-  });
-  auto server = Server::Create(options);
-  starting = false;
-  startup_signals.join();
-  if (!server.ok()) {
-    Log().Error(server.status().ToString());
-    return 1;
-  }
-  for (const std::string& line : (*server)->recovery_summary()) {
-    // What recovery dropped or ignored is a warning: --log-level=warning must not hide it.
-    if (absl::StartsWith(line, "warning: ")) {
-      Log().Warning(line.substr(sizeof("warning: ") - 1));
-    } else {
-      Log().Info(line);
-    }
-  }
-  const uint16_t bound = (*server)->tcp_port();
-  // The metrics port first: a waiter on the TCP port file can then read both.
-  for (const auto& [file, port] : {std::pair{absl::GetFlag(FLAGS_metrics_port_file),
-                                              static_cast<int>((*server)->metrics_port())},
-                                    std::pair{absl::GetFlag(FLAGS_port_file), static_cast<int>(bound)}}) {
-    if (absl::Status s = fencelock::process::WritePortFile(file, port); !s.ok()) {
-      Log().Error(s.ToString());
+    if (!server.ok()) {
+      Log().Error(server.status().ToString());
       return 1;
     }
-  }
-  if (options.tcp) {
-    Log().Info(absl::StrCat("listening on ", options.tls.enabled() ? "tls " : "tcp ",
-                            options.tcp_host, ":", bound));
-  }
-  if (!options.unix_socket_path.empty()) {
-    Log().Info(absl::StrCat("listening on unix ", options.unix_socket_path));
-  }
-  if ((*server)->metrics_port() > 0) {
-    Log().Info(absl::StrCat("serving metrics on http://", options.metrics_host, ":",
-                            (*server)->metrics_port(), "/metrics"));
-  }
-
-  std::thread signal_thread([&] {
-    for (;;) {
-      int sig = 0;
-      sigwait(&stop_signals, &sig);
-      if (sig == SIGHUP) {
-        // A bad file changes nothing: the permissions in force stay.
-        auto reloaded = (*server)->ReloadPermissions();
-        if (reloaded.ok()) {
-          Log().Info(absl::StrCat("SIGHUP: ", *reloaded));
-        } else {
-          // Beside the successful reloads, on standard output: one stream tells the outcomes.
-          Log().Info(absl::StrCat("SIGHUP: ", reloaded.status().message(),
-                                  "; the permissions in force are unchanged"));
-        }
-        continue;
+    for (const std::string& line : (*server)->recovery_summary()) {
+      // What recovery dropped or ignored is a warning: --log-level=warning must not hide it.
+      if (absl::StartsWith(line, "warning: ")) {
+        Log().Warning(line.substr(sizeof("warning: ") - 1));
+      } else {
+        Log().Info(line);
       }
-      Log().Info(absl::StrCat("signal ", sig, ", shutting down"));
-      (*server)->Shutdown();
-      return;
     }
-  });
-  const absl::Status ended = (*server)->Run();
-  // Run() returned because of the signal, or something made it stop: make sure the signal
-  // thread ends either way.
-  pthread_kill(signal_thread.native_handle(), SIGTERM);
-  signal_thread.join();
-  if (!ended.ok()) {
-    // The etcd backend after a fault: this lockd may no longer own the prefix. It has given
-    // up its lease, so that a standby takes over now; a supervisor may start it again, as a
-    // standby (--etcd-standby).
-    Log().Error(absl::StrCat("stopped serving: ", ended.message(),
-                             "; exiting so that another replica takes over"));
-    return 3;
+    const uint16_t bound = (*server)->tcp_port();
+    // The metrics port first: a waiter on the TCP port file can then read both.
+    for (const auto& [file, port] : {std::pair{metrics_port_file, (*server)->metrics_port()},
+                                      std::pair{port_file, static_cast<int>(bound)}}) {
+      if (absl::Status s = fencelock::process::WritePortFile(file, port); !s.ok()) {
+        Log().Error(s.ToString());
+        return 1;
+      }
+    }
+    if (options.tcp) {
+      Log().Info(absl::StrCat("listening on ", options.tls.enabled() ? "tls " : "tcp ",
+                              options.tcp_host, ":", bound));
+    }
+    if (!options.unix_socket_path.empty()) {
+      Log().Info(absl::StrCat("listening on unix ", options.unix_socket_path));
+    }
+    if ((*server)->metrics_port() > 0) {
+      Log().Info(absl::StrCat("serving metrics on http://", options.metrics_host, ":",
+                              (*server)->metrics_port(), "/metrics"));
+    }
+    const MonoTime serving_since = Clock::Real()->Now();
+    const RunOutcome outcome = RunUntilStopped(**server, stop_signals);
+    const absl::Status& ended = outcome.ended;
+    if (ended.ok()) return 0;
+    // The etcd backend after a fault: this lockd may no longer own the prefix.
+    if (exit_on_depose || outcome.stopped || options.etcd_endpoints.empty()) {
+      server->reset();  // gives the lease back, so that a standby takes over now
+      Log().Error(absl::StrCat("stopped serving: ", ended.message(),
+                               "; exiting so that another replica takes over"));
+      return 3;
+    }
+    // Stand by again, in this process: the port files go until it serves again (they say it
+    // serves), the same ports are bound, and the ownership is campaigned for on a new lease.
+    for (const std::string& file : {port_file, metrics_port_file}) {
+      if (!file.empty()) ::unlink(file.c_str());
+    }
+    ++options.depositions;
+    options.last_deposition = std::string(ended.message());
+    options.etcd_standby = true;
+    options.tcp_port = bound;
+    if ((*server)->metrics_port() > 0) options.metrics_port = (*server)->metrics_port();
+    const absl::Duration served = Clock::Real()->Now() - serving_since;
+    const bool lost_by_time = absl::IsUnavailable(ended) || absl::IsFailedPrecondition(ended);
+    pause = lost_by_time || served >= options.etcd_owner_ttl
+                ? absl::ZeroDuration()
+                : std::clamp(pause * 2, kFirstPause, kLongestPause);
+    server->reset();
+    Log().Warning(absl::StrCat(
+        "deposed (", options.depositions, options.depositions == 1 ? " time" : " times",
+        " in this process) after serving ", absl::FormatDuration(absl::Trunc(served, absl::Milliseconds(1))),
+        ": ", ended.message(), "; gave up the lease, and standing by again",
+        pause > absl::ZeroDuration()
+            ? absl::StrCat(" in ", absl::FormatDuration(pause),
+                           " (etcd refused a commit soon after it began to serve)")
+            : std::string(),
+        " (--exit-on-depose exits 3 instead)"));
   }
-  return 0;
 }
 
 int Init() {
@@ -344,10 +502,12 @@ int Init() {
   }
   if (!etcd.empty()) {
     auto endpoints = fencelock::server::ParseEtcdEndpoints(etcd);
-    absl::Status s = endpoints.status();
+    auto access = EtcdAccessFromFlags();
+    absl::Status s = endpoints.ok() ? access.status() : endpoints.status();
     const std::string prefix = absl::GetFlag(FLAGS_etcd_prefix);
     if (s.ok()) {
-      s = fencelock::server::InitEtcdPrefix({.endpoints = *endpoints, .prefix = prefix});
+      s = fencelock::server::InitEtcdPrefix(
+          {.endpoints = *endpoints, .access = *access, .prefix = prefix});
     }
     if (!s.ok()) {
       Log().Error(absl::StrCat("init: ", s.ToString()));
@@ -382,10 +542,16 @@ int DestroyEtcd(const std::string& etcd) {
     Log().Error(absl::StrCat("destroy: ", endpoints.status().ToString()));
     return 1;
   }
+  auto access = EtcdAccessFromFlags();
+  if (!access.ok()) {
+    Log().Error(absl::StrCat("destroy: ", access.status().message()));
+    return 1;
+  }
   const std::string prefix = absl::GetFlag(FLAGS_etcd_prefix);
   const absl::Duration ttl = absl::GetFlag(FLAGS_etcd_owner_ttl);
   auto out = fencelock::server::DestroyEtcdPrefix(
       {.endpoints = *endpoints,
+       .access = *access,
        .prefix = prefix,
        .owner_ttl = ttl,
        .owner_wait = ttl + absl::Seconds(2),  // a lockd that crashed leaves its key that long

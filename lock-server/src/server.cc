@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <memory>
 #include <optional>
 
@@ -134,6 +135,7 @@ class ServerImpl final : public Server {
   std::unique_ptr<Listener> listener_;
   std::unique_ptr<MetricsExport> exporter_;
   std::unique_ptr<metrics::Exposer> exposer_;
+  metrics::Gauge* serving_ = nullptr;  // lockd_serving, in metrics_
   std::vector<std::string> summary_;
   bool stopping_ = false;
   absl::Status ended_;  // why the service ended by itself; OK after Shutdown()
@@ -171,6 +173,11 @@ class ServerImpl final : public Server {
   }
 };
 
+// How long an etcd leader election takes with etcd's default --election-timeout (1 s) and
+// heartbeat (100 ms), measured: lockd's renewals failed for 1.7 to 2.4 s around each election
+// (issue 37).
+constexpr absl::Duration kEtcdElectionTime = absl::Milliseconds(2500);
+
 // ServerOptions::etcd_request_timeout when left at zero: a third of the usable ownership, so
 // that one member that swallows requests costs at most that before the next is tried.
 absl::Duration EtcdRequestTimeout(const ServerOptions& o) {
@@ -194,6 +201,7 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
         "lockd_etcd_commit_seconds", "Duration of one etcd transaction of the commit log",
         metrics::LatencyBuckets());
     EtcdCommitLogOptions etcd{.endpoints = options_.etcd_endpoints,
+                              .access = options_.etcd_access,
                               .prefix = options_.etcd_prefix,
                               .reservation_block = options_.reservation_block,
                               .request_timeout = EtcdRequestTimeout(options_),
@@ -236,13 +244,48 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
                             [this](std::function<void()> f) { asio::post(io_, std::move(f)); });
 }
 
+// The longest etcd leader election the ownership rides out whenever it starts: a renewal fails
+// from the election's start, and the deadline of the last one answered is TTL x (1 - margin)
+// after its send, which came up to a third of the TTL before.
+absl::Duration ElectionTolerance(absl::Duration ttl) {
+  return ttl * (1 - kEtcdOwnerMargin) - ttl / 3;
+}
+
 absl::Status ServerImpl::Init() {
+  if (!options_.etcd_endpoints.empty() &&
+      ElectionTolerance(options_.etcd_owner_ttl) < kEtcdElectionTime) {
+    const absl::Duration ttl = options_.etcd_owner_ttl;
+    Note(absl::StrCat(
+        "warning: --etcd-owner-ttl=", absl::FormatDuration(ttl), " rides out an etcd leader ",
+        "election of ", absl::FormatDuration(absl::Trunc(ElectionTolerance(ttl), absl::Milliseconds(10))),
+        " at worst (", absl::FormatDuration(absl::Trunc(ttl * (1 - kEtcdOwnerMargin), absl::Milliseconds(10))),
+        " at best); with etcd's default --election-timeout (1s) an election takes up to about ",
+        absl::FormatDuration(kEtcdElectionTime), ", and one that outlasts the ownership deposes ",
+        "the serving replica (it stands by again, clients wait for another to serve): ",
+        absl::FormatDuration(absl::Seconds(std::ceil(
+            absl::FDivDuration(kEtcdElectionTime, ElectionTolerance(absl::Seconds(1)))))),
+        " or more rides elections out (docs/high-availability.md, choosing the owner TTL)"));
+  }
   if (!options_.history_file.empty()) {
     auto writer = history::Writer::Open(options_.history_file, options_.history_process);
     if (!writer.ok()) return writer.status();
     history_ = std::move(*writer);
   }
   listen_options_ = options_;
+  // The metrics endpoint first: a standby (and a lockd still restoring) shows that it does not
+  // serve yet, and how often this process was deposed.
+  serving_ = &metrics_->GetGauge(
+      "lockd_serving", "1 while this lockd serves its state; 0 while it restores or stands by");
+  serving_->Set(0);
+  metrics_->GetCounter("lockd_depositions_total",
+                       "With etcd: times this lockd process lost the prefix and stood by again "
+                       "(a re-campaign; --exit-on-depose exits instead)")
+      .Increment(static_cast<double>(options_.depositions));
+  if (options_.metrics_port >= 0) {
+    auto exposer = metrics::Exposer::Start(options_.metrics_host, options_.metrics_port, metrics_);
+    if (!exposer.ok()) return exposer.status();
+    exposer_ = std::move(*exposer);
+  }
   if (!options_.etcd_endpoints.empty() && options_.etcd_standby) {
     auto front = StandbyFront::Start(listen_options_, tls_);
     if (!front.ok()) return front.status();
@@ -294,6 +337,8 @@ absl::Status ServerImpl::Init() {
       .idle_timeout = options_.idle_timeout,
       .stall_threshold = options_.stall_threshold,
       .permissions = std::move(permissions)};
+  core_options.depositions = options_.depositions;
+  core_options.last_deposition = options_.last_deposition;
   core_options.on_ending_fault = [this](const absl::Status& fault) { EndService(fault); };
   core_options.hold_admission_namespace = [this] { return HoldAdmissionNamespace(); };
   core_options.let_go_of_admission_namespace = [this] { admission_lock_.reset(); };
@@ -316,18 +361,14 @@ absl::Status ServerImpl::Init() {
   listener_ = std::make_unique<Listener>(io_, core_.get(), &time_, listen_options_, tls_);
   if (absl::Status s = listener_->Bind(); !s.ok()) return s;
   exporter_ = std::make_unique<MetricsExport>(core_.get(), &time_, metrics_.get());
-  if (options_.metrics_port >= 0) {
-    auto exposer = metrics::Exposer::Start(options_.metrics_host, options_.metrics_port, metrics_);
-    if (!exposer.ok()) return exposer.status();
-    exposer_ = std::move(*exposer);
-    exporter_->ExportNow();
-  }
+  if (exposer_) exporter_->ExportNow();
   return absl::OkStatus();
 }
 
 absl::Status ServerImpl::Run() {
   History(history::NowNanos(), "lockd-serving", "-", 0, core_->log().Describe());
   core_->Start();
+  serving_->Set(1);
   listener_->Start();
   if (exposer_) exporter_->Start();
   io_.run();
@@ -339,6 +380,7 @@ void ServerImpl::EndService(const absl::Status& fault) {
   if (stopping_ || !ended_.ok()) return;
   ended_ = fault;
   History(history::NowNanos(), "lockd-deposed", "-", 0, std::string(fault.message()));
+  serving_->Set(0);
   listener_->StopAccepting();
   end_timer_.expires_after(std::chrono::milliseconds(200));
   end_timer_.async_wait([this](boost::system::error_code) { Stop(); });

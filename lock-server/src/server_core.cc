@@ -276,10 +276,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   const absl::Status* fault() const override { return log_->fault(); }
   std::string FaultRemedy() const override { return leadership_->FaultRemedy(); }
   // Asked for every request: no clock read (an etcd leadership's role() reads one).
-  std::optional<StandingBy::Leader> standby() const override {
-    if (standing_by_ == nullptr) return std::nullopt;
-    return standing_by_->leader();
-  }
+  const StandingBy* standby() const override { return standing_by_; }
   WaiterId NextWaiterId() override { return ++last_waiter_id_; }
   std::string NewSessionSecret() override { return options_.session_secrets(); }
   void CountProtocolError() override { ++protocol_errors_total_; }
@@ -621,6 +618,8 @@ void ServerCore::Impl::FillStats(wire::StatsReply* stats) const {
     stats->set_last_lsn(log_->last_lsn());
   }
   stats->set_storage(log_->Describe());
+  stats->set_depositions_total(options_.depositions);
+  stats->set_last_deposition(options_.last_deposition);
   if (const MonoTime until = leadership_->ServesUntil(); until != MonoTime::Max()) {
     const absl::Duration left = std::max(until - time_->Now(), absl::ZeroDuration());
     stats->set_ownership_left_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(left)));

@@ -40,7 +40,12 @@ class Front final : public StandbyFront {
                              .stall_threshold = absl::ZeroDuration()};
     OpenedCommitLog nothing;
     nothing.log = StandbyCommitLog(options_.etcd_prefix);
-    auto standing_by = std::make_unique<StandingBy>();
+    auto standing_by = std::make_unique<StandingBy>(
+        options_.depositions == 0
+            ? std::string()
+            : absl::StrCat("this replica served and was deposed ", options_.depositions,
+                           options_.depositions == 1 ? " time" : " times",
+                           " in this process, last: ", options_.last_deposition));
     standing_by_ = standing_by.get();
     nothing.leadership = std::move(standing_by);
     core_ = std::make_unique<ServerCore>(core_options, &time_, std::move(nothing));

@@ -202,11 +202,15 @@ int Cluster::ServingReplica() {
   for (int i = 0; i < replica_count(); ++i) {
     Replica& r = replicas_[i];
     if (!r.child.running() || r.child.Wait(absl::ZeroDuration()).has_value()) continue;
+    // lockd writes its port files once it serves, and removes them when it is deposed and
+    // stands by again.
+    if (!std::filesystem::exists(Path(r.name + ".port"))) {
+      r.serving_since = 0;
+      continue;
+    }
     if (r.serving_since == 0) {
       std::ifstream metrics(Path(r.name + ".metrics-port"));
-      if (!std::filesystem::exists(Path(r.name + ".port")) || !(metrics >> r.metrics_port)) {
-        continue;
-      }
+      if (!(metrics >> r.metrics_port)) continue;
       r.serving_since = ++servings_;
     }
     if (serving < 0 || r.serving_since > replicas_[serving].serving_since) serving = i;

@@ -4,6 +4,7 @@
 #define FENCELOCK_TESTS_SUPPORT_ETCD_PROCESS_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lockd_process.h"
@@ -13,8 +14,17 @@ namespace fencelock::testing {
 
 class EtcdProcess {
  public:
+  struct Options {
+    // A directory of scripts/make-certs.sh DIR etcd root ...: etcd then speaks TLS on its
+    // client port with DIR/etcd.{crt,key} and requires client certificates from DIR/ca.crt;
+    // etcdctl here uses DIR/root.{crt,key} (etcd's root user, once its auth is enabled).
+    // Empty: plaintext.
+    std::string certs;
+    // More of etcd's flags, e.g. "--quota-backend-bytes=4194304".
+    std::vector<std::string> extra_args;
+  };
   // Starts etcd and waits until it answers (aborts the test binary if it cannot within 30 s).
-  EtcdProcess();
+  explicit EtcdProcess(Options options = {});
   ~EtcdProcess();
 
   // The client endpoint, host:port.
@@ -32,8 +42,11 @@ class EtcdProcess {
   bool Delete(const std::string& key) const;
   // etcd's database size in bytes, as its status reports it.
   int64_t DbSize() const;
+  // Runs etcdctl with `args` (a shell word list); whether it exited 0, and what it printed.
+  std::pair<bool, std::string> Etcdctl(const std::string& args) const;
 
  private:
+  Options options_;
   TempDir dir_;
   std::string endpoint_;
   process::Child child_;

@@ -82,9 +82,10 @@ std::pair<int, std::string> RunLockdToExit(const std::vector<std::string>& args)
 LockdProcess::LockdProcess(Options options) : options_(std::move(options)) {
   data_dir_ = options_.data_dir;
   if (!options_.etcd.empty()) {
-    if (options_.etcd_init &&
-        RunToExit({"init", "--etcd=" + options_.etcd, "--etcd-prefix=" + options_.etcd_prefix},
-                  "") != 0) {
+    std::vector<std::string> init = {"init", "--etcd=" + options_.etcd,
+                                     "--etcd-prefix=" + options_.etcd_prefix};
+    init.insert(init.end(), options_.etcd_args.begin(), options_.etcd_args.end());
+    if (options_.etcd_init && RunToExit(init, "") != 0) {
       std::fprintf(stderr, "lockd init --etcd-prefix=%s failed\n", options_.etcd_prefix.c_str());
       std::abort();
     }
@@ -100,7 +101,7 @@ LockdProcess::LockdProcess(Options options) : options_(std::move(options)) {
 }
 
 void LockdProcess::Start(int port) {
-  const std::string port_file = dir_.path() + "/port";
+  const std::string port_file = this->port_file();
   std::filesystem::remove(port_file);
   std::vector<std::string> args = {"serve",
                                    options_.etcd.empty() ? "--data-dir=" + data_dir_
@@ -110,7 +111,10 @@ void LockdProcess::Start(int port) {
                                    "--wal-segment-bytes=" + std::to_string(options_.segment_bytes),
                                    "--metrics-port=0",
                                    "--metrics-port-file=" + dir_.path() + "/metrics-port"};
-  if (!options_.etcd.empty()) args.push_back("--etcd-prefix=" + options_.etcd_prefix);
+  if (!options_.etcd.empty()) {
+    args.push_back("--etcd-prefix=" + options_.etcd_prefix);
+    args.insert(args.end(), options_.etcd_args.begin(), options_.etcd_args.end());
+  }
   if (!unix_path_.empty()) args.push_back("--unix-socket=" + unix_path_);
   // Each test's lockd is its own host as far as admission goes (ADR 0005): tests run side by
   // side, and one that means to share the lock names it.

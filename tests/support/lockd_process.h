@@ -60,6 +60,9 @@ class LockdProcess {
     std::string etcd;
     std::string etcd_prefix;
     bool etcd_init = true;
+    // Flags for both `lockd init` and `lockd serve` on etcd: how to reach it (--etcd-tls-*,
+    // --etcd-user and --etcd-password-file).
+    std::vector<std::string> etcd_args;
     // The TCP port; 0 picks a free one.
     int port = 0;
   };
@@ -82,6 +85,9 @@ class LockdProcess {
   std::string unix_address() const { return "unix:" + unix_path_; }
   const std::string& unix_path() const { return unix_path_; }
   pid_t pid() const { return child_.running() ? child_.pid() : -1; }
+  // The file lockd writes its TCP port to once it serves (--port-file).
+  std::string port_file() const { return dir_.path() + "/port"; }
+  process::Child& child() { return child_; }
 
   // Sends SIGTERM and waits; returns the exit status as waitpid() reported it.
   int Stop();

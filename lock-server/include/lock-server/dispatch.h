@@ -48,8 +48,8 @@ class DispatchHost {
   // What an operator does about it, for the refusals' messages.
   virtual std::string FaultRemedy() const { return "restart it once the disk is fixed"; }
   // A standby replica's answer to everything: NOT_LEADER naming the serving replica (its TCP
-  // address, and how it describes itself). nullopt for a lockd that does not stand by.
-  virtual std::optional<StandingBy::Leader> standby() const { return std::nullopt; }
+  // address, and how it describes itself). Null for a lockd that does not stand by.
+  virtual const StandingBy* standby() const { return nullptr; }
   virtual WaiterId NextWaiterId() = 0;
   // The secret of a new session: 16 bytes nobody can guess (see OpenSessionReply.secret).
   virtual std::string NewSessionSecret() = 0;

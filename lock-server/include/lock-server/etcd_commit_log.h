@@ -48,6 +48,7 @@
 #include "clock/clock.h"
 #include "clock/time_source.h"
 #include "lock-server/commit_log.h"
+#include "lock-server/etcd_access.h"
 
 namespace fencelock::server {
 
@@ -59,8 +60,10 @@ class EtcdClient;
 inline constexpr double kEtcdOwnerMargin = 0.30;
 
 struct EtcdCommitLogOptions {
-  // etcd's client endpoints, host:port (plaintext). Required.
+  // etcd's client endpoints, host:port. Required.
   std::vector<std::string> endpoints;
+  // TLS and auth to etcd. Default: plaintext, no user.
+  EtcdAccess access;
   // Where this lockd's keys live, e.g. "/fencelock/payouts". Required: starts with '/', does
   // not end with one.
   std::string prefix;

@@ -72,6 +72,9 @@ class StandingBy final : public Leadership {
     std::string address;      // its TCP address for clients to follow; empty if none
     std::string description;  // P/owner's value, for people
   };
+  // `note`: why this replica stands by, beyond waiting, added to every NOT_LEADER (a replica
+  // deposed earlier in this process says so); empty for none.
+  explicit StandingBy(std::string note = "") : note_(std::move(note)) {}
   Role role() const override { return Role::kStandingBy; }
   MonoTime ServesUntil() const override { return MonoTime::Min(); }
   bool leased() const override { return false; }
@@ -87,8 +90,10 @@ class StandingBy final : public Leadership {
     absl::MutexLock lock(&mu_);
     return leader_;
   }
+  const std::string& note() const { return note_; }
 
  private:
+  const std::string note_;
   mutable absl::Mutex mu_;
   Leader leader_ ABSL_GUARDED_BY(mu_);
 };

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "clock/clock.h"
 #include "lock-server/env.h"
+#include "lock-server/etcd_access.h"
 #include "net/tls.h"
 #include "protocol/defaults.h"
 
@@ -36,6 +37,8 @@ struct ServerOptions {
   // (host:port) under etcd_prefix, created by `lockd init --etcd`.
   std::vector<std::string> etcd_endpoints;
   std::string etcd_prefix;
+  // TLS and auth to etcd. Default: plaintext, no user.
+  EtcdAccess etcd_access;
   // The TTL of lockd's lease on the prefix's ownership key; a lockd that dies leaves the prefix
   // to a successor after at most this long. Default: 10 s.
   absl::Duration etcd_owner_ttl = absl::Seconds(10);
@@ -43,6 +46,11 @@ struct ServerOptions {
   // ends and take over, instead of refusing after the TTL. Create() blocks until then.
   // Default: false.
   bool etcd_standby = false;
+  // With etcd: times this process was deposed before this server, and why the last time (lockd
+  // stands by again after a deposition, with a server of its own); reported by GetStats, the
+  // metrics (lockd_depositions_total) and a standby's NOT_LEADER. Default: none.
+  uint64_t depositions = 0;
+  std::string last_deposition;
   // With etcd: a snapshot once the log since the last one is this large. Default: 1 MiB.
   uint64_t etcd_snapshot_bytes = uint64_t{1} << 20;
   // With etcd: the longest one etcd request may take before the next endpoint is tried.
@@ -185,8 +193,9 @@ class Server {
   // Serves on the calling thread until Shutdown(), then returns OK. With a log that cannot
   // come back from a fault (etcd: the ownership of the prefix may be gone), a commit fault ends
   // the service too: every held reply is refused, the listeners and connections are closed,
-  // the ownership is given up, and Run() returns the fault, so that lockd exits and a standby
-  // takes over. Removes the Unix socket file on return.
+  // and Run() returns the fault (a deposition). Destroying the server then gives the ownership
+  // up, so that a standby takes over; lockd then stands by again with a new server (or exits,
+  // with --exit-on-depose). Removes the Unix socket file on return.
   virtual absl::Status Run() = 0;
 
   // Stops serving: closes listeners and connections, makes Run() return. Non-blocking.

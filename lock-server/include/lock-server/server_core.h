@@ -104,6 +104,10 @@ struct CoreOptions {
   // Called (on the core's thread) when a publish was refused and no pool exists: the lock
   // taken for it goes (DispatchHost::LetGoOfAdmissionNamespace). Default: none.
   std::function<void()> let_go_of_admission_namespace;
+  // With etcd: times this process was deposed before this core (it stood by again after each),
+  // and why the last time; GetStats reports them. Default: none.
+  uint64_t depositions = 0;
+  std::string last_deposition;
 };
 
 // Figures the core counts, for GetStats and the metrics export.
