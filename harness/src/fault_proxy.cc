@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <future>
+#include <chrono>
+#include <deque>
 #include <list>
 #include <string>
 #include <thread>
@@ -25,6 +27,10 @@ class FaultProxy::Impl {
     std::string outbox;
     std::string held;
     bool writing = false;
+    // Chunks read under a delay, each with the time it may go on: a latency, so that reading
+    // goes on meanwhile and a busy connection is not throttled to a chunk per delay.
+    std::deque<std::pair<std::chrono::steady_clock::time_point, std::string>> delayed;
+    bool delaying = false;
   };
   struct Link : std::enable_shared_from_this<Link> {
     Link(tcp::socket c, tcp::socket s) : client(std::move(c)), server(std::move(s)) {}
@@ -126,7 +132,6 @@ class FaultProxy::Impl {
   awaitable<void> Pump(std::shared_ptr<Link> link, int dir) {
     tcp::socket& from = dir == 0 ? link->client : link->server;
     std::string chunk(64 * 1024, '\0');
-    asio::steady_timer timer(io_);
     for (;;) {
       boost::system::error_code ec;
       size_t n = co_await from.async_read_some(asio::buffer(chunk),
@@ -135,14 +140,18 @@ class FaultProxy::Impl {
         link->Close();
         co_return;
       }
-      if (delays_[dir] > absl::ZeroDuration() && modes_[dir] == Mode::kPass) {
-        // Later chunks queue behind this one in the socket, so the order is kept.
-        timer.expires_after(absl::ToChronoNanoseconds(delays_[dir]));
-        co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
-        if (link->closed) co_return;
-      }
       read_[dir] += n;
       Pipe& pipe = link->pipes[dir];
+      if (modes_[dir] == Mode::kPass &&
+          (delays_[dir] > absl::ZeroDuration() || !pipe.delayed.empty())) {
+        // Goes on `delay` after it was read; a chunk read once the delay is off still waits for
+        // the ones before it, so the order is kept.
+        pipe.delayed.emplace_back(
+            std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(delays_[dir]),
+            chunk.substr(0, n));
+        StartDelayer(link, dir);
+        continue;
+      }
       switch (modes_[dir]) {
         case Mode::kPass:
           pipe.outbox.append(chunk, 0, n);
@@ -156,6 +165,41 @@ class FaultProxy::Impl {
           break;
       }
     }
+  }
+
+  void StartDelayer(const std::shared_ptr<Link>& link, int dir) {
+    Pipe& pipe = link->pipes[dir];
+    if (pipe.delaying || link->closed) return;
+    pipe.delaying = true;
+    asio::co_spawn(io_, Delayer(link, dir), asio::detached);
+  }
+
+  // Hands each delayed chunk on once its time comes (held or dropped instead if the mode
+  // changed meanwhile).
+  awaitable<void> Delayer(std::shared_ptr<Link> link, int dir) {
+    Pipe& pipe = link->pipes[dir];
+    asio::steady_timer timer(io_);
+    while (!pipe.delayed.empty() && !link->closed) {
+      timer.expires_at(pipe.delayed.front().first);
+      boost::system::error_code ec;
+      co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
+      if (link->closed) break;
+      std::string bytes = std::move(pipe.delayed.front().second);
+      pipe.delayed.pop_front();
+      switch (modes_[dir]) {
+        case Mode::kPass:
+          pipe.outbox += bytes;
+          StartWriter(link, dir);
+          break;
+        case Mode::kHold:
+          held_[dir] += bytes.size();
+          pipe.held += bytes;
+          break;
+        case Mode::kDrop:
+          break;
+      }
+    }
+    pipe.delaying = false;
   }
 
   void StartWriter(const std::shared_ptr<Link>& link, int dir) {

@@ -1343,6 +1343,141 @@ absl::Status Elections(Env& env, Outcome& out) {
   return Finish(c, out, {});
 }
 
+// Issue 37: a slow but live etcd. Every replica reaches each member through a fault proxy that
+// holds each chunk of its requests 300 ms, then 700 ms, then 1 s (a phase each) while the
+// workers pay, at lockd's default owner TTL (10 s; --etcd-owner-ttl sets another). lockd waits
+// for its commits; clients wait for lockd.
+absl::Status SlowEtcd(Env& env, Outcome& out) {
+  const absl::Duration ttl =
+      env.etcd_owner_ttl > absl::ZeroDuration() ? env.etcd_owner_ttl : absl::Seconds(10);
+  const absl::Duration phase = env.quick ? absl::Seconds(6) : absl::Seconds(15);
+  // One proxy per member, which every replica goes through. Declared before the cluster.
+  std::vector<std::unique_ptr<FaultProxy>> proxies;
+  // Enough payouts that the workers pay through the phases on this machine (they exit when
+  // none is left); the prober tells that grants go on either way.
+  auto cluster = StartCluster(env, env.quick ? 100 : 300, {}, kTtl, [&](ClusterOptions& o) {
+    o.etcd_members = 3;
+    o.etcd_binary = env.binaries.etcd;
+    o.lockd_replicas = 3;
+    o.etcd_owner_ttl = ttl;
+    o.etcd_route = [&proxies](int, payout::EtcdCluster& etcd) -> absl::StatusOr<std::string> {
+      if (proxies.empty()) {
+        for (int i = 0; i < etcd.size(); ++i) {
+          proxies.push_back(std::make_unique<FaultProxy>(etcd.client_port(i)));
+        }
+      }
+      std::string endpoints;
+      for (const auto& p : proxies) {
+        absl::StrAppend(&endpoints, endpoints.empty() ? "" : ",", "127.0.0.1:", p->port());
+      }
+      return endpoints;
+    };
+  });
+  if (!cluster.ok()) return cluster.status();
+  Cluster& c = **cluster;
+  LongHolders holders(c.lockd_address(), c.Path("history"), env.seed);
+  Prober prober(c.lockd_address());
+  if (absl::Status s = StartWorkers(c); !s.ok()) return s;
+  if (absl::Status s = AwaitSessions(c); !s.ok()) return s;
+  History h(c.Path("history"));
+  for (const absl::Duration delay :
+       {absl::Milliseconds(300), absl::Milliseconds(700), absl::Seconds(1)}) {
+    for (const auto& p : proxies) p->SetDelay(Dir::kToServer, delay);
+    const int64_t paid_before = h.Count("paid");
+    const int64_t lost_before = h.Count("lost");
+    const int64_t granted_before = prober.grants();
+    const int64_t from = history::NowNanos();
+    absl::SleepFor(phase);
+    const int64_t to = history::NowNanos();
+    const int64_t paid = h.Count("paid") - paid_before;
+    const int64_t granted = prober.grants() - granted_before;
+    out.Figure(absl::StrCat("etcd +", absl::FormatDuration(delay)),
+               absl::StrCat(Secs(phase), ": ", paid, " paid, ", granted, " probe grants, ",
+                            h.Count("lost") - lost_before,
+                            " leases lost (client side), longest pause between probe grants ",
+                            Secs(prober.LongestPause(from, to))));
+    out.Expect(granted > 0, absl::StrCat("nothing was granted with etcd ",
+                                         absl::FormatDuration(delay), " late"));
+  }
+  for (const auto& p : proxies) p->SetDelay(Dir::kToServer, absl::ZeroDuration());
+  if (absl::Status s = WaitWorkers(c, out, absl::Seconds(120)); !s.ok()) return s;
+  const int64_t depositions = h.Count("lockd-deposed");
+  out.Figure("depositions", absl::StrCat(depositions, " (owner TTL ", Secs(ttl), ")"));
+  out.Expect(ttl < absl::Seconds(10) || depositions == 0,
+             absl::StrCat(depositions, " depositions with a slow but live etcd at owner TTL ",
+                          Secs(ttl)));
+  prober.Stop();
+  holders.Stop();
+  out.Expect(holders.error().empty(), "a long holder could not start: " + holders.error());
+  out.Figure("long holders", absl::StrCat(holders.holds(), " holds of 2 to 6 s (TTL ",
+                                          Secs(LongHolders::kTtl), "), ", holders.lost(), " lost"));
+  return Finish(c, out, {});
+}
+
+// Issue 37: the serving replica's wall clock stepped an hour ahead, then an hour behind
+// (libfaketime; its boot-time and monotonic clocks are left alone), each for longer than its
+// lease on the prefix, while the workers pay. Its ownership and every lease run on the
+// boot-time clock: no deposition, no lease lost.
+absl::Status ReplicaClockStep(Env& env, Outcome& out) {
+  const std::string libfaketime = LIBFAKETIME;
+  if (libfaketime.empty() || !std::filesystem::exists(libfaketime)) {
+    return absl::FailedPreconditionError(
+        "libfaketime not found: install the Debian package faketime (scripts/test.sh does)");
+  }
+  const std::string offset_file = env.dir + "/lockd-a-wall-clock";
+  auto set_offset = [&](const std::string& offset) {
+    std::ofstream(offset_file, std::ios::trunc) << offset << "\n";
+  };
+  set_offset("+0");
+  std::vector<std::string> environment = {
+      "LD_PRELOAD=" + libfaketime, "FAKETIME_TIMESTAMP_FILE=" + offset_file,
+      "FAKETIME_CACHE_DURATION=1", "FAKETIME_DONT_FAKE_MONOTONIC=1"};
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  environment.push_back(absl::StrCat("ASAN_OPTIONS=", asan != nullptr ? asan : "",
+                                     asan != nullptr && *asan != '\0' ? ":" : "",
+                                     "verify_asan_link_order=0"));
+  auto cluster = StartCluster(env, BusyPayouts(env), {}, kTtl, [&](ClusterOptions& o) {
+    o.etcd_members = 3;
+    o.etcd_binary = env.binaries.etcd;
+    o.lockd_replicas = 3;
+    o.etcd_owner_ttl = kOwnerTtl;
+    o.lockd_environment = [environment](int replica) {
+      return replica == 0 ? environment : std::vector<std::string>{};
+    };
+  });
+  if (!cluster.ok()) return cluster.status();
+  Cluster& c = **cluster;
+  // Grants go on through each step (the prober's); the workers pay as the run begins.
+  Prober prober(c.lockd_address());
+  if (absl::Status s = StartWorkers(c); !s.ok()) return s;
+  if (absl::Status s = AwaitSessions(c); !s.ok()) return s;
+  History h(c.Path("history"));
+  if (absl::Status s = AwaitPaid(h, 5); !s.ok()) return s;
+  const absl::Duration hold = 2 * kOwnerTtl + absl::Milliseconds(env.Uniform(1000, 2000));
+  std::string steps;
+  for (const char* offset : {"+1h", "-1h"}) {
+    const int64_t granted_before = prober.grants();
+    const int64_t from = history::NowNanos();
+    set_offset(offset);
+    absl::SleepFor(hold);
+    const int64_t granted = prober.grants() - granted_before;
+    absl::StrAppend(&steps, steps.empty() ? "" : "; ", offset, " for ", Secs(hold), ": ",
+                    granted, " probe grants, longest pause ",
+                    Secs(prober.LongestPause(from, history::NowNanos())));
+    out.Expect(granted > 0, absl::StrCat("nothing was granted with lockd-a's wall clock at ", offset));
+  }
+  set_offset("+0");
+  out.Figure("lockd-a's wall clock", steps + "; then back to +0");
+  if (absl::Status s = WaitWorkers(c, out, absl::Seconds(120)); !s.ok()) return s;
+  const int64_t depositions = h.Count("lockd-deposed");
+  out.Figure("depositions", absl::StrCat(depositions));
+  out.Expect(depositions == 0, "the serving replica was deposed when its wall clock stepped");
+  out.Expect(c.ServingReplica() == 0, "lockd-a does not serve after its wall clock stepped");
+  out.Figure("lost leases (client side)", absl::StrCat(h.Count("lost")));
+  prober.Stop();
+  return Finish(c, out, {});
+}
+
 }  // namespace
 
 const std::vector<Scenario>& Scenarios() {
@@ -1384,6 +1519,12 @@ const std::vector<Scenario>& Scenarios() {
        "replicated, no supervisor: the etcd leader killed again and again; a replica serves after "
        "each",
        Elections, true},
+      {"ha-etcd-slow",
+       "replicated: etcd answers 300 ms, 700 ms, then 1 s late; payouts go on, nobody deposed",
+       SlowEtcd, true},
+      {"ha-clock-step",
+       "replicated: the serving lockd's wall clock stepped an hour either way: nothing changes",
+       ReplicaClockStep, true},
       {"ha-etcd-stranger",
        "replicated: a stranger reads etcd and tries what it finds as session secrets: all refused",
        [](Env& e, Outcome& o) { return Replicated(e, o, HaFault::kEtcdStranger); }, true},

@@ -353,7 +353,11 @@ void EtcdOwnership::Renew() {
                 until_ = until;
                 deadline_timer_->ArmAt(until_, [this] { (void)HoldsAt(time_->Now()); });
               }
-              step_timer_->ArmAt(time_->Now() + options_.ttl / 3, [this] { Renew(); });
+              // Every third of the TTL from the last renewal's send, not from its answer: a slow
+              // etcd (a second per request) would otherwise stretch the period by the renewal's
+              // own time and let the deadline pass between two renewals (issue 37).
+              step_timer_->ArmAt(std::max(time_->Now(), sent + options_.ttl / 3),
+                                 [this] { Renew(); });
             });
       });
 }

@@ -163,7 +163,13 @@ absl::Status Cluster::StartLockd(int i) {
     }
     args.push_back("--etcd=" + endpoints);
   }
-  auto lockd = Spawn(options_.lockd_binary, args, "logs/" + r.name + ".log");
+  const std::string log = Path("logs/" + r.name + ".log");
+  auto lockd = process::Child::Spawn(
+      options_.lockd_binary, args,
+      {.stdout_file = log,
+       .stderr_file = log,
+       .environment = options_.lockd_environment ? options_.lockd_environment(i)
+                                                 : std::vector<std::string>{}});
   if (!lockd.ok()) return lockd.status();
   r.child = std::move(*lockd);
   r.serving_since = 0;

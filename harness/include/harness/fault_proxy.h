@@ -31,7 +31,8 @@ class FaultProxy {
 
   int port() const;
   void Set(Direction direction, Mode mode);
-  // In kPass, forwards each chunk read in `direction` only after `delay` (in order). Zero: none.
+  // In kPass, forwards each chunk read in `direction` `delay` after it was read, in order: a
+  // latency (reading goes on meanwhile), not a throttle. Zero: none.
   void SetDelay(Direction direction, absl::Duration delay);
   // Forwards everything held in `direction`, in order, and switches it back to kPass.
   void Release(Direction direction);

@@ -60,6 +60,9 @@ struct ClusterOptions {
   // The --etcd endpoints replica `i` is given; default (empty): the cluster's own. The harness
   // routes a replica through fault proxies this way.
   std::function<absl::StatusOr<std::string>(int replica, EtcdCluster& etcd)> etcd_route;
+  // "NAME=value" entries added to replica `i`'s environment (the harness steps one replica's
+  // wall clock with libfaketime this way). Default: none.
+  std::function<std::vector<std::string>(int replica)> lockd_environment;
 };
 
 // The rail's ledger against the store, after the run.
