@@ -526,6 +526,21 @@ absl::Status Network(Env& env, Outcome& out) {
   return Finish(c, out, {});
 }
 
+// The environment that runs a process under libfaketime, its wall clock offset by what
+// `offset_file` holds (reread every second); its monotonic and boot-time clocks untouched.
+std::vector<std::string> FaketimeEnvironment(const std::string& offset_file) {
+  std::vector<std::string> environment = {
+      absl::StrCat("LD_PRELOAD=", LIBFAKETIME), "FAKETIME_TIMESTAMP_FILE=" + offset_file,
+      "FAKETIME_CACHE_DURATION=1", "FAKETIME_DONT_FAKE_MONOTONIC=1"};
+  // In an AddressSanitizer build the preloaded library comes before ASan's runtime, which ASan
+  // refuses unless told that the order is on purpose.
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  environment.push_back(absl::StrCat("ASAN_OPTIONS=", asan != nullptr ? asan : "",
+                                     asan != nullptr && *asan != '\0' ? ":" : "",
+                                     "verify_asan_link_order=0"));
+  return environment;
+}
+
 // Workers pay while their wall clocks are stepped an hour ahead, then an hour behind, then
 // back (libfaketime, which rereads its offset from a file each second; their monotonic and
 // boot-time clocks are left alone). Each step lasts longer than a lease: a heartbeat that
@@ -545,16 +560,7 @@ absl::Status ClockStep(Env& env, Outcome& out) {
   // Payouts are loaded as the run goes, so that three workers are paying through every step
   // on a fast machine or a slow one (a worker exits once nothing is left to pay).
   const int64_t per_step = env.quick ? 800 : 1600;
-  std::vector<std::string> environment = {
-      "LD_PRELOAD=" + libfaketime, "FAKETIME_TIMESTAMP_FILE=" + offset_file,
-      "FAKETIME_CACHE_DURATION=1", "FAKETIME_DONT_FAKE_MONOTONIC=1"};
-  // In an AddressSanitizer build the preloaded library comes before ASan's runtime, which ASan
-  // refuses unless told that the order is on purpose.
-  const char* asan = std::getenv("ASAN_OPTIONS");
-  environment.push_back(absl::StrCat("ASAN_OPTIONS=", asan != nullptr ? asan : "",
-                                     asan != nullptr && *asan != '\0' ? ":" : "",
-                                     "verify_asan_link_order=0"));
-  auto cluster = StartCluster(env, per_step, std::move(environment));
+  auto cluster = StartCluster(env, per_step, FaketimeEnvironment(offset_file));
   if (!cluster.ok()) return cluster.status();
   Cluster& c = **cluster;
   if (absl::Status s = StartWorkers(c); !s.ok()) return s;
@@ -1429,13 +1435,7 @@ absl::Status ReplicaClockStep(Env& env, Outcome& out) {
     std::ofstream(offset_file, std::ios::trunc) << offset << "\n";
   };
   set_offset("+0");
-  std::vector<std::string> environment = {
-      "LD_PRELOAD=" + libfaketime, "FAKETIME_TIMESTAMP_FILE=" + offset_file,
-      "FAKETIME_CACHE_DURATION=1", "FAKETIME_DONT_FAKE_MONOTONIC=1"};
-  const char* asan = std::getenv("ASAN_OPTIONS");
-  environment.push_back(absl::StrCat("ASAN_OPTIONS=", asan != nullptr ? asan : "",
-                                     asan != nullptr && *asan != '\0' ? ":" : "",
-                                     "verify_asan_link_order=0"));
+  const std::vector<std::string> environment = FaketimeEnvironment(offset_file);
   auto cluster = StartCluster(env, BusyPayouts(env), {}, kTtl, [&](ClusterOptions& o) {
     o.etcd_members = 3;
     o.etcd_binary = env.binaries.etcd;
