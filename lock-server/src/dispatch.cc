@@ -195,7 +195,20 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
       const WaiterId waiter_id = host.NextWaiterId();
       auto result = service.Acquire(a.session_id(), a.lock(), FromMillis(a.ttl_ms()),
                                     FromMillis(a.wait_timeout_ms()), waiter_id, now);
-      if (!result.ok()) return finish(result.status());
+      if (!result.ok()) {
+        // The session holds it already: the refusal names the grant (granted stays false), so
+        // that a client whose earlier Acquire was granted but never answered (a replica
+        // deposed as it committed) can take it up rather than wait out its lease.
+        const HolderState* holder = service.state().FindHolder(a.lock());
+        if (absl::IsInvalidArgument(result.status()) && holder != nullptr &&
+            holder->session == a.session_id()) {
+          auto* held = resp.mutable_acquire();
+          held->set_lock(a.lock());
+          held->set_token(holder->token);
+          held->set_ttl_ms(ToMillis(holder->ttl));
+        }
+        return finish(result.status());
+      }
       if (result->kind == AcquireResult::Kind::kQueued) {
         // Answered by a push when the wait is settled.
         out.then = Dispatched::Then::kQueued;

@@ -158,6 +158,36 @@ TEST_F(ServerCoreTest, AGrantIsAnsweredOnlyOnceItsRecordIsCommitted) {
   EXPECT_NE(recovered->state.FindHolder("payout/1"), nullptr);
 }
 
+// Issue 37: acquiring a lock the session holds is refused, and the refusal names the grant, so
+// that a client whose first Acquire was granted but never answered can take it up.
+TEST_F(ServerCoreTest, AnAcquireOfALockTheSessionHoldsNamesTheGrant) {
+  Start(&mem_);
+  Sink sink;
+  ConnectionId c;
+  const uint64_t session = Session(&sink, &c, absl::Seconds(10));
+  const uint64_t token = Hold(c, &sink, session, "payout/1");
+  ASSERT_GT(token, 0u);
+  Acquire(c, session, "payout/1", absl::Seconds(5));
+  time_.Advance(kSyncTime * 4);
+  auto replies = sink.Take();
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].code(), wire::INVALID_ARGUMENT);
+  EXPECT_FALSE(replies[0].acquire().granted());
+  EXPECT_EQ(replies[0].acquire().token(), token);
+  EXPECT_EQ(replies[0].acquire().ttl_ms(), 30000u);  // the grant's TTL, not this request's
+  EXPECT_EQ(replies[0].acquire().lock(), "payout/1");
+  // Another session's lock is not named: a stranger learns no token this way.
+  Sink other_sink;
+  ConnectionId other;
+  const uint64_t stranger = Session(&other_sink, &other, absl::Seconds(10));
+  Acquire(other, stranger, "payout/1", absl::Seconds(5));
+  time_.Advance(kSyncTime * 4);
+  auto busy = other_sink.Take();
+  ASSERT_EQ(busy.size(), 1u);
+  EXPECT_FALSE(busy[0].acquire().granted());
+  EXPECT_EQ(busy[0].acquire().token(), 0u);
+}
+
 TEST_F(ServerCoreTest, AKeepAliveWaitsOnlyForTheRecordsItReflects) {
   Start(&mem_);
   Sink a_sink, b_sink;

@@ -981,6 +981,22 @@ void ClientCore::OnAcquireReply(MonoTime now, Pending& p, const wire::Response& 
                               "session ", p.session, " expired on lockd: ", r.message(),
                               "; retry to open a new one")));
   }
+  if (r.code() == wire::INVALID_ARGUMENT && r.acquire().token() != 0 &&
+      r.acquire().lock() == op.lock && p.session == session_id_ && held_.count(op.lock) == 0 &&
+      unsettled_.count(op.lock) == 0) {
+    // lockd says this session holds the lock already, yet this client holds no lease of it:
+    // an earlier Acquire was granted and committed while its answer was lost (its replica was
+    // deposed as it committed). The grant is taken up, renewed first as a late grant is (its
+    // lease may be nearly spent), rather than refused until it runs out.
+    const uint64_t token = r.acquire().token();
+    op.granted_ttl = absl::Milliseconds(r.acquire().ttl_ms());
+    op.stage = Stage::kRenewingGrant;
+    Send(now, req::KeepAlive(p.session, op.lock, token),
+         Pending{.kind = Kind::kGrantRenewal, .op = p.op,
+                 .timeout_at = now + options_.request_timeout, .session = p.session,
+                 .lock = op.lock, .token = token});
+    return;
+  }
   if (r.code() != wire::OK) return Complete(p.op, protocol::StatusFromCode(r.code(), r.message()));
   if (!granted) return Complete(p.op, absl::OkStatus());  // a try that found it held
   // D1: the lease is measured from when the Acquire was written, however long it queued.
