@@ -50,7 +50,8 @@ ABSL_FLAG(std::string, rail_binary, RAIL_BINARY, "the payout-rail executable");
 ABSL_FLAG(std::string, etcd_binary, "/usr/bin/etcd",
           "the etcd executable of the replicated scenarios (Debian's etcd-server)");
 ABSL_FLAG(absl::Duration, etcd_owner_ttl, absl::ZeroDuration(),
-          "ha-etcd-elections: the replicas' --etcd-owner-ttl (0: 2s)");
+          "replicated scenarios: the replicas' --etcd-owner-ttl (0: each scenario's own, 2s for "
+          "most)");
 ABSL_FLAG(int, elections, 0,
           "ha-etcd-elections: how many times the etcd leader is killed (0: 3 with --quick, else "
           "10; at most 100)");

@@ -851,6 +851,68 @@ class LongHolders {
   std::vector<std::thread> threads_;
 };
 
+// Acquires and releases a lock every 10 ms through a client given every replica, noting when
+// each grant arrived: the pauses a client sees, on its boot-time clock.
+class Prober {
+ public:
+  explicit Prober(const std::string& servers)
+      : thread_([this, servers] { Run(servers); }) {}
+  ~Prober() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  // The longest time without a grant over [from_ns, to_ns], counting from the last grant
+  // before from_ns.
+  absl::Duration LongestPause(int64_t from_ns, int64_t to_ns) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t previous = from_ns, longest = 0;
+    for (int64_t g : grants_) {
+      if (g < from_ns) {
+        previous = g;
+        continue;
+      }
+      if (g > to_ns) break;
+      longest = std::max(longest, g - previous);
+      previous = g;
+    }
+    longest = std::max(longest, std::min(to_ns, history::NowNanos()) - previous);
+    return absl::Nanoseconds(longest);
+  }
+  int64_t grants() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(grants_.size());
+  }
+
+ private:
+  void Run(const std::string& servers) {
+    auto client = Client::Create({.server = servers,
+                                  .session_ttl = absl::Seconds(5),
+                                  .default_lock_ttl = absl::Seconds(5),
+                                  .client_name = "prober"});
+    if (!client.ok()) return;
+    // A name per acquire: an acquire whose answer was lost in a failover leaves its grant held
+    // by the session until its lease runs out, and acquiring that name again is refused
+    // meanwhile ("already holds"), which would count as a pause of the lease's length.
+    for (uint64_t i = 0; !stop_; ++i) {
+      auto held = (*client)->acquire(absl::StrCat("probe/", i), absl::Milliseconds(500));
+      if (held.ok()) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          grants_.push_back(history::NowNanos());
+        }
+        (void)(*client)->release(*held);
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mu_;
+  std::vector<int64_t> grants_;  // guarded by mu_, ascending
+  std::thread thread_;
+};
+
 // Runs etcdctl (beside `etcd`) against `endpoints` with `args`; its standard output (bytes),
 // or the failure.
 absl::StatusOr<std::string> Etcdctl(const std::string& etcd, const std::string& endpoints,
@@ -934,6 +996,11 @@ std::optional<history::Record> LastAct(History& h, const std::string& replica) {
 
 absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
   const int64_t n = BusyPayouts(env);
+  // --etcd-owner-ttl measures failover against other TTLs (issue 37).
+  const absl::Duration owner_ttl =
+      env.etcd_owner_ttl > absl::ZeroDuration() ? env.etcd_owner_ttl
+      : fault == HaFault::kEtcdLeaderKill       ? kOwnerTtlThroughElection
+                                                : kOwnerTtl;
   // For kEtcdCut: lockd-a reaches each etcd member through a proxy of its own. Declared before
   // the cluster, which refers to them.
   std::vector<std::unique_ptr<FaultProxy>> proxies;
@@ -943,7 +1010,7 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
     o.lockd_replicas = 3;
     // Killing the etcd leader costs an election (about a second): a lease on the prefix well
     // above that lets lockd-a keep serving through it, as production settings (10 s) would.
-    o.etcd_owner_ttl = fault == HaFault::kEtcdLeaderKill ? kOwnerTtlThroughElection : kOwnerTtl;
+    o.etcd_owner_ttl = owner_ttl;
     if (fault != HaFault::kEtcdCut) return;
     o.etcd_route = [&proxies](int replica, payout::EtcdCluster& etcd) -> absl::StatusOr<std::string> {
       if (replica != 0) return etcd.endpoints();
@@ -966,6 +1033,8 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
   const int64_t standing_by = history::NowNanos();
   LongHolders holders(c.lockd_address(), c.Path("history"), env.seed);
   absl::SleepFor(kStandbyWait - absl::Nanoseconds(history::NowNanos() - standing_by));
+  // The pause a client sees across the fault: the longest wait between a prober's grants.
+  Prober prober(c.lockd_address());
   if (absl::Status s = StartWorkers(c); !s.ok()) return s;
   if (absl::Status s = AwaitSessions(c); !s.ok()) return s;
   History h(c.Path("history"));
@@ -988,12 +1057,12 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
       what = absl::StrCat(old_name, " (serving) killed with SIGKILL");
       break;
     case HaFault::kLockdFreeze: {
-      const absl::Duration freeze = kOwnerTtl + absl::Milliseconds(env.Uniform(500, 1500));
+      const absl::Duration freeze = owner_ttl + absl::Milliseconds(env.Uniform(500, 1500));
       c.replica(old).Signal(SIGSTOP);
       absl::SleepFor(freeze);
       c.replica(old).Signal(SIGCONT);
       what = absl::StrCat(old_name, " (serving) frozen with SIGSTOP for ", Secs(freeze),
-                          ", past its ", Secs(kOwnerTtl), " lease on the prefix");
+                          ", past its ", Secs(owner_ttl), " lease on the prefix");
       deposed = true;
       break;
     }
@@ -1148,7 +1217,7 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
     const absl::Duration failover = absl::Nanoseconds(first.begin_ns - fault_at);
     out.Figure("failover", absl::StrCat(Secs(failover), " from the fault to the first grant by ",
                                         first.process, " (token ", first.token, "; lease on the "
-                                        "prefix ", Secs(kOwnerTtl), ", target TTL + 1 s)"));
+                                        "prefix ", Secs(owner_ttl), ", target TTL + 1 s)"));
   }
   if (fault == HaFault::kEtcdCut) {
     for (const auto& p : proxies) {  // the partition heals
@@ -1194,6 +1263,13 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
                                                         : "standing by again"));
     }
   }
+  if (fails_over) {
+    out.Figure("client pause", absl::StrCat(
+                                   Secs(prober.LongestPause(fault_at, history::NowNanos())),
+                                   " the longest wait between a prober's grants from the fault on "
+                                   "(lease on the prefix ", Secs(owner_ttl), ")"));
+  }
+  prober.Stop();
   // As a supervisor would: the replica that was killed comes back, as a standby (a deposed one
   // stands by again by itself).
   if (fault != HaFault::kEtcdLeaderKill && fails_over && !deposed) {
@@ -1213,68 +1289,6 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
                                           holders.lost(), " lost"));
   return Finish(c, out, {});
 }
-
-// Acquires and releases a lock every 10 ms through a client given every replica, noting when
-// each grant arrived: the pauses a client sees, on its boot-time clock.
-class Prober {
- public:
-  explicit Prober(const std::string& servers)
-      : thread_([this, servers] { Run(servers); }) {}
-  ~Prober() { Stop(); }
-  void Stop() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-  }
-  // The longest time without a grant over [from_ns, to_ns], counting from the last grant
-  // before from_ns.
-  absl::Duration LongestPause(int64_t from_ns, int64_t to_ns) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    int64_t previous = from_ns, longest = 0;
-    for (int64_t g : grants_) {
-      if (g < from_ns) {
-        previous = g;
-        continue;
-      }
-      if (g > to_ns) break;
-      longest = std::max(longest, g - previous);
-      previous = g;
-    }
-    longest = std::max(longest, std::min(to_ns, history::NowNanos()) - previous);
-    return absl::Nanoseconds(longest);
-  }
-  int64_t grants() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return static_cast<int64_t>(grants_.size());
-  }
-
- private:
-  void Run(const std::string& servers) {
-    auto client = Client::Create({.server = servers,
-                                  .session_ttl = absl::Seconds(5),
-                                  .default_lock_ttl = absl::Seconds(5),
-                                  .client_name = "prober"});
-    if (!client.ok()) return;
-    // A name per acquire: an acquire whose answer was lost in a failover leaves its grant held
-    // by the session until its lease runs out, and acquiring that name again is refused
-    // meanwhile ("already holds"), which would count as a pause of the lease's length.
-    for (uint64_t i = 0; !stop_; ++i) {
-      auto held = (*client)->acquire(absl::StrCat("probe/", i), absl::Milliseconds(500));
-      if (held.ok()) {
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          grants_.push_back(history::NowNanos());
-        }
-        (void)(*client)->release(*held);
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-  }
-
-  std::atomic<bool> stop_{false};
-  mutable std::mutex mu_;
-  std::vector<int64_t> grants_;  // guarded by mu_, ascending
-  std::thread thread_;
-};
 
 // Issue 37: the etcd leader killed again and again (SIGKILL, started again 2 s later), with no
 // supervisor for lockd: after each election a replica serves (one that was deposed stands by

@@ -198,7 +198,7 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
       if (!result.ok()) {
         // The session holds it already: the refusal names the grant (granted stays false), so
         // that a client whose earlier Acquire was granted but never answered (a replica
-        // deposed as it committed) can take it up rather than wait out its lease.
+        // deposed as it committed) can release it rather than wait out its lease.
         const HolderState* holder = service.state().FindHolder(a.lock());
         if (absl::IsInvalidArgument(result.status()) && holder != nullptr &&
             holder->session == a.session_id()) {

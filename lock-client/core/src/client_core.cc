@@ -983,18 +983,15 @@ void ClientCore::OnAcquireReply(MonoTime now, Pending& p, const wire::Response& 
   }
   if (r.code() == wire::INVALID_ARGUMENT && r.acquire().token() != 0 &&
       r.acquire().lock() == op.lock && p.session == session_id_ && held_.count(op.lock) == 0 &&
-      unsettled_.count(op.lock) == 0) {
+      unsettled_.count(op.lock) == 0 && !op.released_orphan) {
     // lockd says this session holds the lock already, yet this client holds no lease of it:
     // an earlier Acquire was granted and committed while its answer was lost (its replica was
-    // deposed as it committed). The grant is taken up, renewed first as a late grant is (its
-    // lease may be nearly spent), rather than refused until it runs out.
-    const uint64_t token = r.acquire().token();
-    op.granted_ttl = absl::Milliseconds(r.acquire().ttl_ms());
-    op.stage = Stage::kRenewingGrant;
-    Send(now, req::KeepAlive(p.session, op.lock, token),
-         Pending{.kind = Kind::kGrantRenewal, .op = p.op,
-                 .timeout_at = now + options_.request_timeout, .session = p.session,
-                 .lock = op.lock, .token = token});
+    // deposed as it committed). That grant is released, and the lock acquired anew (once), so
+    // that this Acquire returns a grant made while it ran, with a token above every earlier
+    // one, instead of being refused until the orphan's lease runs out.
+    op.released_orphan = true;
+    unsettled_[op.lock] = Unsettled{.session = p.session, .token = r.acquire().token()};
+    PumpAcquire(now, p.op, op);
     return;
   }
   if (r.code() != wire::OK) return Complete(p.op, protocol::StatusFromCode(r.code(), r.message()));

@@ -360,11 +360,12 @@ TEST_F(ClientCoreTest, ALateGrantIsRenewedBeforeItIsHandedOver) {
 
 // Issue 37: an Acquire granted and committed while its answer was lost (the replica was deposed
 // as it committed, and said UNAVAILABLE). Acquiring the name again, lockd refuses ("already
-// holds") naming the grant; the client holds no lease of it, so it takes the grant up, renewed
-// first, instead of failing until the lease runs out.
-TEST_F(ClientCoreTest, AGrantWhoseAnswerWasLostIsTakenUpWhenAcquiredAgain) {
+// holds") naming the grant; the client holds no lease of it, so it releases that grant and
+// acquires anew, once: the Acquire returns a grant made while it ran, its token above the
+// orphan's, instead of failing until the orphan's lease runs out.
+TEST_F(ClientCoreTest, AGrantWhoseAnswerWasLostIsReleasedAndTheLockAcquiredAnew) {
   Make({});
-  Connect(absl::Seconds(30));  // the session's deadline is far: the lock's own TTL decides
+  Connect(absl::Seconds(3));
   const uint64_t first = core_->Acquire(now_, "a", absl::Seconds(10), absl::ZeroDuration());
   Drain();
   ReplyCode(MustTake(wire::Request::kAcquire), wire::UNAVAILABLE);
@@ -372,35 +373,35 @@ TEST_F(ClientCoreTest, AGrantWhoseAnswerWasLostIsTakenUpWhenAcquiredAgain) {
   EXPECT_FALSE(Completed(first)->status.ok());
   const uint64_t again = core_->Acquire(now_, "a", absl::Seconds(10), absl::ZeroDuration());
   Drain();
-  wire::Request acquire = MustTake(wire::Request::kAcquire);
   wire::Response held;
   held.set_code(wire::INVALID_ARGUMENT);
   held.set_message("session 1 already holds lock \"a\" (token 7)");
   held.mutable_acquire()->set_lock("a");
   held.mutable_acquire()->set_token(7);
-  held.mutable_acquire()->set_ttl_ms(3000);
-  Reply(acquire, held);
+  held.mutable_acquire()->set_ttl_ms(10000);
+  Reply(MustTake(wire::Request::kAcquire), held);
   EXPECT_FALSE(Completed(again).has_value());
-  wire::Request renewal = MustTake(wire::Request::kKeepAlive);
-  ASSERT_EQ(renewal.keep_alive().locks_size(), 1);
-  EXPECT_EQ(renewal.keep_alive().locks(0).token(), 7u);
-  const MonoTime t_send = now_;
-  Advance(absl::Milliseconds(100));
-  ReplyKeepAlive(renewal);
+  wire::Request release = MustTake(wire::Request::kRelease);
+  EXPECT_EQ(release.release().lock(), "a");
+  EXPECT_EQ(release.release().token(), 7u);
+  EXPECT_TRUE(release.release().relinquish());
+  Reply(release, wire::Response());
+  wire::Request acquire = MustTake(wire::Request::kAcquire);
+  Grant(acquire, 9, absl::Seconds(10));
   auto c = Completed(again);
   ASSERT_TRUE(c.has_value() && c->lease != nullptr) << (c ? c->status.ToString() : "none");
-  EXPECT_EQ(c->lease->token(), 7u);
-  // Its deadline counts from the renewal's send, with the grant's own TTL (3 s, not the 10 s
-  // this Acquire asked for).
-  EXPECT_EQ(c->lease->deadline(), t_send + absl::Milliseconds(2100));
+  EXPECT_EQ(c->lease->token(), 9u);
 
-  // A lease this client does hold is not taken up twice: acquiring it again is the caller's
-  // mistake, refused as before.
+  // A lease this client does hold is not released behind its back: acquiring it again is the
+  // caller's mistake, refused as before.
   const uint64_t twice = core_->Acquire(now_, "a", absl::Seconds(10), absl::ZeroDuration());
   Drain();
+  held.set_message("session 1 already holds lock \"a\" (token 9)");
+  held.mutable_acquire()->set_token(9);
   Reply(MustTake(wire::Request::kAcquire), held);
   ASSERT_TRUE(Completed(twice).has_value());
   EXPECT_TRUE(absl::IsInvalidArgument(Completed(twice)->status));
+  EXPECT_FALSE(Take(wire::Request::kRelease).has_value());
 }
 
 TEST_F(ClientCoreTest, ALateGrantWhoseRenewalFailsIsGivenBack) {

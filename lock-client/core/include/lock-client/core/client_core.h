@@ -204,6 +204,7 @@ class ClientCore {
     absl::Duration granted_ttl;
     int attempts = 0;         // kRenew: sends so far
     bool session_renewed = false;  // kAcquire: its short session lease was renewed once
+    bool released_orphan = false;  // kAcquire: a grant of the name it never knew was released
   };
   enum class Kind {
     kOpen, kResume, kKeepAlive, kAcquire, kGrantRenewal, kRelease, kUnawaitedRelease,
