@@ -225,6 +225,11 @@ void EtcdOwnership::WaitOutFormerOwner() {
       [this](absl::StatusOr<EtcdClient::LeaseLife> life) {
         if (state_ != State::kTaking) return;
         if (absl::IsNotFound(life.status())) {  // it expired, or was revoked
+          // Revoked by this lockd, before the take started over: the wait still holds (the
+          // simulator's seed 24978, 3 replicas: an election failed a renewal during the
+          // wait, and the replica whose key was deleted confirmed a token after the new one
+          // served).
+          if (revoked_former_ == former_lease_ && time_->Now() < wait_until_) return WaitStep();
           former_lease_ = 0;
           return Record();
         }
@@ -243,6 +248,7 @@ void EtcdOwnership::WaitOutFormerOwner() {
               }
             });
         wait_until_ = time_->Now() + granted;
+        revoked_former_ = former_lease_;
         WaitStep();
       });
 }

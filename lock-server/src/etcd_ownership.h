@@ -128,6 +128,10 @@ class EtcdOwnership {
   // learns of it there.
   int64_t recorded_former_ = 0;
   MonoTime wait_until_;        // waiting out the former owner until then
+  // The former lease this lockd revoked itself, and is waiting out until wait_until_: found
+  // gone when the take starts over (after a transient etcd error), it was revoked by us, not
+  // expired, and its lockd may still act until its own deadline.
+  int64_t revoked_former_ = 0;
   std::string said_unreachable_;  // the last etcd failure a standby logged
   std::string said_owner_;        // the last owner a standby reported
   bool said_standby_ = false;
