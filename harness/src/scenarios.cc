@@ -994,9 +994,26 @@ std::optional<history::Record> LastAct(History& h, const std::string& replica) {
   return last;
 }
 
+// One fault proxy per etcd member (made on first use) and the --etcd endpoints through them.
+std::string ProxiedEndpoints(std::vector<std::unique_ptr<FaultProxy>>& proxies,
+                             payout::EtcdCluster& etcd) {
+  if (proxies.empty()) {
+    for (int i = 0; i < etcd.size(); ++i) {
+      proxies.push_back(std::make_unique<FaultProxy>(etcd.client_port(i)));
+    }
+  }
+  std::string endpoints;
+  for (const auto& p : proxies) {
+    absl::StrAppend(&endpoints, endpoints.empty() ? "" : ",", "127.0.0.1:", p->port());
+  }
+  return endpoints;
+}
+
 absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
   const int64_t n = BusyPayouts(env);
-  // --etcd-owner-ttl measures failover against other TTLs (issue 37).
+  // --etcd-owner-ttl measures failover against other TTLs (issue 37). Killing the etcd leader
+  // costs an election (about a second): a lease on the prefix well above that lets lockd-a
+  // keep serving through it, as production settings (10 s) would.
   const absl::Duration owner_ttl =
       env.etcd_owner_ttl > absl::ZeroDuration() ? env.etcd_owner_ttl
       : fault == HaFault::kEtcdLeaderKill       ? kOwnerTtlThroughElection
@@ -1008,22 +1025,11 @@ absl::Status Replicated(Env& env, Outcome& out, HaFault fault) {
     o.etcd_members = 3;
     o.etcd_binary = env.binaries.etcd;
     o.lockd_replicas = 3;
-    // Killing the etcd leader costs an election (about a second): a lease on the prefix well
-    // above that lets lockd-a keep serving through it, as production settings (10 s) would.
     o.etcd_owner_ttl = owner_ttl;
     if (fault != HaFault::kEtcdCut) return;
     o.etcd_route = [&proxies](int replica, payout::EtcdCluster& etcd) -> absl::StatusOr<std::string> {
       if (replica != 0) return etcd.endpoints();
-      if (proxies.empty()) {
-        for (int i = 0; i < etcd.size(); ++i) {
-          proxies.push_back(std::make_unique<FaultProxy>(etcd.client_port(i)));
-        }
-      }
-      std::string endpoints;
-      for (const auto& p : proxies) {
-        absl::StrAppend(&endpoints, endpoints.empty() ? "" : ",", "127.0.0.1:", p->port());
-      }
-      return endpoints;
+      return ProxiedEndpoints(proxies, etcd);
     };
   });
   if (!cluster.ok()) return cluster.status();
@@ -1381,16 +1387,7 @@ absl::Status SlowEtcd(Env& env, Outcome& out) {
     o.lockd_replicas = 3;
     o.etcd_owner_ttl = ttl;
     o.etcd_route = [&proxies](int, payout::EtcdCluster& etcd) -> absl::StatusOr<std::string> {
-      if (proxies.empty()) {
-        for (int i = 0; i < etcd.size(); ++i) {
-          proxies.push_back(std::make_unique<FaultProxy>(etcd.client_port(i)));
-        }
-      }
-      std::string endpoints;
-      for (const auto& p : proxies) {
-        absl::StrAppend(&endpoints, endpoints.empty() ? "" : ",", "127.0.0.1:", p->port());
-      }
-      return endpoints;
+      return ProxiedEndpoints(proxies, etcd);
     };
   });
   if (!cluster.ok()) return cluster.status();
