@@ -141,7 +141,7 @@ TEST_F(EtcdAccessTest, LockdServesFromAnEtcdWithAuthAndAWrongPasswordIsNamed) {
   // As an operator would: a root user (etcdctl authenticates as root by its certificate's
   // common name), a role with readwrite on /fencelock/auth/, a user with that role, and one
   // without.
-  for (const std::string& step :
+  for (const char* step :
        {"user add root --new-user-password=root-secret", "user add fence --new-user-password=s3cret",
         "user add nobody --new-user-password=other", "role add fencelock",
         "role grant-permission fencelock readwrite /fencelock/auth/ --prefix=true",

@@ -342,7 +342,9 @@ Outcome ThroughLockctl(const std::string& server, const Step& s) {
       {"FAILED_PRECONDITION", 5}, {"FENCED_OUT", 6}, {"PERMISSION_DENIED", 7}, {"UNAVAILABLE", 1}};
   auto want = kExit.find(out["code"]);
   EXPECT_NE(want, kExit.end()) << "code " << out["code"];
-  if (want != kExit.end()) EXPECT_EQ(exit_code, want->second) << "lockctl's exit for " << out["code"];
+  if (want != kExit.end()) {
+    EXPECT_EQ(exit_code, want->second) << "lockctl's exit for " << out["code"];
+  }
   return out;
 }
 
