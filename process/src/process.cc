@@ -102,7 +102,7 @@ absl::StatusOr<Child> Child::Spawn(const std::string& binary,
   envp.push_back(nullptr);
 
   // Output files, opened here so that a bad path is an error of Spawn's.
-  int out_fd = -1, err_fd = -1;
+  int in_fd = -1, out_fd = -1, err_fd = -1;
   auto open_output = [](const std::string& path, int* fd) -> absl::Status {
     if (path.empty()) return absl::OkStatus();
     *fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
@@ -110,12 +110,20 @@ absl::StatusOr<Child> Child::Spawn(const std::string& binary,
     return absl::OkStatus();
   };
   absl::Status opened = open_output(options.stdout_file, &out_fd);
+  if (opened.ok() && !options.stdin_file.empty()) {
+    in_fd = open(options.stdin_file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (in_fd < 0) {
+      opened = absl::UnavailableError(
+          absl::StrCat("cannot open ", options.stdin_file, ": ", strerror(errno)));
+    }
+  }
   if (opened.ok()) opened = open_output(options.stderr_file, &err_fd);
   int exec_error[2] = {-1, -1};
   if (opened.ok() && pipe2(exec_error, O_CLOEXEC) != 0) {
     opened = absl::UnavailableError(absl::StrCat("pipe2: ", strerror(errno)));
   }
   auto close_all = [&] {
+    CloseIfOpen(in_fd);
     CloseIfOpen(out_fd);
     CloseIfOpen(err_fd);
     CloseIfOpen(exec_error[0]);
@@ -136,7 +144,8 @@ absl::StatusOr<Child> Child::Spawn(const std::string& binary,
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, options.parent_death_signal);
     if (getppid() != parent) _exit(126);  // the parent died before prctl took effect
-    if (out_fd >= 0) dup2(out_fd, 1);  // dup2's copy is not close-on-exec
+    if (in_fd >= 0) dup2(in_fd, 0);  // dup2's copy is not close-on-exec
+    if (out_fd >= 0) dup2(out_fd, 1);
     if (err_fd >= 0) dup2(err_fd, 2);
     // The parent may ignore SIGPIPE or block signals (a runner waiting for Ctrl-C); the child
     // starts clean.
@@ -150,6 +159,7 @@ absl::StatusOr<Child> Child::Spawn(const std::string& binary,
     _exit(127);
   }
   CloseIfOpen(exec_error[1]);
+  CloseIfOpen(in_fd);
   CloseIfOpen(out_fd);
   CloseIfOpen(err_fd);
   // Nothing to read: execve succeeded (the pipe closed on exec). An errno: it failed.

@@ -99,6 +99,18 @@ TEST_F(ProcessTest, OutputGoesToTheFilesAndABadPathIsAnErrorOfSpawn) {
   EXPECT_THAT(bad.status().message(), HasSubstr("cannot open " + Path("no-such-dir/out.log")));
 }
 
+TEST_F(ProcessTest, InputComesFromTheFileAndAMissingOneIsAnErrorOfSpawn) {
+  std::ofstream(Path("in.txt")) << "line one\nline two\n";
+  auto child = Child::Spawn("/bin/sh", {"-c", "wc -l"},
+                            {.stdout_file = Path("count.log"), .stdin_file = Path("in.txt")});
+  ASSERT_TRUE(child.ok()) << child.status();
+  ASSERT_EQ(DescribeStatus(*child->Wait()), "exited 0");
+  EXPECT_EQ(ReadAll(Path("count.log")), "2\n");
+  auto missing = Child::Spawn("/bin/cat", {}, {.stdin_file = Path("no-such-input")});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.status().message(), HasSubstr("cannot open " + Path("no-such-input")));
+}
+
 TEST_F(ProcessTest, TheEnvironmentIsTheParentsWithReplacements) {
   setenv("PROCESS_TEST_KEPT", "kept", 1);
   setenv("PROCESS_TEST_REPLACED", "old", 1);

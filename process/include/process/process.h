@@ -22,6 +22,8 @@ struct SpawnOptions {
   // The same path for both is fine (opened once, appended).
   std::string stdout_file;
   std::string stderr_file;
+  // What the child reads as its standard input; empty: inherited from the parent.
+  std::string stdin_file;
   // Signal the child receives when the parent thread that spawned it dies. Default: SIGKILL.
   int parent_death_signal = 9;
   // "NAME=value" entries added to the parent's environment for the child (replacing a variable
