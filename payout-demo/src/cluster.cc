@@ -79,13 +79,16 @@ absl::Status Cluster::StartEtcd() {
   }
   auto etcd = EtcdCluster::Start({.dir = options_.dir,
                                   .etcd_binary = options_.etcd_binary,
-                                  .members = options_.etcd_members});
+                                  .members = options_.etcd_members,
+                                  .tls_dir = options_.etcd_tls_dir,
+                                  .extra_args = options_.etcd_extra_args});
   if (!etcd.ok()) return etcd.status();
   etcd_ = std::move(*etcd);
   etcd_prefix_ = "/fencelock/payouts";
-  auto init = Spawn(options_.lockd_binary,
-                    {"init", "--etcd=" + etcd_->endpoints(), "--etcd-prefix=" + etcd_prefix_},
-                    "logs/lockd-init.log");
+  std::vector<std::string> init_args = {"init", "--etcd=" + etcd_->endpoints(),
+                                        "--etcd-prefix=" + etcd_prefix_};
+  for (std::string& flag : etcd_->LockdFlags()) init_args.push_back(std::move(flag));
+  auto init = Spawn(options_.lockd_binary, init_args, "logs/lockd-init.log");
   if (!init.ok()) return init.status();
   if (int status = *init->Wait(); status != 0) {
     return absl::InternalError(absl::StrCat("lockd init --etcd ", process::DescribeStatus(status),
@@ -162,8 +165,12 @@ absl::Status Cluster::StartLockd(int i) {
       endpoints = *routed;
     }
     args.push_back("--etcd=" + endpoints);
+    for (std::string& flag : etcd_->LockdFlags()) args.push_back(std::move(flag));
   }
   const std::string log = Path("logs/" + r.name + ".log");
+  // What this start says, past what earlier starts of the replica wrote to its log.
+  LineTail said(log);
+  (void)said.Poll();
   auto lockd = process::Child::Spawn(
       options_.lockd_binary, args,
       {.stdout_file = log,
@@ -175,10 +182,9 @@ absl::Status Cluster::StartLockd(int i) {
   r.serving_since = 0;
   if (standby) {
     // Up once it says it stands by (or serves already, if the prefix was free).
-    LineTail log(Path("logs/" + r.name + ".log"));
     const MonoTime give_up = Clock::Real()->Now() + absl::Seconds(30);
     for (bool up = false; !up;) {
-      for (const std::string& line : log.Poll()) up = up || absl::StrContains(line, "standing by");
+      for (const std::string& line : said.Poll()) up = up || absl::StrContains(line, "standing by");
       up = up || std::filesystem::exists(Path(r.name + ".port"));
       if (up) break;
       if (r.child.Wait(absl::ZeroDuration()).has_value()) {

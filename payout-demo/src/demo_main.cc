@@ -57,6 +57,10 @@ ABSL_FLAG(bool, kill_lockd, true, "with --ha: SIGKILL the serving lockd in the m
 ABSL_FLAG(absl::Duration, owner_ttl, absl::Seconds(2),
           "with --ha: each replica's lease on the etcd prefix (lockd --etcd-owner-ttl)");
 ABSL_FLAG(std::string, etcd_binary, "/usr/bin/etcd", "with --ha: the etcd executable");
+ABSL_FLAG(std::string, etcd_tls_dir, "",
+          "with --ha: etcd requires client certificates, from this directory made by "
+          "scripts/make-certs.sh DIR etcd lockd (scripts/cluster.sh makes one); default: "
+          "plaintext to etcd");
 ABSL_FLAG(std::string, state_dir, "",
           "where lockd's state, the store, the ledger and the logs go (must not exist); default: "
           "a fresh directory under $TMPDIR, removed after a green run unless --keep-state");
@@ -154,11 +158,15 @@ class Demo {
                                    .history = absl::GetFlag(FLAGS_ha),
                                    .etcd_members = absl::GetFlag(FLAGS_ha) ? 3 : 0,
                                    .etcd_binary = absl::GetFlag(FLAGS_etcd_binary),
+                                   .etcd_tls_dir = absl::GetFlag(FLAGS_etcd_tls_dir),
                                    .etcd_owner_ttl = absl::GetFlag(FLAGS_owner_ttl)});
     if (!cluster.ok()) return cluster.status();
     cluster_ = std::move(*cluster);
     if (cluster_->replicated()) {
-      Say(absl::StrCat("etcd cluster on ", cluster_->etcd()->endpoints()));
+      Say(absl::StrCat("etcd cluster on ", cluster_->etcd()->endpoints(),
+                       absl::GetFlag(FLAGS_etcd_tls_dir).empty()
+                           ? " (plaintext)"
+                           : " (TLS, client certificates required)"));
       Say(absl::StrCat("lockd replicas on ", cluster_->lockd_address(), " (",
                        cluster_->replica_name(0), " serving, the others standing by), rail on ",
                        cluster_->rail_address()));

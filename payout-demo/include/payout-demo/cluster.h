@@ -55,6 +55,12 @@ struct ClusterOptions {
   int etcd_members = 0;
   std::string etcd_binary = "/usr/bin/etcd";
   int lockd_replicas = 3;
+  // Replicated: certificates made by scripts/make-certs.sh DIR etcd lockd; the etcd members
+  // then require client certificates (EtcdClusterOptions::tls_dir) and every replica presents
+  // lockd's. Default: empty, plaintext to etcd.
+  std::string etcd_tls_dir;
+  // Replicated: more of etcd's flags for every member (EtcdClusterOptions::extra_args).
+  std::vector<std::string> etcd_extra_args;
   // A replica's lease on the prefix (lockd --etcd-owner-ttl). Default: 2 s.
   absl::Duration etcd_owner_ttl = absl::Seconds(2);
   // The --etcd endpoints replica `i` is given; default (empty): the cluster's own. The harness

@@ -1,8 +1,8 @@
 // A local etcd cluster for a replicated payout run (issue 16): members of Debian's etcd on free
 // loopback ports, each with its own data directory, started together and stopped with the
 // object. The harness kills members and finds the leader through it; health and leadership are
-// read from each member's own HTTP endpoints (/health and /metrics on its client port), so
-// nothing here needs etcdctl.
+// read from each member's own plaintext HTTP endpoints (/health and /metrics on a metrics port
+// of its own, --listen-metrics-urls), whichever way its clients connect.
 //
 // Not thread-safe: one owner drives it.
 #ifndef FENCELOCK_PAYOUT_DEMO_ETCD_CLUSTER_H_
@@ -26,6 +26,13 @@ struct EtcdClusterOptions {
   std::string etcd_binary = "/usr/bin/etcd";
   // 1 to 7. Default: 3, which survives the loss of one member.
   int members = 3;
+  // A directory made by scripts/make-certs.sh DIR etcd lockd: every member then serves its
+  // clients TLS with etcd.{crt,key} and requires a client certificate signed by ca.crt
+  // (--client-cert-auth), as production clusters do; lockd and etcdctl present lockd.{crt,key}.
+  // Peers talk plaintext on loopback. Default: empty, plaintext for clients too.
+  std::string tls_dir;
+  // More of etcd's flags for every member, e.g. "--quota-backend-bytes=8388608".
+  std::vector<std::string> extra_args;
 };
 
 class EtcdCluster {
@@ -40,6 +47,14 @@ class EtcdCluster {
   // "127.0.0.1:a,127.0.0.1:b,...": lockd's --etcd.
   std::string endpoints() const;
   int client_port(int member) const { return members_[member].client_port; }
+  // lockd's flags for reaching the members (--etcd-tls-ca, --etcd-tls-cert, --etcd-tls-key),
+  // empty for plaintext.
+  std::vector<std::string> LockdFlags() const;
+  // Runs etcdctl (beside the etcd binary) against every member with `args`, as an operator
+  // would, reading standard input from `stdin_file` if not empty; what it printed on standard
+  // output, or kUnavailable with the last line of its error output.
+  absl::StatusOr<std::string> Ctl(const std::vector<std::string>& args,
+                                  const std::string& stdin_file = "") const;
   process::Child& member(int i) { return members_[i].child; }
 
   // The member that is leader now (etcd_server_is_leader 1 on its /metrics), waiting up to
@@ -55,6 +70,7 @@ class EtcdCluster {
     std::string name;
     int client_port = 0;
     int peer_port = 0;
+    int metrics_port = 0;  // plaintext /health and /metrics
     process::Child child;
   };
   explicit EtcdCluster(EtcdClusterOptions options) : options_(std::move(options)) {}
