@@ -42,6 +42,9 @@ ABSL_FLAG(std::string, dir, "", "where run directories go; default: a fresh one 
 ABSL_FLAG(std::string, tls_dir, "",
           "run lockd and the workers over TLS with the certificates in this directory, made by "
           "scripts/make-certs.sh DIR lockd worker; default: plaintext loopback");
+ABSL_FLAG(std::string, etcd_tls_dir, "",
+          "replicated scenarios: etcd requires client certificates, from this directory made by "
+          "scripts/make-certs.sh DIR etcd lockd; default: plaintext to etcd");
 ABSL_FLAG(bool, keep, false, "keep every run's directory, not only the failed ones");
 ABSL_FLAG(std::string, report_md, "", "write the report as a markdown table to this file");
 ABSL_FLAG(std::string, report_json, "", "write the report as JSON to this file");
@@ -185,6 +188,7 @@ class Runner {
     env.seed = seed;
     env.quick = absl::GetFlag(FLAGS_quick);
     env.tls_dir = absl::GetFlag(FLAGS_tls_dir);
+    env.etcd_tls_dir = absl::GetFlag(FLAGS_etcd_tls_dir);
     env.etcd_owner_ttl = absl::GetFlag(FLAGS_etcd_owner_ttl);
     env.elections = absl::GetFlag(FLAGS_elections);
     env.binaries = {absl::GetFlag(FLAGS_lockd_binary), absl::GetFlag(FLAGS_rail_binary),
@@ -192,9 +196,12 @@ class Runner {
     env.dir = absl::StrCat(root_, "/", runs_.size() + 1, "-", scenario.name, "-", seed);
     std::filesystem::remove_all(env.dir);
     std::filesystem::create_directories(env.dir);
-    std::printf("[%zu] %s --seed=%lu%s ...\n", runs_.size() + 1, scenario.name.c_str(),
+    std::printf("[%zu] %s --seed=%lu%s%s ...\n", runs_.size() + 1, scenario.name.c_str(),
                 static_cast<unsigned long>(seed),
-                env.tls_dir.empty() ? "" : absl::StrCat(" --tls-dir=", env.tls_dir).c_str());
+                env.tls_dir.empty() ? "" : absl::StrCat(" --tls-dir=", env.tls_dir).c_str(),
+                env.etcd_tls_dir.empty() || !scenario.replicated
+                    ? ""
+                    : absl::StrCat(" --etcd-tls-dir=", env.etcd_tls_dir).c_str());
     std::fflush(stdout);
     Outcome out = RunScenario(scenario, env);
     std::printf("[%zu] %s --seed=%lu: %s in %.1f s\n", runs_.size() + 1, scenario.name.c_str(),
@@ -272,6 +279,19 @@ int Main(const std::vector<std::string>& args) {
     std::fprintf(stderr, "fencelock-harness: --etcd-owner-ttl must be 0 or 2s to 1m, got %s\n",
                  absl::FormatDuration(ttl).c_str());
     return 2;
+  }
+  for (const auto& [flag, files] :
+       {std::pair<std::string, std::vector<const char*>>{
+            absl::GetFlag(FLAGS_tls_dir), {"ca.crt", "lockd.crt", "lockd.key", "worker.crt", "worker.key"}},
+        {absl::GetFlag(FLAGS_etcd_tls_dir), {"ca.crt", "etcd.crt", "etcd.key", "lockd.crt", "lockd.key"}}}) {
+    for (const char* file : files) {
+      if (!flag.empty() && !std::filesystem::is_regular_file(flag + "/" + file)) {
+        std::fprintf(stderr, "fencelock-harness: %s/%s is missing (scripts/make-certs.sh %s %s)\n",
+                     flag.c_str(), file, flag.c_str(),
+                     files[1] == std::string("lockd.crt") ? "lockd worker" : "etcd lockd");
+        return 2;
+      }
+    }
   }
   uint64_t seed = FirstSeed();
   if (command == "run") {

@@ -31,6 +31,10 @@ struct Env {
   // Certificates for TLS between the workers and lockd (ClusterOptions::tls_dir); empty:
   // plaintext loopback.
   std::string tls_dir;
+  // Certificates made by scripts/make-certs.sh DIR etcd lockd: the replicated scenarios' etcd
+  // members then require client certificates, and lockd and etcdctl present lockd's. Empty:
+  // plaintext to etcd.
+  std::string etcd_tls_dir;
   // ha-etcd-elections: the owner TTL of the replicas (zero: 2 s) and how many times the etcd
   // leader is killed (zero: 3 with quick, else 10).
   absl::Duration etcd_owner_ttl = absl::ZeroDuration();
