@@ -13,6 +13,7 @@ FENCELOCK_PACKAGES=(
   etcd-server etcd-client libgrpc++-dev protobuf-compiler-grpc libhiredis-dev libspdlog-dev
   clang libclang-rt-14-dev
   python3
+  libfuse3-dev fuse3
 )
 
 say() { printf '\n==> %s\n' "$*"; }
