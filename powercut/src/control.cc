@@ -77,10 +77,20 @@ std::string Answer(ForgetfulFs& fs, const std::string& command, absl::Duration w
     return absl::StrCat("ok files=", s.files, " open=", s.open_handles, " unsynced_writes=",
                         s.unsynced_writes, " unsynced_bytes=", s.unsynced_bytes,
                         " unsynced_dirs=", s.unsynced_dirs, " syncs=", s.syncs,
-                        " dir_syncs=", s.dir_syncs, " cuts=", s.cuts, " refused=", s.refused);
+                        " dir_syncs=", s.dir_syncs, " cuts=", s.cuts, " refused=", s.refused,
+                        " freezes=", s.freezes, " armed=", s.armed ? 1 : 0,
+                        " frozen=", s.frozen ? 1 : 0);
+  }
+  if (words.size() == 2 && words[0] == "arm") {
+    int64_t writes = 0;
+    if (!absl::SimpleAtoi(words[1], &writes) || writes < 1) {
+      return absl::StrCat("error \"", words[1], "\" is not a count of writes (1 or more)");
+    }
+    fs.Arm(writes);
+    return absl::StrCat("ok armed: the power goes at the ", writes, "th write from now");
   }
   if (words.empty() || words[0] != "cut" || words.size() > 3) {
-    return "error usage: cut drop|keep-some|tear-sector|tear-page [seed=N] | stats";
+    return "error usage: cut drop|keep-some|tear-sector|tear-page [seed=N] | arm N | stats";
   }
   CutOptions options;
   const std::string mode = words.size() > 1 ? words[1] : "drop";

@@ -142,6 +142,17 @@ absl::Status ForgetfulFs::Scan() {
   return absl::OkStatus();
 }
 
+bool ForgetfulFs::WaitThawed() {
+  const uint64_t generation = generation_;
+  mu_.Await(absl::Condition(&thawed_));
+  return generation == generation_;
+}
+
+void ForgetfulFs::Arm(int64_t writes) {
+  absl::MutexLock lock(&mu_);
+  armed_ = writes;
+}
+
 int ForgetfulFs::Refuse(const std::string& what) {
   absl::MutexLock lock(&mu_);
   ++stats_.refused;
@@ -151,11 +162,13 @@ int ForgetfulFs::Refuse(const std::string& what) {
 
 int ForgetfulFs::GetAttr(const std::string& path, struct stat* st) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   return lstat(Live(path).c_str(), st) == 0 ? 0 : Errno();
 }
 
 int ForgetfulFs::FGetAttr(uint64_t handle, struct stat* st) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   auto it = handles_.find(handle);
   if (it == handles_.end()) return -EBADF;
   return fstat(it->second.fd, st) == 0 ? 0 : Errno();
@@ -163,6 +176,7 @@ int ForgetfulFs::FGetAttr(uint64_t handle, struct stat* st) {
 
 int ForgetfulFs::ReadDir(const std::string& path, std::vector<std::string>* names) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   DIR* d = opendir(Live(path).c_str());
   if (d == nullptr) return Errno();
   while (const dirent* e = readdir(d)) names->push_back(e->d_name);
@@ -172,6 +186,7 @@ int ForgetfulFs::ReadDir(const std::string& path, std::vector<std::string>* name
 
 int ForgetfulFs::Mkdir(const std::string& path, mode_t mode) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   if (mkdir(Live(path).c_str(), mode) != 0) return Errno();
   struct stat st;
   const uint64_t id = NewInode(true);
@@ -182,6 +197,7 @@ int ForgetfulFs::Mkdir(const std::string& path, mode_t mode) {
 
 int ForgetfulFs::Rmdir(const std::string& path) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   if (rmdir(Live(path).c_str()) != 0) return Errno();
   live_.erase(path);
   return 0;
@@ -189,6 +205,7 @@ int ForgetfulFs::Rmdir(const std::string& path) {
 
 int ForgetfulFs::Unlink(const std::string& path) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   if (unlink(Live(path).c_str()) != 0) return Errno();
   live_.erase(path);
   return 0;
@@ -197,6 +214,7 @@ int ForgetfulFs::Unlink(const std::string& path) {
 int ForgetfulFs::Rename(const std::string& from, const std::string& to, unsigned int flags) {
   {
     absl::MutexLock lock(&mu_);
+    if (!WaitThawed()) return -EIO;
     auto it = live_.find(from);
     if (it == live_.end()) return -ENOENT;
     const bool dir = inodes_[it->second].dir;
@@ -254,16 +272,19 @@ int ForgetfulFs::OpenLocked(const std::string& path, int flags, mode_t mode, boo
 
 int ForgetfulFs::Create(const std::string& path, mode_t mode, int flags, uint64_t* handle) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   return OpenLocked(path, flags, mode, /*create=*/true, handle);
 }
 
 int ForgetfulFs::Open(const std::string& path, int flags, uint64_t* handle) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   return OpenLocked(path, flags, 0, /*create=*/false, handle);
 }
 
 int ForgetfulFs::Read(uint64_t handle, char* buf, size_t size, off_t offset) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   auto it = handles_.find(handle);
   if (it == handles_.end()) return -EBADF;
   const ssize_t n = pread(it->second.fd, buf, size, offset);
@@ -272,6 +293,7 @@ int ForgetfulFs::Read(uint64_t handle, char* buf, size_t size, off_t offset) {
 
 int ForgetfulFs::Write(uint64_t handle, const char* buf, size_t size, off_t offset) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   auto it = handles_.find(handle);
   if (it == handles_.end()) return -EBADF;
   const ssize_t n = pwrite(it->second.fd, buf, size, offset);
@@ -280,11 +302,19 @@ int ForgetfulFs::Write(uint64_t handle, const char* buf, size_t size, off_t offs
     inodes_[it->second.inode].pending.push_back(
         {.offset = static_cast<uint64_t>(offset), .data = std::string(buf, static_cast<size_t>(n))});
   }
+  if (armed_ > 0 && --armed_ == 0) {
+    // The power goes with this write in flight: nothing answers until the cut.
+    thawed_ = false;
+    ++stats_.freezes;
+    mu_.Await(absl::Condition(&thawed_));
+    return -EIO;
+  }
   return static_cast<int>(n);
 }
 
 int ForgetfulFs::Truncate(const std::string& path, off_t size) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   auto it = live_.find(path);
   if (it == live_.end()) return -ENOENT;
   if (truncate(Live(path).c_str(), size) != 0) return Errno();
@@ -294,6 +324,7 @@ int ForgetfulFs::Truncate(const std::string& path, off_t size) {
 
 int ForgetfulFs::FTruncate(uint64_t handle, off_t size) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   auto it = handles_.find(handle);
   if (it == handles_.end()) return -EBADF;
   if (ftruncate(it->second.fd, size) != 0) return Errno();
@@ -305,6 +336,7 @@ int ForgetfulFs::FTruncate(uint64_t handle, off_t size) {
 int ForgetfulFs::Fallocate(uint64_t handle, int mode, off_t offset, off_t length) {
   if (mode != 0) return Refuse(absl::StrCat("fallocate with mode ", mode));
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   auto it = handles_.find(handle);
   if (it == handles_.end()) return -EBADF;
   struct stat st;
@@ -339,6 +371,7 @@ void ForgetfulFs::ApplyPending(uint64_t inode) {
 
 int ForgetfulFs::Fsync(uint64_t handle) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   auto it = handles_.find(handle);
   if (it == handles_.end()) return -EBADF;
   ++stats_.syncs;
@@ -348,6 +381,7 @@ int ForgetfulFs::Fsync(uint64_t handle) {
 
 int ForgetfulFs::FsyncDir(const std::string& path) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   auto it = live_.find(path);
   if (it == live_.end()) return -ENOENT;
   if (!inodes_[it->second].dir) return -ENOTDIR;
@@ -369,6 +403,7 @@ int ForgetfulFs::Release(uint64_t handle) {
 
 int ForgetfulFs::Chmod(const std::string& path, mode_t mode) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   if (chmod(Live(path).c_str(), mode) != 0) return Errno();
   // Modes are not modeled: durable at once.
   if (auto it = live_.find(path); it != live_.end()) {
@@ -383,6 +418,7 @@ int ForgetfulFs::Chmod(const std::string& path, mode_t mode) {
 
 int ForgetfulFs::Chown(const std::string& path, uid_t uid, gid_t gid) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   if (lchown(Live(path).c_str(), uid, gid) != 0) return Errno();
   if (auto it = live_.find(path); it != live_.end() && !inodes_[it->second].dir) {
     (void)chown(DurableCopy(it->second).c_str(), uid, gid);
@@ -392,17 +428,21 @@ int ForgetfulFs::Chown(const std::string& path, uid_t uid, gid_t gid) {
 
 int ForgetfulFs::Utimens(const std::string& path, const struct timespec times[2]) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   return utimensat(AT_FDCWD, Live(path).c_str(), times, AT_SYMLINK_NOFOLLOW) == 0 ? 0 : Errno();
 }
 
 int ForgetfulFs::Statfs(struct statvfs* st) {
   absl::MutexLock lock(&mu_);
+  if (!WaitThawed()) return -EIO;
   return statvfs(live_dir_.c_str(), st) == 0 ? 0 : Errno();
 }
 
 FsStats ForgetfulFs::Stats() {
   absl::MutexLock lock(&mu_);
   FsStats s = stats_;
+  s.armed = armed_ > 0;
+  s.frozen = !thawed_;
   s.open_handles = static_cast<int64_t>(handles_.size());
   for (const auto& [path, id] : live_) {
     if (!inodes_[id].dir) ++s.files;
@@ -424,6 +464,13 @@ absl::StatusOr<CutReport> ForgetfulFs::Cut(const CutOptions& options) {
         absl::StrCat("a tear at ", options.tear_unit, " bytes: 512 (a sector) or 4096 (a page)"));
   }
   absl::MutexLock lock(&mu_);
+  // Whatever waits for the power to go, or waits with it gone, fails now; their processes are
+  // dead, and their files close once they return.
+  if (!thawed_ || armed_ > 0) {
+    thawed_ = true;
+    armed_ = 0;
+    ++generation_;
+  }
   if (!handles_.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         handles_.size(), " files are still open: stop every process that uses the file system "

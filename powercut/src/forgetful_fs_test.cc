@@ -9,6 +9,9 @@
 #include <iterator>
 #include <set>
 #include <string>
+#include <thread>
+
+#include "absl/time/clock.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -246,6 +249,38 @@ TEST_F(ForgetfulFsTest, ACutWaitsForEveryFileToBeClosed) {
   EXPECT_THAT(refused.status().message(), HasSubstr("1 files are still open"));
   ASSERT_EQ(fs_->Release(h), 0);
   EXPECT_TRUE(fs_->Cut({}).ok());
+}
+
+// An armed cut: the power goes with the N-th write in flight. That write reaches the live
+// folder as unsynced; everything after it waits, and fails once the cut comes.
+TEST_F(ForgetfulFsTest, AnArmedCutFreezesEverythingAtTheNthWrite) {
+  Write("/f", "", 0, /*sync=*/true);
+  ASSERT_EQ(fs_->FsyncDir("/"), 0);
+  fs_->Arm(2);
+  uint64_t h = 0;
+  ASSERT_EQ(fs_->Open("/f", O_WRONLY, &h), 0);
+  ASSERT_EQ(fs_->Write(h, "one", 3, 0), 3);
+  ASSERT_EQ(fs_->Fsync(h), 0);
+  int second = 0, later = 0;
+  std::thread writer([&] { second = fs_->Write(h, "two", 3, 3); });
+  while (!fs_->Stats().frozen) absl::SleepFor(absl::Milliseconds(1));
+  std::thread reader([&] {
+    struct stat st;
+    later = fs_->GetAttr("/f", &st);
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(Contents("/f"), "onetwo");  // the write in flight is in the live folder
+  // The first try thaws what waited (the files are still open); the process is "dead".
+  EXPECT_FALSE(fs_->Cut({}).ok());
+  writer.join();
+  reader.join();
+  EXPECT_EQ(second, -EIO);
+  EXPECT_EQ(later, -EIO);
+  ASSERT_EQ(fs_->Release(h), 0);
+  ASSERT_TRUE(fs_->Cut({}).ok());
+  EXPECT_EQ(Contents("/f"), "one");
+  EXPECT_EQ(fs_->Stats().freezes, 1);
+  EXPECT_FALSE(fs_->Stats().frozen);
 }
 
 TEST_F(ForgetfulFsTest, WhatItDoesNotModelIsRefusedAndLogged) {

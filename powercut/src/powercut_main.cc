@@ -142,12 +142,12 @@ class Run {
     }
     std::printf("%d power cuts (seed %lu): %ld grants and %ld releases acknowledged, %ld "
                 "acknowledged locks and %ld sessions checked after restarts, %ld unsynced writes "
-                "at the cuts (%ld pieces kept, %ld dropped), %ld names lost, %d refusals to "
-                "start; %zu violations\n",
+                "at the cuts (%ld pieces kept, %ld dropped; %d cuts with a write in flight), "
+                "%ld names lost, %d refusals to start; %zu violations\n",
                 round_, static_cast<unsigned long>(seed_), static_cast<long>(ack_.grants_),
                 static_cast<long>(ack_.releases_), static_cast<long>(locks_checked_),
                 static_cast<long>(sessions_checked_), static_cast<long>(unsynced_),
-                static_cast<long>(kept_), static_cast<long>(dropped_),
+                static_cast<long>(kept_), static_cast<long>(dropped_), in_flight_,
                 static_cast<long>(names_lost_), refusals_, violations_.size());
     for (const std::string& v : violations_) std::printf("VIOLATION: %s\n", v.c_str());
     return violations_.empty() ? 0 : 1;
@@ -370,20 +370,41 @@ class Run {
       return absl::OkStatus();
     }
     if (absl::Status s = Check(); !s.ok()) return s;
-    // Load for 20 ms to 1.5 s, then the power goes.
+    // Load for 20 ms to 1.5 s, then the power goes; in half the rounds it goes at a write
+    // drawn from the first 400 (a WAL append, a segment or snapshot being made), with that
+    // write in flight.
+    const bool armed = rng_() % 2 == 0;
+    if (armed) {
+      if (auto a = Control(dir_ + "/control", absl::StrCat("arm ", 1 + rng_() % 400)); !a.ok()) {
+        return a.status();
+      }
+    }
     std::atomic<bool> stop{false};
     std::vector<std::thread> threads;
     for (int i = 0; i < kLoadThreads; ++i) {
       threads.emplace_back([this, i, &stop, seed = rng_()] { Load(seed + i, stop); });
     }
-    absl::SleepFor(absl::Milliseconds(20 + static_cast<int64_t>(rng_() % 1480)));
+    const absl::Time until =
+        absl::Now() + absl::Milliseconds(20 + static_cast<int64_t>(rng_() % 1480));
+    while (absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(5));
+      if (!armed) continue;
+      auto stats = Control(dir_ + "/control", "stats");
+      if (stats.ok() && absl::StrContains(*stats, "frozen=1")) {
+        ++in_flight_;
+        break;
+      }
+    }
+    // The cut goes before lockd is reaped: a thread of lockd's caught in a write that the
+    // freeze holds cannot die until that write returns, which the cut makes it do (with EIO);
+    // the cut itself waits for lockd's files to close.
     lockd_.Signal(SIGKILL);
-    lockd_.Wait();
     stop = true;
-    for (std::thread& t : threads) t.join();
     static const char* const kModes[] = {"drop", "keep-some", "tear-sector", "tear-page"};
     const std::string mode = kModes[rng_() % 4];
     auto cut = Control(dir_ + "/control", absl::StrCat("cut ", mode, " seed=", rng_()));
+    lockd_.Wait();
+    for (std::thread& t : threads) t.join();  // their connections closed with lockd
     if (!cut.ok()) return cut.status();
     // "N files written back, U unsynced writes and truncations, K pieces of them kept, D
     // dropped; L names ..."
@@ -413,6 +434,7 @@ class Run {
   int64_t locks_checked_ = 0, sessions_checked_ = 0, unsynced_ = 0, kept_ = 0, dropped_ = 0,
           names_lost_ = 0;
   int refusals_ = 0;
+  int in_flight_ = 0;  // cuts that came with a write in flight (armed)
 };
 
 int Main(const std::vector<std::string>& args) {

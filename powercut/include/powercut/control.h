@@ -2,6 +2,8 @@
 // line each way.
 //   cut drop|keep-some|tear-sector|tear-page [seed=N]   the power cut (ForgetfulFs::Cut), after
 //                                                        waiting up to 10 s for open files to close
+//   arm N                                                the power goes at the N-th write from
+//                                                        now (ForgetfulFs::Arm)
 //   stats                                                what is not durable now (FsStats)
 // The answer is "ok <what happened>" or "error <why>".
 #ifndef FENCELOCK_POWERCUT_CONTROL_H_

@@ -72,6 +72,9 @@ struct FsStats {
   int64_t dir_syncs = 0;
   int64_t cuts = 0;
   int64_t refused = 0;        // operations refused as not modeled
+  int64_t freezes = 0;        // armed cuts that came (Arm)
+  bool armed = false;
+  bool frozen = false;        // an armed cut came: every operation waits for Cut()
 };
 
 class ForgetfulFs {
@@ -110,6 +113,10 @@ class ForgetfulFs {
   // An operation the model does not know: logged, counted, -EPERM.
   int Refuse(const std::string& what);
 
+  // Times the next cut: the `writes`-th write from now is applied (as unsynced) and then
+  // nothing more is answered, every operation waiting, until Cut(), after which each fails
+  // with EIO. The power goes with that write in flight. Stats().frozen says it came.
+  void Arm(int64_t writes);
   // The power cut. Fails (kFailedPrecondition, naming them) while any file is open: the
   // processes that use the file system must be gone first. Afterwards `live` holds what
   // survived, and that is durable.
@@ -144,6 +151,8 @@ class ForgetfulFs {
   int OpenLocked(const std::string& path, int flags, mode_t mode, bool create, uint64_t* handle)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyPending(uint64_t inode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits while the power is gone (Arm); false if a cut came meanwhile: the operation fails.
+  bool WaitThawed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Log(const std::string& line) const;
 
   const std::string store_, live_dir_, durable_dir_;
@@ -155,6 +164,9 @@ class ForgetfulFs {
   std::map<std::string, uint64_t> live_ ABSL_GUARDED_BY(mu_);  // path → inode, as now
   std::map<uint64_t, Handle> handles_ ABSL_GUARDED_BY(mu_);
   FsStats stats_ ABSL_GUARDED_BY(mu_);
+  int64_t armed_ ABSL_GUARDED_BY(mu_) = 0;  // writes until the power goes; 0: not armed
+  bool thawed_ ABSL_GUARDED_BY(mu_) = true;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // cuts that ended a freeze or an arming
 };
 
 }  // namespace fencelock::powercut
