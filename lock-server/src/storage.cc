@@ -291,6 +291,22 @@ bool AllZero(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c == 0; });
 }
 
+// Whether damage at `at` in a segment's `data`, which a valid record at `next` follows, has
+// the shape a power cut leaves of an append whose sectors reached the disk out of order (a disk
+// orders nothing it was not told to sync, and a batch is acknowledged only after its sync): the
+// sector where the append began never got its part (zeros from `at` to that sector's end), or
+// a whole sector inside it never did. A flipped bit leaves neither: a record begins with its
+// magic, and records hold no sector of zeros.
+bool AppendReachedTheDiskOutOfOrder(std::string_view data, size_t at, size_t next) {
+  constexpr size_t kSector = 512;
+  const size_t boundary = (at / kSector + 1) * kSector;
+  if (boundary <= next && AllZero(data.substr(at, boundary - at))) return true;
+  for (size_t sector = boundary; sector + kSector <= next; sector += kSector) {
+    if (AllZero(data.substr(sector, kSector))) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<uint64_t> DecodeCommittedMark(const std::string& path, std::string_view data) {
   if (data.size() != kCommittedBytes) {
     return Damaged(path, absl::StrCat("is ", data.size(), " bytes, expected ", kCommittedBytes));
@@ -791,11 +807,17 @@ absl::StatusOr<Recovered> internal::RecoverThrough(Env* env, const std::string& 
     // except that the final segment may end in a torn append that was never acknowledged.
     std::string_view rest = data.substr(at);
     if (!AllZero(rest)) {
-      // Damage followed by a good record is damage in the middle of the log, never a tear.
+      // Damage followed by a good record is damage in the middle of the log, unless it is the
+      // final segment's unacknowledged append whose sectors reached the disk out of order.
+      size_t out_of_order = 0;  // the valid record after such an append's hole
       for (size_t p = at + 1; p + kRecordHeaderBytes <= data.size(); ++p) {
         const size_t hit = data.find(std::string_view(kRecordMagic, 4), p);
         if (hit == std::string_view::npos) break;
         if (FrameAt(data, hit)) {
+          if (final && !expect_next_segment && AppendReachedTheDiskOutOfOrder(data, at, hit)) {
+            out_of_order = hit;
+            break;
+          }
           return DamagedAt(path, at, absl::StrCat("damaged record; a valid record follows at ",
                                                   "offset ", hit));
         }
@@ -807,14 +829,20 @@ absl::StatusOr<Recovered> internal::RecoverThrough(Env* env, const std::string& 
       const size_t last_nonzero = data.find_last_not_of('\0');
       report.torn_tail_offset = at;
       report.torn_tail_bytes = last_nonzero + 1 - at;
-      // What lockd knows: these bytes do not form a valid record and nothing valid follows. An
-      // append a crash interrupted looks like this; so does damage to records that were
-      // committed after the last COMMITTED mark, which no single disk can tell apart.
+      // What lockd knows: these bytes do not form a valid record, and nothing valid follows,
+      // or only after a hole that a power cut leaves. An append a crash interrupted looks like
+      // this (none of it was acknowledged: a batch is acknowledged after its sync, which puts
+      // every byte before it on the disk); so does damage to records that were committed
+      // after the last COMMITTED mark, which no single disk can tell apart. Records the mark
+      // covers are never dropped: the check below refuses.
       report.warnings.push_back(absl::StrCat(
           path, ": offset ", at, ": dropped ", report.torn_tail_bytes,
-          " bytes after the last valid record (lsn ", report.last_lsn,
-          "): an append that did not complete, or damage to records newer than the COMMITTED "
-          "mark (lsn ", report.committed_mark, ")"));
+          " bytes after the last valid record (lsn ", report.last_lsn, "): an append that did not ",
+          out_of_order == 0 ? std::string("complete")
+                            : absl::StrCat("reach the disk in order (a hole, then a valid record "
+                                           "at offset ", out_of_order, ")"),
+          ", or damage to records newer than the COMMITTED mark (lsn ", report.committed_mark,
+          ")"));
     }
     if (final) {
       if (expect_next_segment) {

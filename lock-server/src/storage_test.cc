@@ -239,6 +239,50 @@ TEST_F(StorageTest, DamageFollowedByAGoodRecordIsRefused) {
               HasSubstr(absl::StrCat("offset ", FrameOffset(frames, 1), ": damaged record")));
 }
 
+// Issue 38: a power cut lost the sector where an unacknowledged append began and kept a later
+// one, so that a valid record follows a hole (found by fencelock-powercut lockd, seed 2, cut
+// 60: lockd refused to start). No byte of that append was acknowledged: it is dropped as a
+// torn tail, unless the COMMITTED mark says its records were committed.
+TEST_F(StorageTest, AnAppendWhoseSectorsReachedTheDiskOutOfOrderIsATornTail) {
+  std::vector<std::string> frames = {EncodeRecordFrame(1, Open(1))};
+  for (uint64_t i = 2; i <= 60; ++i) {
+    frames.push_back(EncodeRecordFrame(i, Grant(absl::StrCat("lock-", i), 1, i - 1)));
+  }
+  // The first record that crosses the second sector boundary: the append begins there.
+  size_t k = 1;
+  while (FrameOffset(frames, k + 1) <= 1024) ++k;
+  const uint64_t hole = FrameOffset(frames, k);
+  ASSERT_GT(FrameOffset(frames, frames.size()), 1024u + 200);
+  auto lose_the_first_sector = [&] {
+    WriteSegment(1, frames);
+    std::string data = *env_.ReadFile(P(SegmentName(1)));
+    data.replace(hole, 1024 - hole, std::string(1024 - hole, '\0'));
+    env_.PutFile(P(SegmentName(1)), data);
+  };
+  lose_the_first_sector();
+  auto r = Recover(&env_, kDir, kNow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->report.last_lsn, k);
+  EXPECT_EQ(r->report.torn_tail_offset, hole);
+  ASSERT_EQ(r->report.warnings.size(), 1u);
+  EXPECT_THAT(r->report.warnings[0], HasSubstr("did not reach the disk in order"));
+  // A whole sector lost inside the append, the sector where it began kept: the same.
+  WriteSegment(1, frames);
+  std::string data = *env_.ReadFile(P(SegmentName(1)));
+  data.replace(1024, 512, std::string(512, '\0'));
+  env_.PutFile(P(SegmentName(1)), data);
+  auto whole = Recover(&env_, kDir, kNow);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->report.last_lsn, k);
+  // The mark says those records were committed: refused, naming both lsns.
+  lose_the_first_sector();
+  env_.PutFile(P(kCommittedFile), EncodeCommittedMark(k + 1));
+  auto marked = Recover(&env_, kDir, kNow);
+  EXPECT_EQ(marked.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(marked.status().message(),
+              HasSubstr(absl::StrCat("the log ends at lsn ", k, " but")));
+}
+
 TEST_F(StorageTest, DamagedLengthInTheMiddleIsRefused) {
   auto frames = ThreeRecords();
   WriteSegment(1, frames);
