@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Plants each of lockd's durability bugs in powercut/planted/*.patch in turn (a segment's
+# Plants each durability bug in powercut/planted/*.patch in turn (in lockd: a segment's
 # directory not synced, a batch acknowledged before its fdatasync, a snapshot renamed before its
-# data was synced, the committed mark written before its records), rebuilds lockd, and runs
-# fencelock-powercut until a run fails, up to 3 runs of 100 power cuts each (seeds 1 to 3);
-# then reverts the patch. Exits 1 if a planted bug was not caught. Installs what is missing and
-# builds first. It edits lock-server/src while it runs: the files the patches touch must have
-# no changes of yours (it checks), and it reverts them on any exit.
+# data was synced, the committed mark written before its records; in the payout demo: the rail
+# acknowledging a payment before its ledger is synced), rebuilds, and runs fencelock-powercut
+# until a run fails, up to 3 runs (seeds 1 to 3) of 100 power cuts of lockd, or 10 of the
+# payout host for a patch of payout-demo/; then reverts the patch. Exits 1 if a planted bug was
+# not caught. Installs what is missing and builds first. It edits the sources while it runs:
+# the files the patches touch must have no changes of yours (it checks), and it reverts them on
+# any exit.
 source "$(dirname "$0")/lib.sh"
 
 ensure_packages
@@ -25,7 +27,8 @@ revert() {
     applied=""
   fi
 }
-trap 'revert; cmake --build build -j "$JOBS" --target lockd > /dev/null' EXIT
+targets=(lockd payout-rail payout-worker)
+trap 'revert; cmake --build build -j "$JOBS" --target "${targets[@]}" > /dev/null' EXIT
 
 missed=0
 for patch in powercut/planted/*.patch; do
@@ -33,14 +36,16 @@ for patch in powercut/planted/*.patch; do
   say "planting $name"
   git apply "$patch"
   applied="$patch"
-  cmake --build build -j "$JOBS" --target lockd > /dev/null
+  cmake --build build -j "$JOBS" --target "${targets[@]}" > /dev/null
+  run=(lockd --cuts=100)
+  grep -q '^+++ b/payout-demo/' "$patch" && run=(payout --cuts=10)
   caught=""
   for seed in 1 2 3; do
-    out="$(build/powercut/fencelock-powercut lockd --cuts=100 --seed="$seed" 2>&1 || true)"
-    summary="$(grep -E 'power cuts \(seed' <<<"$out")"
+    out="$(build/powercut/fencelock-powercut "${run[@]}" --seed="$seed" 2>&1 || true)"
+    summary="$(grep -E 'power cuts (of the payout host )?\(seed' <<<"$out")"
     echo "  seed $seed: $summary"
     if ! grep -q '; 0 violations' <<<"$summary"; then
-      caught="$(grep -m1 VIOLATION <<<"$out")"
+      caught="$(grep -m1 VIOLATION <<<"$out" || tail -n 1 <<<"$out")"
       break
     fi
   done
@@ -48,7 +53,7 @@ for patch in powercut/planted/*.patch; do
   if [ -n "$caught" ]; then
     echo "  caught: $caught"
   else
-    echo "  NOT CAUGHT in 300 power cuts"
+    echo "  NOT CAUGHT in 3 runs of ${run[*]}"
     missed=$((missed + 1))
   fi
 done

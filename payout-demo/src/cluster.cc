@@ -55,8 +55,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
     if (absl::Status s = c->StartEtcd(); !s.ok()) return s;
   } else {
     c->replicas_.push_back(Replica{.name = "lockd"});
-    auto init = c->Spawn(c->options_.lockd_binary, {"init", "--data-dir=" + c->Path("lockd")},
-                         "logs/lockd.log");
+    std::vector<std::string> init_args = {"init", "--data-dir=" + c->DataPath("lockd")};
+    init_args.insert(init_args.end(), c->options_.lockd_extra_args.begin(),
+                     c->options_.lockd_extra_args.end());
+    auto init = c->Spawn(c->options_.lockd_binary, init_args, "logs/lockd.log");
     if (!init.ok()) return init.status();
     if (int status = *init->Wait(); status != 0) {
       return absl::InternalError(absl::StrCat("lockd init ", process::DescribeStatus(status),
@@ -66,10 +68,16 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
     c->lockd_address_ = absl::StrCat("127.0.0.1:", c->replicas_[0].port);
   }
   if (absl::Status s = c->StartRail(); !s.ok()) return s;
-  auto store = PayoutStore::Open(c->Path("payouts.db"));
-  if (!store.ok()) return store.status();
-  c->store_ = std::move(*store);
+  if (absl::Status s = c->OpenStore(); !s.ok()) return s;
   return c;
+}
+
+absl::Status Cluster::OpenStore() {
+  if (store_ != nullptr) return absl::OkStatus();
+  auto store = PayoutStore::Open(DataPath("payouts.db"));
+  if (!store.ok()) return store.status();
+  store_ = std::move(*store);
+  return absl::OkStatus();
 }
 
 absl::Status Cluster::StartEtcd() {
@@ -137,7 +145,8 @@ std::vector<std::string> Cluster::ServeArgs(int i, bool standby) {
       args.insert(args.end(), {"--history=" + HistoryPath(r.name), "--history-name=" + r.name});
     }
   } else {
-    args.push_back("--data-dir=" + Path("lockd"));
+    args.push_back("--data-dir=" + DataPath("lockd"));
+    args.insert(args.end(), options_.lockd_extra_args.begin(), options_.lockd_extra_args.end());
   }
   if (const std::string& tls = options_.tls_dir; !tls.empty()) {
     args.insert(args.end(), {"--tls-ca=" + tls + "/ca.crt", "--tls-cert=" + tls + "/lockd.crt",
@@ -244,8 +253,12 @@ absl::StatusOr<int> Cluster::AwaitServingReplica(int not_this, absl::Duration ti
 }
 
 absl::Status Cluster::StartRail() {
+  if (rail_.running() && !rail_.Wait(absl::ZeroDuration()).has_value()) {
+    return absl::FailedPreconditionError("the rail is still running");
+  }
+  std::filesystem::remove(Path("rail.port"));
   std::vector<std::string> args = {
-      "--db=" + Path("rail.db"), "--port=0", "--port-file=" + Path("rail.port"),
+      "--db=" + DataPath("rail.db"), "--port=0", "--port-file=" + Path("rail.port"),
       "--latency=" + absl::FormatDuration(options_.rail_latency),
       "--jitter=" + absl::FormatDuration(options_.rail_jitter),
       "--read-timeout=" + absl::FormatDuration(options_.rail_read_timeout),
@@ -261,6 +274,7 @@ absl::Status Cluster::StartRail() {
 }
 
 absl::Status Cluster::Load(int64_t count, int64_t amount_cents) {
+  if (absl::Status s = OpenStore(); !s.ok()) return s;
   return store_->Load(count, amount_cents).status();
 }
 
@@ -274,7 +288,7 @@ absl::StatusOr<process::Child*> Cluster::StartWorker(const std::string& name,
       "--name=" + name,
       "--lockd=" + (lockd_address.empty() ? lockd_address_ : lockd_address),
       "--rail=" + rail_address_,
-      "--store=" + Path("payouts.db"),
+      "--store=" + DataPath("payouts.db"),
       "--session-ttl=" + absl::FormatDuration(options_.session_ttl),
       "--lock-ttl=" + absl::FormatDuration(options_.lock_ttl),
       absl::StrCat("--margin=", options_.margin)};
@@ -333,12 +347,13 @@ absl::StatusOr<Reconciliation> Cluster::Reconcile() {
   }
   for (Replica& replica : replicas_) replica.child.Stop();
   rail_.Stop();
-  auto ledger = RailLedger::Open(Path("rail.db"));
+  auto ledger = RailLedger::Open(DataPath("rail.db"));
   if (!ledger.ok()) return ledger.status();
   auto payments = (*ledger)->PaymentsPerPayout();
   if (!payments.ok()) return payments.status();
   auto stats = (*ledger)->Stats();
   if (!stats.ok()) return stats.status();
+  if (absl::Status s = OpenStore(); !s.ok()) return s;
   auto summary = store_->Summary();
   if (!summary.ok()) return summary.status();
   r.payouts = summary->total;

@@ -1,31 +1,30 @@
-// fencelock-powercut: lockd under load on a file system that forgets what was never synced
-// (fencelock-forgetfs), with the power cut again and again (issue 38, docs/durability.md).
-//
-//   fencelock-powercut lockd --cuts=50 --seed=1
+// The power-cut run of lockd alone (fencelock-powercut lockd; docs/durability.md): lockd under
+// load on a file system that forgets what was never synced, with the power cut again and again.
 //
 // Each round starts lockd on what the last cut left, checks it against what lockd had
-// acknowledged before the cut, and puts load on it (sessions opened and closed, locks acquired
-// and released, segments rolled and snapshots taken by a small --wal-segment-bytes) for a
-// random time; then lockd is killed (SIGKILL) and the power cut: the unsynced writes are
-// dropped, kept in part and out of order, or the newest torn at a sector or page boundary. The
-// checks, after each restart:
+// acknowledged before the cut, and puts load on it for a random time: sessions opened and
+// closed, locks acquired and released, a pool manager publishing policy generations, claiming
+// its profile and acquiring, activating and releasing leases, segments rolled and snapshots
+// taken by a small --wal-segment-bytes. Then lockd is killed (SIGKILL) and the power cut: the
+// unsynced writes are dropped, kept in part and out of order, or the newest torn at a sector or
+// page boundary. The checks, after each restart:
 //   - every session whose open was acknowledged, and whose close was not sent, resumes;
 //   - every lock whose grant was acknowledged, and whose release (or its session's close) was
 //     not sent, is held under that token; no lock is held under a token below the last
 //     acknowledged grant of it, or under a token nobody was granted or sent an acquire for;
-//   - every token granted after the restart is above every token acknowledged before.
+//   - the pool's policy generation, its profile's owner epoch and its decision sequence are at
+//     least what was acknowledged, and every lease whose activation was acknowledged, and whose
+//     release was not sent, is there, active, under its token;
+//   - every token granted after the restart (locks and leases) is above every token
+//     acknowledged before.
 // A lockd that refuses to start fails the run (a correct lockd serves whatever a cut leaves of
-// what it synced); with --allow-refusals the refusal must name a file of the state directory,
-// and the run goes on from a fresh state. Exits 0 when every check held, 1 otherwise, 2 on bad
-// arguments.
+// what it synced); with allow_refusals the refusal must name a file of the state directory,
+// and the run goes on from a fresh state.
 #include <signal.h>
-#include <sys/mount.h>
-#include <sys/wait.h>
 
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -34,29 +33,15 @@
 #include <thread>
 #include <vector>
 
-#include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "fencelock/wire.pb.h"
 #include "lock-server/blocking_connection.h"
-#include "powercut/control.h"
-#include "process/flags.h"
+#include "powered_mount.h"
 #include "process/process.h"
 #include "protocol/requests.h"
-
-ABSL_FLAG(int, cuts, 50, "power cuts in the run (1 to 100000)");
-ABSL_FLAG(uint64_t, seed, 0, "the run's seed; 0 draws one from the clock (printed)");
-ABSL_FLAG(std::string, dir, "", "where the run goes; default: a fresh folder under $TMPDIR");
-ABSL_FLAG(bool, keep, false, "keep the run's folder after a green run (a failed one is kept)");
-ABSL_FLAG(std::string, lockd_binary, LOCKD_BINARY, "the lockd executable");
-ABSL_FLAG(std::string, forgetfs_binary, FORGETFS_BINARY, "the fencelock-forgetfs executable");
-ABSL_FLAG(bool, allow_refusals, false,
-          "count a lockd that refuses to start (naming the damaged file) as a pass, and go on from "
-          "a fresh state; by default a refusal fails the run");
-ABSL_FLAG(uint64_t, wal_segment_bytes, 64 << 10,
-          "lockd --wal-segment-bytes: small, so that segments roll and snapshots follow often");
+#include "runs.h"
 
 namespace fencelock::powercut {
 namespace {
@@ -67,11 +52,9 @@ using server::BlockingConnection;
 constexpr absl::Duration kSessionTtl = absl::Seconds(60);  // nothing expires within a round
 constexpr int kLoadThreads = 4;
 constexpr int kLockNames = 64;
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+constexpr char kPool[] = "cuts";
+constexpr char kProfile[] = "p";
+constexpr uint64_t kPoolBudget = 8;
 
 // What the clients were told, and what they sent, since the last check.
 class Acknowledged {
@@ -81,6 +64,14 @@ class Acknowledged {
     uint64_t last_granted_session = 0;
     std::set<uint64_t> released;      // tokens whose Release was sent
     int unanswered = 0;  // Acquires sent and not answered (at the cut: lost with lockd)
+  };
+  // The pool manager's.
+  struct Pool {
+    uint64_t generation = 0;  // the last acknowledged publish (over the state's life)
+    uint64_t epoch = 0;       // the last acknowledged claim
+    uint64_t decision = 0;    // the highest acknowledged decision
+    std::map<std::string, uint64_t> active;  // slot → token: activation acknowledged, release
+                                             // not sent
   };
 
   void Opened(uint64_t session, std::string secret) {
@@ -117,53 +108,72 @@ class Acknowledged {
     std::lock_guard<std::mutex> l(mu_);
     ++releases_;
   }
+  // The pool manager: each acknowledgement raises what must survive.
+  void PoolLeaseGranted(uint64_t token, uint64_t decision) {
+    std::lock_guard<std::mutex> l(mu_);
+    max_token_ = std::max(max_token_, token);
+    pool_.decision = std::max(pool_.decision, decision);
+    ++pool_decisions_;
+  }
+  void PoolDecided(uint64_t decision) {
+    std::lock_guard<std::mutex> l(mu_);
+    pool_.decision = std::max(pool_.decision, decision);
+    ++pool_decisions_;
+  }
+  void PoolActivated(const std::string& slot, uint64_t token, uint64_t decision) {
+    std::lock_guard<std::mutex> l(mu_);
+    pool_.active[slot] = token;
+    pool_.decision = std::max(pool_.decision, decision);
+    ++pool_decisions_;
+  }
+  void PoolReleaseSent(const std::string& slot) {
+    std::lock_guard<std::mutex> l(mu_);
+    pool_.active.erase(slot);
+  }
 
   std::map<uint64_t, std::string> sessions_;
   std::set<uint64_t> closing_;
   std::map<std::string, Lock> locks_;
-  int64_t grants_ = 0, releases_ = 0;
+  Pool pool_;
+  int64_t grants_ = 0, releases_ = 0, pool_decisions_ = 0;
   uint64_t max_token_ = 0;  // over the whole run
   std::mutex mu_;
 };
 
 class Run {
  public:
-  Run(std::string dir, uint64_t seed) : dir_(std::move(dir)), rng_(seed), seed_(seed) {}
-  ~Run() {
-    lockd_.Stop(absl::Seconds(2));
-    if (fs_.running()) {
-      umount2(Mount().c_str(), MNT_DETACH);
-      fs_.Stop(absl::Seconds(5));
-    }
-  }
+  explicit Run(const RunOptions& options)
+      : options_(options), mount_(options.dir, options.forgetfs_binary), rng_(options.seed) {}
+  ~Run() { lockd_.Stop(absl::Seconds(2)); }
 
-  int Main(int cuts) {
-    if (absl::Status s = MountFs(); !s.ok()) return Fail(s.ToString());
+  int Main() {
+    if (absl::Status s = mount_.Mount(); !s.ok()) return Fail(s.ToString());
     if (absl::Status s = Init(); !s.ok()) return Fail(s.ToString());
-    for (int round = 1; round <= cuts; ++round) {
+    for (int round = 1; round <= options_.cuts; ++round) {
       round_ = round;
       if (absl::Status s = Round(); !s.ok()) return Fail(s.ToString());
       if (!violations_.empty()) break;
     }
-    std::printf("%d power cuts (seed %lu): %ld grants and %ld releases acknowledged, %ld "
-                "acknowledged locks and %ld sessions checked after restarts, %ld unsynced writes "
-                "at the cuts (%ld pieces kept, %ld dropped; %d cuts with a write in flight), "
-                "%ld names lost, %d refusals to start; %zu violations\n",
-                round_, static_cast<unsigned long>(seed_), static_cast<long>(ack_.grants_),
-                static_cast<long>(ack_.releases_), static_cast<long>(locks_checked_),
-                static_cast<long>(sessions_checked_), static_cast<long>(unsynced_),
-                static_cast<long>(kept_), static_cast<long>(dropped_), in_flight_,
-                static_cast<long>(names_lost_), refusals_, violations_.size());
+    std::printf("%d power cuts (seed %lu): %ld grants and %ld releases acknowledged, %ld pool "
+                "decisions acknowledged, %ld acknowledged locks, %ld pool leases and %ld "
+                "sessions checked after restarts, %s, %d refusals to start; %zu violations\n",
+                tally_.cuts, static_cast<unsigned long>(options_.seed),
+                static_cast<long>(ack_.grants_), static_cast<long>(ack_.releases_),
+                static_cast<long>(ack_.pool_decisions_), static_cast<long>(locks_checked_),
+                static_cast<long>(leases_checked_), static_cast<long>(sessions_checked_),
+                tally_.Describe().c_str(), refusals_, violations_.size());
     for (const std::string& v : violations_) std::printf("VIOLATION: %s\n", v.c_str());
     return violations_.empty() ? 0 : 1;
   }
 
  private:
-  std::string Mount() const { return dir_ + "/mnt"; }
-  std::string State() const { return Mount() + "/state"; }
+  std::string State() const { return mount_.path() + "/state"; }
+  // The Unix socket pools are served on (ADR 0004): outside the mount, which has no sockets.
+  std::string Socket() const { return options_.dir + "/lockd.sock"; }
 
   int Fail(const std::string& why) {
-    std::printf("round %d (seed %lu): %s\n", round_, static_cast<unsigned long>(seed_), why.c_str());
+    std::printf("round %d (seed %lu): %s\n", round_, static_cast<unsigned long>(options_.seed),
+                why.c_str());
     return 1;
   }
   void Violation(const std::string& what) {
@@ -171,33 +181,16 @@ class Run {
     violations_.push_back(absl::StrCat("round ", round_, ": ", what));
   }
 
-  absl::Status MountFs() {
-    std::filesystem::create_directories(Mount());
-    std::filesystem::create_directories(dir_ + "/logs");
-    auto fs = process::Child::Spawn(
-        absl::GetFlag(FLAGS_forgetfs_binary),
-        {"--store=" + dir_ + "/store", "--control=" + dir_ + "/control", Mount()},
-        {.stdout_file = dir_ + "/logs/forgetfs.log", .stderr_file = dir_ + "/logs/forgetfs.log"});
-    if (!fs.ok()) return fs.status();
-    fs_ = std::move(*fs);
-    for (int i = 0; i < 500; ++i) {
-      if (Read("/proc/self/mounts").find(" " + Mount() + " fuse.forgetfs ") != std::string::npos &&
-          Control(dir_ + "/control", "stats").ok()) {
-        return absl::OkStatus();
-      }
-      if (fs_.Wait(absl::ZeroDuration()).has_value()) break;
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    return absl::UnavailableError(absl::StrCat("forgetfs did not mount on ", Mount(), "; see ",
-                                               dir_, "/logs/forgetfs.log"));
+  std::vector<std::string> LockdArgs(std::vector<std::string> args) const {
+    args.push_back("--data-dir=" + State());
+    args.push_back(absl::StrCat("--wal-segment-bytes=", options_.wal_segment_bytes));
+    return args;
   }
 
   absl::Status Init() {
-    auto init = process::Child::Spawn(
-        absl::GetFlag(FLAGS_lockd_binary),
-        {"init", "--data-dir=" + State(),
-         absl::StrCat("--wal-segment-bytes=", absl::GetFlag(FLAGS_wal_segment_bytes))},
-        {.stdout_file = dir_ + "/logs/lockd.log", .stderr_file = dir_ + "/logs/lockd.log"});
+    const std::string log = options_.dir + "/logs/lockd.log";
+    auto init = process::Child::Spawn(options_.lockd_binary, LockdArgs({"init"}),
+                                      {.stdout_file = log, .stderr_file = log});
     if (!init.ok()) return init.status();
     if (const int status = *init->Wait(); status != 0) {
       return absl::InternalError(absl::StrCat("lockd init ", process::DescribeStatus(status)));
@@ -206,6 +199,7 @@ class Run {
     ack_.sessions_.clear();
     ack_.closing_.clear();
     ack_.locks_.clear();
+    ack_.pool_ = {};
     ack_.max_token_ = 0;
     floor_ = 0;
     return absl::OkStatus();
@@ -213,14 +207,14 @@ class Run {
 
   // lockd on what the last cut left; false (with the refusal checked) if it would not start.
   absl::StatusOr<bool> StartLockd() {
-    const std::string port_file = dir_ + "/lockd.port";
+    const std::string port_file = options_.dir + "/lockd.port";
     std::filesystem::remove(port_file);
-    const std::string log = absl::StrCat(dir_, "/logs/lockd-", round_, ".log");
+    std::filesystem::remove(Socket());
+    const std::string log = absl::StrCat(options_.dir, "/logs/lockd-", round_, ".log");
     auto lockd = process::Child::Spawn(
-        absl::GetFlag(FLAGS_lockd_binary),
-        {"serve", "--data-dir=" + State(), "--port=0", "--port-file=" + port_file,
-         "--metrics-port=-1",
-         absl::StrCat("--wal-segment-bytes=", absl::GetFlag(FLAGS_wal_segment_bytes))},
+        options_.lockd_binary,
+        LockdArgs({"serve", "--port=0", "--port-file=" + port_file, "--metrics-port=-1",
+                   "--unix-socket=" + Socket()}),
         {.stdout_file = log, .stderr_file = log});
     if (!lockd.ok()) return lockd.status();
     lockd_ = std::move(*lockd);
@@ -232,13 +226,13 @@ class Run {
     const std::optional<int> status = lockd_.Wait(absl::Seconds(5));
     if (!status.has_value()) return port.status();
     // A refusal must name what it refuses: a file of the state directory.
-    const std::string said = Read(log);
+    const std::string said = ReadFile(log);
     const std::string last = said.substr(said.rfind('\n', said.size() - 2) + 1);
     ++refusals_;
     if (!absl::StrContains(said, State() + "/")) {
       Violation(absl::StrCat("lockd refused to start without naming a file of ", State(), ": ",
                              last));
-    } else if (!absl::GetFlag(FLAGS_allow_refusals)) {
+    } else if (!options_.allow_refusals) {
       // Every cut here leaves what a disk may leave of a lockd that syncs what it should: a
       // correct lockd serves it. A refusal is a finding, unless asked to accept it.
       Violation(absl::StrCat("lockd refused to start after the cut: ", last));
@@ -248,9 +242,10 @@ class Run {
     return false;
   }
 
-  absl::StatusOr<std::unique_ptr<BlockingConnection>> Connect() {
+  absl::StatusOr<std::unique_ptr<BlockingConnection>> Connect(bool unix_socket = false) {
     return BlockingConnection::Connect(
-        {.server = absl::StrCat("127.0.0.1:", port_), .timeout = absl::Seconds(10)});
+        {.server = unix_socket ? "unix:" + Socket() : absl::StrCat("127.0.0.1:", port_),
+         .timeout = absl::Seconds(10)});
   }
 
   // After a restart: what was acknowledged is there.
@@ -317,7 +312,87 @@ class Run {
     ack_.sessions_.clear();
     ack_.closing_.clear();
     ack_.locks_.clear();
+    if (absl::Status s = CheckPool(); !s.ok()) return s;
     floor_ = std::max(floor_.load(), ack_.max_token_);
+    return absl::OkStatus();
+  }
+
+  // The pool: what the manager was told is there; then a new manager releases every lease, so
+  // that the next round starts with the budget free.
+  absl::Status CheckPool() {
+    auto c = Connect(/*unix_socket=*/true);
+    if (!c.ok()) return c.status();
+    auto r = (*c)->Call(req::PoolStatus(kPool));
+    if (!r.ok()) return r.status();
+    const Acknowledged::Pool& acked = ack_.pool_;
+    if (r->code() == wire::NOT_FOUND) {
+      if (acked.generation > 0) {
+        Violation(absl::StrCat("pool ", kPool, ": its publish of generation ", acked.generation,
+                               " was acknowledged, and lockd restored no such pool"));
+      }
+      pool_generation_ = 0;
+      return absl::OkStatus();
+    }
+    if (r->code() != wire::OK) {
+      return absl::InternalError(absl::StrCat("pool status: ", wire::Code_Name(r->code()), " ",
+                                              r->message()));
+    }
+    const wire::PoolStatusReply& status = r->pool_status();
+    if (status.generation() < acked.generation) {
+      Violation(absl::StrCat("pool ", kPool, ": restored at generation ", status.generation(),
+                             ", below its acknowledged publish of generation ",
+                             acked.generation));
+    }
+    if (status.decision() < acked.decision) {
+      Violation(absl::StrCat("pool ", kPool, ": restored at decision ", status.decision(),
+                             ", below the acknowledged decision ", acked.decision));
+    }
+    for (const wire::PoolProfileInfo& p : status.profiles()) {
+      if (p.id() == kProfile && p.owner_epoch() < acked.epoch) {
+        Violation(absl::StrCat("pool ", kPool, ": profile ", kProfile, " restored at epoch ",
+                               p.owner_epoch(), ", below its acknowledged claim at epoch ",
+                               acked.epoch));
+      }
+    }
+    std::map<std::string, const wire::PoolLeaseInfo*> leases;
+    for (const wire::PoolLeaseInfo& l : status.leases()) {
+      leases[l.slot()] = &l;
+      floor_ = std::max(floor_.load(), l.token());
+    }
+    for (const auto& [slot, token] : acked.active) {
+      ++leases_checked_;
+      auto l = leases.find(slot);
+      if (l == leases.end() || l->second->token() != token || !l->second->active()) {
+        Violation(absl::StrCat(
+            "pool ", kPool, ": the activation of slot ", slot, " under token ", token,
+            " was acknowledged and its release never sent, and lockd restored ",
+            l == leases.end() ? std::string("no lease of it")
+                              : absl::StrCat(l->second->active() ? "an active" : "a provisional",
+                                             " lease under token ", l->second->token())));
+      }
+    }
+    pool_generation_ = status.generation();
+    // A replacement manager reconciles: a new epoch, and every lease let go.
+    auto claimed = (*c)->Call(req::PoolClaim(kPool, kProfile, status.generation()));
+    if (!claimed.ok()) return claimed.status();
+    if (claimed->code() != wire::OK) {
+      return absl::InternalError(absl::StrCat("pool claim after the restart: ",
+                                              wire::Code_Name(claimed->code()), " ",
+                                              claimed->message()));
+    }
+    const wire::PoolOwnerRef owner = claimed->pool_claim().owner();
+    ack_.pool_.epoch = owner.epoch();
+    for (const wire::PoolLeaseInfo& l : status.leases()) {
+      auto released = (*c)->Call(req::PoolRelease(kPool, l.profile(), l.slot(), l.token(), owner));
+      if (!released.ok()) return released.status();
+      if (released->code() != wire::OK) {
+        return absl::InternalError(absl::StrCat("pool release of ", l.slot(), " after the restart: ",
+                                                wire::Code_Name(released->code()), " ",
+                                                released->message()));
+      }
+      ack_.PoolDecided(released->pool_lease().decision());
+    }
+    ack_.pool_.active.clear();
     return absl::OkStatus();
   }
 
@@ -352,10 +427,7 @@ class Run {
         if (!r.ok()) return;
         if (r->code() == wire::OK && r->acquire().granted()) {
           const uint64_t token = r->acquire().token();
-          if (token <= floor_) {
-            Violation(absl::StrCat(name, ": granted token ", token, " after the restart, not above ",
-                                   floor_.load(), ", the highest acknowledged before it"));
-          }
+          AboveFloor(name, token);
           ack_.Granted(name, session, token);
           mine[name] = token;
         }
@@ -371,6 +443,88 @@ class Run {
     }
   }
 
+  void AboveFloor(const std::string& what, uint64_t token) {
+    if (token <= floor_) {
+      Violation(absl::StrCat(what, ": granted token ", token, " after the restart, not above ",
+                             floor_.load(), ", the highest acknowledged before it"));
+    }
+  }
+
+  // A refusal the load's well-formed requests should never get ends the manager's round, and
+  // the run with it.
+  bool Refused(const char* what, const absl::StatusOr<wire::Response>& r) {
+    if (!r.ok()) return true;  // lockd is gone: the cut
+    if (r->code() == wire::OK) return false;
+    Violation(absl::StrCat("pool manager: ", what, " refused: ", wire::Code_Name(r->code()), " ",
+                           r->message()));
+    return true;
+  }
+
+  // The pool manager: publishes the policy (now and then a new generation), claims its profile
+  // (a new epoch each round), and acquires, activates and releases leases on up to 6 of the 8
+  // units.
+  void PoolLoad(uint64_t seed, const std::atomic<bool>& stop) {
+    std::mt19937_64 rng(seed);
+    auto c = Connect(/*unix_socket=*/true);
+    if (!c.ok()) return;
+    wire::PoolProfile profile;
+    profile.set_id(kProfile);
+    profile.set_cost(1);
+    wire::PoolOwnerRef owner;
+    auto publish = [&]() {
+      auto r = (*c)->Call(req::PoolPublish(kPool, pool_generation_ + 1, kPoolBudget, {profile}));
+      if (Refused("publish", r)) return false;
+      pool_generation_ = r->pool_publish().generation();
+      std::lock_guard<std::mutex> l(ack_.mu_);
+      ack_.pool_.generation = std::max(ack_.pool_.generation, pool_generation_);
+      return true;
+    };
+    auto acknowledge = [&]() {
+      return !Refused("ack", (*c)->Call(req::PoolAck(kPool, kProfile, owner, pool_generation_)));
+    };
+    if ((pool_generation_ == 0 || rng() % 4 == 0) && !publish()) return;
+    auto claimed = (*c)->Call(req::PoolClaim(kPool, kProfile, pool_generation_));
+    if (Refused("claim", claimed)) return;
+    owner = claimed->pool_claim().owner();
+    {
+      std::lock_guard<std::mutex> l(ack_.mu_);
+      ack_.pool_.epoch = std::max(ack_.pool_.epoch, owner.epoch());
+    }
+    if (!acknowledge()) return;
+    std::map<std::string, uint64_t> provisional, active;
+    while (!stop) {
+      const uint64_t dice = rng() % 100;
+      if (dice == 0) {
+        // A new generation, which the manager enforces at once.
+        if (!publish() || !acknowledge()) return;
+      } else if (dice < 40 && provisional.size() + active.size() < 6) {
+        const std::string slot = absl::StrCat("s", next_slot_++);
+        auto r = (*c)->Call(req::PoolAcquire(kPool, kProfile, slot, owner));
+        if (Refused("acquire", r)) return;
+        if (!r->pool_acquire().granted()) continue;
+        AboveFloor(absl::StrCat("pool ", kPool, " slot ", slot), r->pool_acquire().token());
+        ack_.PoolLeaseGranted(r->pool_acquire().token(), r->pool_acquire().decision());
+        provisional[slot] = r->pool_acquire().token();
+      } else if (dice < 70 && !provisional.empty()) {
+        auto it = std::next(provisional.begin(), static_cast<long>(rng() % provisional.size()));
+        auto r = (*c)->Call(req::PoolActivate(kPool, kProfile, it->first, it->second, owner));
+        if (Refused("activate", r)) return;
+        ack_.PoolActivated(it->first, it->second, r->pool_lease().decision());
+        active.insert(*it);
+        provisional.erase(it);
+      } else {
+        std::map<std::string, uint64_t>& from = active.empty() ? provisional : active;
+        if (from.empty()) continue;
+        auto it = std::next(from.begin(), static_cast<long>(rng() % from.size()));
+        ack_.PoolReleaseSent(it->first);
+        auto r = (*c)->Call(req::PoolRelease(kPool, kProfile, it->first, it->second, owner));
+        if (Refused("release", r)) return;
+        ack_.PoolDecided(r->pool_lease().decision());
+        from.erase(it);
+      }
+    }
+  }
+
   absl::Status Round() {
     auto started = StartLockd();
     if (!started.ok()) return started.status();
@@ -378,120 +532,57 @@ class Run {
       // Refused, naming the damage: a fresh state, as an operator would restore from elsewhere.
       lockd_.Stop();
       std::filesystem::remove_all(State());
-      if (absl::Status s = Init(); !s.ok()) return s;
-      return absl::OkStatus();
+      return Init();
     }
     if (absl::Status s = Check(); !s.ok()) return s;
     // Load for 20 ms to 1.5 s, then the power goes; in half the rounds it goes at a write
     // drawn from the first 400 (a WAL append, a segment or snapshot being made), with that
     // write in flight.
-    const bool armed = rng_() % 2 == 0;
-    if (armed) {
-      if (auto a = Control(dir_ + "/control", absl::StrCat("arm ", 1 + rng_() % 400)); !a.ok()) {
-        return a.status();
-      }
-    }
+    auto armed = mount_.MaybeArm(rng_);
+    if (!armed.ok()) return armed.status();
     std::atomic<bool> stop{false};
     std::vector<std::thread> threads;
     for (int i = 0; i < kLoadThreads; ++i) {
       threads.emplace_back([this, i, &stop, seed = rng_()] { Load(seed + i, stop); });
     }
+    threads.emplace_back([this, &stop, seed = rng_()] { PoolLoad(seed, stop); });
     const absl::Time until =
         absl::Now() + absl::Milliseconds(20 + static_cast<int64_t>(rng_() % 1480));
-    while (absl::Now() < until) {
+    bool frozen = false;
+    while (absl::Now() < until && !frozen) {
       absl::SleepFor(absl::Milliseconds(5));
-      if (!armed) continue;
-      auto stats = Control(dir_ + "/control", "stats");
-      if (stats.ok() && absl::StrContains(*stats, "frozen=1")) {
-        ++in_flight_;
-        break;
-      }
+      frozen = *armed && mount_.Frozen();
     }
     // The cut goes before lockd is reaped: a thread of lockd's caught in a write that the
     // freeze holds cannot die until that write returns, which the cut makes it do (with EIO);
     // the cut itself waits for lockd's files to close.
     lockd_.Signal(SIGKILL);
     stop = true;
-    static const char* const kModes[] = {"drop", "keep-some", "tear-sector", "tear-page"};
-    const std::string mode = kModes[rng_() % 4];
-    auto cut = Control(dir_ + "/control", absl::StrCat("cut ", mode, " seed=", rng_()));
+    const absl::Status cut = mount_.Cut(rng_, frozen, tally_);
     lockd_.Wait();
     for (std::thread& t : threads) t.join();  // their connections closed with lockd
-    if (!cut.ok()) return cut.status();
-    // "N files written back, U unsynced writes and truncations, K pieces of them kept, D
-    // dropped; L names ..."
-    long files = 0, unsynced = 0, kept = 0, dropped = 0, lost = 0;
-    if (std::sscanf(cut->c_str(),
-                    "%ld files written back, %ld unsynced writes and truncations, %ld pieces of "
-                    "them kept, %ld dropped; %ld names",
-                    &files, &unsynced, &kept, &dropped, &lost) == 5) {
-      unsynced_ += unsynced;
-      kept_ += kept;
-      dropped_ += dropped;
-      names_lost_ += lost;
-    }
-    return absl::OkStatus();
+    return cut;
   }
 
-  const std::string dir_;
+  const RunOptions options_;
+  PoweredMount mount_;
   std::mt19937_64 rng_;
-  const uint64_t seed_;
-  process::Child fs_, lockd_;
+  process::Child lockd_;
   int port_ = 0;
   int round_ = 0;
   Acknowledged ack_;
   std::atomic<uint64_t> floor_{0};  // tokens granted from now on must be above it
+  uint64_t pool_generation_ = 0;    // the pool's current generation (0: not published)
+  uint64_t next_slot_ = 1;
   std::mutex violations_mu_;
   std::vector<std::string> violations_;  // guarded by violations_mu_ while the load runs
-  int64_t locks_checked_ = 0, sessions_checked_ = 0, unsynced_ = 0, kept_ = 0, dropped_ = 0,
-          names_lost_ = 0;
+  int64_t locks_checked_ = 0, leases_checked_ = 0, sessions_checked_ = 0;
+  CutTally tally_;
   int refusals_ = 0;
-  int in_flight_ = 0;  // cuts that came with a write in flight (armed)
 };
 
-int Main(const std::vector<std::string>& args) {
-  const int cuts = absl::GetFlag(FLAGS_cuts);
-  if (args.size() != 1 || args[0] != "lockd") {
-    std::fprintf(stderr, "usage: fencelock-powercut lockd [--cuts=N] [--seed=S] [--dir=D]\n");
-    return 2;
-  }
-  if (cuts < 1 || cuts > 100000) {
-    std::fprintf(stderr, "fencelock-powercut: --cuts must be 1 to 100000, got %d\n", cuts);
-    return 2;
-  }
-  uint64_t seed = absl::GetFlag(FLAGS_seed);
-  if (seed == 0) seed = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) % 1000000 + 1;
-  std::string dir = absl::GetFlag(FLAGS_dir);
-  if (dir.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/fencelock-powercut-XXXXXX";
-    if (mkdtemp(dir.data()) == nullptr) {
-      std::fprintf(stderr, "fencelock-powercut: cannot make %s\n", dir.c_str());
-      return 1;
-    }
-  }
-  std::printf("fencelock-powercut lockd --cuts=%d --seed=%lu --dir=%s\n", cuts,
-              static_cast<unsigned long>(seed), dir.c_str());
-  std::fflush(stdout);
-  int status;
-  {
-    Run run(dir, seed);
-    status = run.Main(cuts);
-  }
-  if (status == 0 && !absl::GetFlag(FLAGS_keep)) {
-    std::filesystem::remove_all(dir);
-  } else {
-    std::printf("kept: %s\n", dir.c_str());
-  }
-  return status;
-}
-
 }  // namespace
-}  // namespace fencelock::powercut
 
-int main(int argc, char** argv) {
-  std::vector<std::string> args = fencelock::process::ParseFlags(argc, argv);
-  args.erase(args.begin());
-  signal(SIGPIPE, SIG_IGN);
-  return fencelock::powercut::Main(args);
-}
+int RunLockdCuts(const RunOptions& options) { return Run(options).Main(); }
+
+}  // namespace fencelock::powercut

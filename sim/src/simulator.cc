@@ -200,8 +200,8 @@ class Simulation {
       : options_(options),
         rng_(options.seed),
         secrets_(options.seed ^ 0x5ec7e75ec7e75ULL),
-        replica_count_(options.replicas),
         world_(options.replicas + options.clients + 1),
+        replica_count_(options.replicas),
         env_node_(options.replicas + options.clients) {
     result_.seed = options.seed;
   }

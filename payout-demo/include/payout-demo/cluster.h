@@ -31,6 +31,13 @@ namespace fencelock::payout {
 
 struct ClusterOptions {
   std::string dir;  // an existing, empty directory
+  // Where lockd's state directory (lockd/), the store (payouts.db) and the rail's ledger
+  // (rail.db) go, an existing directory: the power-cut run puts them on a file system that
+  // forgets, and the logs and port files beside it. Default: empty, `dir`.
+  std::string data_dir;
+  // More flags for every `lockd init` and `lockd serve` of a local lockd (the power-cut run
+  // gives a small --wal-segment-bytes). Default: none.
+  std::vector<std::string> lockd_extra_args;
   std::string lockd_binary, rail_binary, worker_binary;
   absl::Duration rail_latency = absl::Milliseconds(20);
   absl::Duration rail_jitter = absl::Milliseconds(10);
@@ -105,6 +112,10 @@ class Cluster {
   ~Cluster();
 
   std::string Path(const std::string& name) const { return options_.dir + "/" + name; }
+  // Where lockd's state, the store and the ledger are (ClusterOptions::data_dir).
+  std::string DataPath(const std::string& name) const {
+    return (options_.data_dir.empty() ? options_.dir : options_.data_dir) + "/" + name;
+  }
   // Replicated: the etcd prefix the replicas serve.
   const std::string& etcd_prefix() const { return etcd_prefix_; }
   std::string HistoryPath(const std::string& process) const {
@@ -135,7 +146,15 @@ class Cluster {
   // Waits up to `timeout` for a replica other than `not_this` (-1: any) to serve.
   absl::StatusOr<int> AwaitServingReplica(int not_this, absl::Duration timeout);
   process::Child& rail() { return rail_; }
+  // Starts the rail on its ledger (again, once it has exited: the power-cut run restarts it).
+  absl::Status StartRail();
+  // The runner's own connection to the store (open unless CloseStore() closed it).
   PayoutStore& store() { return *store_; }
+  // Closes the runner's connection to the store, and opens it again (Load() and Reconcile()
+  // do when it is closed): on a host whose power is cut, no connection of a process that is
+  // gone is closed cleanly, and closing the last one checkpoints the WAL.
+  void CloseStore() { store_.reset(); }
+  absl::Status OpenStore();
 
   // Loads `count` PENDING payouts (ids continue after any loaded before).
   absl::Status Load(int64_t count, int64_t amount_cents);
@@ -163,7 +182,6 @@ class Cluster {
   absl::StatusOr<process::Child> Spawn(const std::string& binary,
                                        const std::vector<std::string>& args,
                                        const std::string& log) const;
-  absl::Status StartRail();
   absl::Status StartEtcd();
   std::vector<std::string> ServeArgs(int replica, bool standby);
 
