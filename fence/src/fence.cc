@@ -2,6 +2,8 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -9,9 +11,31 @@
 namespace fencelock::fence {
 namespace {
 
-absl::Status FencedOut(absl::string_view key, uint64_t token, uint64_t highest) {
-  return absl::AbortedError(absl::StrCat("fenced out: token ", token, " for \"", key,
-                                         "\" is lower than the highest admitted, ", highest));
+absl::Status FencedOut(std::string_view key, uint64_t token, uint64_t highest,
+                       const char* admitted = "admitted") {
+  return absl::AbortedError(absl::StrCat("fenced out: token ", token, " for \"",
+                                         absl::string_view(key.data(), key.size()),
+                                         "\" is lower than the highest ", admitted, ", ",
+                                         highest));
+}
+
+// Both registers of one key.
+struct Registers {
+  uint64_t any = 0;    // the highest token admitted for any operation
+  uint64_t write = 0;  // the highest admitted for a write
+};
+
+// The rules, on a key's registers: whether `token` is admitted for a write (or a read), and the
+// registers after it.
+absl::Status AdmitWrite(std::string_view key, uint64_t token, Registers& r) {
+  if (token < r.any) return FencedOut(key, token, r.any);
+  r.any = r.write = token;
+  return absl::OkStatus();
+}
+absl::Status AdmitReadOf(std::string_view key, uint64_t token, Registers& r) {
+  if (token < r.write) return FencedOut(key, token, r.write, "admitted for a write");
+  r.any = std::max(r.any, token);
+  return absl::OkStatus();
 }
 
 absl::Status SqliteError(sqlite3* db, const char* what) {
@@ -30,20 +54,32 @@ class MemoryFence final : public TokenFence {
  public:
   absl::Status Admit(std::string_view key, uint64_t token) override {
     absl::MutexLock lock(&mu_);
-    uint64_t& highest = highest_[std::string(key)];
-    if (token < highest) return FencedOut(absl::string_view(key.data(), key.size()), token, highest);
-    highest = token;
-    return absl::OkStatus();
+    Registers r = registers_[std::string(key)];
+    absl::Status s = AdmitWrite(key, token, r);
+    if (s.ok()) registers_[std::string(key)] = r;
+    return s;
+  }
+  absl::Status AdmitRead(std::string_view key, uint64_t token) override {
+    absl::MutexLock lock(&mu_);
+    Registers r = registers_[std::string(key)];
+    absl::Status s = AdmitReadOf(key, token, r);
+    if (s.ok()) registers_[std::string(key)] = r;
+    return s;
   }
   absl::StatusOr<uint64_t> Highest(std::string_view key) override {
     absl::MutexLock lock(&mu_);
-    auto it = highest_.find(std::string(key));
-    return it == highest_.end() ? 0 : it->second;
+    auto it = registers_.find(std::string(key));
+    return it == registers_.end() ? 0 : it->second.any;
+  }
+  absl::StatusOr<uint64_t> HighestWrite(std::string_view key) override {
+    absl::MutexLock lock(&mu_);
+    auto it = registers_.find(std::string(key));
+    return it == registers_.end() ? 0 : it->second.write;
   }
 
  private:
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, uint64_t> highest_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Registers> registers_ ABSL_GUARDED_BY(mu_);
 };
 
 // Runs `sql` with no result rows.
@@ -63,11 +99,29 @@ class SqliteFence final : public TokenFence {
   ~SqliteFence() override { sqlite3_close(db_); }
 
   absl::Status Admit(std::string_view key, uint64_t token) override {
+    return InTransaction(key, token, AdmitInTransaction);
+  }
+  absl::Status AdmitRead(std::string_view key, uint64_t token) override {
+    return InTransaction(key, token, AdmitReadInTransaction);
+  }
+
+  absl::StatusOr<uint64_t> Highest(std::string_view key) override {
+    absl::MutexLock lock(&mu_);
+    return HighestInTransaction(db_, key);
+  }
+  absl::StatusOr<uint64_t> HighestWrite(std::string_view key) override {
+    absl::MutexLock lock(&mu_);
+    return HighestWriteInTransaction(db_, key);
+  }
+
+ private:
+  absl::Status InTransaction(std::string_view key, uint64_t token,
+                             absl::Status (*admit)(sqlite3*, std::string_view, uint64_t)) {
     absl::MutexLock lock(&mu_);
     if (sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) != SQLITE_OK) {
       return SqliteError(db_, "begin");
     }
-    absl::Status s = AdmitInTransaction(db_, key, token);
+    absl::Status s = admit(db_, key, token);
     if (!s.ok()) {
       sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
       return s;
@@ -80,12 +134,6 @@ class SqliteFence final : public TokenFence {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<uint64_t> Highest(std::string_view key) override {
-    absl::MutexLock lock(&mu_);
-    return HighestInTransaction(db_, key);
-  }
-
- private:
   absl::Mutex mu_;
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);  // one connection, used by one caller at a time
 };
@@ -117,44 +165,96 @@ absl::StatusOr<std::unique_ptr<TokenFence>> TokenFence::OpenSqlite(const std::st
   return std::unique_ptr<TokenFence>(std::make_unique<SqliteFence>(db));
 }
 
+// The table has a column for each register. A table made before the write register existed
+// gets it, empty: an empty write register reads as the highest of any operation, since every
+// token admitted then was admitted for a write.
 absl::Status CreateFenceTable(sqlite3* db) {
-  return Exec(db,
-              "CREATE TABLE IF NOT EXISTS fence (key TEXT PRIMARY KEY, highest INTEGER NOT NULL)");
+  if (absl::Status s = Exec(db,
+                            "CREATE TABLE IF NOT EXISTS fence (key TEXT PRIMARY KEY, highest "
+                            "INTEGER NOT NULL, highest_write INTEGER)");
+      !s.ok()) {
+    return s;
+  }
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db, "SELECT 1 FROM pragma_table_info('fence') WHERE name = "
+                             "'highest_write'", -1, &stmt, nullptr) != SQLITE_OK) {
+    return SqliteError(db, "prepare");
+  }
+  const int rc = sqlite3_step(stmt);
+  sqlite3_finalize(stmt);
+  if (rc == SQLITE_ROW) return absl::OkStatus();
+  if (rc != SQLITE_DONE) return SqliteError(db, "table_info");
+  return Exec(db, "ALTER TABLE fence ADD COLUMN highest_write INTEGER");
 }
 
-absl::StatusOr<uint64_t> HighestInTransaction(sqlite3* db, std::string_view key) {
+namespace {
+
+absl::StatusOr<Registers> ReadRegisters(sqlite3* db, std::string_view key) {
   sqlite3_stmt* stmt = nullptr;
-  if (sqlite3_prepare_v2(db, "SELECT highest FROM fence WHERE key = ?1", -1, &stmt, nullptr) !=
-      SQLITE_OK) {
+  if (sqlite3_prepare_v2(db, "SELECT highest, COALESCE(highest_write, highest) FROM fence "
+                             "WHERE key = ?1", -1, &stmt, nullptr) != SQLITE_OK) {
     return SqliteError(db, "prepare");
   }
   sqlite3_bind_text(stmt, 1, key.data(), static_cast<int>(key.size()), SQLITE_TRANSIENT);
-  uint64_t highest = 0;
+  Registers r;
   const int rc = sqlite3_step(stmt);
-  if (rc == SQLITE_ROW) highest = static_cast<uint64_t>(sqlite3_column_int64(stmt, 0));
+  if (rc == SQLITE_ROW) {
+    r.any = static_cast<uint64_t>(sqlite3_column_int64(stmt, 0));
+    r.write = static_cast<uint64_t>(sqlite3_column_int64(stmt, 1));
+  }
   sqlite3_finalize(stmt);
   if (rc != SQLITE_ROW && rc != SQLITE_DONE) return SqliteError(db, "select");
-  return highest;
+  return r;
 }
 
-absl::Status AdmitInTransaction(sqlite3* db, std::string_view key, uint64_t token) {
-  auto highest = HighestInTransaction(db, key);
-  if (!highest.ok()) return highest.status();
-  if (token < *highest) return FencedOut(absl::string_view(key.data(), key.size()), token, *highest);
-  if (token == *highest) return absl::OkStatus();
+absl::Status WriteRegisters(sqlite3* db, std::string_view key, const Registers& r) {
   sqlite3_stmt* stmt = nullptr;
   if (sqlite3_prepare_v2(db,
-                         "INSERT INTO fence (key, highest) VALUES (?1, ?2) "
-                         "ON CONFLICT(key) DO UPDATE SET highest = excluded.highest",
+                         "INSERT INTO fence (key, highest, highest_write) VALUES (?1, ?2, ?3) "
+                         "ON CONFLICT(key) DO UPDATE SET highest = excluded.highest, "
+                         "highest_write = excluded.highest_write",
                          -1, &stmt, nullptr) != SQLITE_OK) {
     return SqliteError(db, "prepare");
   }
   sqlite3_bind_text(stmt, 1, key.data(), static_cast<int>(key.size()), SQLITE_TRANSIENT);
-  sqlite3_bind_int64(stmt, 2, static_cast<sqlite3_int64>(token));
+  sqlite3_bind_int64(stmt, 2, static_cast<sqlite3_int64>(r.any));
+  sqlite3_bind_int64(stmt, 3, static_cast<sqlite3_int64>(r.write));
   const int rc = sqlite3_step(stmt);
   sqlite3_finalize(stmt);
   if (rc != SQLITE_DONE) return SqliteError(db, "upsert");
   return absl::OkStatus();
+}
+
+absl::Status AdmitWith(sqlite3* db, std::string_view key, uint64_t token,
+                       absl::Status (*rule)(std::string_view, uint64_t, Registers&)) {
+  auto registers = ReadRegisters(db, key);
+  if (!registers.ok()) return registers.status();
+  Registers after = *registers;
+  if (absl::Status s = rule(key, token, after); !s.ok()) return s;
+  if (after.any == registers->any && after.write == registers->write) return absl::OkStatus();
+  return WriteRegisters(db, key, after);
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> HighestInTransaction(sqlite3* db, std::string_view key) {
+  auto r = ReadRegisters(db, key);
+  if (!r.ok()) return r.status();
+  return r->any;
+}
+
+absl::StatusOr<uint64_t> HighestWriteInTransaction(sqlite3* db, std::string_view key) {
+  auto r = ReadRegisters(db, key);
+  if (!r.ok()) return r.status();
+  return r->write;
+}
+
+absl::Status AdmitInTransaction(sqlite3* db, std::string_view key, uint64_t token) {
+  return AdmitWith(db, key, token, AdmitWrite);
+}
+
+absl::Status AdmitReadInTransaction(sqlite3* db, std::string_view key, uint64_t token) {
+  return AdmitWith(db, key, token, AdmitReadOf);
 }
 
 }  // namespace fencelock::fence

@@ -1,8 +1,14 @@
-// Fence 2: the resource-side fence. A durable register of the highest fencing token seen per
-// resource key, with one atomic admit(key, token): a token not lower than the highest is
-// admitted (the same holder may repeat), a lower one is fenced out. Safety of the resource
-// never depends on the lock client being right about time: a stale holder that wakes up and
-// acts is stopped here.
+// Fence 2: the resource-side fence. Durable registers per resource key of the highest fencing
+// token admitted for any operation and of the highest admitted for a write, with atomic
+// admits (ADR 0006):
+//   - a write (Admit) is admitted when its token is not lower than the highest of any
+//     operation, and raises both;
+//   - a read (AdmitRead), by a holder of a shared lock, is admitted when its token is not lower
+//     than the highest write, and raises the highest of any operation.
+// So a writer is fenced out once any newer holder has touched the resource, a reader once a
+// newer writer has written, and readers that hold together never fence each other out. The
+// same holder may repeat. Safety of the resource never depends on the lock client being right
+// about time: a stale holder that wakes up and acts is stopped here.
 //
 // Knows nothing of Asio or protobuf. Thread-safe.
 #ifndef FENCELOCK_FENCE_FENCE_H_
@@ -30,9 +36,15 @@ class TokenFence {
   // kInternal if the record could not be made durable; a refused or failed admit changes
   // nothing.
   virtual absl::Status Admit(std::string_view key, uint64_t token) = 0;
+  // A read under a shared lock: admits `token` for `key` if it is not lower than the highest
+  // token admitted for a write, and raises the highest of any operation to it. Errors as for
+  // Admit.
+  virtual absl::Status AdmitRead(std::string_view key, uint64_t token) = 0;
 
-  // The highest token admitted for `key`; 0 if none.
+  // The highest token admitted for `key`, for any operation; 0 if none.
   virtual absl::StatusOr<uint64_t> Highest(std::string_view key) = 0;
+  // The highest token admitted for `key` for a write; 0 if none.
+  virtual absl::StatusOr<uint64_t> HighestWrite(std::string_view key) = 0;
 
   // A fence in memory, for tests.
   static std::unique_ptr<TokenFence> InMemory();
@@ -42,12 +54,16 @@ class TokenFence {
   static absl::StatusOr<std::unique_ptr<TokenFence>> OpenSqlite(const std::string& path);
 };
 
-// For a resource that keeps its own SQLite database: the same fence rule applied inside a
+// For a resource that keeps its own SQLite database: the same fence rules applied inside a
 // transaction the caller has already begun on `db`, so that the admit and the resource's own
-// change commit together or not at all. The table is created by CreateFenceTable().
+// change commit together or not at all. The table is created by CreateFenceTable(), which also
+// adds the write register to a table made before it existed (its keys then read as if every
+// token admitted had been a write, which is what they were).
 absl::Status CreateFenceTable(sqlite3* db);
 absl::Status AdmitInTransaction(sqlite3* db, std::string_view key, uint64_t token);
+absl::Status AdmitReadInTransaction(sqlite3* db, std::string_view key, uint64_t token);
 absl::StatusOr<uint64_t> HighestInTransaction(sqlite3* db, std::string_view key);
+absl::StatusOr<uint64_t> HighestWriteInTransaction(sqlite3* db, std::string_view key);
 
 }  // namespace fencelock::fence
 
