@@ -53,18 +53,10 @@ absl::Status SqliteError(sqlite3* db, const char* what) {
 class MemoryFence final : public TokenFence {
  public:
   absl::Status Admit(std::string_view key, uint64_t token) override {
-    absl::MutexLock lock(&mu_);
-    Registers r = registers_[std::string(key)];
-    absl::Status s = AdmitWrite(key, token, r);
-    if (s.ok()) registers_[std::string(key)] = r;
-    return s;
+    return AdmitWith(key, token, AdmitWrite);
   }
   absl::Status AdmitRead(std::string_view key, uint64_t token) override {
-    absl::MutexLock lock(&mu_);
-    Registers r = registers_[std::string(key)];
-    absl::Status s = AdmitReadOf(key, token, r);
-    if (s.ok()) registers_[std::string(key)] = r;
-    return s;
+    return AdmitWith(key, token, AdmitReadOf);
   }
   absl::StatusOr<uint64_t> Highest(std::string_view key) override {
     absl::MutexLock lock(&mu_);
@@ -78,6 +70,16 @@ class MemoryFence final : public TokenFence {
   }
 
  private:
+  // A refused admit changes nothing.
+  absl::Status AdmitWith(std::string_view key, uint64_t token,
+                         absl::Status (*rule)(std::string_view, uint64_t, Registers&)) {
+    absl::MutexLock lock(&mu_);
+    Registers r = registers_[std::string(key)];
+    absl::Status s = rule(key, token, r);
+    if (s.ok()) registers_[std::string(key)] = r;
+    return s;
+  }
+
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, Registers> registers_ ABSL_GUARDED_BY(mu_);
 };
