@@ -227,7 +227,7 @@ class Run {
     if (!status.has_value()) return port.status();
     // A refusal must name what it refuses: a file of the state directory.
     const std::string said = ReadFile(log);
-    const std::string last = said.substr(said.rfind('\n', said.size() - 2) + 1);
+    const std::string last = LastLine(said);
     ++refusals_;
     if (!absl::StrContains(said, State() + "/")) {
       Violation(absl::StrCat("lockd refused to start without naming a file of ", State(), ": ",
@@ -546,13 +546,8 @@ class Run {
       threads.emplace_back([this, i, &stop, seed = rng_()] { Load(seed + i, stop); });
     }
     threads.emplace_back([this, &stop, seed = rng_()] { PoolLoad(seed, stop); });
-    const absl::Time until =
-        absl::Now() + absl::Milliseconds(20 + static_cast<int64_t>(rng_() % 1480));
-    bool frozen = false;
-    while (absl::Now() < until && !frozen) {
-      absl::SleepFor(absl::Milliseconds(5));
-      frozen = *armed && mount_.Frozen();
-    }
+    const bool frozen = mount_.RunUntil(
+        absl::Milliseconds(20 + static_cast<int64_t>(rng_() % 1480)), *armed, absl::Milliseconds(5));
     // The cut goes before lockd is reaped: a thread of lockd's caught in a write that the
     // freeze holds cannot die until that write returns, which the cut makes it do (with EIO);
     // the cut itself waits for lockd's files to close.

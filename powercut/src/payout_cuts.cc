@@ -127,9 +127,7 @@ class PayoutRun {
   }
 
   static std::string LastLine(const std::string& path) {
-    const std::string all = powercut::ReadFile(path);
-    if (all.size() < 2) return all;
-    return all.substr(all.rfind('\n', all.size() - 2) + 1);
+    return powercut::LastLine(powercut::ReadFile(path));
   }
 
   // The tokens the workers of this round were granted ("<name> acquired payout/N token T"):
@@ -177,13 +175,8 @@ class PayoutRun {
     auto armed = mount_.MaybeArm(rng_);
     if (!armed.ok()) return armed.status();
     if (absl::Status s = StartWorkers(absl::StrCat("r", round_)); !s.ok()) return s;
-    const absl::Time until =
-        absl::Now() + absl::Milliseconds(200 + static_cast<int64_t>(rng_() % 2800));
-    bool frozen = false;
-    while (absl::Now() < until && !frozen) {
-      absl::SleepFor(absl::Milliseconds(10));
-      frozen = *armed && mount_.Frozen();
-    }
+    const bool frozen = mount_.RunUntil(
+        absl::Milliseconds(200 + static_cast<int64_t>(rng_() % 2800)), *armed, absl::Milliseconds(10));
     // lockd copies its counters to /metrics every 250 ms: this misses at most the last period.
     if (!frozen) ReadFencedOut();
     // Every process of the host goes at once; the cut waits for their files to close.

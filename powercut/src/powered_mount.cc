@@ -23,6 +23,12 @@ std::string ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+std::string LastLine(const std::string& text) {
+  if (text.size() < 2) return text;
+  const size_t newline = text.rfind('\n', text.size() - 2);
+  return newline == std::string::npos ? text : text.substr(newline + 1);
+}
+
 std::string CutTally::Describe() const {
   return absl::StrCat(unsynced, " unsynced writes at the cuts (", kept, " pieces kept, ", dropped,
                       " dropped; ", in_flight, " cuts with a write in flight), ", names_lost,
@@ -80,9 +86,15 @@ absl::StatusOr<bool> PoweredMount::MaybeArm(std::mt19937_64& rng) {
   return true;
 }
 
-bool PoweredMount::Frozen() {
-  auto stats = Control(dir_ + "/control", "stats");
-  return stats.ok() && absl::StrContains(*stats, "frozen=1");
+bool PoweredMount::RunUntil(absl::Duration load, bool armed, absl::Duration poll) {
+  const absl::Time until = absl::Now() + load;
+  while (absl::Now() < until) {
+    absl::SleepFor(poll);
+    if (!armed) continue;
+    auto stats = Control(dir_ + "/control", "stats");
+    if (stats.ok() && absl::StrContains(*stats, "frozen=1")) return true;
+  }
+  return false;
 }
 
 absl::Status PoweredMount::Cut(std::mt19937_64& rng, bool was_frozen, CutTally& tally) {

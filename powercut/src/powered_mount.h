@@ -9,12 +9,15 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "process/process.h"
 
 namespace fencelock::powercut {
 
 // The whole file's contents ("" if it cannot be read).
 std::string ReadFile(const std::string& path);
+// The last line of `text`, with its newline if it has one ("" for empty text).
+std::string LastLine(const std::string& text);
 
 // What the cuts of a run found pending, summed.
 struct CutTally {
@@ -43,8 +46,10 @@ class PoweredMount {
   // In half the rounds (drawn from `rng`) arms the power to go at one of the next 400 writes,
   // with that write in flight; returns whether it did.
   absl::StatusOr<bool> MaybeArm(std::mt19937_64& rng);
-  // Whether an armed cut has come (the write is in flight and everything waits for the cut).
-  bool Frozen();
+  // Lets the processes on the mount run for `load`, or until an armed cut has come (the write
+  // is in flight and everything waits for the cut), polled every `poll`; returns whether it
+  // came.
+  bool RunUntil(absl::Duration load, bool armed, absl::Duration poll);
   // The power cut, its mode drawn from `rng`: waits for every file to close (kill the
   // processes first, or in parallel), then leaves what a disk would, adding to `tally`.
   absl::Status Cut(std::mt19937_64& rng, bool was_frozen, CutTally& tally);
