@@ -97,8 +97,12 @@ absl::Status WritePortFile(const std::string& path, int port);
 // Errors name the child's exit when it dies first, and the file on timeout.
 absl::StatusOr<int> AwaitPortFile(const std::string& path, Child& child, absl::Duration timeout);
 
-// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, read back, closed), for
-// a process that must be told its port before it listens (a standby lockd, an etcd member).
+// A TCP port on 127.0.0.1 that was free a moment ago (bound, then closed), for a process that
+// must be told its port before it listens (a standby lockd, an etcd member). It is chosen at
+// random below the kernel's ephemeral range (net.ipv4.ip_local_port_range), where no outgoing
+// connection takes a local port in the meantime: a port from that range (what binding port 0
+// gives) could be taken by any client's connect() before the process binds it. Falls back to
+// port 0 only when nothing below the range is free.
 absl::StatusOr<int> FreeLoopbackPort();
 
 // "exited 0", "exited 3", "killed by SIGKILL": a wait status for messages.
