@@ -25,6 +25,10 @@ TEST(ClientGuideTest, TheGuidesExamplesRunAgainstARealLockd) {
   ASSERT_TRUE(again->has_value());
   EXPECT_TRUE(client->release(**again).ok());
   EXPECT_TRUE(guide::ReactToLoss(*client));
+  auto ledger = fence::TokenFence::InMemory();
+  EXPECT_TRUE(guide::ReadUnderASharedLock(*client, *ledger));
+  EXPECT_TRUE(guide::WriteWithALockDelay(*client, *ledger));
+  EXPECT_TRUE(guide::ReadUnderASharedLock(*client, *ledger));  // a newer reader after the write
 
   boost::asio::io_context io;
   AsyncClient locks(io.get_executor(), *client);

@@ -316,6 +316,47 @@ TEST_F(EtcdTest, AStandbyTakesOverAndTheClientKeepsItsLockAcrossTheFailover) {
   standby->Stop();
 }
 
+// ADR 0006: a lock delay pending when the serving lockd dies is given in full again by the
+// standby that takes over, from when it begins to serve: never shorter.
+TEST_F(EtcdTest, ALockDelaySurvivesAFailoverInFull) {
+  constexpr absl::Duration kDelay = absl::Seconds(3);
+  const int first_port = testing::FreeLoopbackPort();
+  const int standby_port = testing::FreeLoopbackPort();
+  LockdProcess::Options options = Options("/fencelock/d");
+  options.port = first_port;
+  LockdProcess first(options);
+  const std::string port_file = PortFile("delayed");
+  auto standby = Standby("/fencelock/d", standby_port, "delayed");
+  ASSERT_TRUE(standby.ok()) << standby.status();
+  // A holder that never renews its 200 ms lease: lost, it starts a 3 s delay.
+  RawConnection holder = RawConnection::Tcp(first_port);
+  const wire::OpenSessionReply session = Open(holder);
+  ASSERT_EQ(holder.Call(request::Acquire(session.session_id(), "ledger", absl::ZeroDuration(),
+                                         absl::Milliseconds(200), wire::EXCLUSIVE, kDelay))
+                .code(),
+            wire::OK);
+  absl::SleepFor(absl::Milliseconds(500));
+  const MonoTime killed = Clock::Real()->Now();
+  first.Kill();
+  auto bound = process::AwaitPortFile(port_file, *standby, absl::Seconds(20));
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  RawConnection other = RawConnection::Tcp(standby_port);
+  const wire::OpenSessionReply next = Open(other);
+  // The first lockd's delay would have ended 2.7 s after the kill. The standby cannot serve
+  // before the first one's lease on the prefix (2 s, renewed every third of it) has run out,
+  // at least 1.3 s after the kill, and gives the delay its 3 s from there.
+  const wire::Response granted = other.Call(request::Acquire(
+      next.session_id(), "ledger", absl::Seconds(10), absl::ZeroDuration()));
+  const absl::Duration after_kill = Clock::Real()->Now() - killed;
+  ASSERT_EQ(granted.code(), wire::OK) << granted.message();
+  std::printf(
+      "lock delay across a failover: granted %s after the kill (3 s delay, 2 s owner TTL)\n",
+      absl::FormatDuration(after_kill).c_str());
+  EXPECT_GE(after_kill, kDelay + absl::Seconds(1));
+  EXPECT_EQ(other.Call(request::GetStats()).stats().lock_delay_blocked_acquires_total(), 1u);
+  standby->Stop();
+}
+
 // Issue 33: a standby that had stood by for longer than a holder's TTL took over, counted
 // every restored lease from the start of its wait, expired the holder's session at once and
 // granted its lock to another, 2 s before the holder's own deadline. Every restored lease now

@@ -77,6 +77,40 @@ TEST(LockctlTest, ShowsHoldersTokensAndWaitersAsTablesAndJson) {
   waiting.join();
 }
 
+// ADR 0006: a lock's mode and every holder, and a lock in a delay with the time left and what
+// it blocks.
+TEST(LockctlTest, ShowsModesEveryHolderAndALockInDelay) {
+  testing::LockdProcess lockd;
+  ClientOptions options;
+  options.server = lockd.tcp_address();
+  auto a = Client::Create(options);
+  auto b = Client::Create(options);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto ra = (*a)->acquireShared("report", absl::Seconds(5));
+  auto rb = (*b)->acquireShared("report", absl::Seconds(5));
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  // A holder that never renews: its lease ends after 100 ms and starts a 30 s delay.
+  testing::RawConnection lost = testing::RawConnection::Tcp(lockd.port());
+  const uint64_t session = lost.HelloAndOpenSession(absl::Seconds(60));
+  ASSERT_EQ(lost.Call(testing::request::Acquire(session, "ledger", absl::ZeroDuration(),
+                                                absl::Milliseconds(100), wire::EXCLUSIVE,
+                                                absl::Seconds(30)))
+                .code(),
+            wire::OK);
+  absl::SleepFor(absl::Milliseconds(300));
+  const std::string server = "--server=" + lockd.tcp_address();
+  auto [rc, locks] = Lockctl(server + " locks");
+  EXPECT_EQ(rc, 0) << locks;
+  EXPECT_THAT(locks, ::testing::ContainsRegex(absl::StrCat("report +shared +", ra->token(), " ")));
+  EXPECT_THAT(locks, ::testing::ContainsRegex(absl::StrCat("\n +", rb->token(), " ")));
+  EXPECT_THAT(locks,
+              ::testing::ContainsRegex("ledger +free +- +- +- +0 +(29|30)\\.[0-9]s \\(all\\)"));
+  auto [json_rc, json] = Lockctl(server + " --json locks");
+  EXPECT_EQ(json_rc, 0);
+  EXPECT_THAT(json, HasSubstr("\"mode\": \"SHARED\""));
+  EXPECT_THAT(json, HasSubstr("\"delay_blocks_shared\": true"));
+}
+
 // An identity whose permissions allow "list" but not "inspect" sees lock names and leases,
 // and "-" where the holder and the token would be; sessions it may not list at all.
 TEST(LockctlTest, WithoutTheInspectRightHoldersAndTokensAreNotShown) {
@@ -92,7 +126,7 @@ TEST(LockctlTest, WithoutTheInspectRightHoldersAndTokensAreNotShown) {
   const std::string server = "--server=" + lockd.tcp_address();
   auto [rc, locks] = Lockctl(server + " locks");
   EXPECT_EQ(rc, 0) << locks;
-  EXPECT_THAT(locks, ::testing::ContainsRegex("payout-77 +- +- "));
+  EXPECT_THAT(locks, ::testing::ContainsRegex("payout-77 +exclusive +- +- "));
   EXPECT_THAT(locks, Not(HasSubstr(absl::StrCat(" ", held->token(), " "))));
   auto [sessions_rc, sessions] = Lockctl(server + " sessions");
   // A refusal has its own exit status, not 1 ("lockd unreachable"): issue 33.

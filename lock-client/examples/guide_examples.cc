@@ -67,6 +67,27 @@ int PayEach(Client& client, fencelock::fence::TokenFence& rail,
   return paid;
 }
 
+bool ReadUnderASharedLock(Client& client, fencelock::fence::TokenFence& ledger) {
+  // Readers hold "ledger-7" together; a writer waits for them, and readers that come after a
+  // waiting writer wait behind it.
+  auto lock = client.acquireSharedScoped("ledger-7", absl::Seconds(10));
+  if (!lock.ok()) return false;
+  lock->checkStillHeld();  // the same deadline rule as an exclusive holder's
+  // A read is refused only once a newer writer has written; readers never refuse each other.
+  return ledger.AdmitRead("ledger-7", lock->token()).ok();
+}
+
+bool WriteWithALockDelay(Client& client, fencelock::fence::TokenFence& ledger) {
+  // For a resource that cannot check a token: if this holder is lost (its lease runs out, or
+  // its session ends on lockd), nobody gets "ledger-7" for 5 s after, so a late write from it
+  // has that long to land before a new holder starts. A release starts no delay.
+  fencelock::AcquireOptions options;
+  options.lock_delay = absl::Seconds(5);
+  auto lock = client.acquireScoped("ledger-7", absl::Seconds(10), options);
+  if (!lock.ok()) return false;
+  return ledger.Admit("ledger-7", lock->token()).ok();
+}
+
 bool ReactToLoss(Client& client) {
   auto lock = client.acquire("report-7", absl::Seconds(10));
   if (!lock.ok()) return false;

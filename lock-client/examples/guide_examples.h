@@ -21,6 +21,8 @@ std::unique_ptr<fencelock::Client> Connect(const std::string& server);
 bool PayUnderAScopedLock(fencelock::Client& client, fencelock::fence::TokenFence& rail);
 int PayEach(fencelock::Client& client, fencelock::fence::TokenFence& rail,
             const std::vector<std::string>& keys);
+bool ReadUnderASharedLock(fencelock::Client& client, fencelock::fence::TokenFence& ledger);
+bool WriteWithALockDelay(fencelock::Client& client, fencelock::fence::TokenFence& ledger);
 bool ReactToLoss(fencelock::Client& client);
 boost::asio::awaitable<bool> PayFromACoroutine(fencelock::AsyncClient& locks,
                                                fencelock::fence::TokenFence& rail);

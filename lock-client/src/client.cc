@@ -39,6 +39,7 @@ const std::string kNoLock;
 
 const std::string& LockHandle::lock() const { return state_ ? state_->lock() : kNoLock; }
 uint64_t LockHandle::token() const { return state_ ? state_->token() : 0; }
+LockMode LockHandle::mode() const { return state_ ? state_->mode() : LockMode::kExclusive; }
 
 namespace client_internal {
 // What a ScopedLock holds on to: its client, until the client is destroyed. Its mutex is held
@@ -139,15 +140,15 @@ absl::Status ScopedLock::release() {
 }
 
 absl::StatusOr<ScopedLock> Client::acquireScoped(std::string_view lock, absl::Duration wait,
-                                                 absl::Duration ttl) {
-  auto handle = acquire(lock, wait, ttl);
+                                                 const AcquireOptions& options) {
+  auto handle = acquire(lock, wait, options);
   if (!handle.ok()) return handle.status();
   return ScopedLock(anchor(), *std::move(handle));
 }
 
-absl::StatusOr<std::optional<ScopedLock>> Client::tryAcquireScoped(std::string_view lock,
-                                                                   absl::Duration ttl) {
-  auto handle = tryAcquire(lock, ttl);
+absl::StatusOr<std::optional<ScopedLock>> Client::tryAcquireScoped(
+    std::string_view lock, const AcquireOptions& options) {
+  auto handle = tryAcquire(lock, options);
   if (!handle.ok()) return handle.status();
   if (!handle->has_value()) return std::optional<ScopedLock>();
   return std::optional<ScopedLock>(ScopedLock(anchor(), **std::move(handle)));
@@ -222,12 +223,15 @@ class ClientImpl final : public Client {
     return driver_->Run([](ClientCore& core, MonoTime now) { return core.Start(now); }).status;
   }
 
+  using Client::acquire;
+  using Client::tryAcquire;
+  using Client::acquireAsync;
   absl::StatusOr<LockHandle> acquire(std::string_view lock, absl::Duration wait,
-                                     absl::Duration ttl) override {
+                                     const AcquireOptions& options) override {
     if (wait <= absl::ZeroDuration()) {
       return absl::InvalidArgumentError("acquire needs a positive wait; use tryAcquire to not wait");
     }
-    auto result = AcquireImpl(lock, wait, ttl);
+    auto result = AcquireImpl(lock, wait, options);
     if (!result.ok()) return result.status();
     if (!result->has_value()) {
       return absl::UnavailableError("lockd answered a waiting acquire with no grant");
@@ -235,8 +239,8 @@ class ClientImpl final : public Client {
     return std::move(**result);
   }
   absl::StatusOr<std::optional<LockHandle>> tryAcquire(std::string_view lock,
-                                                       absl::Duration ttl) override {
-    return AcquireImpl(lock, absl::ZeroDuration(), ttl);
+                                                       const AcquireOptions& options) override {
+    return AcquireImpl(lock, absl::ZeroDuration(), options);
   }
   absl::Status release(const LockHandle& handle) override { return ReleaseImpl(handle, true); }
   absl::Status releaseWithNextRequest(const LockHandle& handle) override {
@@ -290,7 +294,7 @@ class ClientImpl final : public Client {
     return id;
   }
   std::shared_ptr<PendingAcquire> acquireAsync(
-      std::string_view lock, absl::Duration wait, absl::Duration ttl,
+      std::string_view lock, absl::Duration wait, const AcquireOptions& options,
       std::function<void(absl::StatusOr<LockHandle>)> done) override;
   void releaseAsync(const LockHandle& handle, std::function<void(absl::Status)> done) override;
   void renewAsync(const LockHandle& handle, std::function<void(absl::Status)> done) override;
@@ -303,17 +307,24 @@ class ClientImpl final : public Client {
     for (const protocol::Address& address : *list) replicas.push_back(address.text);
     return replicas;
   }
-  static absl::Status CheckAcquireArgs(absl::Duration wait, absl::Duration ttl) {
+  static absl::Status CheckAcquireArgs(absl::Duration wait, const AcquireOptions& options) {
     if (wait < absl::ZeroDuration()) return absl::InvalidArgumentError("wait must not be negative");
-    if (ttl < absl::ZeroDuration()) return absl::InvalidArgumentError("ttl must not be negative");
+    if (options.ttl < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("ttl must not be negative");
+    }
+    if (options.lock_delay.has_value() && *options.lock_delay < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("lock_delay must not be negative");
+    }
     return absl::OkStatus();
   }
   absl::StatusOr<std::optional<LockHandle>> AcquireImpl(std::string_view lock,
-                                                        absl::Duration wait, absl::Duration ttl) {
-    if (absl::Status s = CheckAcquireArgs(wait, ttl); !s.ok()) return s;
+                                                        absl::Duration wait,
+                                                        const AcquireOptions& options) {
+    if (absl::Status s = CheckAcquireArgs(wait, options); !s.ok()) return s;
     const std::string name(lock);
-    Completion c = driver_->Run(
-        [&](ClientCore& core, MonoTime now) { return core.Acquire(now, name, wait, ttl); });
+    Completion c = driver_->Run([&](ClientCore& core, MonoTime now) {
+      return core.Acquire(now, name, wait, options.ttl, options.mode, options.lock_delay);
+    });
     if (!c.status.ok()) return c.status;
     if (c.lease == nullptr) return std::optional<LockHandle>();
     return std::optional<LockHandle>(LockHandle(std::move(c.lease)));
@@ -500,11 +511,11 @@ ClientImpl::~ClientImpl() {
 }
 
 std::shared_ptr<PendingAcquire> ClientImpl::acquireAsync(
-    std::string_view lock, absl::Duration wait, absl::Duration ttl,
+    std::string_view lock, absl::Duration wait, const AcquireOptions& options,
     std::function<void(absl::StatusOr<LockHandle>)> done) {
   auto deliver = OnCallbackThread<absl::StatusOr<LockHandle>>(std::move(done));
   auto op = std::make_shared<AcquireOp>(driver_);
-  absl::Status args = CheckAcquireArgs(wait, ttl);
+  absl::Status args = CheckAcquireArgs(wait, options);
   if (args.ok() && wait == absl::ZeroDuration()) {
     args = absl::InvalidArgumentError("acquireAsync needs a positive wait");
   }
@@ -515,7 +526,8 @@ std::shared_ptr<PendingAcquire> ClientImpl::acquireAsync(
   const std::string name(lock);
   driver_->Start(
       [&](ClientCore& core, MonoTime now) {
-        const uint64_t id = core.Acquire(now, name, wait, ttl);
+        const uint64_t id =
+            core.Acquire(now, name, wait, options.ttl, options.mode, options.lock_delay);
         op->set_op(id);
         return id;
       },

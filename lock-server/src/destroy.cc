@@ -22,8 +22,12 @@ bool LockdsFile(const std::string& name) {
 
 std::vector<std::string> HeldInState(const StateMachine& state) {
   std::vector<std::string> held;
-  for (const auto& [lock, h] : state.holders()) {
-    held.push_back(absl::StrCat("lock ", lock, " token ", h.token, " held by session ", h.session));
+  for (const auto& [lock, state_of_lock] : state.locks()) {
+    for (const HolderState& h : state_of_lock.holders) {
+      held.push_back(absl::StrCat("lock ", lock, " token ", h.token,
+                                  h.mode == LockMode::kShared ? " held shared" : " held",
+                                  " by session ", h.session));
+    }
   }
   for (const auto& [name, pool] : state.pools()) {
     for (const auto& [key, lease] : pool.leases) {

@@ -192,16 +192,28 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
             " already names an Acquire that waits on this connection; a waiting Acquire's "
             "request id must be unique on its connection")));
       }
+      if ((a.mode() != wire::EXCLUSIVE || a.has_lock_delay_ms()) &&
+          !RequireVersion(conn, protocol::kSharedLockProtocolVersion,
+                          "an Acquire's mode and lock delay need", host, resp)) {
+        return out;
+      }
+      if (a.mode() != wire::EXCLUSIVE && a.mode() != wire::SHARED) {
+        return finish(absl::InvalidArgumentError(
+            absl::StrCat("unknown lock mode ", static_cast<int>(a.mode()))));
+      }
+      AcquireMode how;
+      how.mode = a.mode() == wire::SHARED ? LockMode::kShared : LockMode::kExclusive;
+      if (a.has_lock_delay_ms()) how.lock_delay = FromMillis(a.lock_delay_ms());
       const WaiterId waiter_id = host.NextWaiterId();
       auto result = service.Acquire(a.session_id(), a.lock(), FromMillis(a.ttl_ms()),
-                                    FromMillis(a.wait_timeout_ms()), waiter_id, now);
+                                    FromMillis(a.wait_timeout_ms()), waiter_id, now, how);
       if (!result.ok()) {
         // The session holds it already: the refusal names the grant (granted stays false), so
         // that a client whose earlier Acquire was granted but never answered (a replica
         // deposed as it committed) can release it rather than wait out its lease.
-        const HolderState* holder = service.state().FindHolder(a.lock());
-        if (absl::IsInvalidArgument(result.status()) && holder != nullptr &&
-            holder->session == a.session_id()) {
+        const LockState* held = service.state().FindLock(a.lock());
+        const HolderState* holder = held == nullptr ? nullptr : held->FindSession(a.session_id());
+        if (absl::IsInvalidArgument(result.status()) && holder != nullptr) {
           auto* held = resp.mutable_acquire();
           held->set_lock(a.lock());
           held->set_token(holder->token);
@@ -313,6 +325,10 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
         for (auto& l : *resp.mutable_list()->mutable_locks()) {
           l.set_session_id(0);
           l.set_token(0);
+          for (auto& h : *l.mutable_holders()) {
+            h.set_session_id(0);
+            h.set_token(0);
+          }
         }
         resp.mutable_list()->set_redacted(true);
       }
@@ -343,25 +359,45 @@ void FillList(const LockService& service, const wire::ListLocks& query, wire::Li
   auto left_ms = [&](MonoTime t) {
     return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(t - now)));
   };
-  const auto& holders = service.state().holders();
+  const auto& locks = service.state().locks();
   const std::string& prefix = query.prefix();
   if (!query.skip_locks()) {
     // The first name after start_after that can carry the prefix.
-    auto it = query.start_after() < prefix ? holders.lower_bound(prefix)
-                                           : holders.upper_bound(query.start_after());
-    for (; it != holders.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+    auto it = query.start_after() < prefix ? locks.lower_bound(prefix)
+                                           : locks.upper_bound(query.start_after());
+    for (; it != locks.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
       if (entries_left == 0) {
         list->set_more(true);
         return;
       }
-      const HolderState& h = it->second;
+      const LockState& state = it->second;
       wire::LockInfo info;
       info.set_lock(it->first);
-      info.set_session_id(h.session);
-      info.set_token(h.token);
-      info.set_ttl_ms(ToMillis(h.ttl));
-      info.set_expires_in_ms(left_ms(h.expires_at));
-      info.set_waiters(static_cast<uint32_t>(service.waiters_for(it->first)));
+      info.set_mode(state.mode() == LockMode::kShared ? wire::SHARED : wire::EXCLUSIVE);
+      for (const HolderState& h : state.holders) {
+        auto* holder = info.add_holders();
+        holder->set_session_id(h.session);
+        holder->set_token(h.token);
+        holder->set_ttl_ms(ToMillis(h.ttl));
+        holder->set_expires_in_ms(left_ms(h.expires_at));
+      }
+      if (state.held()) {
+        const HolderState& first = state.holders.front();
+        info.set_session_id(first.session);
+        info.set_token(first.token);
+        info.set_ttl_ms(ToMillis(first.ttl));
+        info.set_expires_in_ms(left_ms(first.expires_at));
+      }
+      // The delay that blocks the most: every grant if there is one, else writers.
+      const MonoTime delayed = state.DelayedUntil(LockMode::kExclusive);
+      if (delayed > now) {
+        info.set_delay_left_ms(left_ms(delayed));
+        info.set_delay_blocks_shared(state.DelayedUntil(LockMode::kShared) > now);
+      }
+      const std::vector<LockMode> queued = service.QueuedModes(it->first);
+      info.set_waiters(static_cast<uint32_t>(queued.size()));
+      info.set_exclusive_waiters(
+          static_cast<uint32_t>(std::count(queued.begin(), queued.end(), LockMode::kExclusive)));
       if (!fits(info)) {
         list->set_more(true);
         return;

@@ -441,9 +441,9 @@ void EtcdCommitLog::RestoreTerm() {
   r.state->RaiseFloors(token_floor, session_floor);
   next_lsn_ = r.last + 1;
   r.summary.push_back(absl::StrCat("restored ", r.state->session_count(), " sessions and ",
-                                   r.state->holders().size(), " held locks from etcd (snapshot lsn ",
-                                   r.lsn, ", ", r.replayed, " records replayed, last lsn ", r.last,
-                                   ")"));
+                                   r.state->held_lock_count(),
+                                   " held locks from etcd (snapshot lsn ", r.lsn, ", ", r.replayed,
+                                   " records replayed, last lsn ", r.last, ")"));
   r.summary.push_back(absl::StrCat("next token above ", token_floor, ", next session id above ",
                                    session_floor));
   // Reserve above everything restored before anything is issued.

@@ -425,7 +425,7 @@ TEST_F(DurableLogTest, DiskFaultStopsTheLogAndNothingAfterItIsAcknowledged) {
   Stop();
   auto r = Recover(&mem_, kDir, kNow);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->state.holders().size(), 1u);  // lock-0-0 from the first workload only
+  EXPECT_EQ(r->state.held_lock_count(), 1u);  // lock-0-0 from the first workload only
 }
 
 // Issue 13, finding 1: one state directory, one server.

@@ -17,7 +17,7 @@ void LockService::FailAllWaiters(const absl::Status& status) {
   std::vector<WaiterId> all;
   for (const auto& [id, place] : waiter_index_) all.push_back(id);
   std::sort(all.begin(), all.end());  // outcomes in the same order in every run
-  for (WaiterId id : all) RemoveWaiter(id, status);
+  for (WaiterId id : all) RemoveWaiter(id, status, /*hand_off_at=*/std::nullopt);
 }
 
 void LockService::Commit(const Record& r, MonoTime now) {
@@ -99,7 +99,7 @@ absl::StatusOr<absl::Duration> LockService::Resume(SessionId session, std::strin
   // one, whose requester gave it up. They are cancelled (answered there), so that none is left
   // that a grant would come to unseen, or that nobody could withdraw.
   if (auto it = bound_.find(session); it != bound_.end() && it->second != caller.connection) {
-    CancelWaitersOf(session, "was resumed on another connection while waiting");
+    CancelWaitersOf(session, "was resumed on another connection while waiting", now_);
   }
   bound_[session] = caller.connection;
   return s->ttl;
@@ -111,9 +111,9 @@ absl::Status LockService::CheckHolder(std::optional<SessionId> session, const st
     return absl::InvalidArgumentError(
         absl::StrCat("token ", token, " for lock \"", lock, "\" was never issued"));
   }
-  const HolderState* holder = state_.FindHolder(lock);
-  if (holder != nullptr && holder->token == token &&
-      (!session.has_value() || holder->session == *session)) {
+  const LockState* held = state_.FindLock(lock);
+  const HolderState* holder = held == nullptr ? nullptr : held->FindToken(token);
+  if (holder != nullptr && (!session.has_value() || holder->session == *session)) {
     return absl::OkStatus();
   }
   // Whose token is it? Only a lease's own session acting after losing it is fenced out (the
@@ -141,12 +141,15 @@ absl::Status LockService::CheckHolder(std::optional<SessionId> session, const st
     }
     return refused;
   }
-  absl::Status fenced =
-      holder == nullptr
-          ? absl::AbortedError(absl::StrCat("FENCED_OUT: token ", token, " no longer holds lock \"",
-                                            lock, "\" (the lock is free)"))
-          : absl::AbortedError(absl::StrCat("FENCED_OUT: token ", token, " no longer holds lock \"",
-                                            lock, "\" (current token ", holder->token, ")"));
+  std::string now_held = "the lock is free";
+  if (held != nullptr && held->held()) {
+    now_held = held->holders.size() == 1
+                   ? absl::StrCat("current token ", held->holders.front().token)
+                   : absl::StrCat("held shared by ", held->holders.size(),
+                                  " holders, newest token ", held->holders.back().token);
+  }
+  absl::Status fenced = absl::AbortedError(absl::StrCat(
+      "FENCED_OUT: token ", token, " no longer holds lock \"", lock, "\" (", now_held, ")"));
   if (count) {
     ++stats_.fenced_out_total;
     if (options_.on_fenced_out) options_.on_fenced_out(absl::StrCat(fenced.message(), from));
@@ -194,7 +197,8 @@ absl::Status LockService::CloseSession(SessionId session, MonoTime now) {
 
 absl::StatusOr<AcquireResult> LockService::Acquire(SessionId session, const std::string& lock,
                                                    absl::Duration ttl, absl::Duration wait,
-                                                   WaiterId waiter, MonoTime now) {
+                                                   WaiterId waiter, MonoTime now,
+                                                   const AcquireMode& how) {
   Advance(now);
   const SessionState* s = state_.FindSession(session);  // valid until the Commit below
   if (s == nullptr) {
@@ -212,32 +216,45 @@ absl::StatusOr<AcquireResult> LockService::Acquire(SessionId session, const std:
                                                    " is outside [0, ",
                                                    absl::FormatDuration(options_.max_wait), "]"));
   }
-  const HolderState* holder = state_.FindHolder(lock);
+  const absl::Duration delay = how.lock_delay.value_or(options_.default_lock_delay);
+  if (delay < absl::ZeroDuration() || delay > options_.max_lock_delay) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lock delay ", absl::FormatDuration(delay), " is outside [0, ",
+        absl::FormatDuration(options_.max_lock_delay), "] (lockd --max-lock-delay)"));
+  }
+  const LockState* state = state_.FindLock(lock);
+  if (const HolderState* own = state == nullptr ? nullptr : state->FindSession(session)) {
+    return absl::InvalidArgumentError(absl::StrCat("session ", session, " already holds lock \"",
+                                                   lock, "\" (token ", own->token, ")"));
+  }
+  // No barging: while anyone waits, a request queues behind them whatever its mode.
+  const auto queue = queues_.find(lock);
+  const size_t queued = queue == queues_.end() ? 0 : queue->second.size();
+  const bool grantable = queued == 0 && Grantable(lock, how.mode, now);
   const auto waiting = waiting_.find(session);
   const size_t in_use = s->locks.size() + (waiting == waiting_.end() ? 0 : waiting->second);
-  if (in_use >= options_.max_locks_per_session &&
-      (holder == nullptr || (holder->session != session && wait > absl::ZeroDuration()))) {
+  if (in_use >= options_.max_locks_per_session && (grantable || wait > absl::ZeroDuration())) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "session ", session, " already holds or waits for ", in_use,
         " locks, the most one session may (lockd --max-locks-per-session=",
         options_.max_locks_per_session, ")"));
   }
-  if (holder == nullptr) {
+  if (grantable) {
     const FenceToken token = state_.last_token() + 1;
-    Commit(record::LockGranted{lock, session, token, *resolved}, now);
+    Commit(record::LockGranted{lock, session, token, *resolved, how.mode, delay}, now);
     ++stats_.grants_total;
     return AcquireResult{AcquireResult::Kind::kGranted, token, *resolved};
   }
-  if (holder->session == session) {
-    return absl::InvalidArgumentError(absl::StrCat("session ", session, " already holds lock \"",
-                                                   lock, "\" (token ", holder->token, ")"));
+  if (queued == 0 && state != nullptr && state->DelayedUntil(how.mode) > now) {
+    // Held back by a delay alone: no holder excludes it.
+    const bool excluded = state->held() && (how.mode == LockMode::kExclusive ||
+                                            state->mode() == LockMode::kExclusive);
+    if (!excluded) ++stats_.lock_delay_blocked_acquires_total;
   }
   if (wait == absl::ZeroDuration()) return AcquireResult{AcquireResult::Kind::kBusy};
   if (waiter_index_.contains(waiter)) {
     return absl::InvalidArgumentError(absl::StrCat("waiter id ", waiter, " is already queued"));
   }
-  const auto queue = queues_.find(lock);
-  const size_t queued = queue == queues_.end() ? 0 : queue->second.size();
   if (queued >= options_.max_waiters_per_lock) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "lock \"", lock, "\" already has ", queued,
@@ -245,7 +262,7 @@ absl::StatusOr<AcquireResult> LockService::Acquire(SessionId session, const std:
         options_.max_waiters_per_lock, ")"));
   }
   const MonoTime give_up_at = now + wait;
-  queues_[lock].push_back(Waiter{waiter, session, *resolved, give_up_at});
+  queues_[lock].push_back(Waiter{waiter, session, *resolved, give_up_at, how.mode, delay});
   ++waiting_[session];
   waiter_index_[waiter] = WaiterPlace{lock, session, give_up_at};
   waiter_deadlines_.emplace(give_up_at, waiter);
@@ -270,25 +287,69 @@ absl::Status LockService::Validate(const std::string& lock, FenceToken token, Mo
 
 void LockService::ReleaseAndHandOff(const std::string& lock, FenceToken token,
                                     ReleaseReason reason, MonoTime now) {
-  RememberEnded(lock, token, state_.FindHolder(lock)->session);
+  const HolderState* holder = state_.FindLock(lock)->FindToken(token);
+  RememberEnded(lock, token, holder->session);
+  const bool delays =
+      reason != ReleaseReason::kReleased && holder->lock_delay > absl::ZeroDuration();
   Commit(record::LockReleased{lock, token, reason}, now);
-  auto q = queues_.find(lock);
-  if (q == queues_.end()) return;
-  // Waiters are removed from the queue when their session ends or their wait runs out, so the
-  // front waiter is always live.
-  Waiter w = q->second.front();
-  q->second.pop_front();
-  if (q->second.empty()) queues_.erase(q);
-  waiter_index_.erase(w.id);
-  waiter_deadlines_.erase({w.give_up_at, w.id});
-  Unqueued(w.session);
-  const FenceToken next = state_.last_token() + 1;
-  Commit(record::LockGranted{lock, w.session, next, w.ttl}, now);
-  ++stats_.grants_total;
-  outcomes_.push_back(WaiterOutcome{w.id, lock, absl::OkStatus(), next, w.ttl});
+  HandOff(lock, now);
+  if (delays) {
+    ++stats_.lock_delays_started_total;
+    stats_.lock_delay_blocked_acquires_total += HeldBackByDelay(lock, now);
+  }
 }
 
-void LockService::CancelWaitersOf(SessionId session, const std::string& why) {
+size_t LockService::HeldBackByDelay(const std::string& lock, MonoTime now) const {
+  const auto q = queues_.find(lock);
+  const LockState* state = state_.FindLock(lock);
+  if (q == queues_.end() || state == nullptr) return 0;
+  size_t held_back = 0;
+  for (const Waiter& w : q->second) {
+    const bool excluded = state->held() && (w.mode == LockMode::kExclusive ||
+                                            state->mode() == LockMode::kExclusive);
+    if (excluded || state->DelayedUntil(w.mode) <= now) break;
+    ++held_back;
+    if (w.mode == LockMode::kExclusive) break;  // those behind it wait for it anyway
+  }
+  return held_back;
+}
+
+bool LockService::Grantable(const std::string& lock, LockMode mode, MonoTime now) const {
+  const LockState* state = state_.FindLock(lock);
+  if (state == nullptr) return true;
+  if (state->held() &&
+      (mode == LockMode::kExclusive || state->mode() == LockMode::kExclusive)) {
+    return false;
+  }
+  return state->DelayedUntil(mode) <= now;
+}
+
+void LockService::HandOff(const std::string& lock, MonoTime now) {
+  for (;;) {
+    auto q = queues_.find(lock);
+    // Waiters are removed from the queue when their session ends or their wait runs out, so the
+    // front waiter is always live.
+    if (q == queues_.end() || !Grantable(lock, q->second.front().mode, now)) return;
+    const Waiter w = q->second.front();
+    // A session may wait for a lock it holds (a second Acquire of one client, sent while the
+    // first waited); it is granted once its own hold ends, as with exclusive locks, and those
+    // behind it wait in line.
+    if (state_.FindLock(lock) != nullptr && state_.FindLock(lock)->FindSession(w.session)) return;
+    q->second.pop_front();
+    if (q->second.empty()) queues_.erase(q);
+    waiter_index_.erase(w.id);
+    waiter_deadlines_.erase({w.give_up_at, w.id});
+    Unqueued(w.session);
+    const FenceToken next = state_.last_token() + 1;
+    Commit(record::LockGranted{lock, w.session, next, w.ttl, w.mode, w.lock_delay}, now);
+    ++stats_.grants_total;
+    outcomes_.push_back(WaiterOutcome{w.id, lock, absl::OkStatus(), next, w.ttl});
+    // An exclusive grant excludes the rest; after a shared one, Grantable lets in the shared
+    // waiters that follow and stops at the first exclusive one.
+  }
+}
+
+void LockService::CancelWaitersOf(SessionId session, const std::string& why, MonoTime now) {
   if (!waiting_.contains(session)) return;
   std::vector<WaiterId> waiting;
   for (const auto& [id, place] : waiter_index_) {
@@ -296,17 +357,19 @@ void LockService::CancelWaitersOf(SessionId session, const std::string& why) {
   }
   std::sort(waiting.begin(), waiting.end());  // outcomes in the same order in every run
   for (WaiterId id : waiting) {
-    RemoveWaiter(id, absl::CancelledError(absl::StrCat("session ", session, " ", why)));
+    RemoveWaiter(id, absl::CancelledError(absl::StrCat("session ", session, " ", why)), now);
   }
 }
 
 void LockService::EndSession(SessionId session, EndReason reason, MonoTime now) {
-  CancelWaitersOf(session, reason == EndReason::kExpired ? "expired while waiting"
-                                                         : "closed while waiting");
+  CancelWaitersOf(session,
+                  reason == EndReason::kExpired ? "expired while waiting" : "closed while waiting",
+                  now);
   const SessionState* s = state_.FindSession(session);
   std::vector<std::string> held(s->locks.begin(), s->locks.end());
   for (const std::string& lock : held) {
-    ReleaseAndHandOff(lock, state_.FindHolder(lock)->token, ReleaseReason::kSessionEnded, now);
+    ReleaseAndHandOff(lock, state_.FindLock(lock)->FindSession(session)->token,
+                      ReleaseReason::kSessionEnded, now);
   }
   const auto bound = bound_.find(session);
   const EndedSession who{bound == bound_.end() ? ConnectionId{0} : bound->second,
@@ -323,18 +386,24 @@ void LockService::EndSession(SessionId session, EndReason reason, MonoTime now) 
   bound_.erase(session);
 }
 
-void LockService::RemoveWaiter(WaiterId waiter, absl::Status outcome) {
+void LockService::RemoveWaiter(WaiterId waiter, absl::Status outcome,
+                               std::optional<MonoTime> hand_off_at) {
   auto place = waiter_index_.find(waiter);
   if (place == waiter_index_.end()) return;
   auto q = queues_.find(place->second.lock);
   auto& dq = q->second;
-  dq.erase(std::find_if(dq.begin(), dq.end(), [&](const Waiter& w) { return w.id == waiter; }));
+  auto it = std::find_if(dq.begin(), dq.end(), [&](const Waiter& w) { return w.id == waiter; });
+  const bool was_first = it == dq.begin();
+  dq.erase(it);
   if (dq.empty()) queues_.erase(q);
   waiter_deadlines_.erase({place->second.give_up_at, waiter});
   Unqueued(place->second.session);
   std::string lock = std::move(place->second.lock);
   waiter_index_.erase(place);
-  if (!outcome.ok()) outcomes_.push_back(WaiterOutcome{waiter, std::move(lock), std::move(outcome)});
+  if (!outcome.ok()) outcomes_.push_back(WaiterOutcome{waiter, lock, std::move(outcome)});
+  // A writer first in line held back the readers behind it; they may hold with the readers
+  // that hold now.
+  if (hand_off_at.has_value() && was_first) HandOff(lock, *hand_off_at);
 }
 
 void LockService::Unqueued(SessionId session) {
@@ -342,7 +411,7 @@ void LockService::Unqueued(SessionId session) {
   if (it != waiting_.end() && --it->second == 0) waiting_.erase(it);
 }
 
-void LockService::CancelWaiter(WaiterId waiter) { RemoveWaiter(waiter, absl::OkStatus()); }
+void LockService::CancelWaiter(WaiterId waiter) { RemoveWaiter(waiter, absl::OkStatus(), now_); }
 
 absl::StatusOr<bool> LockService::Withdraw(WaiterId waiter, SessionId session, MonoTime now) {
   Advance(now);  // a wait already settled by `now` (granted, or run out) is not withdrawn
@@ -353,12 +422,15 @@ absl::StatusOr<bool> LockService::Withdraw(WaiterId waiter, SessionId session, M
                                                    place->second.session, ", not ", session));
   }
   const std::string lock = place->second.lock;
-  RemoveWaiter(waiter, absl::CancelledError(absl::StrCat(
-                           "the wait for lock \"", lock, "\" was withdrawn by its client")));
+  RemoveWaiter(waiter,
+               absl::CancelledError(
+                   absl::StrCat("the wait for lock \"", lock, "\" was withdrawn by its client")),
+               now);
   return true;
 }
 
 void LockService::Advance(MonoTime now) {
+  now_ = std::max(now_, now);
   // Settle events in the order they happened, so that a lock that expired before a waiter
   // gave up is still handed to that waiter.
   for (;;) {
@@ -372,15 +444,18 @@ void LockService::Advance(MonoTime now) {
       EndSession(*session, EndReason::kExpired, due);
     } else if (auto lock = state_.ExpiredLock(due)) {
       ++stats_.lock_expiries_total;
-      ReleaseAndHandOff(*lock, state_.FindHolder(*lock)->token, ReleaseReason::kLeaseExpired,
-                        due);
+      ReleaseAndHandOff(lock->first, lock->second, ReleaseReason::kLeaseExpired, due);
     } else if (state_.ExpiredPoolLease(due)) {
       pools_.Advance(due);
+    } else if (auto delayed = state_.EndedDelay(due)) {
+      state_.ForgetEndedDelays(*delayed, due);
+      HandOff(*delayed, due);
     } else {
       const WaiterId id = waiter_deadlines_.begin()->second;
       const std::string name = waiter_index_.at(id).lock;
-      RemoveWaiter(id, absl::DeadlineExceededError(
-                           absl::StrCat("wait for lock \"", name, "\" ran out")));
+      RemoveWaiter(
+          id, absl::DeadlineExceededError(absl::StrCat("wait for lock \"", name, "\" ran out")),
+          due);
     }
   }
 }

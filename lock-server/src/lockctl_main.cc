@@ -220,8 +220,8 @@ int Main(const std::string& command) {
         if (sessions) {
           std::printf("%-22s %-10s %-12s %s\n", "SESSION", "TTL", "EXPIRES IN", "LOCKS");
         } else {
-          std::printf("%-32s %-12s %-22s %-12s %s\n", "LOCK", "TOKEN", "HOLDER SESSION",
-                      "EXPIRES IN", "WAITERS");
+          std::printf("%-32s %-10s %-12s %-22s %-12s %-10s %s\n", "LOCK", "MODE", "TOKEN",
+                      "HOLDER SESSION", "EXPIRES IN", "WAITERS", "DELAY");
         }
       }
       for (const auto& s : list.sessions()) {
@@ -231,11 +231,36 @@ int Main(const std::string& command) {
       }
       for (const auto& l : list.locks()) {
         if (command == "waiters" && l.waiters() == 0) continue;
-        // Without lockd's "inspect" right the holder and token are not shown to us: "-".
-        const std::string token = list.redacted() ? "-" : std::to_string(l.token());
-        const std::string holder = list.redacted() ? "-" : std::to_string(l.session_id());
-        std::printf("%-32s %-12s %-22s %-12s %u\n", l.lock().c_str(), token.c_str(),
-                    holder.c_str(), Seconds(l.expires_in_ms()).c_str(), l.waiters());
+        // ADR 0006: a lost holder's delay, "-" when none; "all" blocks every grant, "writers"
+        // exclusive grants only.
+        const std::string delay =
+            l.delay_left_ms() == 0
+                ? "-"
+                : absl::StrCat(Seconds(l.delay_left_ms()),
+                               l.delay_blocks_shared() ? " (all)" : " (writers)");
+        const std::string waiters =
+            l.exclusive_waiters() > 0 && l.exclusive_waiters() < l.waiters()
+                ? absl::StrCat(l.waiters(), " (", l.exclusive_waiters(), " excl)")
+                : absl::StrCat(l.waiters());
+        const char* mode = l.holders().empty()        ? "free"
+                           : l.mode() == wire::SHARED ? "shared"
+                                                      : "exclusive";
+        // Without lockd's "inspect" right the holders and tokens are not shown to us: "-".
+        auto shown = [&](uint64_t v) {
+          return list.redacted() ? std::string("-") : std::to_string(v);
+        };
+        if (l.holders().empty()) {
+          std::printf("%-32s %-10s %-12s %-22s %-12s %-10s %s\n", l.lock().c_str(), mode, "-",
+                      "-", "-", waiters.c_str(), delay.c_str());
+        }
+        // Each holder on a line of its own; the lock's own columns on the first.
+        for (int i = 0; i < l.holders_size(); ++i) {
+          const wire::HolderInfo& h = l.holders(i);
+          std::printf("%-32s %-10s %-12s %-22s %-12s %-10s %s\n", i == 0 ? l.lock().c_str() : "",
+                      i == 0 ? mode : "", shown(h.token()).c_str(), shown(h.session_id()).c_str(),
+                      Seconds(h.expires_in_ms()).c_str(), i == 0 ? waiters.c_str() : "",
+                      i == 0 ? delay.c_str() : "");
+        }
       }
     });
     if (!listed.ok()) return Fail(listed);

@@ -121,6 +121,12 @@ ABSL_FLAG(absl::Duration, slow_reader_timeout, absl::Seconds(30),
 ABSL_FLAG(uint64_t, max_sessions_per_connection, 64, "open sessions one connection may open");
 ABSL_FLAG(uint64_t, max_locks_per_session, 1024, "locks one session may hold and wait for");
 ABSL_FLAG(uint64_t, max_waiters_per_lock, 1024, "waiters queued on one lock");
+ABSL_FLAG(absl::Duration, lock_delay, absl::ZeroDuration(),
+          "after a holder is lost (lease expired or session ended, not released), do not grant "
+          "its lock again for this long (a lost shared holder delays exclusive grants only), "
+          "unless its acquire asked for another delay; 0: none (ADR 0006)");
+ABSL_FLAG(absl::Duration, max_lock_delay, absl::Seconds(60),
+          "the longest lock delay an acquire may ask for; one above is refused");
 ABSL_FLAG(uint64_t, max_frame_bytes, uint64_t{1} << 20, "largest frame accepted, in bytes");
 ABSL_FLAG(absl::Duration, hello_timeout, absl::Seconds(10),
           "close a connection that sends no Hello within this long");
@@ -354,6 +360,8 @@ int Serve() {
   options.max_sessions_per_connection = absl::GetFlag(FLAGS_max_sessions_per_connection);
   options.max_locks_per_session = absl::GetFlag(FLAGS_max_locks_per_session);
   options.max_waiters_per_lock = absl::GetFlag(FLAGS_max_waiters_per_lock);
+  options.default_lock_delay = absl::GetFlag(FLAGS_lock_delay);
+  options.max_lock_delay = absl::GetFlag(FLAGS_max_lock_delay);
   options.max_frame_bytes = absl::GetFlag(FLAGS_max_frame_bytes);
   options.hello_timeout = absl::GetFlag(FLAGS_hello_timeout);
   options.max_connections_per_peer = absl::GetFlag(FLAGS_max_connections_per_peer);

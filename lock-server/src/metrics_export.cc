@@ -36,6 +36,13 @@ void MetricsExport::ExportNow() {
       s.service.permission_denied_total, exported_.service.permission_denied_total);
   add("lockd_grants_total", "Locks granted", s.service.grants_total,
       exported_.service.grants_total);
+  add("lockd_lock_delays_started_total",
+      "Lock delays started by a lost holder (lease expired or session ended; ADR 0006)",
+      s.service.lock_delays_started_total, exported_.service.lock_delays_started_total);
+  add("lockd_lock_delay_blocked_acquires_total",
+      "Acquires a lock delay held back (answered busy or queued when nothing else did)",
+      s.service.lock_delay_blocked_acquires_total,
+      exported_.service.lock_delay_blocked_acquires_total);
   add("lockd_session_expiries_total", "Sessions that expired on lockd's clock",
       s.service.session_expiries_total, exported_.service.session_expiries_total);
   add("lockd_lock_expiries_total", "Lock leases that expired on lockd's clock",

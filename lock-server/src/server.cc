@@ -328,6 +328,8 @@ absl::Status ServerImpl::Init() {
                                 .max_wait = options_.max_wait,
                                 .max_locks_per_session = options_.max_locks_per_session,
                                 .max_waiters_per_lock = options_.max_waiters_per_lock,
+                                .default_lock_delay = options_.default_lock_delay,
+                                .max_lock_delay = options_.max_lock_delay,
                                 .pools = PoolOptions{
                                     .demand_ttl = options_.pool_demand_ttl,
                                     .default_provisional_ttl = options_.pool_provisional_ttl}},
@@ -414,6 +416,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
           "default TTL ", absl::FormatDuration(d), " is outside [",
           absl::FormatDuration(options.min_ttl), ", ", absl::FormatDuration(options.max_ttl), "]"));
     }
+  }
+  if (options.max_lock_delay < absl::ZeroDuration() || options.max_lock_delay > absl::Hours(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the longest lock delay (--max-lock-delay) must be 0 to 1h, got ",
+                     absl::FormatDuration(options.max_lock_delay)));
+  }
+  if (options.default_lock_delay < absl::ZeroDuration() ||
+      options.default_lock_delay > options.max_lock_delay) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the lock delay (--lock-delay) must be 0 to --max-lock-delay (",
+        absl::FormatDuration(options.max_lock_delay), "), got ",
+        absl::FormatDuration(options.default_lock_delay)));
   }
   if (options.max_frame_bytes < 64 || options.max_frame_bytes > (size_t{64} << 20)) {
     return absl::InvalidArgumentError(absl::StrCat(

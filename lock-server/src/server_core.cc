@@ -628,6 +628,8 @@ void ServerCore::Impl::FillStats(wire::StatsReply* stats) const {
   stats->set_fenced_out_total(s.fenced_out_total);
   stats->set_foreign_tokens_total(s.foreign_tokens_total);
   stats->set_permission_denied_total(s.permission_denied_total);
+  stats->set_lock_delays_started_total(s.lock_delays_started_total);
+  stats->set_lock_delay_blocked_acquires_total(s.lock_delay_blocked_acquires_total);
   stats->set_stalls_total(stalls_total_);
   stats->set_connections_closed_slow_total(stats_.connections_closed_slow_total);
   stats->set_connections_closed_idle_total(stats_.connections_closed_idle_total);

@@ -107,27 +107,43 @@ absl::Status StateMachine::CheckOne(const record::SessionEnded& r) const {
   return absl::OkStatus();
 }
 
+// The delays are not checked against `now`: a replayed log applies its records at one time,
+// and a grant in the log shows that its delay had passed when it was made. LockService
+// decides when a grant may be made; the simulator's checker checks it did.
 absl::Status StateMachine::CheckOne(const record::LockGranted& r) const {
   if (r.token <= last_token_) {
     return absl::FailedPreconditionError(
         absl::StrCat("token ", r.token, " not above last token ", last_token_));
   }
-  if (!sessions_.contains(r.session)) {
+  auto session = sessions_.find(r.session);
+  if (session == sessions_.end()) {
     return absl::FailedPreconditionError(
         absl::StrCat("grant of ", r.lock, " to unknown session ", r.session));
   }
-  if (holders_.contains(r.lock)) {
-    return absl::FailedPreconditionError(absl::StrCat("grant of held lock ", r.lock));
+  if (const LockState* lock = FindLock(r.lock); lock != nullptr && lock->held()) {
+    if (r.mode == LockMode::kExclusive || lock->mode() == LockMode::kExclusive) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "grant of held lock ", r.lock,
+          r.mode == LockMode::kShared ? " (shared, while held exclusive)" : ""));
+    }
+  }
+  if (session->second.locks.contains(r.lock)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("grant of ", r.lock, " to session ", r.session, " that holds it"));
   }
   if (r.ttl <= absl::ZeroDuration()) {
     return absl::FailedPreconditionError(absl::StrCat("grant of ", r.lock, " has no TTL"));
+  }
+  if (r.lock_delay < absl::ZeroDuration()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("grant of ", r.lock, " has a negative delay"));
   }
   return absl::OkStatus();
 }
 
 absl::Status StateMachine::CheckOne(const record::LockRenewed& r) const {
-  auto it = holders_.find(r.lock);
-  if (it == holders_.end() || it->second.token != r.token) {
+  const LockState* lock = FindLock(r.lock);
+  if (lock == nullptr || lock->FindToken(r.token) == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "renew of ", r.lock, " with token ", r.token, " that does not hold it"));
   }
@@ -135,8 +151,8 @@ absl::Status StateMachine::CheckOne(const record::LockRenewed& r) const {
 }
 
 absl::Status StateMachine::CheckOne(const record::LockReleased& r) const {
-  auto it = holders_.find(r.lock);
-  if (it == holders_.end() || it->second.token != r.token) {
+  const LockState* lock = FindLock(r.lock);
+  if (lock == nullptr || lock->FindToken(r.token) == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "release of ", r.lock, " with token ", r.token, " that does not hold it"));
   }
@@ -148,9 +164,91 @@ const SessionState* StateMachine::FindSession(SessionId id) const {
   return it == sessions_.end() ? nullptr : &it->second;
 }
 
+const LockState* StateMachine::FindLock(const std::string& lock) const {
+  auto it = locks_.find(lock);
+  return it == locks_.end() ? nullptr : &it->second;
+}
+
 const HolderState* StateMachine::FindHolder(const std::string& lock) const {
-  auto it = holders_.find(lock);
-  return it == holders_.end() ? nullptr : &it->second;
+  const LockState* state = FindLock(lock);
+  return state == nullptr || !state->held() ? nullptr : &state->holders.front();
+}
+
+namespace {
+
+// The holder in `holders` (ascending token) with `token`, or null.
+template <typename Holders>
+auto FindInHolders(Holders& holders, FenceToken token) -> decltype(&holders.front()) {
+  auto it = std::lower_bound(holders.begin(), holders.end(), token,
+                             [](const HolderState& h, FenceToken t) { return h.token < t; });
+  return it != holders.end() && it->token == token ? &*it : nullptr;
+}
+
+}  // namespace
+
+const HolderState* LockState::FindToken(FenceToken token) const {
+  return FindInHolders(holders, token);
+}
+
+HolderState* LockState::FindToken(FenceToken token) { return FindInHolders(holders, token); }
+
+const HolderState* LockState::FindSession(SessionId session) const {
+  for (const HolderState& h : holders) {
+    if (h.session == session) return &h;
+  }
+  return nullptr;
+}
+
+MonoTime LockState::DelayedUntil(LockMode mode) const {
+  MonoTime until = MonoTime::Min();
+  if (delay_all.has_value()) until = std::max(until, delay_all->until);
+  if (mode == LockMode::kExclusive && delay_writers.has_value()) {
+    until = std::max(until, delay_writers->until);
+  }
+  return until;
+}
+
+void StateMachine::SetDelay(const std::string& lock, LockState& state, LockMode lost,
+                            std::optional<LockDelay> value) {
+  std::optional<LockDelay>& slot =
+      lost == LockMode::kExclusive ? state.delay_all : state.delay_writers;
+  if (slot.has_value()) delay_ends_.erase({slot->until, lock, lost});
+  slot = value;
+  if (slot.has_value()) delay_ends_.emplace(slot->until, lock, lost);
+}
+
+void StateMachine::ForgetIfUnused(absl::btree_map<std::string, LockState>::iterator it) {
+  if (!it->second.held() && !it->second.delay_all.has_value() &&
+      !it->second.delay_writers.has_value()) {
+    locks_.erase(it);
+  }
+}
+
+absl::Status StateMachine::RestoreDelay(const std::string& lock, LockMode lost,
+                                        absl::Duration length, MonoTime now) {
+  if (length <= absl::ZeroDuration()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("lock ", lock, " has a delay of ", absl::FormatDuration(length)));
+  }
+  LockState& state = locks_[lock];
+  SetDelay(lock, state, lost, LockDelay{length, now + length});
+  return absl::OkStatus();
+}
+
+void StateMachine::ForgetEndedDelays(const std::string& lock, MonoTime now) {
+  auto it = locks_.find(lock);
+  if (it == locks_.end()) return;
+  for (LockMode lost : {LockMode::kExclusive, LockMode::kShared}) {
+    const std::optional<LockDelay>& slot =
+        lost == LockMode::kExclusive ? it->second.delay_all : it->second.delay_writers;
+    if (slot.has_value() && slot->until <= now) SetDelay(lock, it->second, lost, std::nullopt);
+  }
+  ForgetIfUnused(it);
+}
+
+std::optional<std::string> StateMachine::EndedDelay(MonoTime now) const {
+  if (delay_ends_.empty() || std::get<0>(*delay_ends_.begin()) > now) return std::nullopt;
+  return std::get<1>(*delay_ends_.begin());
 }
 
 std::string StateMachine::DebugString() const {
@@ -158,8 +256,19 @@ std::string StateMachine::DebugString() const {
   for (const auto& [id, s] : sessions_) {
     parts.push_back(absl::StrCat("s", id, "/", absl::FormatDuration(s.ttl)));
   }
-  for (const auto& [lock, h] : holders_) {
-    parts.push_back(absl::StrCat(lock, "=", h.token, "@s", h.session));
+  for (const auto& [lock, state] : locks_) {
+    for (const HolderState& h : state.holders) {
+      parts.push_back(absl::StrCat(lock, "=", h.token, "@s", h.session,
+                                   h.mode == LockMode::kShared ? "/shared" : ""));
+    }
+    if (state.delay_all.has_value()) {
+      parts.push_back(
+          absl::StrCat(lock, "/delay-all:", absl::FormatDuration(state.delay_all->length)));
+    }
+    if (state.delay_writers.has_value()) {
+      parts.push_back(absl::StrCat(lock, "/delay-writers:",
+                                   absl::FormatDuration(state.delay_writers->length)));
+    }
   }
   for (const auto& [name, pool] : pools_) {
     parts.push_back(absl::StrCat("pool:", name, "/g", pool.generation, "/d", pool.decision));
@@ -184,9 +293,20 @@ void StateMachine::PostponeExpiries(absl::Duration d) {
     s.expires_at = s.expires_at + d;
     session_expiry_.emplace(s.expires_at, id);
   }
-  for (auto& [lock, h] : holders_) {
-    h.expires_at = h.expires_at + d;
-    lock_expiry_.emplace(h.expires_at, lock);
+  delay_ends_.clear();
+  for (auto& [lock, state] : locks_) {
+    for (HolderState& h : state.holders) {
+      h.expires_at = h.expires_at + d;
+      lock_expiry_.emplace(h.expires_at, lock, h.token);
+    }
+    if (state.delay_all.has_value()) {
+      state.delay_all->until = state.delay_all->until + d;
+      delay_ends_.emplace(state.delay_all->until, lock, LockMode::kExclusive);
+    }
+    if (state.delay_writers.has_value()) {
+      state.delay_writers->until = state.delay_writers->until + d;
+      delay_ends_.emplace(state.delay_writers->until, lock, LockMode::kShared);
+    }
   }
   pool_expiry_.clear();
   for (auto& [name, pool] : pools_) {
@@ -206,9 +326,21 @@ void StateMachine::RestartLeases(MonoTime now) {
     s.expires_at = std::max(s.expires_at, now + s.ttl);
     session_expiry_.emplace(s.expires_at, id);
   }
-  for (auto& [lock, h] : holders_) {
-    h.expires_at = std::max(h.expires_at, now + h.ttl);
-    lock_expiry_.emplace(h.expires_at, lock);
+  delay_ends_.clear();
+  for (auto& [lock, state] : locks_) {
+    for (HolderState& h : state.holders) {
+      h.expires_at = std::max(h.expires_at, now + h.ttl);
+      lock_expiry_.emplace(h.expires_at, lock, h.token);
+    }
+    if (state.delay_all.has_value()) {
+      state.delay_all->until = std::max(state.delay_all->until, now + state.delay_all->length);
+      delay_ends_.emplace(state.delay_all->until, lock, LockMode::kExclusive);
+    }
+    if (state.delay_writers.has_value()) {
+      state.delay_writers->until =
+          std::max(state.delay_writers->until, now + state.delay_writers->length);
+      delay_ends_.emplace(state.delay_writers->until, lock, LockMode::kShared);
+    }
   }
   for (auto& [name, pool] : pools_) {
     for (auto& [key, lease] : pool.leases) {
@@ -222,8 +354,9 @@ void StateMachine::RestartLeases(MonoTime now) {
 MonoTime StateMachine::NextExpiry() const {
   MonoTime next = MonoTime::Max();
   if (!session_expiry_.empty()) next = std::min(next, session_expiry_.begin()->first);
-  if (!lock_expiry_.empty()) next = std::min(next, lock_expiry_.begin()->first);
+  if (!lock_expiry_.empty()) next = std::min(next, std::get<0>(*lock_expiry_.begin()));
   if (!pool_expiry_.empty()) next = std::min(next, std::get<0>(*pool_expiry_.begin()));
+  if (!delay_ends_.empty()) next = std::min(next, std::get<0>(*delay_ends_.begin()));
   return next;
 }
 
@@ -232,9 +365,10 @@ std::optional<SessionId> StateMachine::ExpiredSession(MonoTime now) const {
   return session_expiry_.begin()->second;
 }
 
-std::optional<std::string> StateMachine::ExpiredLock(MonoTime now) const {
-  if (lock_expiry_.empty() || lock_expiry_.begin()->first > now) return std::nullopt;
-  return lock_expiry_.begin()->second;
+std::optional<std::pair<std::string, FenceToken>> StateMachine::ExpiredLock(MonoTime now) const {
+  if (lock_expiry_.empty() || std::get<0>(*lock_expiry_.begin()) > now) return std::nullopt;
+  const auto& [at, lock, token] = *lock_expiry_.begin();
+  return std::make_pair(lock, token);
 }
 
 void StateMachine::ApplyOne(const record::SessionOpened& r, MonoTime now) {
@@ -263,26 +397,51 @@ void StateMachine::ApplyOne(const record::SessionEnded& r, MonoTime now) {
 
 void StateMachine::ApplyOne(const record::LockGranted& r, MonoTime now) {
   auto session = sessions_.find(r.session);
-  auto it = holders_.try_emplace(r.lock).first;
+  LockState& state = locks_[r.lock];
   last_token_ = r.token;
-  it->second = HolderState{r.session, r.token, r.ttl, now + r.ttl};
-  lock_expiry_.emplace(it->second.expires_at, r.lock);
+  if (!state.held()) ++held_locks_;
+  // A grant is made only once the delays that block it have passed (LockService), so they
+  // are over; a shared grant leaves a delay that blocks writers only in place.
+  SetDelay(r.lock, state, LockMode::kExclusive, std::nullopt);
+  if (r.mode == LockMode::kExclusive) SetDelay(r.lock, state, LockMode::kShared, std::nullopt);
+  // Tokens only rise, so the new holder goes last and the holders stay in token order.
+  state.holders.push_back(
+      HolderState{r.session, r.token, r.ttl, now + r.ttl, r.mode, r.lock_delay});
+  lock_expiry_.emplace(now + r.ttl, r.lock, r.token);
   session->second.locks.insert(r.lock);
 }
 
 void StateMachine::ApplyOne(const record::LockRenewed& r, MonoTime now) {
-  auto it = holders_.find(r.lock);
-  lock_expiry_.erase({it->second.expires_at, r.lock});
-  it->second.expires_at = now + it->second.ttl;
-  lock_expiry_.emplace(it->second.expires_at, r.lock);
+  HolderState& h = *locks_.at(r.lock).FindToken(r.token);
+  lock_expiry_.erase({h.expires_at, r.lock, r.token});
+  h.expires_at = now + h.ttl;
+  lock_expiry_.emplace(h.expires_at, r.lock, r.token);
 }
 
 void StateMachine::ApplyOne(const record::LockReleased& r, MonoTime now) {
-  auto it = holders_.find(r.lock);
-  lock_expiry_.erase({it->second.expires_at, r.lock});
-  auto session = sessions_.find(it->second.session);
+  auto it = locks_.find(r.lock);
+  LockState& state = it->second;
+  auto h = state.holders.begin() + (state.FindToken(r.token) - state.holders.data());
+  lock_expiry_.erase({h->expires_at, r.lock, r.token});
+  auto session = sessions_.find(h->session);
   if (session != sessions_.end()) session->second.locks.erase(r.lock);
-  holders_.erase(it);
+  const LockMode mode = h->mode;
+  const absl::Duration delay = h->lock_delay;
+  state.holders.erase(h);
+  if (!state.held()) --held_locks_;
+  // A loss, not a release, starts the holder's delay; one already running ends at the later
+  // of the two ends.
+  if (r.reason != ReleaseReason::kReleased && delay > absl::ZeroDuration()) {
+    const std::optional<LockDelay>& running =
+        mode == LockMode::kExclusive ? state.delay_all : state.delay_writers;
+    LockDelay started{delay, now + delay};
+    if (running.has_value()) {
+      started.length = std::max(started.length, running->length);
+      started.until = std::max(started.until, running->until);
+    }
+    SetDelay(r.lock, state, mode, started);
+  }
+  ForgetIfUnused(it);
 }
 
 }  // namespace fencelock::server

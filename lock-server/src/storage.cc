@@ -20,6 +20,9 @@ constexpr char kCommittedMagic[4] = {'F', 'L', 'C', 'M'};
 constexpr uint64_t kCommittedBytes = 20;
 constexpr char kRecordMagic[4] = {'F', 'L', 'R', '1'};
 constexpr uint32_t kFileVersion = 1;
+// Snapshots: 2 adds shared holders and lock delays (ADR 0006). A version-1 snapshot reads as
+// exclusive holders without delays; a lockd that knows only 1 refuses a 2 by name.
+constexpr uint32_t kSnapshotVersion = 2;
 constexpr uint64_t kSequencesBytes = 28;
 constexpr uint64_t kSnapshotHeaderBytes = 24;
 
@@ -66,6 +69,20 @@ std::optional<uint64_t> ParseNumbered(const std::string& name, std::string_view 
 
 int64_t Nanos(absl::Duration d) { return absl::ToInt64Nanoseconds(d); }
 
+state::LockMode ModeToProto(LockMode mode) {
+  return mode == LockMode::kShared ? state::SHARED : state::EXCLUSIVE;
+}
+absl::StatusOr<LockMode> ModeFromProto(int mode) {
+  switch (mode) {
+    case state::EXCLUSIVE:
+      return LockMode::kExclusive;
+    case state::SHARED:
+      return LockMode::kShared;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unknown lock mode ", mode));
+  }
+}
+
 void ProfileToProto(const PoolProfileSpec& spec, state::PoolProfile* out) {
   out->set_id(spec.id);
   out->set_cost(spec.cost);
@@ -98,6 +115,8 @@ state::LogRecord ToProto(uint64_t lsn, const Record& r) {
           g->set_session_id(rec.session);
           g->set_token(rec.token);
           g->set_ttl_ns(Nanos(rec.ttl));
+          g->set_mode(ModeToProto(rec.mode));
+          g->set_lock_delay_ns(Nanos(rec.lock_delay));
         } else if constexpr (std::is_same_v<T, record::LockReleased>) {
           auto* l = p.mutable_lock_released();
           l->set_lock(rec.lock);
@@ -196,8 +215,11 @@ absl::StatusOr<Record> FromProto(const state::LogRecord& p) {
           p.session_ended().reason() == 1 ? EndReason::kExpired : EndReason::kClosed});
     case state::LogRecord::kLockGranted: {
       const auto& g = p.lock_granted();
-      return Record(
-          record::LockGranted{g.lock(), g.session_id(), g.token(), absl::Nanoseconds(g.ttl_ns())});
+      auto mode = ModeFromProto(g.mode());
+      if (!mode.ok()) return mode.status();
+      return Record(record::LockGranted{g.lock(), g.session_id(), g.token(),
+                                        absl::Nanoseconds(g.ttl_ns()), *mode,
+                                        absl::Nanoseconds(g.lock_delay_ns())});
     }
     case state::LogRecord::kLockReleased: {
       const auto& l = p.lock_released();
@@ -330,9 +352,10 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
   if (GetU32(data, 20) != Crc32c(data.substr(0, 20))) {
     return DamagedAt(path, 0, "header checksum mismatch");
   }
-  if (GetU32(data, 4) != kFileVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": unsupported snapshot version ", GetU32(data, 4)));
+  if (GetU32(data, 4) != kFileVersion && GetU32(data, 4) != kSnapshotVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": unsupported snapshot version ", GetU32(data, 4), " (this lockd reads ",
+        kFileVersion, " to ", kSnapshotVersion, ")"));
   }
   const uint64_t len = GetU64(data, 8);
   if (len != data.size() - kSnapshotHeaderBytes) {
@@ -366,11 +389,23 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
     }
   }
   for (const auto& h : snap.holders()) {
+    auto mode = ModeFromProto(h.mode());
+    if (!mode.ok()) {
+      return Damaged(path, absl::StrCat("lock ", h.lock(), ": ", mode.status().message()));
+    }
     if (absl::Status st = apply(record::LockGranted{h.lock(), h.session_id(), h.token(),
-                                                    absl::Nanoseconds(h.ttl_ns())});
+                                                    absl::Nanoseconds(h.ttl_ns()), *mode,
+                                                    absl::Nanoseconds(h.lock_delay_ns())});
         !st.ok()) {
       return st;
     }
+  }
+  for (const auto& d : snap.delays()) {
+    auto lost = ModeFromProto(d.lost());
+    absl::Status st = lost.ok() ? state.RestoreDelay(d.lock(), *lost,
+                                                     absl::Nanoseconds(d.length_ns()), now)
+                                : lost.status();
+    if (!st.ok()) return Damaged(path, absl::StrCat("inconsistent snapshot: ", st.message()));
   }
   if (snap.last_token() < state.last_token() || snap.last_session_id() < state.last_session_id()) {
     return Damaged(path, "sequence marks below the ids it contains");
@@ -533,8 +568,18 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
     s->set_secret_digest(session.secret_digest);
     s->set_owner(session.owner);
   }
-  std::vector<std::pair<std::string, HolderState>> holders(state.holders().begin(),
-                                                           state.holders().end());
+  std::vector<std::pair<std::string, HolderState>> holders;
+  for (const auto& [lock, held] : state.locks()) {  // ascending lock
+    for (const HolderState& h : held.holders) holders.emplace_back(lock, h);
+    for (const auto& [delay, lost] : {std::pair(&held.delay_all, LockMode::kExclusive),
+                                      std::pair(&held.delay_writers, LockMode::kShared)}) {
+      if (!delay->has_value()) continue;
+      auto* out = snap.add_delays();
+      out->set_lock(lock);
+      out->set_lost(ModeToProto(lost));
+      out->set_length_ns(Nanos((*delay)->length));
+    }
+  }
   std::sort(holders.begin(), holders.end(),
             [](const auto& a, const auto& b) { return a.second.token < b.second.token; });
   for (const auto& [lock, h] : holders) {
@@ -543,6 +588,8 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
     out->set_session_id(h.session);
     out->set_token(h.token);
     out->set_ttl_ns(Nanos(h.ttl));
+    out->set_mode(ModeToProto(h.mode));
+    out->set_lock_delay_ns(Nanos(h.lock_delay));
   }
   for (const auto& [name, pool] : state.pools()) {  // ascending name
     auto* out = snap.add_pools();
@@ -586,7 +633,7 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
 
 std::string EncodeRawSnapshot(std::string_view payload) {
   std::string out(kSnapshotMagic, 4);
-  PutU32(&out, kFileVersion);
+  PutU32(&out, kSnapshotVersion);
   PutU64(&out, payload.size());
   PutU32(&out, Crc32c(payload));
   PutU32(&out, Crc32c(out));

@@ -43,13 +43,16 @@ wire::Request KeepAlive(uint64_t session, const std::string& lock, uint64_t toke
 }
 
 wire::Request Acquire(uint64_t session, const std::string& lock, absl::Duration wait,
-                      absl::Duration ttl) {
+                      absl::Duration ttl, wire::LockMode mode,
+                      std::optional<absl::Duration> lock_delay) {
   wire::Request r;
   auto* a = r.mutable_acquire();
   a->set_session_id(session);
   a->set_lock(lock);
   a->set_wait_timeout_ms(Millis(wait));
   a->set_ttl_ms(Millis(ttl));
+  a->set_mode(mode);
+  if (lock_delay.has_value()) a->set_lock_delay_ms(Millis(*lock_delay));
   return r;
 }
 

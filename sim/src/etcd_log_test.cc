@@ -134,7 +134,9 @@ class EtcdLogTest : public ::testing::Test {
     EXPECT_TRUE(r.status().ok()) << r.status();
     std::map<std::string, FenceToken> out;
     if (!r.status().ok()) return out;
-    for (const auto& [lock, h] : r.service().state().holders()) out[lock] = h.token;
+    for (const auto& [lock, h] : r.service().state().locks()) {
+      if (h.held()) out[lock] = h.holders.front().token;
+    }
     return out;
   }
 
@@ -217,9 +219,9 @@ TEST_F(EtcdLogTest, AReplicaCutOffFromEtcdFaultsBeforeAStandbyTakesOver) {
   // b serves only after a's own deadline has passed: never two owners at once.
   EXPECT_GT(b_ready.nanos(), a_until.load());
   for (size_t i = 0; i < tokens.size(); ++i) {
-    auto h = b->service().state().holders().find(absl::StrCat("held-", i));
-    ASSERT_NE(h, b->service().state().holders().end());
-    EXPECT_EQ(h->second.token, tokens[i]);
+    const server::HolderState* h = b->service().state().FindHolder(absl::StrCat("held-", i));
+    ASSERT_NE(h, nullptr);
+    EXPECT_EQ(h->token, tokens[i]);
   }
   // Tokens keep rising across the takeover.
   std::vector<FenceToken> next = b->Take(1, "next-");

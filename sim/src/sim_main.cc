@@ -72,14 +72,17 @@ int main(int argc, char** argv) {
     if (verbose || !r.ok) {
       std::printf(
           "seed %lu: %s trace %016lx events %lu grants %lu checks %lu overlaps %lu fenced %lu "
-          "crashes %lu disk-faults %lu pauses %lu cuts %lu takeovers %lu etcd-faults %lu\n",
+          "crashes %lu disk-faults %lu pauses %lu cuts %lu takeovers %lu etcd-faults %lu "
+          "shared-grants %lu lock-delays %lu\n",
           static_cast<unsigned long>(r.seed), r.ok ? "ok" : "FAILED",
           static_cast<unsigned long>(r.trace_hash), static_cast<unsigned long>(r.events),
           static_cast<unsigned long>(r.grants), static_cast<unsigned long>(r.checks_passed),
           static_cast<unsigned long>(r.overlaps), static_cast<unsigned long>(r.fenced_out),
           static_cast<unsigned long>(r.crashes), static_cast<unsigned long>(r.disk_faults),
           static_cast<unsigned long>(r.pauses), static_cast<unsigned long>(r.cuts),
-          static_cast<unsigned long>(r.takeovers), static_cast<unsigned long>(r.etcd_faults));
+          static_cast<unsigned long>(r.takeovers), static_cast<unsigned long>(r.etcd_faults),
+          static_cast<unsigned long>(r.shared_grants),
+          static_cast<unsigned long>(r.delays_started));
     }
     if (!r.ok) {
       ++failed;

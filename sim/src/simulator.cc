@@ -119,13 +119,19 @@ class SimClient {
   void OnResponse(int conn, const wire::Response& r);
   void OnDisconnected(int conn);
   int node() const { return node_; }
-  // The token and session this client holds `lock` with, if its checkStillHeld would pass now.
-  std::optional<std::pair<FenceToken, SessionId>> Believes(const std::string& lock) const {
+  // The token, session and mode this client holds `lock` with, if its checkStillHeld would
+  // pass now.
+  struct Belief {
+    FenceToken token;
+    SessionId session;
+    LockMode mode;
+  };
+  std::optional<Belief> Believes(const std::string& lock) const {
     auto it = held_.find(lock);
     if (it == held_.end() || it->second.lease->Check(time_.Now()) != LossReason::kNone) {
       return std::nullopt;
     }
-    return std::make_pair(it->second.lease->token(), it->second.session);
+    return Belief{it->second.lease->token(), it->second.session, it->second.lease->mode()};
   }
 
  private:
@@ -215,6 +221,8 @@ class Simulation {
   void ClientSend(int conn, const wire::Request& r);
   void CutConnection(int conn);
   void OnAppended(int replica, uint64_t lsn, const Record& r);
+  // Every record the serving replica applied (renewals too), just after it was applied.
+  void OnApplied(int replica, const Record& r);
   void OnCommittedLsn(int replica, uint64_t lsn) {
     committed_lsn_ = std::max(committed_lsn_, lsn);
     if (replica == current_) current_committed_lsn_ = std::max(current_committed_lsn_, lsn);
@@ -238,8 +246,9 @@ class Simulation {
     }
     result_.ok = false;
   }
-  // checkStillHeld said "held" for `token` on `lock`.
-  void CheckHeld(int client, const std::string& lock, FenceToken token, SessionId session);
+  // checkStillHeld said "held" for `token` on `lock`, held in `mode`.
+  void CheckHeld(int client, const std::string& lock, FenceToken token, SessionId session,
+                 LockMode mode);
   void CountGrant(FenceToken token) {
     ++result_.grants;
     if (!acked_tokens_.insert(token).second) {
@@ -263,10 +272,11 @@ class Simulation {
   // Whether lockd ended `session` on its own (the fault EndASession): until its client hears
   // so, its leases may overlap another's.
   bool ended_by_fault(SessionId session) const { return ended_sessions_.contains(session); }
-  // Who holds `lock` on lockd now; nullptr when it is free or lockd is down.
-  const server::HolderState* Holder(const std::string& lock) const {
+  // `session`'s hold of `lock` on lockd now; nullptr when it holds none or lockd is down.
+  const server::HolderState* HolderOf(const std::string& lock, SessionId session) const {
     const ServerCore* core = ServingCore();
-    return core ? core->service().state().FindHolder(lock) : nullptr;
+    const server::LockState* held = core ? core->service().state().FindLock(lock) : nullptr;
+    return held ? held->FindSession(session) : nullptr;
   }
   // The address clients dial for replica `i`.
   std::string ReplicaAddress(int i) const { return absl::StrCat("lockd-", i, ":7420"); }
@@ -376,6 +386,24 @@ class Simulation {
   std::set<SessionId> ended_sessions_;
   std::set<std::tuple<uint64_t, uint64_t, std::string>> stale_;  // conn, request, lock
   std::vector<std::pair<std::string, SessionId>> grants_this_event_;
+  // ADR 0006, checked on the records of the serving replica as it applies them, against a
+  // shadow of each lock's holders and pending delays kept here on that replica's clock (a
+  // grant's time is its lease's end less its TTL): no exclusive grant overlaps any holder, no
+  // shared grant overlaps an exclusive one, no grant falls inside a delay that blocks it, and a
+  // lease that ran out delays from its end, not later. Rebuilt from the state whenever a core
+  // begins to serve (ResetShadow), since what it restored is all it knows.
+  struct ShadowHolder {
+    server::LockMode mode;
+    absl::Duration delay;
+    MonoTime expires_at;
+  };
+  struct ShadowLock {
+    std::map<FenceToken, ShadowHolder> holders;
+    MonoTime all_until = MonoTime::Min();      // no grant before
+    MonoTime writers_until = MonoTime::Min();  // no exclusive grant before
+  };
+  std::map<std::string, ShadowLock> shadow_;
+  void ResetShadow(const ServerCore& core);
   int64_t handoff_at_ = 0;  // when the log's last completion reaches lockd's thread
   const int env_node_;
   // One-way partitions of a client's link: nothing it sends (or nothing sent to it) arrives
@@ -409,6 +437,7 @@ class Simulation::Sink final : public ConnectionSink {
 // ---- RecordingLog ----
 
 void RecordingLog::Append(const Record& record) {
+  sim_->OnApplied(replica_, record);
   const uint64_t before = inner_->last_lsn();
   inner_->Append(record);
   if (inner_->last_lsn() == before) return;  // renewals are not logged
@@ -494,8 +523,10 @@ void Simulation::DeliverToLockd(int conn, std::string payload, wire::Request req
   // Which lock renewals and releases are stale on arrival: lockd must never accept those.
   const auto& state = core->service().state();
   auto note = [&](const std::string& lock, FenceToken token) {
-    const auto* h = state.FindHolder(lock);
-    if (h == nullptr || h->token != token) stale_.insert({conn, request.request_id(), lock});
+    const server::LockState* held = state.FindLock(lock);
+    if (held == nullptr || held->FindToken(token) == nullptr) {
+      stale_.insert({conn, request.request_id(), lock});
+    }
   };
   if (request.has_keep_alive()) {
     auto& renewal = renewals_[{conn, request.request_id()}];
@@ -608,6 +639,7 @@ void Simulation::StartLockd() {
   r.core = std::make_unique<ServerCore>(CoreOptions(), r.time.get(), std::move(*opened));
   ++r.core_gen;
   r.core->Start();
+  ResetShadow(*r.core);
   r.up = r.serving = true;
   r.started_at = world_.now();
 }
@@ -672,6 +704,89 @@ void Simulation::CheckRecovered(const server::OpenedCommitLog& opened, MonoTime 
   if (!acked_tokens_.empty() && opened.state.last_token() < *acked_tokens_.rbegin()) {
     Fail(absl::StrCat(who, ": after recovery the next token would be ", opened.state.last_token() + 1,
                       ", but token ", *acked_tokens_.rbegin(), " was acknowledged"));
+  }
+}
+
+namespace {
+const char* Shared(LockMode mode) { return mode == LockMode::kShared ? " (shared)" : ""; }
+const char* Shared(server::LockMode mode) {
+  return mode == server::LockMode::kShared ? " (shared)" : "";
+}
+}  // namespace
+
+void Simulation::ResetShadow(const ServerCore& core) {
+  shadow_.clear();
+  for (const auto& [lock, held] : core.service().state().locks()) {
+    ShadowLock& s = shadow_[lock];
+    for (const server::HolderState& h : held.holders) {
+      s.holders[h.token] = ShadowHolder{h.mode, h.lock_delay, h.expires_at};
+    }
+    if (held.delay_all) s.all_until = held.delay_all->until;
+    if (held.delay_writers) s.writers_until = held.delay_writers->until;
+  }
+}
+
+void Simulation::OnApplied(int replica, const Record& r) {
+  if (replica != current_ || replicas_[replica].core == nullptr) return;
+  const server::StateMachine& state = replicas_[replica].core->service().state();
+  if (const auto* g = std::get_if<server::record::LockGranted>(&r)) {
+    const server::HolderState* h = state.FindLock(g->lock)->FindToken(g->token);
+    const MonoTime granted_at = h->expires_at - g->ttl;
+    ShadowLock& s = shadow_[g->lock];
+    for (const auto& [token, other] : s.holders) {
+      if (g->mode == server::LockMode::kExclusive || other.mode == server::LockMode::kExclusive) {
+        Fail(absl::StrCat("lock ", g->lock, " granted with token ", g->token, Shared(g->mode),
+                          " while token ", token, Shared(other.mode), " holds it"));
+      }
+    }
+    const MonoTime until = g->mode == server::LockMode::kExclusive
+                               ? std::max(s.all_until, s.writers_until)
+                               : s.all_until;
+    if (granted_at < until) {
+      Fail(absl::StrCat("lock ", g->lock, " granted with token ", g->token, Shared(g->mode), " ",
+                        absl::FormatDuration(until - granted_at),
+                        " before the end of a lock delay that blocks it"));
+    }
+    s.holders[g->token] = ShadowHolder{g->mode, g->lock_delay, h->expires_at};
+    if (g->mode == server::LockMode::kShared) ++result_.shared_grants;
+  } else if (const auto* renewed = std::get_if<server::record::LockRenewed>(&r)) {
+    auto s = shadow_.find(renewed->lock);
+    if (s == shadow_.end()) return;
+    auto h = s->second.holders.find(renewed->token);
+    const server::LockState* held = state.FindLock(renewed->lock);
+    if (h != s->second.holders.end() && held != nullptr && held->FindToken(renewed->token)) {
+      h->second.expires_at = held->FindToken(renewed->token)->expires_at;
+    }
+  } else if (const auto* released = std::get_if<server::record::LockReleased>(&r)) {
+    auto s = shadow_.find(released->lock);
+    if (s == shadow_.end()) return;
+    auto h = s->second.holders.find(released->token);
+    if (h == s->second.holders.end()) return;
+    const ShadowHolder gone = h->second;
+    s->second.holders.erase(h);
+    if (released->reason == server::ReleaseReason::kReleased ||
+        gone.delay <= absl::ZeroDuration()) {
+      return;
+    }
+    ++result_.delays_started;
+    const server::LockState* held = state.FindLock(released->lock);
+    const auto& delay = gone.mode == server::LockMode::kExclusive
+                            ? (held ? held->delay_all : std::nullopt)
+                            : (held ? held->delay_writers : std::nullopt);
+    // A lease that ran out was lost at its end, which this shadow knows (renewals included);
+    // when lockd stalled, it postponed that end, so the delay can only be later than this.
+    MonoTime until = delay ? delay->until : MonoTime::Min();
+    if (released->reason == server::ReleaseReason::kLeaseExpired &&
+        until < gone.expires_at + gone.delay) {
+      Fail(absl::StrCat("lock ", released->lock, " token ", released->token,
+                        " lost at its lease's end: its delay of ", absl::FormatDuration(gone.delay),
+                        " ends ", absl::FormatDuration(gone.expires_at + gone.delay - until),
+                        " early"));
+      until = gone.expires_at + gone.delay;
+    }
+    MonoTime& shadow_until =
+        gone.mode == server::LockMode::kExclusive ? s->second.all_until : s->second.writers_until;
+    shadow_until = std::max(shadow_until, until);
   }
 }
 
@@ -759,14 +874,16 @@ void Simulation::CheckReplyGate(int conn, std::string_view frames) {
 
 void Simulation::RunLockdEvent(int node, const std::function<void()>& fn) {
   // FIFO: a grant to a waiter while an earlier waiter for the same lock stays queued skips it.
+  // Waiters are told apart by id: a session may queue again in the same event as it is
+  // granted, and may have two waiters for one lock.
   Replica& r = replicas_[node];
   const uint64_t gen = r.core_gen;
   const bool serving = r.serving;
-  std::map<std::string, std::vector<SessionId>> before;
+  std::map<std::string, std::vector<std::pair<server::WaiterId, SessionId>>> before;
   if (serving) {
     for (int l = 0; l < options_.locks; ++l) {
       const std::string lock = absl::StrCat("lock-", l);
-      before[lock] = r.core->service().QueuedSessions(lock);
+      before[lock] = r.core->service().QueuedWaiters(lock);
     }
   }
   grants_this_event_.clear();
@@ -775,44 +892,52 @@ void Simulation::RunLockdEvent(int node, const std::function<void()>& fn) {
   ServerCore* core = r.core.get();
   for (const auto& [lock, session] : grants_this_event_) {
     const auto& queue = before[lock];
-    auto pos = std::find(queue.begin(), queue.end(), session);
+    const auto after = core->service().QueuedWaiters(lock);
+    auto waits = [&](server::WaiterId id) {
+      return std::any_of(after.begin(), after.end(), [&](const auto& w) { return w.first == id; });
+    };
+    // The granted waiter: the first of the session's that left the queue.
+    auto pos = std::find_if(queue.begin(), queue.end(),
+                            [&](const auto& w) { return w.second == session && !waits(w.first); });
     if (pos == queue.end()) continue;  // not a waiter
-    const auto after = core->service().QueuedSessions(lock);
     for (auto it = queue.begin(); it != pos; ++it) {
-      if (std::find(after.begin(), after.end(), *it) != after.end()) {
+      if (waits(it->first)) {
         Fail(absl::StrCat("lock ", lock, " went to waiting session ", session,
-                          " while session ", *it, ", queued before it, still waits"));
+                          " while session ", it->second, ", queued before it, still waits"));
       }
     }
   }
 }
 
 void Simulation::CheckHeld(int client, const std::string& lock, FenceToken token,
-                           SessionId session) {
+                           SessionId session, LockMode mode) {
   ++result_.checks_passed;
   // On the simulated timeline, whatever lockd's state: no other client believes it holds the
-  // lock with another token right now (its own checkStillHeld would pass).
+  // lock with another token right now (its own checkStillHeld would pass), unless both hold
+  // it shared.
   if (bounds_hold() && !ended_by_fault(session)) {
     for (const auto& other : clients_) {
       if (other->node() == client) continue;
       const auto believed = other->Believes(lock);
-      if (believed && believed->first != token && !ended_by_fault(believed->second)) {
-        ++result_.overlaps;
-        Fail(absl::StrCat("client ", client, " passed checkStillHeld for ", lock, " with token ",
-                          token, " while client ", other->node(),
-                          " would pass it too with token ", believed->first));
-      }
+      if (!believed || believed->token == token || ended_by_fault(believed->session)) continue;
+      if (mode == LockMode::kShared && believed->mode == LockMode::kShared) continue;
+      ++result_.overlaps;
+      Fail(absl::StrCat("client ", client, " passed checkStillHeld for ", lock, " with token ",
+                        token, Shared(mode), " while client ", other->node(),
+                        " would pass it too with token ", believed->token,
+                        Shared(believed->mode)));
     }
   }
   const ServerCore* core = ServingCore();
   if (core == nullptr) return;
-  const auto* holder = core->service().state().FindHolder(lock);
-  if (holder == nullptr || holder->token == token) return;
+  const server::LockState* held = core->service().state().FindLock(lock);
+  if (held == nullptr || !held->held() || held->FindToken(token) != nullptr) return;
   ++result_.overlaps;
   if (bounds_hold() && !ended_by_fault(session)) {
+    const server::HolderState& holder = held->holders.front();
     Fail(absl::StrCat("client ", client, " passed checkStillHeld for ", lock, " with token ",
-                      token, " while session ", holder->session, " holds it with token ",
-                      holder->token));
+                      token, " while session ", holder.session, " holds it with token ",
+                      holder.token, Shared(holder.mode)));
   }
 }
 
@@ -907,8 +1032,12 @@ void Simulation::EndASession() {
   // A session with a lock held.
   std::vector<SessionId> candidates;
   for (int l = 0; l < options_.locks; ++l) {
-    const auto* h = Holder(absl::StrCat("lock-", l));
-    if (h != nullptr && secrets_by_session_.contains(h->session)) candidates.push_back(h->session);
+    const server::LockState* held =
+        ServingCore()->service().state().FindLock(absl::StrCat("lock-", l));
+    if (held == nullptr) continue;
+    for (const server::HolderState& h : held->holders) {
+      if (secrets_by_session_.contains(h.session)) candidates.push_back(h.session);
+    }
   }
   if (candidates.empty()) return;
   const SessionId session = candidates[rng_.Below(candidates.size())];
@@ -1032,6 +1161,7 @@ void Simulation::StartReplica(int i) {
   r.core = std::make_unique<ServerCore>(CoreOptions(), r.standby_loop.get(), std::move(nothing));
   ++r.core_gen;
   r.core->Start();
+  ResetShadow(*r.core);
   r.up = true;
   r.serving = false;
   server::EtcdCommitLogOptions o{.endpoints = {"sim-etcd-0", "sim-etcd-1", "sim-etcd-2"},
@@ -1152,6 +1282,7 @@ void Simulation::OnReplicaOpened(int i, absl::StatusOr<server::OpenedCommitLog> 
   r.standby_loop.reset();
   ++r.core_gen;
   r.core->Start();
+  ResetShadow(*r.core);
   r.serving = true;
   r.started_at = world_.now();
 }
@@ -1501,10 +1632,9 @@ void SimClient::Observe(int conn, const wire::Response& r) {
   if (auto res = resumed_.find(conn);
       res != resumed_.end() && r.request_id() > res->second.last_request) {
     for (const auto& [lock, token] : res->second.owed) {
-      const auto* h = sim_->Holder(lock);
+      const auto* h = sim_->HolderOf(lock, res->second.session);
       auto g = given_up_.find({lock, token});
-      if (h != nullptr && h->token == token && h->session == res->second.session &&
-          g != given_up_.end()) {
+      if (h != nullptr && h->token == token && g != given_up_.end()) {
         sim_->Fail(absl::StrCat("client ", node_, " gave up ", lock, " (token ", token, ": ",
                                 g->second.why,
                                 ") and resumed its session on a new connection, and lockd still "
@@ -1588,7 +1718,7 @@ void SimClient::Work() {
                               held.lease->token(), ") after lockd told it that session ",
                               held.session, " is gone"));
     }
-    sim_->CheckHeld(node_, lock, held.lease->token(), held.session);
+    sim_->CheckHeld(node_, lock, held.lease->token(), held.session, held.lease->mode());
     // Now and then the check asks lockd too (checkStillHeld with Confirm::kWithServer).
     if (rng_->Chance(0.05)) core_->Validate(now, held.lease);
     if (rng_->Chance(0.1)) {
@@ -1608,8 +1738,8 @@ void SimClient::Work() {
   if (session != 0) {
     for (int l = 0; l < sim_->options().locks; ++l) {
       const std::string lock = absl::StrCat("lock-", l);
-      const auto* h = sim_->Holder(lock);
-      if (h == nullptr || h->session != session) continue;
+      const auto* h = sim_->HolderOf(lock, session);
+      if (h == nullptr) continue;
       auto mine = held_.find(lock);
       if ((mine != held_.end() && mine->second.lease->token() == h->token) ||
           (acquire_op_ != 0 && acquiring_ == lock)) {
@@ -1651,9 +1781,13 @@ void SimClient::Work() {
     const absl::Duration ttl = rng_->Between(absl::Seconds(1), absl::Seconds(4));
     const absl::Duration wait =
         rng_->Chance(0.5) ? absl::ZeroDuration() : rng_->Between(absl::Milliseconds(100), absl::Seconds(3));
+    // ADR 0006: shared now and then, and sometimes with a lock delay that its loss starts.
+    const LockMode mode = rng_->Chance(0.4) ? LockMode::kShared : LockMode::kExclusive;
+    std::optional<absl::Duration> delay;
+    if (rng_->Chance(0.3)) delay = rng_->Between(absl::Milliseconds(50), absl::Milliseconds(800));
     acquire_cancelled_ = false;
     acquire_rid_ = 0;
-    acquire_op_ = core_->Acquire(now, acquiring_, wait, ttl);
+    acquire_op_ = core_->Acquire(now, acquiring_, wait, ttl, mode, delay);
   } else if (held_.empty() && acquire_op_ == 0 && rng_->Chance(0.01)) {
     core_->Close(now);
   }

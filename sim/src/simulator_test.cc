@@ -47,6 +47,7 @@ TEST(SimulatorTest, TenThousandSeedsKeepEveryProperty) {
   options.duration = absl::Seconds(10);
   const uint64_t seeds = SeedCount();
   uint64_t failed = 0, grants = 0, checks = 0, crashes = 0, faults = 0, fenced = 0, withdrawals = 0;
+  uint64_t shared = 0, delays = 0;
   for (uint64_t seed = 1; seed <= seeds; ++seed) {
     options.seed = seed;
     const SimResult r = Simulate(options);
@@ -57,20 +58,25 @@ TEST(SimulatorTest, TenThousandSeedsKeepEveryProperty) {
     faults += r.disk_faults;
     fenced += r.fenced_out;
     withdrawals += r.withdrawals;
+    shared += r.shared_grants;
+    delays += r.delays_started;
   }
   std::printf("%lu seeds: %lu failed, %lu grants, %lu checks, %lu crashes, %lu disk faults, "
-              "%lu fenced out, %lu withdrawals\n",
+              "%lu fenced out, %lu withdrawals, %lu shared grants, %lu lock delays\n",
               static_cast<unsigned long>(seeds), static_cast<unsigned long>(failed),
               static_cast<unsigned long>(grants),
               static_cast<unsigned long>(checks), static_cast<unsigned long>(crashes),
               static_cast<unsigned long>(faults), static_cast<unsigned long>(fenced),
-              static_cast<unsigned long>(withdrawals));
+              static_cast<unsigned long>(withdrawals), static_cast<unsigned long>(shared),
+              static_cast<unsigned long>(delays));
   EXPECT_EQ(failed, 0u);
   // The runs did what they are for.
   EXPECT_GT(grants, seeds);
   EXPECT_GT(crashes, seeds / 10);
   EXPECT_GT(faults, seeds / 100);
   EXPECT_GT(withdrawals, seeds / 10);
+  EXPECT_GT(shared, seeds);
+  EXPECT_GT(delays, seeds / 10);
 }
 
 TEST(SimulatorTest, ABrokenClockBoundShowsOverlapsButTheFencesHold) {

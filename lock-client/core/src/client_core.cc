@@ -124,18 +124,24 @@ uint64_t ClientCore::Start(MonoTime now) {
 }
 
 uint64_t ClientCore::Acquire(MonoTime now, const std::string& lock, absl::Duration wait,
-                             absl::Duration ttl) {
+                             absl::Duration ttl, LockMode mode,
+                             std::optional<absl::Duration> lock_delay) {
   const uint64_t id = NewOp(OpKind::kAcquire);
-  if (wait < absl::ZeroDuration() || ttl < absl::ZeroDuration()) {
-    Complete(id, absl::InvalidArgumentError(
-                     absl::StrCat(wait < absl::ZeroDuration() ? "wait" : "ttl",
-                                  " must not be negative")));
+  const char* negative = wait < absl::ZeroDuration()  ? "wait"
+                         : ttl < absl::ZeroDuration() ? "ttl"
+                         : lock_delay.value_or(absl::ZeroDuration()) < absl::ZeroDuration()
+                             ? "lock_delay"
+                             : nullptr;
+  if (negative != nullptr) {
+    Complete(id, absl::InvalidArgumentError(absl::StrCat(negative, " must not be negative")));
     return id;
   }
   Op& op = ops_.at(id);
   op.lock = lock;
   op.wait = wait;
   op.ttl = ttl == absl::ZeroDuration() ? options_.default_lock_ttl : ttl;
+  op.mode = mode;
+  op.lock_delay = lock_delay;
   want_session_ = true;
   waiting_.push_back(id);
   Pump(now);
@@ -626,6 +632,16 @@ void ClientCore::PumpAcquire(MonoTime now, uint64_t id, Op& op) {
     return;
   }
   std::erase(waiting_, id);
+  if ((op.mode != LockMode::kExclusive || op.lock_delay.has_value()) &&
+      version_ < protocol::kSharedLockProtocolVersion) {
+    // An older lockd would read the Acquire without its mode: an exclusive grant the caller
+    // did not ask for, or no delay. Refused here, unsent.
+    Complete(id, absl::FailedPreconditionError(absl::StrCat(
+                     "lockd speaks protocol version ", version_, "; ",
+                     op.mode == LockMode::kShared ? "a shared lock" : "a lock delay", " needs ",
+                     protocol::kSharedLockProtocolVersion, " (upgrade lockd)")));
+    return;
+  }
   if (auto u = unsettled_.find(op.lock); u != unsettled_.end()) {
     if (u->second.session != session_id_) {
       unsettled_.erase(u);  // that session is gone, and its locks with it
@@ -647,7 +663,8 @@ void ClientCore::PumpAcquire(MonoTime now, uint64_t id, Op& op) {
 void ClientCore::SendAcquire(MonoTime now, uint64_t id, Op& op) {
   op.stage = Stage::kSent;
   op.session = session_id_;
-  op.request = Send(now, req::Acquire(session_id_, op.lock, op.wait, op.ttl),
+  const wire::LockMode mode = op.mode == LockMode::kShared ? wire::SHARED : wire::EXCLUSIVE;
+  op.request = Send(now, req::Acquire(session_id_, op.lock, op.wait, op.ttl, mode, op.lock_delay),
                     Pending{.kind = Kind::kAcquire, .op = id,
                             .timeout_at = now + op.wait + options_.request_timeout,
                             .session = session_id_, .lock = op.lock});
@@ -702,7 +719,8 @@ void ClientCore::Publish(MonoTime now, uint64_t id, Op& op, uint64_t token,
     return;
   }
   auto state = std::make_shared<LeaseState>(op.lock, token, op.granted_ttl,
-                                            std::min(lock_deadline, session_deadline_), id_);
+                                            std::min(lock_deadline, session_deadline_), id_,
+                                            op.mode);
   if (state->Check(now) != LossReason::kNone) {
     // Its lease ran out before it could be handed over (a renewal that took longer than the
     // usable lease): nobody may use it.

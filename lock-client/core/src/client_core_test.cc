@@ -107,11 +107,11 @@ class ClientCoreTest : public ::testing::Test {
   }
 
   // Dials (answered on conn_), opens a session with `ttl`, and returns once it is open.
-  void Connect(absl::Duration session_ttl) {
+  void Connect(absl::Duration session_ttl, uint32_t version = 3) {
     const uint64_t start = core_->Start(now_);
     Drain();
     ASSERT_FALSE(dials_.empty());
-    core_->OnDialed(now_, dials_.back().replica, conn_, 3);
+    core_->OnDialed(now_, dials_.back().replica, conn_, version);
     Drain();
     wire::Request open = MustTake(wire::Request::kOpenSession);
     wire::Response r;
@@ -172,6 +172,49 @@ TEST_F(ClientCoreTest, OpensASessionAndRenewsItEveryThirdOfItsTtl) {
 }
 
 // D1/D2: the lease is measured from the Acquire's send, never from its reply.
+// ADR 0006: a shared acquire and a lock delay go out on protocol 5; a lockd of an older version
+// would read them as an exclusive acquire without a delay, so they are refused, unsent.
+TEST_F(ClientCoreTest, ASharedAcquireGoesOutOnVersionFiveAndIsRefusedUnsentBelow) {
+  Make(CoreOptions{});
+  Connect(absl::Seconds(30), 5);
+  const uint64_t op = core_->Acquire(now_, "r", absl::Seconds(1), absl::Seconds(10),
+                                     LockMode::kShared, absl::Seconds(2));
+  Drain();
+  const wire::Request acquire = MustTake(wire::Request::kAcquire);
+  EXPECT_EQ(acquire.acquire().mode(), wire::SHARED);
+  ASSERT_TRUE(acquire.acquire().has_lock_delay_ms());
+  EXPECT_EQ(acquire.acquire().lock_delay_ms(), 2000u);
+  Grant(acquire, 7, absl::Seconds(10));
+  ASSERT_TRUE(Completed(op).has_value());
+  ASSERT_NE(Completed(op)->lease, nullptr);
+  EXPECT_EQ(Completed(op)->lease->mode(), LockMode::kShared);
+
+  // A second core, whose operation ids start again: the first one's records go.
+  done_.clear();
+  sent_.clear();
+  dials_.clear();
+  Make(CoreOptions{});
+  Connect(absl::Seconds(30), 4);
+  for (auto [mode, delay] : {std::pair{LockMode::kShared, std::optional<absl::Duration>()},
+                             std::pair{LockMode::kExclusive,
+                                       std::optional<absl::Duration>(absl::Seconds(1))}}) {
+    const uint64_t refused = core_->Acquire(now_, "r", absl::Seconds(1), absl::ZeroDuration(),
+                                            mode, delay);
+    Drain();
+    EXPECT_FALSE(Take(wire::Request::kAcquire).has_value());
+    ASSERT_TRUE(Completed(refused).has_value());
+    EXPECT_EQ(Completed(refused)->status.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(Completed(refused)->status.message().find("protocol version 4"), std::string::npos)
+        << Completed(refused)->status;
+  }
+  // An exclusive acquire without a delay is what every version reads.
+  core_->Acquire(now_, "r", absl::Seconds(1), absl::ZeroDuration());
+  Drain();
+  const wire::Request plain = MustTake(wire::Request::kAcquire);
+  EXPECT_EQ(plain.acquire().mode(), wire::EXCLUSIVE);
+  EXPECT_FALSE(plain.acquire().has_lock_delay_ms());
+}
+
 TEST_F(ClientCoreTest, AGrantsDeadlineRunsFromTheAcquiresSendNotItsReply) {
   Make({});
   Connect(absl::Seconds(15));

@@ -1,6 +1,6 @@
-// The lock client that worker code links: one session with lockd, exclusive locks with
-// fencing tokens, a background heartbeat, and a conservative local lease (ADR-006, see
-// docs/adr/0001-conservative-client-lease.md).
+// The lock client that worker code links: one session with lockd, exclusive and shared locks
+// with fencing tokens, a background heartbeat, and a conservative local lease (ADR-006, see
+// docs/adr/0001-conservative-client-lease.md; shared locks and the lock delay: ADR 0006).
 //
 // The client never trusts the server's clock or a reply's arrival time. For every exchange
 // that renews a lease it reads its own boot-time clock immediately before the request is
@@ -126,6 +126,22 @@ class StepRefusedException : public LockLostException {
   absl::Duration cost_;
 };
 
+// ADR 0006: shared holders of a lock coexist; an exclusive holder excludes every other holder.
+// A shared holder keeps the same deadline, checkStillHeld and step rules as an exclusive one.
+enum class LockMode { kExclusive, kShared };
+
+// How an acquire wants its lock: Client::acquire(lock, wait, options) and its other forms.
+struct AcquireOptions {
+  LockMode mode = LockMode::kExclusive;
+  // The lease TTL; zero: ClientOptions::default_lock_ttl.
+  absl::Duration ttl = absl::ZeroDuration();
+  // ADR 0006: after this holder is lost (its lease ran out or its session ended on lockd; not
+  // a release), lockd grants the lock to nobody for this long (a lost shared holder delays
+  // exclusive grants only), for resources that cannot check a token. Unset: lockd's
+  // --lock-delay; above lockd's --max-lock-delay: kInvalidArgument.
+  std::optional<absl::Duration> lock_delay;
+};
+
 // A granted lock: its name, its fencing token, and the client's deadline for it. Copies share
 // the same lease (releasing through one ends them all). The deadline travels with the handle;
 // there is no thread-local or ambient "current lock". Thread-safe to read from any thread.
@@ -135,6 +151,8 @@ class LockHandle {
   const std::string& lock() const;
   // The fencing token: strictly greater than every token issued before this grant.
   uint64_t token() const;
+  // The mode it was granted in (kExclusive for an empty handle).
+  LockMode mode() const;
 
  private:
   friend class ClientImpl;
@@ -290,19 +308,58 @@ class Client {
   // left, the lease is renewed before returning and measured from that renewal's send. If the
   // client's own deadline for the session has already passed (failed heartbeats, a stall),
   // the session is renewed before the request, or replaced if lockd no longer has it.
+  absl::StatusOr<LockHandle> acquire(std::string_view lock, absl::Duration wait,
+                                     absl::Duration ttl = absl::ZeroDuration()) {
+    return acquire(lock, wait, AcquireOptions{.ttl = ttl});
+  }
+  // acquire() in `options.mode`, with its lock delay. A shared acquire waits while another
+  // session holds the lock exclusive, and while anyone waits before it (FIFO: it never passes
+  // a waiting writer); a lockd older than protocol version 5 refuses a shared acquire or a
+  // lock delay with kFailedPrecondition, and nothing is sent.
   virtual absl::StatusOr<LockHandle> acquire(std::string_view lock, absl::Duration wait,
-                                             absl::Duration ttl = absl::ZeroDuration()) = 0;
+                                             const AcquireOptions& options) = 0;
+  // acquire() in shared mode.
+  absl::StatusOr<LockHandle> acquireShared(std::string_view lock, absl::Duration wait,
+                                           absl::Duration ttl = absl::ZeroDuration()) {
+    return acquire(lock, wait, AcquireOptions{.mode = LockMode::kShared, .ttl = ttl});
+  }
 
-  // Like acquire() without waiting: std::nullopt when another session holds the lock.
-  virtual absl::StatusOr<std::optional<LockHandle>> tryAcquire(
-      std::string_view lock, absl::Duration ttl = absl::ZeroDuration()) = 0;
+  // Like acquire() without waiting: std::nullopt when the lock cannot be granted at once
+  // (another session holds it in a mode that excludes this one, someone waits for it, or a
+  // lock delay holds it back).
+  absl::StatusOr<std::optional<LockHandle>> tryAcquire(
+      std::string_view lock, absl::Duration ttl = absl::ZeroDuration()) {
+    return tryAcquire(lock, AcquireOptions{.ttl = ttl});
+  }
+  virtual absl::StatusOr<std::optional<LockHandle>> tryAcquire(std::string_view lock,
+                                                               const AcquireOptions& options) = 0;
+  absl::StatusOr<std::optional<LockHandle>> tryAcquireShared(
+      std::string_view lock, absl::Duration ttl = absl::ZeroDuration()) {
+    return tryAcquire(lock, AcquireOptions{.mode = LockMode::kShared, .ttl = ttl});
+  }
 
   // acquire() and tryAcquire() returning a ScopedLock, which releases the lock at the end of
   // its scope.
   absl::StatusOr<ScopedLock> acquireScoped(std::string_view lock, absl::Duration wait,
-                                           absl::Duration ttl = absl::ZeroDuration());
+                                           absl::Duration ttl = absl::ZeroDuration()) {
+    return acquireScoped(lock, wait, AcquireOptions{.ttl = ttl});
+  }
+  absl::StatusOr<ScopedLock> acquireScoped(std::string_view lock, absl::Duration wait,
+                                           const AcquireOptions& options);
+  absl::StatusOr<ScopedLock> acquireSharedScoped(std::string_view lock, absl::Duration wait,
+                                                 absl::Duration ttl = absl::ZeroDuration()) {
+    return acquireScoped(lock, wait, AcquireOptions{.mode = LockMode::kShared, .ttl = ttl});
+  }
   absl::StatusOr<std::optional<ScopedLock>> tryAcquireScoped(
-      std::string_view lock, absl::Duration ttl = absl::ZeroDuration());
+      std::string_view lock, absl::Duration ttl = absl::ZeroDuration()) {
+    return tryAcquireScoped(lock, AcquireOptions{.ttl = ttl});
+  }
+  absl::StatusOr<std::optional<ScopedLock>> tryAcquireScoped(std::string_view lock,
+                                                             const AcquireOptions& options);
+  absl::StatusOr<std::optional<ScopedLock>> tryAcquireSharedScoped(
+      std::string_view lock, absl::Duration ttl = absl::ZeroDuration()) {
+    return tryAcquireScoped(lock, AcquireOptions{.mode = LockMode::kShared, .ttl = ttl});
+  }
 
   // Releases the lock. The handle is lost from this call on, whatever the answer. A heartbeat
   // that already names this lock is written to the connection before the Release, so that
@@ -394,9 +451,21 @@ class Client {
   //
   // acquire() without blocking: `done` gets the handle, or acquire's errors, or kCancelled
   // after PendingAcquire::cancel(). `wait` must be positive (kInvalidArgument otherwise).
-  virtual std::shared_ptr<PendingAcquire> acquireAsync(
+  std::shared_ptr<PendingAcquire> acquireAsync(
       std::string_view lock, absl::Duration wait, absl::Duration ttl,
+      std::function<void(absl::StatusOr<LockHandle>)> done) {
+    return acquireAsync(lock, wait, AcquireOptions{.ttl = ttl}, std::move(done));
+  }
+  // acquire(lock, wait, options) without blocking.
+  virtual std::shared_ptr<PendingAcquire> acquireAsync(
+      std::string_view lock, absl::Duration wait, const AcquireOptions& options,
       std::function<void(absl::StatusOr<LockHandle>)> done) = 0;
+  std::shared_ptr<PendingAcquire> acquireSharedAsync(
+      std::string_view lock, absl::Duration wait, absl::Duration ttl,
+      std::function<void(absl::StatusOr<LockHandle>)> done) {
+    return acquireAsync(lock, wait, AcquireOptions{.mode = LockMode::kShared, .ttl = ttl},
+                        std::move(done));
+  }
   // release() without blocking: `done` gets release's outcome.
   virtual void releaseAsync(const LockHandle& handle, std::function<void(absl::Status)> done) = 0;
   // One heartbeat now, as renewNow() does, then whether `handle` is still held: OK; kAborted

@@ -1,5 +1,6 @@
-// The lock server's rules: sessions, exclusive locks with leases, FIFO waiters, fencing tokens
-// and fence 1, with no I/O and no clock of its own.
+// The lock server's rules: sessions, shared and exclusive locks with leases, FIFO waiters,
+// fencing tokens, lock delays and fence 1, with no I/O and no clock of its own (ADR 0006 for
+// the modes and the delay).
 //
 // Every method takes the server's `now` (the time the request was received) and first expires
 // whatever has run out by then, so the outcome never depends on when a timer happened to fire.
@@ -81,8 +82,21 @@ struct ServiceOptions {
   // naming a token its sender never held. Leases that ended earlier, and every lease that ended
   // before this process started, count as foreign. Default: 65536 (about 3 MB).
   size_t remembered_lease_ends = 65536;
+  // The lock delay (ADR 0006) of an acquire that asks for none: after its holder is lost (not
+  // released), the lock is not granted again for this long (a lost shared holder delays
+  // exclusive grants only). Default: zero, none.
+  absl::Duration default_lock_delay = absl::ZeroDuration();
+  // The longest lock delay an acquire may ask for; one above is refused. Default: 60 s.
+  absl::Duration max_lock_delay = absl::Seconds(60);
   // Admission pools' limits and timings (pool_service.h).
   PoolOptions pools;
+};
+
+// How an Acquire wants its lock (ADR 0006).
+struct AcquireMode {
+  LockMode mode = LockMode::kExclusive;
+  // The delay this holder's loss starts; none: ServiceOptions::default_lock_delay.
+  std::optional<absl::Duration> lock_delay;
 };
 
 struct LockRef {
@@ -117,6 +131,11 @@ struct ServiceStats {
   // Requests refused for driving another connection's or identity's session, or resuming a
   // session with a secret that is not its own.
   uint64_t permission_denied_total = 0;
+  // Lock delays started by lost holders, and acquires that a delay held back: answered busy or
+  // queued when nothing else kept them out, or first in line (with the readers batched with
+  // them) when a loss started the delay.
+  uint64_t lock_delays_started_total = 0;
+  uint64_t lock_delay_blocked_acquires_total = 0;
 };
 
 class LockService {
@@ -177,11 +196,15 @@ class LockService {
   // Ends the session: releases its locks (granting waiters) and cancels its waiters.
   absl::Status CloseSession(SessionId session, MonoTime now);
 
-  // Grants `lock` to `session` when free. Otherwise, with a positive `wait`, queues `waiter`
-  // (outcome later via TakeWaiterOutcomes); with zero `wait`, answers kBusy.
+  // Grants `lock` to `session` in `how.mode` when nobody waits for it, no holder's mode
+  // excludes it, and no delay blocks it. Otherwise, with a positive `wait`, queues `waiter`
+  // (outcome later via TakeWaiterOutcomes); with zero `wait`, answers kBusy. Waiters are
+  // granted in arrival order, consecutive shared ones together; a shared request never passes
+  // a waiting one (no barging past a queued writer).
   absl::StatusOr<AcquireResult> Acquire(SessionId session, const std::string& lock,
                                         absl::Duration ttl, absl::Duration wait,
-                                        WaiterId waiter, MonoTime now);
+                                        WaiterId waiter, MonoTime now,
+                                        const AcquireMode& how = {});
 
   // Releases `lock` if `token` is its current holder's and `session` is that holder. A
   // `relinquish` release (the client already gave the lock up) is not counted as fenced out
@@ -246,6 +269,23 @@ class LockService {
     }
     return out;
   }
+  // The waiters queued for `lock` (id and session), first in line first: one session may have
+  // two.
+  std::vector<std::pair<WaiterId, SessionId>> QueuedWaiters(const std::string& lock) const {
+    std::vector<std::pair<WaiterId, SessionId>> out;
+    if (auto it = queues_.find(lock); it != queues_.end()) {
+      for (const Waiter& w : it->second) out.emplace_back(w.id, w.session);
+    }
+    return out;
+  }
+  // The mode of each waiter queued for `lock`, first in line first.
+  std::vector<LockMode> QueuedModes(const std::string& lock) const {
+    std::vector<LockMode> out;
+    if (auto it = queues_.find(lock); it != queues_.end()) {
+      for (const Waiter& w : it->second) out.push_back(w.mode);
+    }
+    return out;
+  }
   // Answers every queued waiter with `status` and empties the queues (outcomes are collected
   // with TakeWaiterOutcomes). Used when the server stops taking mutations.
   void FailAllWaiters(const absl::Status& status);
@@ -256,6 +296,8 @@ class LockService {
     SessionId session;
     absl::Duration ttl;
     MonoTime give_up_at;
+    LockMode mode;
+    absl::Duration lock_delay;
   };
   struct WaiterPlace {
     std::string lock;
@@ -277,15 +319,31 @@ class LockService {
   void RememberEnded(const std::string& lock, FenceToken token, SessionId session);
   void ReleaseAndHandOff(const std::string& lock, FenceToken token, ReleaseReason reason,
                          MonoTime now);
+  // Whether a grant of `lock` in `mode` is allowed at `now` by its holders and delays (the
+  // queue aside).
+  bool Grantable(const std::string& lock, LockMode mode, MonoTime now) const;
+  // Grants `lock` to the waiters at the head of its queue that may have it now: the first, and
+  // while they ask for shared, those after it.
+  void HandOff(const std::string& lock, MonoTime now);
+  // The waiters at the head of `lock`'s queue that its holders would let in at `now` but a
+  // delay holds back (as HandOff would take them).
+  size_t HeldBackByDelay(const std::string& lock, MonoTime now) const;
   void EndSession(SessionId session, EndReason reason, MonoTime now);
-  void RemoveWaiter(WaiterId waiter, absl::Status outcome);
+  // Takes `waiter` out of its queue with `outcome` (none when OK). When it was first in line,
+  // the waiters it held back are granted at `hand_off_at` if they may be then (none: they are
+  // not, the server stops taking mutations).
+  void RemoveWaiter(WaiterId waiter, absl::Status outcome, std::optional<MonoTime> hand_off_at);
   // Every queued waiter of `session` leaves its queue with kCancelled ("session N " + why).
-  void CancelWaitersOf(SessionId session, const std::string& why);
+  void CancelWaitersOf(SessionId session, const std::string& why, MonoTime now);
   // One waiter of `session` left its queue.
   void Unqueued(SessionId session);
 
   ServiceOptions options_;
   StateMachine state_;
+  // The latest `now` a call brought: grants made where no call gives a time (a waiter removed
+  // as its connection closed, or its session resumed elsewhere, lets those behind it in) start
+  // their leases there, which is never before the waiters they go to were queued.
+  MonoTime now_ = MonoTime::Min();
   absl::flat_hash_map<std::string, std::deque<Waiter>> queues_;
   absl::flat_hash_map<WaiterId, WaiterPlace> waiter_index_;
   absl::flat_hash_map<SessionId, size_t> waiting_;  // queued waiters per session

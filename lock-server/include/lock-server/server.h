@@ -121,6 +121,11 @@ struct ServerOptions {
   size_t max_locks_per_session = 1024;
   // Waiters queued on one lock. Default: 1024.
   size_t max_waiters_per_lock = 1024;
+  // ADR 0006: after a holder is lost (not released), its lock is not granted again for this
+  // long, for resources that cannot check a token; an Acquire may ask for another delay, up to
+  // max_lock_delay. Default: zero (none) and 60 s.
+  absl::Duration default_lock_delay = absl::ZeroDuration();
+  absl::Duration max_lock_delay = absl::Seconds(60);
   // A connection that has not sent Hello within this long is told HELLO_REQUIRED and closed.
   // Default: 10 s.
   absl::Duration hello_timeout = absl::Seconds(10);

@@ -34,6 +34,8 @@ using SessionId = uint64_t;
 using FenceToken = uint64_t;
 
 enum class EndReason { kClosed, kExpired };
+// ADR 0006: shared holders coexist; an exclusive holder excludes every other holder.
+enum class LockMode { kExclusive, kShared };
 enum class ReleaseReason { kReleased, kLeaseExpired, kSessionEnded };
 
 namespace record {
@@ -65,11 +67,15 @@ struct LockGranted {
   SessionId session;
   FenceToken token;
   absl::Duration ttl;
+  LockMode mode = LockMode::kExclusive;
+  // The lock delay that this holder's loss (not its release) starts; zero: none.
+  absl::Duration lock_delay = absl::ZeroDuration();
 };
 struct LockRenewed {
   std::string lock;
   FenceToken token;
 };
+// A reason other than kReleased is a loss: it starts the holder's lock delay, if it has one.
 struct LockReleased {
   std::string lock;
   FenceToken token;
@@ -197,6 +203,39 @@ struct HolderState {
   FenceToken token;
   absl::Duration ttl;
   MonoTime expires_at;
+  LockMode mode = LockMode::kExclusive;
+  absl::Duration lock_delay = absl::ZeroDuration();  // see record::LockGranted
+};
+
+// A lock delay started by a lost holder (ADR 0006): grants it blocks wait until `until`. Its
+// end is not a record: `length` lets a restored state give it in full again (RestartLeases).
+struct LockDelay {
+  absl::Duration length;
+  MonoTime until;
+};
+
+// One lock name: its holders and the delays its lost holders started. A name with neither is
+// not kept.
+struct LockState {
+  // Ascending token: one exclusive holder, or any number of shared ones.
+  std::vector<HolderState> holders;
+  // A lost exclusive holder's delay, which blocks every grant.
+  std::optional<LockDelay> delay_all;
+  // A lost shared holder's delay, which blocks exclusive grants only (a late reader can return
+  // stale data, never change the resource).
+  std::optional<LockDelay> delay_writers;
+
+  bool held() const { return !holders.empty(); }
+  // kShared iff it is held and its holders are shared.
+  LockMode mode() const {
+    return !holders.empty() && holders.front().mode == LockMode::kShared ? LockMode::kShared
+                                                                          : LockMode::kExclusive;
+  }
+  const HolderState* FindToken(FenceToken token) const;
+  HolderState* FindToken(FenceToken token);
+  const HolderState* FindSession(SessionId session) const;
+  // The end of the delays that block a grant in `mode`; MonoTime::Min() when none does.
+  MonoTime DelayedUntil(LockMode mode) const;
 };
 
 class StateMachine {
@@ -212,13 +251,15 @@ class StateMachine {
   // so that the next grant or session is above every value that may have been handed out.
   void RaiseFloors(FenceToken token_floor, SessionId session_floor);
 
-  // Moves every session and lock lease expiry `d` later. Not a record: expiry times are never
-  // logged (a restart gives every lease its full TTL again), and a later expiry only ever
-  // makes a holder look held longer, never shorter. lockd uses it after a stall of its own.
+  // Moves every session and lock lease expiry, and every lock delay's end, `d` later. Not a
+  // record: expiry times are never logged (a restart gives every lease its full TTL again),
+  // and a later expiry only ever makes a holder look held longer, never shorter. lockd uses it
+  // after a stall of its own.
   void PostponeExpiries(absl::Duration d);
 
-  // Gives every session, lock lease and provisional pool lease its full TTL from `now`, unless
-  // it already ends later. Not a record, for the same reason. lockd calls it at the moment it
+  // Gives every session, lock lease and provisional pool lease its full TTL from `now`, and
+  // every pending lock delay its full length, unless it already ends later. Not a record, for
+  // the same reason. lockd calls it at the moment it
   // begins to serve a restored state: however long the restore or a standby's wait took, a
   // restored lease then runs at least its TTL from there, so a holder's own deadline (which
   // ran from a request sent before the restore) always ends first.
@@ -226,6 +267,8 @@ class StateMachine {
 
   // Null when absent. Pointers are invalidated by the next Apply().
   const SessionState* FindSession(SessionId id) const;
+  const LockState* FindLock(const std::string& lock) const;
+  // The holder of `lock` with the lowest token: its only holder when it is held exclusive.
   const HolderState* FindHolder(const std::string& lock) const;
   const PoolState* FindPool(const std::string& pool) const;
 
@@ -234,6 +277,17 @@ class StateMachine {
   // profile, a token above the token sequence, units above the budget, a name already restored.
   absl::Status RestorePool(const std::string& name, PoolState pool, MonoTime now);
 
+  // Restores the delay that a lost holder of mode `lost` started, from a snapshot, as of server
+  // time `now`: it runs its full `length` from there. kFailedPrecondition for a delay that is
+  // not positive.
+  absl::Status RestoreDelay(const std::string& lock, LockMode lost, absl::Duration length,
+                            MonoTime now);
+
+  // Forgets the delays of `lock` that have ended by `now` (and the name, if nothing else is
+  // left of it). Not a record: a restored state that still has them gives them again, which
+  // only makes a delay longer.
+  void ForgetEndedDelays(const std::string& lock, MonoTime now);
+
   // Sessions (id and TTL) and holders (lock, token, session), sorted, on one line: for
   // comparing states in tests and logs. Expiry times and sequence floors are left out.
   std::string DebugString() const;
@@ -241,7 +295,8 @@ class StateMachine {
   FenceToken last_token() const { return last_token_; }
   SessionId last_session_id() const { return last_session_id_; }
   size_t session_count() const { return sessions_.size(); }
-  size_t held_lock_count() const { return holders_.size(); }
+  // Locks with at least one holder.
+  size_t held_lock_count() const { return held_locks_; }
   // Sessions restored from records or snapshots that held their secret in clear (written
   // before digests); lockd writes a snapshot at once when there are any, so that the files or
   // keys that held them are dropped.
@@ -249,11 +304,15 @@ class StateMachine {
   // Restoring a snapshot: `n` more secrets (pool owner keys) were read in clear.
   void NoteSecretsReadInClear(uint64_t n) { secrets_read_in_clear_ += n; }
 
-  // The earliest session or lock lease expiry, or MonoTime::Max() when nothing can expire.
+  // The earliest session or lock lease expiry, provisional pool lease expiry or lock delay
+  // end, or MonoTime::Max() when nothing is pending.
   MonoTime NextExpiry() const;
-  // The session (or lock) whose lease ends first, if it has ended by `now`.
+  // The session (or lock lease: name and token) whose lease ends first, if it has ended by
+  // `now`.
   std::optional<SessionId> ExpiredSession(MonoTime now) const;
-  std::optional<std::string> ExpiredLock(MonoTime now) const;
+  std::optional<std::pair<std::string, FenceToken>> ExpiredLock(MonoTime now) const;
+  // The lock whose delay ends first, if it has ended by `now`.
+  std::optional<std::string> EndedDelay(MonoTime now) const;
   // The provisional pool lease (pool, profile, slot) that ends first, if it has ended by `now`.
   struct PoolLeaseKey {
     std::string pool;
@@ -264,7 +323,7 @@ class StateMachine {
 
   // Both in key order, so that listing a page costs a seek and the page, not a sort of all.
   const absl::btree_map<SessionId, SessionState>& sessions() const { return sessions_; }
-  const absl::btree_map<std::string, HolderState>& holders() const { return holders_; }
+  const absl::btree_map<std::string, LockState>& locks() const { return locks_; }
   const absl::btree_map<std::string, PoolState>& pools() const { return pools_; }
 
  private:
@@ -307,11 +366,21 @@ class StateMachine {
   absl::Status CheckDecision(const std::string& pool, uint64_t decision) const;
   void RemoveLease(PoolState& pool, const std::string& pool_name, const PoolSlotKey& key);
 
+  // Replaces the delay of `lock` that a lost holder of mode `lost` starts (kExclusive:
+  // delay_all, kShared: delay_writers), keeping delay_ends_ in step.
+  void SetDelay(const std::string& lock, LockState& state, LockMode lost,
+                std::optional<LockDelay> value);
+  // Forgets `it` if it has neither holder nor delay left.
+  void ForgetIfUnused(absl::btree_map<std::string, LockState>::iterator it);
+
   absl::btree_map<SessionId, SessionState> sessions_;
-  absl::btree_map<std::string, HolderState> holders_;
+  absl::btree_map<std::string, LockState> locks_;
+  size_t held_locks_ = 0;
   // Expiry indexes, kept in step with the maps above.
   std::set<std::pair<MonoTime, SessionId>> session_expiry_;
-  std::set<std::pair<MonoTime, std::string>> lock_expiry_;
+  std::set<std::tuple<MonoTime, std::string, FenceToken>> lock_expiry_;
+  // (until, lock, mode of the lost holder that started it) of every pending delay.
+  std::set<std::tuple<MonoTime, std::string, LockMode>> delay_ends_;
   absl::btree_map<std::string, PoolState> pools_;
   // Provisional pool leases by expiry: (expires_at, pool, profile, slot).
   std::set<std::tuple<MonoTime, std::string, std::string, std::string>> pool_expiry_;

@@ -5,6 +5,7 @@
 #define FENCELOCK_PROTOCOL_REQUESTS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,10 +20,14 @@ wire::Request Resume(uint64_t session, const std::string& secret);
 wire::Request KeepAlive(uint64_t session);
 void AddLock(wire::Request& keep_alive, const std::string& lock, uint64_t token);
 wire::Request KeepAlive(uint64_t session, const std::string& lock, uint64_t token);
-// `wait` zero: answered at once (busy if held); `ttl` zero: lockd's default lease.
+// `wait` zero: answered at once (busy if held); `ttl` zero: lockd's default lease. A mode
+// other than exclusive, or a lock delay, needs protocol version 5; with neither, the request
+// is what every version reads.
 wire::Request Acquire(uint64_t session, const std::string& lock,
                       absl::Duration wait = absl::ZeroDuration(),
-                      absl::Duration ttl = absl::ZeroDuration());
+                      absl::Duration ttl = absl::ZeroDuration(),
+                      wire::LockMode mode = wire::EXCLUSIVE,
+                      std::optional<absl::Duration> lock_delay = std::nullopt);
 // With `relinquish`, clean-up by a client that already stopped treating the lock as held: a
 // stale token is not counted as fenced out (docs/contracts.md).
 wire::Request Release(uint64_t session, const std::string& lock, uint64_t token,

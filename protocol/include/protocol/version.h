@@ -13,13 +13,15 @@ namespace fencelock::protocol {
 
 // The versions this build speaks, as client and as server.
 inline constexpr uint32_t kMinProtocolVersion = 1;
-inline constexpr uint32_t kMaxProtocolVersion = 4;
+inline constexpr uint32_t kMaxProtocolVersion = 5;
 // The first version with the admission pools' requests.
 inline constexpr uint32_t kPoolProtocolVersion = 2;
 // The first version with WithdrawAcquire.
 inline constexpr uint32_t kWithdrawProtocolVersion = 3;
 // The first version with PoolDelete.
 inline constexpr uint32_t kPoolDeleteProtocolVersion = 4;
+// The first version with Acquire's mode and lock delay (ADR 0006).
+inline constexpr uint32_t kSharedLockProtocolVersion = 5;
 
 struct VersionRange {
   uint32_t min = kMinProtocolVersion;

@@ -77,6 +77,8 @@ struct SimResult {
   uint64_t withdrawals = 0;           // queued Acquires lockd said it withdrew
   uint64_t takeovers = 0;             // replicas that began to serve (on etcd)
   uint64_t etcd_faults = 0;           // elections, lost replies, slow or cut-off members, ...
+  uint64_t shared_grants = 0;         // grants in shared mode (ADR 0006)
+  uint64_t delays_started = 0;        // lock delays started by a lost holder
 };
 
 // Empty if `options` can be simulated; otherwise what is wrong with them.

@@ -122,12 +122,14 @@ class ClientCore {
 
   // Opens the session (dialing first). Completes when it is open, or with why not.
   uint64_t Start(MonoTime now);
-  // Acquires `lock`: `wait` zero is a try. `ttl` zero means the default lock TTL. Completes
-  // with the lease, nullptr (a try that found it held), or an error: kDeadlineExceeded (the
-  // wait ran out), kUnavailable (lockd unreachable, or the session was lost meanwhile),
-  // kInvalidArgument, kCancelled (Cancel).
+  // Acquires `lock` in `mode`, with `lock_delay` (unset: lockd's default; ADR 0006): `wait`
+  // zero is a try. `ttl` zero means the default lock TTL. Completes with the lease, nullptr
+  // (a try that found it held), or an error: kDeadlineExceeded (the wait ran out), kUnavailable
+  // (lockd unreachable, or the session was lost meanwhile), kInvalidArgument, kCancelled
+  // (Cancel), kFailedPrecondition (a shared lock or a delay from a lockd older than protocol 5).
   uint64_t Acquire(MonoTime now, const std::string& lock, absl::Duration wait,
-                   absl::Duration ttl);
+                   absl::Duration ttl, LockMode mode = LockMode::kExclusive,
+                   std::optional<absl::Duration> lock_delay = std::nullopt);
   // Gives up an acquire that has not completed; lockd withdraws it from the queue (protocol 3).
   // It completes with kCancelled; a grant that crosses is relinquished. False if it had already
   // completed.
@@ -198,6 +200,8 @@ class ClientCore {
     std::string lock;
     absl::Duration wait;
     absl::Duration ttl;
+    LockMode mode = LockMode::kExclusive;
+    std::optional<absl::Duration> lock_delay;
     uint64_t session = 0;     // the session the Acquire went out under
     uint64_t request = 0;     // its request id once sent
     std::shared_ptr<LeaseState> lease;  // Validate's, and a grant being renewed

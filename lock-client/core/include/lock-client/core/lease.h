@@ -31,16 +31,18 @@ class LeaseState {
   // `owner` names the client core that holds the lease (ClientCore::id()), so that a handle
   // handed to another client is refused there rather than released under the wrong session.
   LeaseState(std::string lock, uint64_t token, absl::Duration ttl, MonoTime deadline,
-             uint64_t owner = 0)
+             uint64_t owner = 0, LockMode mode = LockMode::kExclusive)
       : lock_(std::move(lock)),
         token_(token),
         ttl_(ttl),
         owner_(owner),
+        mode_(mode),
         deadline_ns_(deadline.nanos()) {}
 
   const std::string& lock() const { return lock_; }
   uint64_t owner() const { return owner_; }
   uint64_t token() const { return token_; }
+  LockMode mode() const { return mode_; }
   absl::Duration ttl() const { return ttl_; }
 
   // kNone while `now` is before the deadline and nothing marked the lease lost.
@@ -89,6 +91,7 @@ class LeaseState {
   const uint64_t token_;
   const absl::Duration ttl_;
   const uint64_t owner_;
+  const LockMode mode_;
   std::atomic<int64_t> deadline_ns_;
   std::atomic<LossReason> reason_{LossReason::kNone};
 };
