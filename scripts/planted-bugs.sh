@@ -4,8 +4,10 @@
 # data was synced, the committed mark written before its records; in the payout demo: the rail
 # acknowledging a payment before its ledger is synced), rebuilds, and runs fencelock-powercut
 # until a run fails, up to 3 runs (seeds 1 to 3) of 100 power cuts of lockd, or 10 of the
-# payout host for a patch of payout-demo/; then reverts the patch. Exits 1 if a planted bug was
-# not caught. Installs what is missing and builds first. It edits the sources while it runs:
+# payout host for a patch of payout-demo/; then reverts the patch. Then the same for each bug in
+# sim/planted/*.patch (lockd's rules for shared locks and lock delays: a shared grant while an
+# exclusive holder holds, a grant inside a delay) with 2,000 seeds of the simulator. Exits 1 if
+# a planted bug was not caught. Installs what is missing and builds first. It edits the sources while it runs:
 # the files the patches touch must have no changes of yours (it checks), and it reverts them on
 # any exit.
 source "$(dirname "$0")/lib.sh"
@@ -13,7 +15,7 @@ source "$(dirname "$0")/lib.sh"
 ensure_packages
 build_tree build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cd "$FENCELOCK_ROOT"
-for patch in powercut/planted/*.patch; do
+for patch in powercut/planted/*.patch sim/planted/*.patch; do
   if ! git apply --check "$patch"; then
     echo "$patch does not apply to this tree: update it" >&2
     exit 2
@@ -27,7 +29,7 @@ revert() {
     applied=""
   fi
 }
-targets=(lockd payout-rail payout-worker)
+targets=(lockd payout-rail payout-worker fencelock-sim)
 trap 'revert; cmake --build build -j "$JOBS" --target "${targets[@]}" > /dev/null' EXIT
 
 missed=0
@@ -54,6 +56,22 @@ for patch in powercut/planted/*.patch; do
     echo "  caught: $caught"
   else
     echo "  NOT CAUGHT in 3 runs of ${run[*]}"
+    missed=$((missed + 1))
+  fi
+done
+for patch in sim/planted/*.patch; do
+  name="$(basename "$patch" .patch)"
+  say "planting $name"
+  git apply "$patch"
+  applied="$patch"
+  cmake --build build -j "$JOBS" --target fencelock-sim > /dev/null
+  out="$(build/sim/fencelock-sim --seeds=2000 2>/dev/null || true)"
+  echo "  $(tail -n 1 <<<"$out")"
+  revert
+  if grep -q 'FAILED' <<<"$out"; then
+    echo "  caught: $(grep -m1 -A1 FAILED <<<"$out" | tail -n 1)"
+  else
+    echo "  NOT CAUGHT in 2,000 seeds"
     missed=$((missed + 1))
   fi
 done
