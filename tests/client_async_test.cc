@@ -55,8 +55,10 @@ class ClientAsyncTest : public ::testing::Test {
 
 TEST_F(ClientAsyncTest, ACoroutineAcquiresRenewsAndReleases) {
   auto client = NewClient("async-coroutine");
+  auto other = NewClient("async-coroutine-2");
   asio::io_context io;
   AsyncClient locks(io.get_executor(), *client);
+  AsyncClient other_locks(io.get_executor(), *other);
   bool finished = false;
   asio::co_spawn(
       io,
@@ -76,6 +78,18 @@ TEST_F(ClientAsyncTest, ACoroutineAcquiresRenewsAndReleases) {
         const absl::Status after = co_await locks.async_renew(*lock, asio::use_awaitable);
         EXPECT_TRUE(absl::IsAborted(after)) << after;
         EXPECT_THAT(after.message(), HasSubstr("released"));
+        // ADR 0006: two sessions hold one lock shared at once, through the asynchronous forms.
+        absl::StatusOr<LockHandle> r1 =
+            co_await locks.async_acquire_shared("co/2", absl::Seconds(5), asio::use_awaitable);
+        absl::StatusOr<LockHandle> r2 = co_await other_locks.async_acquire(
+            "co/2", absl::Seconds(5), AcquireOptions{.mode = LockMode::kShared},
+            asio::use_awaitable);
+        EXPECT_TRUE(r1.ok() && r2.ok());
+        if (!r1.ok() || !r2.ok()) co_return;
+        EXPECT_EQ(r1->mode(), LockMode::kShared);
+        EXPECT_GT(r2->token(), r1->token());
+        EXPECT_TRUE((co_await locks.async_release(*r1, asio::use_awaitable)).ok());
+        EXPECT_TRUE((co_await other_locks.async_release(*r2, asio::use_awaitable)).ok());
         finished = true;
       },
       asio::detached);

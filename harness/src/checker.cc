@@ -289,18 +289,20 @@ CheckResult Check(const std::vector<history::Record>& records) {
   CheckReplicas(records, &result);
 
   // Client-believed overlaps: per holder (process, token), from the grant received to its last
-  // step as holder.
+  // step as holder. Holders that both hold shared (an "acquire" whose detail is "shared", ADR
+  // 0006) may overlap; any other pair may not.
   struct Holding {
     std::string key, process;
     uint64_t token = 0;
     int64_t from = 0, to = 0;
+    bool shared = false;
   };
   std::map<std::pair<std::string, uint64_t>, Holding> holdings;
   for (const auto& r : records) {
     if (r.process == "rail" || r.token == 0) continue;
     auto id = std::make_pair(r.process, r.token);
     if (r.event == "acquire") {
-      holdings[id] = {r.key, r.process, r.token, r.end_ns, r.end_ns};
+      holdings[id] = {r.key, r.process, r.token, r.end_ns, r.end_ns, r.detail == "shared"};
     } else if (IsHolderStep(r.event)) {
       auto it = holdings.find(id);
       if (it != holdings.end()) it->second.to = std::max(it->second.to, r.end_ns);
@@ -312,10 +314,12 @@ CheckResult Check(const std::vector<history::Record>& records) {
     std::sort(hs.begin(), hs.end(), [](const Holding* a, const Holding* b) { return a->from < b->from; });
     for (size_t i = 0; i < hs.size(); ++i) {
       for (size_t j = i + 1; j < hs.size() && hs[j]->from < hs[i]->to; ++j) {
+        if (hs[i]->shared && hs[j]->shared) continue;
         result.client_overlaps.push_back(absl::StrCat(
-            key, ": ", hs[i]->process, " (token ", hs[i]->token, ") acted as holder until ",
-            (hs[i]->to - hs[j]->from) / 1'000'000, " ms after ", hs[j]->process, " (token ",
-            hs[j]->token, ") was granted"));
+            key, ": ", hs[i]->process, " (token ", hs[i]->token, hs[i]->shared ? ", shared" : "",
+            ") acted as holder until ", (hs[i]->to - hs[j]->from) / 1'000'000, " ms after ",
+            hs[j]->process, " (token ", hs[j]->token, hs[j]->shared ? ", shared" : "",
+            ") was granted"));
       }
     }
   }

@@ -58,6 +58,14 @@ TEST(CheckerTest, LongHoldsOfOneLockThatOverlapAreReported) {
   EXPECT_THAT(r.client_overlaps[0], HasSubstr("holder-2 (token 9)"));
   h[1].end_ns = 2450;  // the first hold's last check passed before the second grant arrived
   EXPECT_THAT(Check(h).client_overlaps, IsEmpty());
+  // ADR 0006: two shared holds may overlap; a shared one and an exclusive one may not.
+  h[1].end_ns = 3000;
+  h[0].detail = "shared";
+  h[2].detail = "shared";
+  EXPECT_THAT(Check(h).client_overlaps, IsEmpty());
+  h[2].detail = "";
+  ASSERT_THAT(Check(h).client_overlaps, SizeIs(1));
+  EXPECT_THAT(Check(h).client_overlaps[0], HasSubstr("holder-1 (token 5, shared)"));
 }
 
 TEST(CheckerTest, StaleSubmitRefusedByTheRailIsAnOverlapNotAViolation) {

@@ -75,7 +75,9 @@ constexpr absl::Duration kStandbyWait = absl::Seconds(7);
 // and "held" (begin: the grant received, end: the last check that passed), so that the
 // checker compares every holder's timeline with the others' (client-believed overlaps). Four
 // holders, each with a client of its own given every replica, share two locks, so that a lock
-// is always wanted by another holder when its holder's lease could be misjudged.
+// is always wanted by another holder when its holder's lease could be misjudged. One hold in
+// three is shared (ADR 0006; its "acquire" says so), which the checker lets overlap only
+// another shared hold.
 class LongHolders {
  public:
   static constexpr absl::Duration kTtl = absl::Seconds(5);
@@ -136,13 +138,15 @@ class LongHolders {
     const std::string key = absl::StrCat("hold/", i % 2);
     while (!stop_) {
       const int64_t sent = history::NowNanos();
-      auto held = (*client)->acquire(key, absl::Seconds(1));
+      const bool shared = rng() % 3 == 0;
+      auto held = shared ? (*client)->acquireShared(key, absl::Seconds(1))
+                         : (*client)->acquire(key, absl::Seconds(1));
       if (!held.ok()) {
         absl::SleepFor(absl::Milliseconds(20));
         continue;
       }
       const int64_t granted = history::NowNanos();
-      (*writer)->Append(sent, "acquire", key, held->token(), "", granted);
+      (*writer)->Append(sent, "acquire", key, held->token(), shared ? "shared" : "", granted);
       const int64_t hold_ns = absl::ToInt64Nanoseconds(absl::Milliseconds(2000 + rng() % 4001));
       int64_t last_ok = granted;
       bool lost = false;

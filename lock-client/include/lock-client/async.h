@@ -57,16 +57,29 @@ class AsyncClient {
   template <typename CompletionToken>
   auto async_acquire(std::string_view lock, absl::Duration wait, absl::Duration ttl,
                      CompletionToken&& token) {
+    return async_acquire(lock, wait, AcquireOptions{.ttl = ttl},
+                         std::forward<CompletionToken>(token));
+  }
+  // The same in `options.mode` (ADR 0006), with its lock delay.
+  template <typename CompletionToken>
+  auto async_acquire(std::string_view lock, absl::Duration wait, const AcquireOptions& options,
+                     CompletionToken&& token) {
     return boost::asio::async_initiate<CompletionToken, void(absl::StatusOr<LockHandle>)>(
-        [this](auto handler, std::string name, absl::Duration w, absl::Duration t) {
+        [this](auto handler, std::string name, absl::Duration w, AcquireOptions o) {
           // Started and tracked under one lock: a cancel() from another thread that sees the
           // acquire's effect (its waiter on lockd) finds it tracked. acquireAsync never calls
           // back from within itself, so nothing here waits for this lock.
           std::lock_guard<std::mutex> lock(mu_);
-          auto pending = client_->acquireAsync(name, w, t, Completion(std::move(handler)));
+          auto pending = client_->acquireAsync(name, w, o, Completion(std::move(handler)));
           Track(std::move(pending));
         },
-        token, std::string(lock), wait, ttl);
+        token, std::string(lock), wait, options);
+  }
+  // async_acquire in shared mode.
+  template <typename CompletionToken>
+  auto async_acquire_shared(std::string_view lock, absl::Duration wait, CompletionToken&& token) {
+    return async_acquire(lock, wait, AcquireOptions{.mode = LockMode::kShared},
+                         std::forward<CompletionToken>(token));
   }
   template <typename CompletionToken>
   auto async_acquire(std::string_view lock, absl::Duration wait, CompletionToken&& token) {
