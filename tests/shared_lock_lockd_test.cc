@@ -180,6 +180,51 @@ TEST_F(SharedLockLockdTest, AClientOfProtocolFourKeepsWorkingOnALockOthersTakeSh
   EXPECT_THAT(refused.message(), HasSubstr("5"));
 }
 
+// What a stranger or a broken client might send: a mode no version knows, an absurd delay.
+TEST_F(SharedLockLockdTest, AnUnknownModeAndAnAbsurdDelayAreRefusedAndHoldNothing) {
+  RawConnection c = RawConnection::Tcp(lockd_.port());
+  const uint64_t session = c.HelloAndOpenSession(absl::Seconds(60));
+  wire::Request odd = request::Acquire(session, "odd");
+  odd.mutable_acquire()->set_mode(static_cast<wire::LockMode>(7));
+  wire::Response refused = c.Call(odd);
+  EXPECT_EQ(refused.code(), wire::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.message(), HasSubstr("unknown lock mode 7"));
+  wire::Request forever = request::Acquire(session, "odd");
+  forever.mutable_acquire()->set_lock_delay_ms(UINT64_MAX);
+  refused = c.Call(forever);
+  EXPECT_EQ(refused.code(), wire::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.message(), HasSubstr("--max-lock-delay"));
+  EXPECT_EQ(Stats().locks_held(), 0u);
+  EXPECT_EQ(c.Call(request::Acquire(session, "odd")).code(), wire::OK);  // the connection works
+}
+
+// 1,200 sessions hold one lock shared: each is its own lease, and the listing stays one frame
+// (the first 1,000 holders, and the count of all).
+TEST_F(SharedLockLockdTest, ALockHeldByMoreReadersThanAListingShowsStillLists) {
+  constexpr int kReaders = 1200;
+  std::vector<RawConnection> conns;
+  int granted = 0;
+  for (int c = 0; c * 60 < kReaders; ++c) {
+    conns.push_back(RawConnection::Tcp(lockd_.port()));
+    conns.back().Hello();
+    std::vector<wire::Request> opens(60, request::OpenSession(absl::Seconds(60)));
+    std::vector<wire::Request> acquires;
+    for (const wire::Response& r : conns.back().Pipeline(opens)) {
+      acquires.push_back(request::Acquire(r.open_session().session_id(), "many",
+                                          absl::ZeroDuration(), absl::ZeroDuration(),
+                                          wire::SHARED));
+    }
+    for (const wire::Response& r : conns.back().Pipeline(acquires)) {
+      if (r.code() == wire::OK && r.acquire().granted()) ++granted;
+    }
+  }
+  EXPECT_EQ(granted, kReaders);
+  const wire::LockInfo info = Listed("many");
+  EXPECT_EQ(info.holder_count(), static_cast<uint32_t>(kReaders));
+  EXPECT_EQ(info.holders_size(), 1000);
+  EXPECT_EQ(info.mode(), wire::SHARED);
+}
+
 class LockDelayLockdTest : public SharedLockLockdTest {
  protected:
   LockDelayLockdTest()

@@ -374,7 +374,9 @@ void FillList(const LockService& service, const wire::ListLocks& query, wire::Li
       wire::LockInfo info;
       info.set_lock(it->first);
       info.set_mode(state.mode() == LockMode::kShared ? wire::SHARED : wire::EXCLUSIVE);
+      info.set_holder_count(static_cast<uint32_t>(state.holders.size()));
       for (const HolderState& h : state.holders) {
+        if (info.holders_size() >= static_cast<int>(protocol::kMaxListedHolders)) break;
         auto* holder = info.add_holders();
         holder->set_session_id(h.session);
         holder->set_token(h.token);

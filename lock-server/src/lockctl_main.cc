@@ -261,6 +261,10 @@ int Main(const std::string& command) {
                       Seconds(h.expires_in_ms()).c_str(), i == 0 ? waiters.c_str() : "",
                       i == 0 ? delay.c_str() : "");
         }
+        if (l.holder_count() > static_cast<uint32_t>(l.holders_size())) {
+          std::printf("%-32s %-10s (%u more holders not listed)\n", "", "",
+                      l.holder_count() - static_cast<uint32_t>(l.holders_size()));
+        }
       }
     });
     if (!listed.ok()) return Fail(listed);
