@@ -62,7 +62,9 @@ TEST_F(SharedLockLockdTest, EightReadersHoldAtOnceAndTheWaitingWriterIsGrantedWh
     auto h = readers.back()->acquireShared("doc", absl::Seconds(5));
     ASSERT_TRUE(h.ok()) << "reader " << i << ": " << h.status();
     EXPECT_EQ(h->mode(), LockMode::kShared);
-    if (!held.empty()) EXPECT_GT(h->token(), held.back().token());
+    if (!held.empty()) {
+      EXPECT_GT(h->token(), held.back().token());
+    }
     held.push_back(*h);
   }
   wire::LockInfo info = Listed("doc");

@@ -157,16 +157,33 @@ int Main(const std::string& command) {
     std::printf("  sessions          %lu\n", static_cast<unsigned long>(s.sessions()));
     std::printf("  locks held        %lu\n", static_cast<unsigned long>(s.locks_held()));
     std::printf("  waiters           %lu\n", static_cast<unsigned long>(s.waiters()));
-    std::printf("  grants            %lu\n", static_cast<unsigned long>(s.grants_total()));
-    std::printf("  fenced out        %lu%s\n", static_cast<unsigned long>(s.fenced_out_total()),
-                s.fenced_out_total() > 0 ? "   (must be zero: investigate)" : "");
-    std::printf("  refused sessions  %lu%s\n", static_cast<unsigned long>(s.permission_denied_total()),
-                s.permission_denied_total() > 0
-                    ? "   (requests for sessions not their own, or wrong secrets)"
-                    : "");
-    std::printf("  session expiries  %lu\n", static_cast<unsigned long>(s.session_expiries_total()));
-    std::printf("  lock expiries     %lu\n", static_cast<unsigned long>(s.lock_expiries_total()));
     std::printf("  last token        %lu\n", static_cast<unsigned long>(s.last_token()));
+    // Every counter lockd keeps, by its Prometheus name (docs/metrics.md); a lockd from before
+    // the list sends only the named fields.
+    std::printf("  counters\n");
+    wire::StatsReply named;
+    if (s.counters().empty()) {
+      for (const auto& [name, value] :
+           {std::pair{"lockd_grants_total", s.grants_total()},
+            std::pair{"lock_fenced_out_total", s.fenced_out_total()},
+            std::pair{"lockd_permission_denied_total", s.permission_denied_total()},
+            std::pair{"lockd_session_expiries_total", s.session_expiries_total()},
+            std::pair{"lockd_lock_expiries_total", s.lock_expiries_total()}}) {
+        wire::CounterValue* c = named.add_counters();
+        c->set_name(name);
+        c->set_value(value);
+      }
+    }
+    for (const wire::CounterValue& c : s.counters().empty() ? named.counters() : s.counters()) {
+      const char* note = "";
+      if (c.value() > 0 && c.name() == "lock_fenced_out_total") {
+        note = "   (must be zero: investigate)";
+      } else if (c.value() > 0 && c.name() == "lockd_permission_denied_total") {
+        note = "   (requests for sessions not their own, or wrong secrets)";
+      }
+      std::printf("    %-42s %lu%s\n", c.name().c_str(), static_cast<unsigned long>(c.value()),
+                  note);
+    }
     std::printf("  storage           %s\n", s.storage().c_str());
     if (s.storage().rfind("etcd", 0) == 0) {
       // Only the replica that serves the prefix answers; standbys do not listen.

@@ -25,42 +25,9 @@ void MetricsExport::ExportNow() {
     m.GetCounter(name, help).Increment(static_cast<double>(now - before));
     before = now;
   };
-  add("lock_fenced_out_total", "Requests from a lock's own session that presented a token it lost (fence 1); must be zero",
-      s.service.fenced_out_total, exported_.service.fenced_out_total);
-  add("lockd_foreign_tokens_total",
-      "Requests refused for a token their session never held (not a lease violation)",
-      s.service.foreign_tokens_total, exported_.service.foreign_tokens_total);
-  add("lockd_permission_denied_total",
-      "Requests refused for driving a session that is not the sender's, or resuming one with "
-      "a wrong secret",
-      s.service.permission_denied_total, exported_.service.permission_denied_total);
-  add("lockd_grants_total", "Locks granted", s.service.grants_total,
-      exported_.service.grants_total);
-  add("lockd_lock_delays_started_total",
-      "Lock delays started by a lost holder (lease expired or session ended; ADR 0006)",
-      s.service.lock_delays_started_total, exported_.service.lock_delays_started_total);
-  add("lockd_lock_delay_blocked_acquires_total",
-      "Acquires a lock delay held back (answered busy or queued when nothing else did)",
-      s.service.lock_delay_blocked_acquires_total,
-      exported_.service.lock_delay_blocked_acquires_total);
-  add("lockd_session_expiries_total", "Sessions that expired on lockd's clock",
-      s.service.session_expiries_total, exported_.service.session_expiries_total);
-  add("lockd_lock_expiries_total", "Lock leases that expired on lockd's clock",
-      s.service.lock_expiries_total, exported_.service.lock_expiries_total);
-  add("lockd_protocol_errors_total", "Connections closed for malformed or refused input",
-      s.protocol_errors_total, exported_.protocol_errors_total);
-  add("lockd_stalls_total",
-      "Times lockd did not run for longer than --stall-threshold (leases extended)",
-      s.stalls_total, exported_.stalls_total);
-  add("lockd_connections_closed_slow_total",
-      "Connections closed for not reading their replies (--slow-reader-timeout)",
-      s.connections_closed_slow_total, exported_.connections_closed_slow_total);
-  add("lockd_connections_closed_idle_total",
-      "Connections closed after sending nothing past --idle-timeout",
-      s.connections_closed_idle_total, exported_.connections_closed_idle_total);
-  add("lockd_connections_refused_total",
-      "Connections refused at admission (a connection limit, descriptors, a user id)",
-      s.connections_refused_total, exported_.connections_refused_total);
+  s.ForEachCounter([&](const CounterRef& c) {
+    add(c.metric, c.help, c.value, exported_[c.metric]);
+  });
   const CommitLog& log = core_->log();
   add("lockd_log_syncs_total", "WAL batches written and fdatasynced", log.stats().commits,
       exported_commits_);
@@ -84,26 +51,6 @@ void MetricsExport::ExportNow() {
         .Set(static_cast<double>(std::count_if(members.begin(), members.end(),
                                                [](const StoreMember& s) { return s.reachable; })));
   }
-  const PoolStats& pool = core_->service().pools().stats();
-  add("lockd_pool_grants_total", "Admission pools: provisional leases granted",
-      pool.grants_total, exported_pool_.grants_total);
-  add("lockd_pool_refusals_total", "Admission pools: acquires refused for want of units",
-      pool.refusals_total, exported_pool_.refusals_total);
-  add("lockd_pool_provisional_expiries_total",
-      "Admission pools: provisional leases that expired before activation",
-      pool.provisional_expiries_total, exported_pool_.provisional_expiries_total);
-  add("lockd_pool_reconciliations_total",
-      "Admission pools: leases released by a replacement manager that proved the worker absent",
-      pool.reconciliations_total, exported_pool_.reconciliations_total);
-  add("lockd_pool_recoveries_total",
-      "Admission pools: active leases freed by an operator's fenced recovery (tombstoned)",
-      pool.recoveries_total, exported_pool_.recoveries_total);
-  add("lockd_pool_stale_owner_total",
-      "Admission pools: requests refused from a manager whose profile was claimed since",
-      pool.stale_owner_total, exported_pool_.stale_owner_total);
-  add("lockd_pool_demand_expiries_total",
-      "Admission pools: positive demand dropped after --pool-demand-ttl without a refresh",
-      pool.demand_expiries_total, exported_pool_.demand_expiries_total);
   ExportPools();
   m.GetGauge("lockd_disk_fault",
              "1 after a failed write or sync: lockd refuses mutations until restarted")

@@ -5,7 +5,11 @@
 #ifndef FENCELOCK_LOCK_SERVER_METRICS_EXPORT_H_
 #define FENCELOCK_LOCK_SERVER_METRICS_EXPORT_H_
 
+#include <cstdint>
 #include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
 
 #include "clock/time_source.h"
 #include "lock-server/server_core.h"
@@ -31,10 +35,10 @@ class MetricsExport {
   std::unique_ptr<Timer> timer_;
   TimeSource* const time_;
   metrics::Registry* const registry_;
-  CoreStats exported_;  // the totals already added to the counters
+  // The totals already added to the counters, by metric name.
+  absl::flat_hash_map<std::string, uint64_t> exported_;
   uint64_t exported_commits_ = 0;
   uint64_t exported_commit_retries_ = 0;
-  PoolStats exported_pool_;
 };
 
 }  // namespace fencelock::server

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "lock-server/dispatch.h"
 #include "fencelock/wire.pb.h"
+#include "google/protobuf/descriptor.h"
 #include "lease_timers.h"
 #include "log_limiter.h"
 #include "protocol/codes.h"
@@ -242,6 +243,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   CoreStats stats() const {
     CoreStats s = stats_;
     s.service = service_.stats();
+    s.pools = service_.pools().stats();
     s.protocol_errors_total = protocol_errors_total_;
     s.stalls_total = stalls_total_;
     return s;
@@ -606,7 +608,6 @@ void ServerCore::Impl::OnCommitFault(const absl::Status& status) {
 }
 
 void ServerCore::Impl::FillStats(wire::StatsReply* stats) const {
-  const ServiceStats& s = service_.stats();
   // After a disk fault memory may hold changes that never became durable: the figures of the
   // state (sessions, holders, waiters, the last token and lsn) are left out; the counters stay.
   const bool show_state = log_->fault() == nullptr;
@@ -624,19 +625,20 @@ void ServerCore::Impl::FillStats(wire::StatsReply* stats) const {
     const absl::Duration left = std::max(until - time_->Now(), absl::ZeroDuration());
     stats->set_ownership_left_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(left)));
   }
-  stats->set_grants_total(s.grants_total);
-  stats->set_fenced_out_total(s.fenced_out_total);
-  stats->set_foreign_tokens_total(s.foreign_tokens_total);
-  stats->set_permission_denied_total(s.permission_denied_total);
-  stats->set_lock_delays_started_total(s.lock_delays_started_total);
-  stats->set_lock_delay_blocked_acquires_total(s.lock_delay_blocked_acquires_total);
-  stats->set_stalls_total(stalls_total_);
-  stats->set_connections_closed_slow_total(stats_.connections_closed_slow_total);
-  stats->set_connections_closed_idle_total(stats_.connections_closed_idle_total);
-  stats->set_connections_refused_total(stats_.connections_refused_total);
-  stats->set_session_expiries_total(s.session_expiries_total);
-  stats->set_lock_expiries_total(s.lock_expiries_total);
-  stats->set_protocol_errors_total(protocol_errors_total_);
+  // Every counter by its Prometheus name; those GetStats has a field of the same name for,
+  // there too.
+  const google::protobuf::Descriptor* descriptor = stats->GetDescriptor();
+  const google::protobuf::Reflection* reflection = stats->GetReflection();
+  this->stats().ForEachCounter([&](const CounterRef& c) {
+    wire::CounterValue* value = stats->add_counters();
+    value->set_name(c.metric);
+    value->set_value(c.value);
+    const google::protobuf::FieldDescriptor* field = descriptor->FindFieldByName(c.field);
+    if (field != nullptr && field->type() == google::protobuf::FieldDescriptor::TYPE_UINT64 &&
+        !field->is_repeated()) {
+      reflection->SetUInt64(stats, field, c.value);
+    }
+  });
   const CommitLogStats log = log_->stats();
   stats->set_log_syncs_total(log.commits);
   stats->set_log_records_total(log.records);

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "clock/clock.h"
+#include "lock-server/counters.h"
 #include "lock-server/pool_service.h"
 #include "lock-server/state_machine.h"
 
@@ -119,23 +120,12 @@ struct WaiterOutcome {
   absl::Duration ttl = absl::ZeroDuration();
 };
 
+// The lock rules' counters (counters.h's FENCELOCK_LOCK_COUNTERS). fenced_out_total counts
+// stale tokens from the session that held them (for Validate, issued for that lock): a holder
+// acted on a lease it lost, which must never happen; foreign_tokens_total, tokens the sender
+// never held (a stranger's, or a guess), which say nothing about a lease.
 struct ServiceStats {
-  uint64_t grants_total = 0;
-  // Stale tokens from the session that held them (or, for Validate, issued for that lock): a
-  // holder acted on a lease it lost. Must be zero.
-  uint64_t fenced_out_total = 0;
-  // Refusals of tokens the sender never held: a stranger's or a guess. Not a lease violation.
-  uint64_t foreign_tokens_total = 0;
-  uint64_t session_expiries_total = 0;
-  uint64_t lock_expiries_total = 0;
-  // Requests refused for driving another connection's or identity's session, or resuming a
-  // session with a secret that is not its own.
-  uint64_t permission_denied_total = 0;
-  // Lock delays started by lost holders, and acquires that a delay held back: answered busy or
-  // queued when nothing else kept them out, or first in line (with the readers batched with
-  // them) when a loss started the delay.
-  uint64_t lock_delays_started_total = 0;
-  uint64_t lock_delay_blocked_acquires_total = 0;
+  FENCELOCK_COUNTERS_STRUCT_BODY(FENCELOCK_LOCK_COUNTERS)
 };
 
 class LockService {

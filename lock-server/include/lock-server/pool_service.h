@@ -39,6 +39,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "lock-server/counters.h"
 #include "protocol/defaults.h"
 #include "clock/clock.h"
 #include "lock-server/state_machine.h"
@@ -126,15 +127,9 @@ struct PoolStatus {
 // Tombstones a status shows (the newest); lockd keeps more (kPoolTombstonesKept).
 inline constexpr size_t kPoolTombstonesShown = 64;
 
+// The pools' counters (counters.h's FENCELOCK_POOL_COUNTERS).
 struct PoolStats {
-  uint64_t grants_total = 0;
-  uint64_t refusals_total = 0;            // admission refused: no units now
-  uint64_t provisional_expiries_total = 0;
-  uint64_t releases_total = 0;
-  uint64_t reconciliations_total = 0;     // released by a later epoch's manager
-  uint64_t recoveries_total = 0;
-  uint64_t stale_owner_total = 0;         // requests of a superseded epoch
-  uint64_t demand_expiries_total = 0;
+  FENCELOCK_COUNTERS_STRUCT_BODY(FENCELOCK_POOL_COUNTERS)
 };
 
 class PoolService {

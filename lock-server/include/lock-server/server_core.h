@@ -110,15 +110,20 @@ struct CoreOptions {
   std::string last_deposition;
 };
 
-// Figures the core counts, for GetStats and the metrics export.
+// Figures the core counts (counters.h's FENCELOCK_CORE_COUNTERS; the transport's through
+// ServerCore::CountTransportEvent), with the lock rules' and the pools', for GetStats and the
+// metrics export.
 struct CoreStats {
   ServiceStats service;
-  uint64_t protocol_errors_total = 0;
-  uint64_t stalls_total = 0;
-  uint64_t connections_closed_idle_total = 0;
-  // Counted for the transport (ServerCore::CountTransportEvent).
-  uint64_t connections_closed_slow_total = 0;
-  uint64_t connections_refused_total = 0;
+  PoolStats pools;
+  FENCELOCK_COUNTERS_STRUCT_BODY(FENCELOCK_CORE_COUNTERS)
+  // Every counter lockd keeps: the lock rules', the pools', then the core's.
+  template <typename F>
+  void ForEachCounter(F&& f) const {
+    service.ForEach(f);
+    pools.ForEach(f);
+    ForEach(f);
+  }
 };
 
 // What a transport did to a connection on its own, for the core's figures.
