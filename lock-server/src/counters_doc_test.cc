@@ -25,7 +25,7 @@ TEST(CountersDocTest, EveryCounterIsInTheMetricsGuideOnceByName) {
     EXPECT_EQ(std::string(c.metric).substr(std::string(c.metric).size() - 6), "_total")
         << c.metric;
   });
-  EXPECT_EQ(counters, 21);  // 8 of the lock rules, 8 of the pools, 5 of the core
+  EXPECT_EQ(counters, 22);  // 9 of the lock rules, 8 of the pools, 5 of the core
 }
 
 }  // namespace

@@ -243,6 +243,7 @@ absl::StatusOr<AcquireResult> LockService::Acquire(SessionId session, const std:
     const FenceToken token = state_.last_token() + 1;
     Commit(record::LockGranted{lock, session, token, *resolved, how.mode, delay}, now);
     ++stats_.grants_total;
+    if (how.mode == LockMode::kShared) ++stats_.shared_grants_total;
     return AcquireResult{AcquireResult::Kind::kGranted, token, *resolved};
   }
   if (queued == 0 && state != nullptr && state->DelayedUntil(how.mode) > now) {
@@ -343,6 +344,7 @@ void LockService::HandOff(const std::string& lock, MonoTime now) {
     const FenceToken next = state_.last_token() + 1;
     Commit(record::LockGranted{lock, w.session, next, w.ttl, w.mode, w.lock_delay}, now);
     ++stats_.grants_total;
+    if (w.mode == LockMode::kShared) ++stats_.shared_grants_total;
     outcomes_.push_back(WaiterOutcome{w.id, lock, absl::OkStatus(), next, w.ttl});
     // An exclusive grant excludes the rest; after a shared one, Grantable lets in the shared
     // waiters that follow and stops at the first exclusive one.

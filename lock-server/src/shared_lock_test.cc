@@ -84,6 +84,8 @@ TEST_F(SharedLockTest, EightReadersHoldAtOnceWhileAWriterWaitsThenTheWriterIsGra
   // A writer's token is above every token granted before it, readers' included.
   EXPECT_GT(out[0].token, tokens.back());
   EXPECT_EQ(service_.state().FindLock("r")->mode(), LockMode::kExclusive);
+  EXPECT_EQ(service_.stats().grants_total, 9u);
+  EXPECT_EQ(service_.stats().shared_grants_total, 8u);
 }
 
 TEST_F(SharedLockTest, NewReadersQueueBehindAWaitingWriter) {

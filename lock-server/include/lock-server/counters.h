@@ -17,6 +17,7 @@
 // The lock rules (LockService::stats()).
 #define FENCELOCK_LOCK_COUNTERS(X)                                                              \
   X(grants_total, "lockd_grants_total", "Locks granted")                                        \
+  X(shared_grants_total, "lockd_shared_grants_total", "Locks granted in shared mode (ADR 0006)") \
   X(fenced_out_total, "lock_fenced_out_total",                                                  \
     "Requests from a lock's own session that presented a token it lost (fence 1); must be "     \
     "zero")                                                                                     \
