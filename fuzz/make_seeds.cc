@@ -107,6 +107,25 @@ int main(int argc, char** argv) {
             Step(0, Acquire(4, 1, "q", 0)) + Step(0, Acquire(5, 2, "q", 4000)) +
             Step(200, KeepAlive(6, 2, "q", 1)) + Step(1, Release(7, 1, "q", 1)));
   Write(root / "dispatch_fuzz", "no-hello", Step(0, Open(1, 1000)));
+  // ADR 0006: two readers, a writer queued behind them and a reader behind the writer; a holder
+  // with a 500 ms lease and a 1 s delay lost to its expiry, an acquire held back by the delay,
+  // and the listing of both.
+  {
+    auto shared = [](uint64_t id, uint64_t session, const std::string& lock, uint64_t wait_ms) {
+      return WithId(id, request::Acquire(session, lock, absl::Milliseconds(wait_ms),
+                                         absl::Seconds(2), wire::SHARED));
+    };
+    const wire::Request delayed =
+        WithId(9, request::Acquire(3, "d", absl::ZeroDuration(), absl::Milliseconds(500),
+                                   wire::EXCLUSIVE, absl::Seconds(1)));
+    Write(root / "dispatch_fuzz", "shared-and-delay",
+          Step(0, Hello()) + Step(0, Open(2, 60000)) + Step(0, Open(3, 60000)) +
+              Step(0, Open(4, 60000)) + Step(0, shared(5, 1, "r", 0)) +
+              Step(0, shared(6, 2, "r", 0)) + Step(0, Acquire(7, 3, "r", 4000)) +
+              Step(0, shared(8, 1, "s", 0)) + Step(0, delayed) + Step(1, list) +
+              Step(30, Acquire(10, 2, "d", 3000)) + Step(1, Release(11, 1, "r", 1)) +
+              Step(1, Release(12, 2, "r", 2)) + Step(1, list) + Step(60, stats));
+  }
   // Withdrawals: session 2 queues on "q" (request 5) and withdraws it; connection 1 names the
   // same request id for session 2 (not its session) and for a session of its own, which it has
   // no such Acquire for; then a withdrawal of an Acquire already granted.
@@ -184,13 +203,17 @@ int main(int argc, char** argv) {
            record::LockGranted{"a", 1, 1, absl::Seconds(10)},
            record::LockReleased{"a", 1, ReleaseReason::kReleased},
            record::LockGranted{"b", 1, 2, absl::Seconds(10)},
+           record::LockReleased{"b", 2, ReleaseReason::kReleased},
            record::SessionEnded{1, EndReason::kExpired},
            record::PoolPolicyPublished{"p", 1, 4, {{"a", 1, 0, false, true}, {"b", 2, 2, true, false}}, 1},
            record::PoolProfileClaimed{"p", "a", 1, "key", 1},
            record::PoolLeaseGranted{"p", "a", "s1", 3, 1, 1, absl::Seconds(5), 2},
            record::PoolLeaseActivated{"p", "a", "s1", 3, 3},
            record::PoolLeaseRecovered{"p", "a", "s1", 3, "gone", 4},
-           record::PoolDrainSet{"p", true}}) {
+           record::PoolDrainSet{"p", true},
+           record::SessionOpened{2, absl::Seconds(10)},
+           record::LockGranted{"r", 2, 4, absl::Seconds(10), LockMode::kShared, absl::Seconds(1)},
+           record::LockReleased{"r", 4, ReleaseReason::kLeaseExpired}}) {
     const std::string p = RecordPayload(r);
     records += static_cast<char>(p.size() & 0xff);
     records += static_cast<char>(p.size() >> 8);
@@ -209,11 +232,17 @@ int main(int argc, char** argv) {
   state.Apply(record::SessionOpened{2, absl::Seconds(5)}, t0);
   state.Apply(record::LockGranted{"a", 1, 1, absl::Seconds(10)}, t0);
   state.Apply(record::LockGranted{"b", 2, 2, absl::Seconds(3)}, t0);
+
   state.Apply(record::PoolPolicyPublished{"p", 1, 4, {{"a", 1, 0, false, true}}, 1}, t0);
   state.Apply(record::PoolProfileClaimed{"p", "a", 1, "key", 1}, t0);
   state.Apply(record::PoolLeaseGranted{"p", "a", "s1", 3, 1, 1, absl::Seconds(5), 2}, t0);
   state.Apply(record::PoolLeaseActivated{"p", "a", "s1", 3, 3}, t0);
   state.Apply(record::PoolLeaseGranted{"p", "a", "s2", 4, 1, 1, absl::Seconds(5), 4}, t0);
+  state.Apply(record::LockGranted{"r", 1, 5, absl::Seconds(3), LockMode::kShared}, t0);
+  state.Apply(record::LockGranted{"r", 2, 6, absl::Seconds(3), LockMode::kShared,
+                                  absl::Seconds(2)},
+              t0);
+  state.Apply(record::LockReleased{"r", 6, ReleaseReason::kLeaseExpired}, t0);
   const std::string snapshot = EncodeSnapshot(state, 0);
   Write(root / "snapshot_fuzz", "payload", std::string(1, '\0') + snapshot.substr(24));
   Write(root / "snapshot_fuzz", "raw", std::string(1, '\x01') + snapshot);
