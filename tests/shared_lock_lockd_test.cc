@@ -3,6 +3,8 @@
 // across modes and the resource fence refusing a stale writer after newer grants, a client of
 // protocol version 4 on a lock that others take shared, and the lock delay after a holder that
 // stopped renewing (measured), after a clean release (none), and across a lockd restart.
+#include <map>
+#include <string>
 #include <thread>
 
 #include "fence/fence.h"
@@ -87,6 +89,15 @@ TEST_F(SharedLockLockdTest, EightReadersHoldAtOnceAndTheWaitingWriterIsGrantedWh
   w.join();
   EXPECT_GT(writer_token.load(), held.back().token());
   EXPECT_EQ(Listed("doc").mode(), wire::EXCLUSIVE);
+  // GetStats: the named field is the locks' count (not the pools' counter of the same field
+  // name), and every counter is in `counters` by its Prometheus name.
+  const wire::StatsReply stats = Stats();
+  EXPECT_EQ(stats.grants_total(), 9u);
+  std::map<std::string, uint64_t> counters;
+  for (const wire::CounterValue& c : stats.counters()) counters[c.name()] = c.value();
+  EXPECT_EQ(counters["lockd_grants_total"], 9u);
+  EXPECT_EQ(counters["lockd_shared_grants_total"], 8u);
+  EXPECT_EQ(counters["lockd_pool_grants_total"], 0u);
 }
 
 TEST_F(SharedLockLockdTest, NewReadersQueueBehindAWaitingWriter) {

@@ -625,20 +625,26 @@ void ServerCore::Impl::FillStats(wire::StatsReply* stats) const {
     const absl::Duration left = std::max(until - time_->Now(), absl::ZeroDuration());
     stats->set_ownership_left_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(left)));
   }
-  // Every counter by its Prometheus name; those GetStats has a field of the same name for,
-  // there too.
+  // Every counter by its Prometheus name; the lock rules' and the core's, which GetStats has
+  // always had fields for, in the field of the same name too (the pools' names are not theirs:
+  // the pools' grants_total is not the locks').
   const google::protobuf::Descriptor* descriptor = stats->GetDescriptor();
   const google::protobuf::Reflection* reflection = stats->GetReflection();
-  this->stats().ForEachCounter([&](const CounterRef& c) {
+  auto fill = [&](const CounterRef& c, bool named) {
     wire::CounterValue* value = stats->add_counters();
     value->set_name(c.metric);
     value->set_value(c.value);
-    const google::protobuf::FieldDescriptor* field = descriptor->FindFieldByName(c.field);
+    const google::protobuf::FieldDescriptor* field =
+        named ? descriptor->FindFieldByName(c.field) : nullptr;
     if (field != nullptr && field->type() == google::protobuf::FieldDescriptor::TYPE_UINT64 &&
         !field->is_repeated()) {
       reflection->SetUInt64(stats, field, c.value);
     }
-  });
+  };
+  const CoreStats counted = this->stats();
+  counted.service.ForEach([&](const CounterRef& c) { fill(c, true); });
+  counted.pools.ForEach([&](const CounterRef& c) { fill(c, false); });
+  counted.ForEach([&](const CounterRef& c) { fill(c, true); });
   const CommitLogStats log = log_->stats();
   stats->set_log_syncs_total(log.commits);
   stats->set_log_records_total(log.records);

@@ -2,8 +2,9 @@
 // rules (LockService), the admission pools (PoolService) and the core's transport and clock
 // (ServerCore). Each entry is X(field, metric, help):
 //   - `field` is the member of the part's stats struct that counts it (the structs below are
-//     made from the lists) and, for the counters GetStats has always had, the field of the same
-//     name in wire.proto's StatsReply;
+//     made from the lists) and, for the lock rules' and the core's counters, the field of that
+//     name in wire.proto's StatsReply where it has one (the pools' are in StatsReply.counters
+//     only: their field names repeat the locks');
 //   - `metric` is its Prometheus name, the name it has in StatsReply.counters (every counter is
 //     there), and the name docs/metrics.md gives it (counters_doc_test checks);
 //   - `help` is its Prometheus help text.
