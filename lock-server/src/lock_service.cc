@@ -335,7 +335,7 @@ void LockService::HandOff(const std::string& lock, MonoTime now) {
     // A session may wait for a lock it holds (a second Acquire of one client, sent while the
     // first waited); it is granted once its own hold ends, as with exclusive locks, and those
     // behind it wait in line.
-    if (state_.FindLock(lock) != nullptr && state_.FindLock(lock)->FindSession(w.session)) return;
+    if (const LockState* held = state_.FindLock(lock); held && held->FindSession(w.session)) return;
     q->second.pop_front();
     if (q->second.empty()) queues_.erase(q);
     waiter_index_.erase(w.id);
