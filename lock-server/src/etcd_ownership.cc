@@ -212,7 +212,41 @@ void EtcdOwnership::Record() {
           revision_ = 0;
           return StepTaking();
         }
-        Owned();
+        Confirm();
+      });
+}
+
+void EtcdOwnership::Confirm() {
+  // The deadline counts from the send of the lease's last renewal, which may be most of the
+  // deadline ago by now: a third of the TTL before the create, then four round trips to etcd
+  // (two of them writes) while it answers slowly. A lockd that began to serve with that little
+  // left lapsed before its first answer (CI, stop 51: term 2 refused a Resume 50 ms after it
+  // served). Renew once more, as Renew() does, and own from this send.
+  const MonoTime sent = time_->Now();
+  Ask<absl::StatusOr<absl::Duration>>(
+      [lease = lease_](EtcdClient& c) { return c.LeaseKeepAlive(lease); },
+      [this, sent](absl::StatusOr<absl::Duration> renewed) {
+        if (state_ != State::kTaking) return;
+        if (absl::IsNotFound(renewed.status())) {  // our lease, and so our key, ran out
+          lease_ = 0;
+          revision_ = 0;
+          return StepTaking();
+        }
+        if (!renewed.ok()) return TakingFailed(renewed.status());  // our key is found again
+        RangeRequest read;
+        read.set_key(keys_.owner());
+        Ask<absl::StatusOr<RangeResponse>>(
+            [read = std::move(read)](EtcdClient& c) { return c.Range(read); },
+            [this, sent](absl::StatusOr<RangeResponse> got) {
+              if (state_ != State::kTaking) return;
+              if (absl::Status mine = CheckOwnerKey(got); !mine.ok()) {
+                if (!absl::IsFailedPrecondition(mine)) return TakingFailed(mine);
+                revision_ = 0;  // deleted or replaced since the record: from the top
+                return StepTaking();
+              }
+              lease_sent_ = sent;
+              Owned();
+            });
       });
 }
 

@@ -87,8 +87,10 @@ class EtcdOwnership {
   void TakingFailed(const absl::Status& s);
   void WaitOutFormerOwner();
   // Created (and any former owner waited out): records our lease in P/owner-lease, guarded by
-  // our P/owner, then owns.
+  // our P/owner, then confirms.
   void Record();
+  // Recorded: renews the lease and reads P/owner, as Renew() does, then owns from that send.
+  void Confirm();
   // P/owner was created on our lease at revision_: waits out a former owner, then records.
   void Created();
   // The lease a P/owner-lease read names; 0 for none, or for our own.

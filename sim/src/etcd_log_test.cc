@@ -259,5 +259,27 @@ TEST_F(EtcdLogTest, AStartingReplicaWaitsOutAnElectionButNotForever) {
   etcd_.SetUnavailable(false);
 }
 
+// The ownership's deadline counts from a lease renewal sent after P/owner-lease was recorded,
+// not from the renewal before the take: that one may be most of the deadline ago once the take's
+// four round trips are done on a slow etcd (CI, stop 51: a lockd that took over lapsed 50 ms
+// after it began to serve).
+TEST(EtcdOwnershipTest, TheDeadlineCountsFromARenewalAfterTheTakeIsRecorded) {
+  SimEtcd etcd(Clock::Real());
+  std::atomic<int64_t> recorded{0};
+  const std::string owner_lease = absl::StrCat(kPrefix, "/owner-lease");
+  etcd.SetObserver([&](const etcdserverpb::Event* e) {
+    if (e != nullptr && e->kv().key() == owner_lease) recorded = Clock::Real()->Now().nanos();
+  });
+  ASSERT_TRUE(server::InitEtcdPrefixOn({.prefix = kPrefix}, *etcd.Connect("setup")).ok());
+  std::atomic<int64_t> first_sent{0};
+  Replica a(etcd, "a", absl::ZeroDuration(), [&](MonoTime sent, MonoTime) {
+    int64_t none = 0;
+    first_sent.compare_exchange_strong(none, sent.nanos());
+  });
+  ASSERT_TRUE(a.status().ok()) << a.status();
+  ASSERT_GT(recorded.load(), 0);
+  EXPECT_GT(first_sent.load(), recorded.load());
+}
+
 }  // namespace
 }  // namespace fencelock::sim
