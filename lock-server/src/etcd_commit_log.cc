@@ -1,263 +1,22 @@
+// lockd's commit log on etcd (lock-server/etcd_commit_log.h): the writer, the member probe and
+// the openers. Its start is in etcd_log_restore.cc, the class in etcd_log.h.
 #include "lock-server/etcd_commit_log.h"
 
 #include <algorithm>
-#include <deque>
-#include <memory>
-#include <mutex>
-#include <optional>
 
 #include "absl/strings/escaping.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "etcd_keys.h"
-#include "etcd_ownership.h"
-#include "lock-server/etcd_store.h"
-#include "lock-server/storage.h"
-#include "logging/logging.h"
+#include "etcd_log.h"
 
 namespace fencelock::server {
-namespace {
+namespace etcd_log {
 
 using etcd_keys::DeleteRange;
-using etcd_keys::Keys;
-using etcd_keys::NotPresent;
 using etcd_keys::PrefixEnd;
 using etcd_keys::Put;
 using etcdserverpb::RangeRequest;
 using etcdserverpb::RangeResponse;
-using etcdserverpb::RequestOp;
-using etcdserverpb::TxnRequest;
 using etcdserverpb::TxnResponse;
-
-constexpr char kEtcdFormat[] = "fencelock-lockd-etcd\nformat 1\n";
-
-// (The endpoints are the client's: GrpcEtcdClient::Create refuses an empty list.)
-absl::Status CheckOptions(const EtcdCommitLogOptions& o) {
-  if (o.prefix.size() < 2 || o.prefix.front() != '/' || o.prefix.back() == '/') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--etcd-prefix=\"", o.prefix, "\" must start with / and not end with one"));
-  }
-  if (o.reservation_block == 0) return absl::InvalidArgumentError("the reservation block must be positive");
-  if (o.owner_ttl < absl::Seconds(2) || o.owner_ttl > absl::Hours(1)) {
-    return absl::InvalidArgumentError("the ownership TTL must be 2 s to 1 h");
-  }
-  if (!(o.owner_margin > 0 && o.owner_margin < 1)) {
-    return absl::InvalidArgumentError("the ownership margin must be in (0, 1)");
-  }
-  if (o.max_value_bytes < 4096) return absl::InvalidArgumentError("values of at least 4 KiB");
-  if (o.snapshot_min_bytes < 4096 || o.snapshot_min_bytes > (uint64_t{1} << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--etcd-snapshot-bytes must be 4 KiB to 1 GiB, got ", o.snapshot_min_bytes));
-  }
-  return absl::OkStatus();
-}
-
-bool Transient(const absl::Status& s) {
-  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
-}
-
-class EtcdCommitLog final : public CommitLog {
- public:
-  EtcdCommitLog(const EtcdCommitLogOptions& options, TimeSource* time,
-                std::unique_ptr<EtcdCalls> etcd)
-      : options_(options),
-        keys_(options.prefix),
-        time_(time),
-        etcd_(std::move(etcd)),
-        ownership_(std::make_unique<EtcdOwnership>(
-            EtcdOwnershipOptions{.prefix = options.prefix,
-                                 .owner = options.owner,
-                                 .ttl = options.owner_ttl,
-                                 .margin = options.owner_margin,
-                                 .wait = options.owner_wait,
-                                 .on_owned = options.on_owned,
-                                 .on_standby = options.on_standby,
-                                 .log = [this](const std::string& line) { Log(line); }},
-            time, etcd_.get())),
-        commit_timer_(time->NewTimer()),
-        read_timer_(time->NewTimer()),
-        probe_timer_(time->NewTimer()) {}
-  ~EtcdCommitLog() override { *alive_ = false; }
-
-  // Checks the format, takes P/owner, restores, reserves; then `started` with the state and
-  // what recovery found, or why not (posted, never inside this call). Called once.
-  using Started = std::function<void(absl::StatusOr<StateMachine>, std::vector<std::string>)>;
-  void Start(Started started);
-  // lockd destroy: deletes every key under P/, P/owner included, in one transaction guarded by
-  // the ownership, after what is queued; `done` with how many. Nothing may be appended after.
-  void DeleteEverything(std::function<void(absl::StatusOr<int64_t>)> done);
-
-  void SetListener(CommitLogListener* listener) override { listener_ = listener; }
-  void ReserveFor(FenceToken token, SessionId session) override;
-  void Append(const Record& r) override;
-  void Flush() override;
-  void Snapshot(const StateMachine& state) override;
-  uint64_t newest_batch() const override { return newest_batch_; }
-  uint64_t committed_batch() const override { return committed_batch_; }
-  uint64_t last_lsn() const override { return next_lsn_ - 1; }
-  // Also the moment the ownership deadline passes, before any timer notices: no request is
-  // answered from this lockd's state after it.
-  const absl::Status* fault() const override {
-    if (!fault_.ok()) return &fault_;
-    if (!lapsed_.ok()) return &lapsed_;
-    if (ownership_->HoldsAt(time_->Now())) return nullptr;
-    lapsed_ = ownership_->why_lost().ok()
-                  ? absl::UnavailableError(absl::StrCat("the ownership of etcd prefix ",
-                                                        options_.prefix, " has ended"))
-                  : ownership_->why_lost();
-    stopped_ = true;
-    // Tells the listener later, from the event loop, not from inside this query.
-    Later([self = const_cast<EtcdCommitLog*>(this)] { self->Fail(self->lapsed_); });
-    return &lapsed_;
-  }
-  CommitLogStats stats() const override;
-  std::string Describe() const override {
-    return absl::StrCat("etcd prefix ", options_.prefix, " on ",
-                        absl::StrJoin(etcd_->endpoints(), ","));
-  }
-  // For its leadership (EtcdLeadership, below).
-  MonoTime OwnedUntil() const { return stopped_ ? MonoTime::Min() : ownership_->until(); }
-  std::vector<StoreMember> Members() const {
-    std::lock_guard<std::mutex> lock(members_mu_);
-    return members_;
-  }
-
- private:
-  template <typename T>
-  void Ask(std::function<T(EtcdClient&)> call, std::function<void(T)> reply) {
-    CallEtcd<T>(*etcd_, std::move(call),
-                [alive = alive_, reply = std::move(reply)](T answer) mutable {
-                  if (*alive) reply(std::move(answer));
-                });
-  }
-  // Runs `task` from the event loop, unless the log is gone by then.
-  void Later(std::function<void()> task) const {
-    time_->Post([alive = alive_, task = std::move(task)] {
-      if (*alive) task();
-    });
-  }
-  // One read of the start; a member that timed out or was away is asked again (a read changes
-  // nothing, so asking twice is safe) until the ownership's wait ends, or while it holds.
-  void Read(etcdserverpb::RangeRequest r,
-            std::function<void(absl::StatusOr<etcdserverpb::RangeResponse>)> reply,
-            absl::Duration pause = absl::Milliseconds(10));
-  void Get(const std::string& key,
-           std::function<void(absl::StatusOr<std::optional<std::string>>)> reply);
-  // Every key in [key, end), in key order, a page at a time (values can be large).
-  void RangeAll(std::string key, std::string end,
-                std::function<void(absl::StatusOr<std::vector<etcdserverpb::KeyValue>>)> reply,
-                std::vector<etcdserverpb::KeyValue> so_far = {});
-
-  // The start, step by step.
-  void Restore();
-  void RestoreSnapshot(std::string head);
-  void RestoreLog(std::string snapshot);
-  void RestoreTerm();
-  void FinishStart(absl::Status s);
-
-  // The writer: one job at a time, in order; a failed job fails every later one.
-  struct Job {
-    std::function<void(std::function<void(absl::Status)>)> run;
-    std::function<void(const absl::Status&)> done;
-  };
-  void Enqueue(Job job);
-  void RunJobs();
-  // One transaction of `ops`, guarded by our ownership of P/owner; `done` with its revision.
-  // Fails (for good) once the ownership has ended or etcd says the prefix is no longer ours.
-  // etcd without a leader for a moment answers "unavailable" or not at all: the same
-  // transaction is sent again until the ownership deadline. That is safe because every
-  // transaction is guarded by P/owner and writes the same values to the same keys (or
-  // deletes), so one that committed although its answer was lost changes nothing the second
-  // time.
-  using Committed = std::function<void(absl::StatusOr<int64_t>)>;
-  struct CommitTry {
-    TxnRequest txn;
-    MonoTime start;
-    absl::Duration pause = absl::Milliseconds(25);
-    absl::Status last;
-    Committed done;
-  };
-  void Commit(std::vector<RequestOp> ops, Committed done);
-  void SendCommit(std::shared_ptr<CommitTry> t);
-  void WriteBatch(std::shared_ptr<const std::string> frames,
-                  std::shared_ptr<const std::vector<size_t>> ends,
-                  std::shared_ptr<const std::vector<uint64_t>> lsns, size_t from,
-                  std::function<void(absl::Status)> done);
-  void WriteSnapshot(std::shared_ptr<const std::string> bytes, uint64_t lsn,
-                     std::function<void(absl::Status)> done);
-  // Chunk `i` of `chunks`, then the next, then the head.
-  void WriteChunk(std::shared_ptr<const std::string> bytes, uint64_t lsn, uint64_t first,
-                  uint64_t chunks, uint64_t i, std::function<void(absl::Status)> done);
-  void WriteSnapshotHead(uint64_t lsn, uint64_t first, uint64_t chunks,
-                         std::function<void(absl::Status)> done);
-  void SendPending();
-  void OnJobDone(const absl::Status& s);
-  void Fail(const absl::Status& s);
-  // Asks every member for its status, once a second, for lockctl status and the metrics.
-  void Probe();
-  void Log(const std::string& line) {
-    if (options_.log) {
-      options_.log(line);
-    } else {
-      logging::Lockd().Warning(line);
-    }
-  }
-
-  const EtcdCommitLogOptions options_;
-  const Keys keys_;
-  TimeSource* const time_;
-  // First, so that it goes last: the ownership revokes its lease through it.
-  const std::unique_ptr<EtcdCalls> etcd_;
-  const std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
-  const std::unique_ptr<EtcdOwnership> ownership_;
-  std::unique_ptr<Timer> commit_timer_, read_timer_, probe_timer_;
-  CommitLogListener* listener_ = nullptr;
-  Started started_;
-
-  // The start's findings.
-  struct Restoring {
-    MonoTime now;
-    std::vector<std::string> summary;
-    Sequences sequences;
-    uint64_t lsn = 0, chunks = 0, first_chunk = 0;
-    std::optional<StateMachine> state;
-    uint64_t last = 0, replayed = 0;
-  };
-  std::unique_ptr<Restoring> restoring_;
-  MonoTime read_until_;  // the reads before the ownership retry until then
-
-  uint64_t next_lsn_ = 1;
-  std::string pending_;
-  std::vector<size_t> pending_ends_;     // end offset of each frame in pending_
-  std::vector<uint64_t> pending_lsns_;   // and its lsn
-  uint64_t next_batch_ = 1;
-  uint64_t newest_batch_ = 0;
-  uint64_t committed_batch_ = 0;
-  int in_flight_ = 0;
-  Sequences reserved_;
-  absl::Status fault_;
-  mutable absl::Status lapsed_;  // set by fault() when it finds the ownership ended
-  mutable bool stopped_ = false;  // with fault_ or lapsed_: nothing more commits
-  uint64_t snapshot_bytes_ = 0;
-  uint64_t logged_since_snapshot_ = 0;
-  bool snapshot_asked_ = false;
-  uint64_t snapshot_lsn_ = 0;         // the snapshot in force
-  uint64_t snapshot_chunks_end_ = 0;  // the index after its last chunk
-  bool rewrite_snapshot_ = false;     // it held secrets in clear: the next snapshot replaces it
-
-  std::deque<Job> jobs_;
-  bool job_running_ = false;
-  absl::Status writer_fault_;
-
-  CommitLogStats stats_;
-  uint64_t term_ = 0;
-  mutable std::mutex members_mu_;
-  std::vector<StoreMember> members_;  // guarded by members_mu_
-  std::vector<StoreMember> probing_;  // the round under way
-  size_t probes_left_ = 0;
-};
 
 // The leadership of an etcd log: serving while the log holds the prefix, deposed from the
 // moment its ownership ends (fault() sees it then, before any timer does).
@@ -277,227 +36,6 @@ class EtcdLeadership final : public Leadership {
  private:
   const EtcdCommitLog* const log_;  // destroyed after this (OpenedCommitLog)
 };
-
-void EtcdCommitLog::Read(RangeRequest r, std::function<void(absl::StatusOr<RangeResponse>)> reply,
-                        absl::Duration pause) {
-  Ask<absl::StatusOr<RangeResponse>>(
-      [r](EtcdClient& c) { return c.Range(r); },
-      [this, r, pause, reply = std::move(reply)](absl::StatusOr<RangeResponse> got) mutable {
-        // Before the ownership: as long as the ownership would wait; after it, while it holds.
-        const MonoTime now = time_->Now();
-        const bool retry = restoring_ ? ownership_->HoldsAt(now) : now < read_until_;
-        if (got.ok() || !Transient(got.status()) || !retry) {
-          return reply(std::move(got));
-        }
-        ++stats_.commit_retries;
-        read_timer_->ArmAt(time_->Now() + pause,
-                           [this, r = std::move(r), pause, reply = std::move(reply)]() mutable {
-                             Read(std::move(r), std::move(reply),
-                                  std::min(2 * pause, absl::Milliseconds(250)));
-                           });
-      });
-}
-
-void EtcdCommitLog::Get(const std::string& key,
-                        std::function<void(absl::StatusOr<std::optional<std::string>>)> reply) {
-  RangeRequest r;
-  r.set_key(key);
-  Read(std::move(r),
-      [reply = std::move(reply)](absl::StatusOr<RangeResponse> got) {
-        if (!got.ok()) return reply(got.status());
-        if (got->kvs_size() == 0) return reply(std::optional<std::string>());
-        reply(std::optional<std::string>(std::move(*got->mutable_kvs(0)->mutable_value())));
-      });
-}
-
-void EtcdCommitLog::RangeAll(
-    std::string key, std::string end,
-    std::function<void(absl::StatusOr<std::vector<etcdserverpb::KeyValue>>)> reply,
-    std::vector<etcdserverpb::KeyValue> so_far) {
-  RangeRequest r;
-  r.set_key(key);
-  r.set_range_end(end);
-  r.set_limit(16);
-  r.set_sort_order(RangeRequest::ASCEND);
-  r.set_sort_target(RangeRequest::KEY);
-  auto out = std::make_shared<std::vector<etcdserverpb::KeyValue>>(std::move(so_far));
-  Read(std::move(r),
-      [this, end = std::move(end), out, reply = std::move(reply)](
-          absl::StatusOr<RangeResponse> got) mutable {
-        if (!got.ok()) return reply(got.status());
-        for (auto& kv : *got->mutable_kvs()) out->push_back(std::move(kv));
-        if (!got->more() || got->kvs_size() == 0) return reply(std::move(*out));
-        std::string from = out->back().key() + std::string(1, '\0');
-        RangeAll(std::move(from), std::move(end), std::move(reply), std::move(*out));
-      });
-}
-
-void EtcdCommitLog::Start(Started started) {
-  started_ = std::move(started);
-  read_until_ = options_.owner_wait == absl::InfiniteDuration()
-                    ? MonoTime::Max()
-                    : time_->Now() + options_.owner_wait;
-  Get(keys_.format(), [this](absl::StatusOr<std::optional<std::string>> format) {
-    if (!format.ok()) return FinishStart(format.status());
-    if (!format->has_value()) {
-      return FinishStart(absl::NotFoundError(absl::StrCat(
-          "etcd prefix ", options_.prefix, " holds no lockd state; run lockd init --etcd=",
-          absl::StrJoin(etcd_->endpoints(), ","), " --etcd-prefix=", options_.prefix,
-          " first")));
-    }
-    if (**format != kEtcdFormat) {
-      return FinishStart(absl::FailedPreconditionError(
-          absl::StrCat(keys_.format(), " is not a lockd state this lockd can read: \"",
-                       absl::CHexEscape((*format)->substr(0, 64)), "\"")));
-    }
-    // Ownership: P/owner on a lease of ours, waiting out a dead owner's lease. Renewals go on
-    // from then, also while the state is read: a large state must not cost the ownership
-    // before lockd serves.
-    ownership_->Take(
-        [this](absl::Status taken) {
-          if (!taken.ok()) return FinishStart(taken);
-          Restore();
-        },
-        [this](absl::Status lost) { Fail(lost); });
-  });
-}
-
-void EtcdCommitLog::Restore() {
-  // The state: snapshot, then the log after it, as of now, once the prefix is ours (a standby
-  // may have waited for it for hours). The core gives every lease its full TTL again when it
-  // begins to serve (ServerCore::Start).
-  restoring_ = std::make_unique<Restoring>();
-  restoring_->now = time_->Now();
-  Get(keys_.sequences(), [this](absl::StatusOr<std::optional<std::string>> text) {
-    if (!text.ok()) return FinishStart(text.status());
-    if (!text->has_value()) {
-      return FinishStart(absl::DataLossError(absl::StrCat(keys_.sequences(), " is missing")));
-    }
-    auto sequences = DecodeSequences(keys_.sequences(), **text);
-    if (!sequences.ok()) return FinishStart(sequences.status());
-    restoring_->sequences = *sequences;
-    Get(keys_.head(), [this](absl::StatusOr<std::optional<std::string>> head) {
-      if (!head.ok()) return FinishStart(head.status());
-      RestoreSnapshot(head->value_or(""));
-    });
-  });
-}
-
-void EtcdCommitLog::RestoreSnapshot(std::string head) {
-  // "<lsn> <chunks>", or "<lsn> <chunks> <first chunk>" for a snapshot rewritten at the same
-  // lsn (its chunks follow the ones it replaced: see WriteSnapshot).
-  Restoring& r = *restoring_;
-  std::vector<std::string> words = absl::StrSplit(head, ' ', absl::SkipEmpty());
-  if ((words.size() != 2 && words.size() != 3) || !absl::SimpleAtoi(words[0], &r.lsn) ||
-      !absl::SimpleAtoi(words[1], &r.chunks) || r.chunks == 0 ||
-      (words.size() == 3 && !absl::SimpleAtoi(words[2], &r.first_chunk)) ||
-      r.first_chunk + r.chunks > 999999) {
-    return FinishStart(absl::DataLossError(absl::StrCat(keys_.head(), " is missing or damaged")));
-  }
-  RangeAll(keys_.chunk(r.lsn, r.first_chunk), keys_.chunk(r.lsn, r.first_chunk + r.chunks),
-           [this](absl::StatusOr<std::vector<etcdserverpb::KeyValue>> parts) {
-             if (!parts.ok()) return FinishStart(parts.status());
-             Restoring& r = *restoring_;
-             if (parts->size() != r.chunks) {
-               return FinishStart(absl::DataLossError(
-                   absl::StrCat("snapshot ", r.lsn, " under ", keys_.chunk_dir(r.lsn), " has ",
-                                parts->size(), " chunks; the head says ", r.chunks)));
-             }
-             std::string snapshot;
-             for (const auto& kv : *parts) snapshot += kv.value();
-             RestoreLog(std::move(snapshot));
-           });
-}
-
-void EtcdCommitLog::RestoreLog(std::string snapshot) {
-  Restoring& r = *restoring_;
-  auto state = DecodeSnapshot(keys_.chunk_dir(r.lsn), snapshot, r.lsn, r.now);
-  if (!state.ok()) return FinishStart(state.status());
-  r.state = std::move(*state);
-  snapshot_lsn_ = r.lsn;
-  snapshot_chunks_end_ = r.first_chunk + r.chunks;
-  snapshot_bytes_ = snapshot.size();
-  rewrite_snapshot_ = r.state->secrets_read_in_clear() > 0;
-  RangeAll(keys_.log_dir(), PrefixEnd(keys_.log_dir()),
-           [this](absl::StatusOr<std::vector<etcdserverpb::KeyValue>> batches) {
-             if (!batches.ok()) return FinishStart(batches.status());
-             Restoring& r = *restoring_;
-             r.last = r.lsn;
-             for (const auto& kv : *batches) {
-               if (absl::Status s = ReplayRecordFrames(kv.key(), kv.value(), r.lsn, &r.last,
-                                                       &*r.state, r.now, &r.replayed);
-                   !s.ok()) {
-                 return FinishStart(s);
-               }
-             }
-             RestoreTerm();
-           });
-}
-
-void EtcdCommitLog::RestoreTerm() {
-  Restoring& r = *restoring_;
-  const FenceToken token_floor = std::max(r.state->last_token(), r.sequences.token_hwm);
-  const SessionId session_floor = std::max(r.state->last_session_id(), r.sequences.session_hwm);
-  r.state->RaiseFloors(token_floor, session_floor);
-  next_lsn_ = r.last + 1;
-  r.summary.push_back(absl::StrCat("restored ", r.state->session_count(), " sessions and ",
-                                   r.state->held_lock_count(),
-                                   " held locks from etcd (snapshot lsn ", r.lsn, ", ", r.replayed,
-                                   " records replayed, last lsn ", r.last, ")"));
-  r.summary.push_back(absl::StrCat("next token above ", token_floor, ", next session id above ",
-                                   session_floor));
-  // Reserve above everything restored before anything is issued.
-  reserved_ = Sequences{token_floor + options_.reservation_block,
-                        session_floor + options_.reservation_block};
-  // The term: one more than the lockd before ours.
-  Get(keys_.term(), [this](absl::StatusOr<std::optional<std::string>> text) {
-    if (!text.ok()) return FinishStart(text.status());
-    uint64_t term = 0;
-    if (text->has_value() && !absl::SimpleAtoi(**text, &term)) {
-      return FinishStart(absl::DataLossError(absl::StrCat(
-          keys_.term(), " is damaged: \"", absl::CHexEscape((*text)->substr(0, 32)), "\"")));
-    }
-    term_ = term + 1;
-    Commit({Put(keys_.sequences(), EncodeSequences(reserved_)),
-            Put(keys_.term(), absl::StrCat(term_))},
-           [this](absl::StatusOr<int64_t> reserved) { FinishStart(reserved.status()); });
-  });
-}
-
-void EtcdCommitLog::FinishStart(absl::Status s) {
-  if (!started_) return;
-  Started started = std::move(started_);
-  started_ = nullptr;
-  std::unique_ptr<Restoring> r = std::move(restoring_);
-  if (!s.ok()) {
-    // Taken and lost again before it served (an etcd election as it restored): kAborted, which
-    // a standby answers by standing by again.
-    if (!fault_.ok()) {
-      s = absl::AbortedError(absl::StrCat("the ownership of etcd prefix ", options_.prefix,
-                                          " ended before this lockd began to serve it: ",
-                                          fault_.message()));
-    }
-    Later([started, s] { started(s, {}); });
-    return;
-  }
-  std::vector<std::string> summary = {absl::StrCat(
-      "serving etcd prefix ", options_.prefix, " on ", absl::StrJoin(etcd_->endpoints(), ","),
-      " as term ", term_, " (owner lease ", absl::FormatDuration(options_.owner_ttl), ")")};
-  summary.insert(summary.end(), r->summary.begin(), r->summary.end());
-  if (options_.member_probe > absl::ZeroDuration()) Probe();
-  auto state = std::make_shared<StateMachine>(std::move(*r->state));
-  Later([this, started, state, summary] {
-    // The ownership may have ended between here and there (lockd stalled): it never begins to
-    // serve then, and a successor has the state.
-    if (!fault_.ok() || !ownership_->HoldsAt(time_->Now())) {
-      return started(absl::AbortedError(absl::StrCat(
-                         "the ownership of etcd prefix ", options_.prefix,
-                         " ended before this lockd began to serve it")),
-                     {});
-    }
-    started(std::move(*state), summary);
-  });
-}
 
 CommitLogStats EtcdCommitLog::stats() const {
   CommitLogStats s = stats_;
@@ -587,7 +125,7 @@ void EtcdCommitLog::SendCommit(std::shared_ptr<CommitTry> t) {
       [txn = t->txn](EtcdClient& c) { return c.Txn(txn); },
       [this, t](absl::StatusOr<TxnResponse> r) {
         if (!r.ok()) {
-          if (!Transient(r.status())) return t->done(r.status());
+          if (!IsTransient(r.status())) return t->done(r.status());
           t->last = r.status();
           ++stats_.commit_retries;
           commit_timer_->ArmAt(time_->Now() + t->pause, [this, t] { SendCommit(t); });
@@ -811,6 +349,42 @@ class Opening final : public EtcdLogOpening {
   std::unique_ptr<EtcdCommitLog> log_;
   const std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
+
+}  // namespace etcd_log
+
+namespace {
+
+using etcd_keys::Keys;
+using etcd_keys::NotPresent;
+using etcd_keys::PrefixEnd;
+using etcd_keys::Put;
+using etcd_log::EtcdCommitLog;
+using etcd_log::EtcdLeadership;
+using etcd_log::kEtcdFormat;
+using etcd_log::Opening;
+using etcdserverpb::RangeRequest;
+using etcdserverpb::TxnRequest;
+
+// (The endpoints are the client's: GrpcEtcdClient::Create refuses an empty list.)
+absl::Status CheckOptions(const EtcdCommitLogOptions& o) {
+  if (o.prefix.size() < 2 || o.prefix.front() != '/' || o.prefix.back() == '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--etcd-prefix=\"", o.prefix, "\" must start with / and not end with one"));
+  }
+  if (o.reservation_block == 0) return absl::InvalidArgumentError("the reservation block must be positive");
+  if (o.owner_ttl < absl::Seconds(2) || o.owner_ttl > absl::Hours(1)) {
+    return absl::InvalidArgumentError("the ownership TTL must be 2 s to 1 h");
+  }
+  if (!(o.owner_margin > 0 && o.owner_margin < 1)) {
+    return absl::InvalidArgumentError("the ownership margin must be in (0, 1)");
+  }
+  if (o.max_value_bytes < 4096) return absl::InvalidArgumentError("values of at least 4 KiB");
+  if (o.snapshot_min_bytes < 4096 || o.snapshot_min_bytes > (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--etcd-snapshot-bytes must be 4 KiB to 1 GiB, got ", o.snapshot_min_bytes));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 

@@ -18,10 +18,6 @@ using etcdserverpb::TxnResponse;
 // How soon a step that failed, or a standby's next look at P/owner, comes.
 constexpr absl::Duration kRetry = absl::Milliseconds(250);
 
-bool Transient(const absl::Status& s) {
-  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
-}
-
 }  // namespace
 
 EtcdOwnership::EtcdOwnership(EtcdOwnershipOptions options, TimeSource* time, EtcdCalls* etcd)
@@ -109,7 +105,7 @@ void EtcdOwnership::TakingFailed(const absl::Status& s) {
   // can be served until an operator frees space and disarms the alarm, and then a standby
   // should take over by itself.
   const bool no_space = absl::IsResourceExhausted(s);
-  if ((!Transient(s) && !no_space) || time_->Now() >= give_up_) return Finish(s);
+  if ((!IsTransient(s) && !no_space) || time_->Now() >= give_up_) return Finish(s);
   if (said_unreachable_ != s.message()) {
     said_unreachable_ = std::string(s.message());
     const std::string doing =

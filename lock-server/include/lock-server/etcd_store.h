@@ -92,6 +92,11 @@ class EtcdClient {
   virtual size_t current() const = 0;
 };
 
+// An answer worth asking again: a member that timed out or is away, an election under way.
+inline bool IsTransient(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+}
+
 // A watch started through EtcdCalls. Destroying it stops the watch: no more reports after that.
 class EtcdWatching {
  public:
