@@ -256,6 +256,8 @@ class ClientCore {
   void PumpAcquire(MonoTime now, uint64_t id, Op& op);
   void SendAcquire(MonoTime now, uint64_t id, Op& op);
   void SendKeepAlive(MonoTime now, uint64_t op, bool background);
+  void OnOpenReply(MonoTime now, const Pending& p, const wire::Response& r);
+  void OnResumeReply(MonoTime now, const Pending& p, const wire::Response& r);
   void OnKeepAliveReply(MonoTime now, Pending& p, const wire::Response& r);
   void OnAcquireReply(MonoTime now, Pending& p, const wire::Response& r);
   void OnGrantRenewalReply(MonoTime now, Pending& p, const wire::Response* r);
