@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench.h"
 #include "common.h"
 #include "lock-client/client.h"
 #include "metrics/http_get.h"
@@ -186,6 +187,70 @@ std::vector<MarginPoint> RunMarginSweep(const MarginSweepOptions& options, std::
     }
   }
   return points;
+}
+
+void RunMarginSweepWorkload(const Settings& s, Report& report) {
+  if (!s.rail.empty()) {
+    std::fprintf(stderr, "margin sweep: %zu TTLs x %zu margins, %d workers, %.1f s each\n",
+                 s.margin_ttls.size(), s.margins.size(), s.margin_workers, s.margin_seconds);
+    std::string sweep_error;
+    report.points = RunMarginSweep({.dir = s.root + "/margin",
+                             .lockd_binary = s.binary,
+                             .rail_binary = s.rail,
+                             .worker_binary = s.worker,
+                             .ttls = s.margin_ttls,
+                             .margins = s.margins,
+                             .arrival_seconds = s.arrival_seconds,
+                             .arrival_rate = s.arrival_rate,
+                             .seconds = s.margin_seconds,
+                             .workers = s.margin_workers},
+                            &sweep_error);
+    if (!sweep_error.empty()) {
+      std::fprintf(stderr, "fencelock-bench: %s\n", sweep_error.c_str());
+      report.broken = true;
+    }
+    report.margin_table =
+        "| TTL | margin | usable lease | capacity payouts/s | of the TTL's best | arrivals paid | "
+        "backlog age s | abandoned | renewals/s | paid twice |\n|---|---|---|---|---|---|---|---|---|---|\n";
+    absl::StrAppend(&report.json, "  \"margin_sweep\": {\"submit_cost_ms\": ",
+                    report.points.empty() ? 0.0 : absl::ToDoubleMilliseconds(report.points[0].submit_cost),
+                    ", \"workers\": ", s.margin_workers, ", \"capacity_seconds\": ", s.margin_seconds,
+                    ", \"arrival_seconds\": ", s.arrival_seconds, ", \"arrival_rate\": ", s.arrival_rate,
+                    ", \"points\": [\n");
+    for (size_t i = 0; i < report.points.size(); ++i) {
+      const MarginPoint& p = report.points[i];
+      double best = 0;
+      for (const MarginPoint& q : report.points) {
+        if (q.ttl == p.ttl) best = std::max(best, q.payouts_per_second);
+      }
+      // A point whose workers started and paid nothing measured nothing.
+      if (p.paid_twice > 0 || p.rail_duplicates > 0 || p.lock_fenced_out != 0 ||
+          (!p.refused && p.paid == 0)) {
+        report.broken = true;
+      }
+      std::string reasons;
+      for (const auto& [reason, n] : p.abandoned) absl::StrAppend(&reasons, reasons.empty() ? "" : ", ", reason, " ", n);
+      absl::StrAppend(&report.json, i == 0 ? "" : ",\n", "    {\"ttl_s\": ", absl::ToDoubleSeconds(p.ttl),
+                      ", \"margin\": ", p.margin, ", \"usable_s\": ", absl::ToDoubleSeconds(p.usable),
+                      ", \"refused\": ", p.refused ? "true" : "false", ", \"payouts_per_s\": ",
+                      p.payouts_per_second, ", \"arrived\": ", p.arrived, ", \"paid_of_arrivals\": ",
+                      p.paid_of_arrivals, ", \"backlog_age_s\": ", p.backlog_age_seconds,
+                      ", \"abandoned\": ", p.abandoned_total, ", \"renewals_per_s\": ",
+                      p.renewals_per_second, ", \"paid_twice\": ", p.paid_twice,
+                      ", \"rail_duplicates\": ", p.rail_duplicates, "}");
+      absl::StrAppend(&report.margin_table, "| ", absl::FormatDuration(p.ttl), " | ", absl::StrFormat("%.2f", p.margin),
+                      " | ", absl::StrFormat("%.2f s", absl::ToDoubleSeconds(p.usable)), " | ",
+                      p.refused ? std::string("0 (workers refuse: usable < submit cost)")
+                                : absl::StrFormat("%.1f", p.payouts_per_second),
+                      " | ", absl::StrFormat("%.2f", best > 0 ? p.payouts_per_second / best : 0.0), " | ",
+                      p.paid_of_arrivals, " of ", p.arrived, " | ",
+                      absl::StrFormat("%.2f", p.backlog_age_seconds), " | ", p.abandoned_total,
+                      reasons.empty() ? "" : absl::StrCat(" (", reasons, ")"), " | ",
+                      p.refused ? "-" : absl::StrFormat("%.2f", p.renewals_per_second), " | ",
+                      p.paid_twice, " |\n");
+    }
+    absl::StrAppend(&report.json, "\n  ]},\n");
+  }
 }
 
 }  // namespace fencelock::bench

@@ -1,0 +1,193 @@
+// What fencelock-bench's workloads and its run share (fencelock_bench.cc reads the flags and
+// runs the workloads in turn): the lockd they measure, the heartbeat workloads (heartbeat.cc),
+// the lock-cycle systems (cycles.cc), one payout demo run (payout_scaling.cc) and the plots
+// (plots.cc). common.h holds the clock, the percentiles and the closed-loop drivers.
+#ifndef FENCELOCK_BENCH_BENCH_H_
+#define FENCELOCK_BENCH_BENCH_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common.h"
+#include "lock-server/blocking_connection.h"
+#include "margin_sweep.h"
+#include "process/process.h"
+
+// The flags the workloads read (defined in fencelock_bench.cc).
+ABSL_DECLARE_FLAG(absl::Duration, heartbeat);
+ABSL_DECLARE_FLAG(absl::Duration, session_ttl);
+ABSL_DECLARE_FLAG(absl::Duration, timeout);
+ABSL_DECLARE_FLAG(absl::Duration, library_heartbeat);
+
+namespace fencelock::bench {
+
+// A lockd on a fresh state folder, on a free port; stopped when destroyed.
+class Lockd {
+ public:
+  static absl::StatusOr<std::unique_ptr<Lockd>> Start(const std::string& binary,
+                                                      const std::string& dir);
+  ~Lockd() { (void)child_.Stop(); }
+  const std::string& address() const { return address_; }
+
+ private:
+  Lockd() = default;
+  process::Child child_;
+  std::string address_;
+};
+
+// A connection to lockd as the benchmark's raw driver, with --timeout.
+absl::StatusOr<std::unique_ptr<server::BlockingConnection>> Connect(const std::string& address);
+
+// --- heartbeat RTT (heartbeat.cc) ---
+// One connection's sessions, each holding the lock hb/<id>.
+struct Heartbeater {
+  std::unique_ptr<server::BlockingConnection> conn;
+  std::vector<std::pair<uint64_t, uint64_t>> sessions;  // session id, token
+};
+// Opens `count` sessions on one connection, each acquiring hb/<first + i>.
+absl::Status OpenSessions(Heartbeater& h, const std::string& address, size_t count,
+                          size_t first);
+struct HeartbeatResult {
+  Percentiles rtt;
+  std::vector<int64_t> rtt_ns;  // every sample, for the histogram
+  size_t timeouts = 0;
+  size_t failures = 0;
+  double cycles_per_second = 0;  // of the load, when loaded
+};
+// Every session renews once per period, spread evenly over it, until `seconds` pass; with
+// `load_clients`, a durable lock-cycle load runs beside it.
+HeartbeatResult RunHeartbeats(std::vector<Heartbeater>& hs, double seconds, const std::string& label,
+                              const std::string& address, int load_clients);
+struct LibraryHeartbeatResult {
+  double heartbeats = 0, failures = 0;
+  double p50 = 0, p90 = 0, p99 = 0, p999 = 0;  // milliseconds, from the histogram's buckets
+  double cycles_per_second = 0;
+};
+// Clients of the library, each holding one lock and renewing it on the library's own heartbeat
+// (its default period), all counting into one registry; read over `seconds`, idle then loaded.
+std::vector<LibraryHeartbeatResult> RunLibraryHeartbeats(const std::string& address, size_t n,
+                                                         double seconds, int load_clients,
+                                                         std::string* error);
+
+// --- lock cycles (cycles.cc) ---
+// fencelock's systems: through the client library, or the raw protocol driver; each client on
+// a lock of its own or (`contended`) all on one; `pipelined`: each Release sent with the next
+// Acquire.
+CyclerFactory LibraryCyclers(const std::string& address, bool contended, bool pipelined = false);
+CyclerFactory RawCyclers(const std::string& address, bool contended, bool pipelined = false);
+// The raw driver with every client on one thread.
+StreamCyclerFactory LockdStreamCyclers(const std::string& address, bool pipelined);
+// One system of the lock-cycle comparison.
+struct System {
+  std::string key;   // in results.json and the plot's data
+  std::string name;  // in the tables and the plot
+  CyclerFactory make;  // a thread per client (RunCycles); or, when empty:
+  bool fencelock = false;
+  StreamCyclerFactory stream = nullptr;  // every client on one thread (RunStreamCycles)
+};
+// One system at one client count, over the rounds.
+struct Runs {
+  std::vector<double> rates;
+  std::vector<int64_t> acquire_ns;
+  size_t errors = 0;
+  std::string first_error;
+  double min() const { return rates.empty() ? 0 : *std::min_element(rates.begin(), rates.end()); }
+  double max() const { return rates.empty() ? 0 : *std::max_element(rates.begin(), rates.end()); }
+  double median() const {
+    if (rates.empty()) return 0;
+    std::vector<double> r = rates;
+    std::sort(r.begin(), r.end());
+    return r.size() % 2 == 1 ? r[r.size() / 2] : (r[r.size() / 2 - 1] + r[r.size() / 2]) / 2;
+  }
+};
+
+// --- payout scaling (payout_scaling.cc) ---
+// One payout demo run without faults, from its --report_json.
+struct DemoRun {
+  bool ok = false;
+  double payouts_per_second = 0;
+  int64_t paid_once = 0, paid_twice = 0, left = 0, lock_fenced_out = 0, rail_duplicates = 0;
+};
+// The payout demo without faults in `dir`: `workers` workers paying `payouts` payouts.
+absl::StatusOr<DemoRun> RunDemo(const std::string& demo, const std::string& lockd,
+                                const std::string& rail, const std::string& worker,
+                                const std::string& dir, int workers, int payouts);
+
+// --- plots (plots.cc) ---
+// One heartbeat run: its session count, idle or loaded.
+struct HeartbeatVariant {
+  size_t sessions;
+  bool loaded;
+  HeartbeatResult result;
+};
+// gnuplot scripts: each writes its data to `data_path` and returns the script's body.
+std::string HeartbeatPlot(const std::vector<HeartbeatVariant>& variants, double threshold_ms,
+                          const std::string& data_path);
+std::string CyclesPlot(const std::vector<System>& systems, const std::vector<int>& clients,
+                       const std::vector<std::vector<Runs>>& runs, const std::string& data_path);
+std::string MarginPlot(const std::vector<MarginPoint>& points, const std::string& data_path);
+// Runs `body` through `gnuplot` into DIR/NAME.png.
+absl::Status Gnuplot(const std::string& gnuplot, const std::string& dir, const std::string& name,
+                     const std::string& body);
+
+// --- the run ---
+// The run's settings: every flag, read and checked once (ReadSettings), before anything starts.
+struct Settings {
+  std::string binary;  // lockd
+  double seconds, cycle_seconds;
+  int rounds;
+  double margin_seconds, arrival_seconds, arrival_rate;
+  int margin_workers, load_clients;
+  std::vector<size_t> counts;  // --sessions
+  std::vector<int> clients;    // --cycle-clients
+  std::vector<double> margins;
+  std::vector<absl::Duration> margin_ttls;
+  std::vector<int> scaling_workers;
+  int scaling_payouts;
+  bool want_redis, want_etcd;             // --peers
+  std::vector<std::string> system_keys;  // every lock-cycle system
+  std::vector<std::string> only;         // --systems: those measured (empty: all)
+  std::string rail, worker, demo, out, gnuplot;
+  absl::Duration heartbeat;  // the raw driver's period
+  int library_sessions;
+  std::string redis_binary, etcd_binary;
+  double threshold_ms;  // ADR-006 6.5: lease x margin / 3
+  std::string root;     // where the servers' data goes, under $TMPDIR
+};
+
+// What the run found, as the workloads go: results.json so far, summary.md's tables, the
+// plots' data, and whether any figure is not to be trusted.
+struct Report {
+  std::string json;
+  std::string table, library_table, cycles_table, margin_table, scaling_table;
+  std::vector<HeartbeatVariant> variants;
+  std::vector<System> systems;
+  std::vector<std::vector<Runs>> runs;  // [system][client count]
+  std::vector<MarginPoint> points;
+  std::string versions;  // of the peers
+  bool broken = false;   // a refusal or error anywhere
+};
+
+// --- the workloads, in the order the run takes them ---
+// heartbeat.cc: the raw driver's sessions at each --sessions, then the library's.
+absl::Status RunHeartbeatWorkloads(const Settings& s, Report& report);
+// cycles.cc: lockd and the peers at each --cycle-clients, in interleaved rounds.
+absl::Status RunCycleWorkloads(const Settings& s, Report& report);
+// margin_sweep.cc, with --rail and --worker.
+void RunMarginSweepWorkload(const Settings& s, Report& report);
+// payout_scaling.cc, with --demo.
+void RunPayoutScaling(const Settings& s, Report& report);
+// report.cc: prints the summary; with --out, writes results.json, summary.md and the plots.
+void WriteReport(const Settings& s, const Percentiles& fsync, const Percentiles& loopback,
+                 Report& report);
+
+}  // namespace fencelock::bench
+
+#endif  // FENCELOCK_BENCH_BENCH_H_
