@@ -20,6 +20,299 @@ size_t entry_count(const wire::ListReply* list) {
   return static_cast<size_t>(list->locks_size() + list->sessions_size());
 }
 
+// One request on its way through Dispatch, for the handlers of its body below: each answers in
+// `resp` (and `out`), and may change the connection's state.
+struct Call {
+  const wire::Request& req;
+  ConnectionState& conn;
+  DispatchHost& host;
+  LockService& service;
+  const MonoTime now;
+  Dispatched& out;
+  wire::Response& resp;
+
+  // Answers with `s`'s code, and its message if it failed.
+  void Finish(const absl::Status& s) {
+    resp.set_code(protocol::CodeFromStatus(s));
+    if (!s.ok()) resp.set_message(std::string(s.message()));
+  }
+  // Answers as set, then closes the connection.
+  void Close() { out.then = Dispatched::Then::kReplyAndClose; }
+  // A request that drives a session must come from the connection the session is bound to.
+  absl::Status Authorize(SessionId session) {
+    service.Advance(now);
+    return service.Authorize(session, conn.caller);
+  }
+
+  void Hello();
+  void OpenSession();
+  void ResumeSession();
+  void KeepAlive();
+  void CloseSession();
+  void Acquire();
+  void WithdrawAcquire();
+  void Release();
+  void Validate();
+  void GetStats();
+  void ListLocks();
+};
+
+void Call::Hello() {
+  if (conn.hello_done) {
+    host.CountProtocolError();
+    return Finish(absl::InvalidArgumentError("Hello was already received on this connection"));
+  }
+  auto version = protocol::NegotiateVersion(
+      {req.hello().min_version(), req.hello().max_version()}, protocol::VersionRange{});
+  if (!version.ok()) {
+    host.CountProtocolError();
+    resp.set_code(wire::UNSUPPORTED_VERSION);
+    resp.set_message(std::string(version.status().message()));
+    return Close();
+  }
+  conn.hello_done = true;
+  conn.version = *version;
+  resp.mutable_hello()->set_version(*version);
+  resp.mutable_hello()->set_server_name("lockd");
+  return Finish(absl::OkStatus());
+}
+
+void Call::OpenSession() {
+  // Sessions outlive connections; only the ones still open count against this one.
+  service.Advance(now);
+  std::erase_if(conn.sessions, [&](SessionId id) { return service.state().FindSession(id) == nullptr; });
+  const size_t limit = host.max_sessions_per_connection();
+  if (conn.sessions.size() >= limit) {
+    return Finish(absl::ResourceExhaustedError(absl::StrCat(
+        "this connection already has ", conn.sessions.size(),
+        " open sessions, the most one connection may (lockd --max-sessions-per-connection=",
+        limit, ")")));
+  }
+  std::string secret = host.NewSessionSecret();
+  auto opened = service.OpenSession(FromMillis(req.open_session().ttl_ms()), now, conn.caller,
+                                    secret);
+  if (opened.ok()) {
+    conn.sessions.push_back(opened->first);
+    resp.mutable_open_session()->set_session_id(opened->first);
+    resp.mutable_open_session()->set_ttl_ms(ToMillis(opened->second));
+    resp.mutable_open_session()->set_secret(std::move(secret));
+  }
+  return Finish(opened.status());
+}
+
+void Call::ResumeSession() {
+  const auto& r = req.resume_session();
+  service.Advance(now);
+  auto ttl = service.Resume(r.session_id(), r.secret(), conn.caller);
+  if (ttl.ok()) {
+    if (std::find(conn.sessions.begin(), conn.sessions.end(), r.session_id()) ==
+            conn.sessions.end() &&
+        std::find(conn.renewed.begin(), conn.renewed.end(), r.session_id()) ==
+            conn.renewed.end()) {
+      std::erase_if(conn.renewed,
+                    [&](SessionId id) { return service.state().FindSession(id) == nullptr; });
+      if (conn.renewed.size() >= host.max_sessions_per_connection()) {
+        conn.renewed.erase(conn.renewed.begin());
+      }
+      conn.renewed.push_back(r.session_id());
+    }
+    resp.mutable_resume_session()->set_session_ttl_ms(ToMillis(*ttl));
+  }
+  return Finish(ttl.status());
+}
+
+void Call::KeepAlive() {
+  const auto& ka = req.keep_alive();
+  if (absl::Status s = Authorize(ka.session_id()); !s.ok()) return Finish(s);
+  std::vector<LockRef> refs;
+  refs.reserve(ka.locks_size());
+  for (const auto& l : ka.locks()) refs.push_back(LockRef{l.lock(), l.token()});
+  auto results = service.KeepAlive(ka.session_id(), refs, now);
+  if (results.ok()) {
+    auto* reply = resp.mutable_keep_alive();
+    reply->set_session_ttl_ms(ToMillis(service.state().FindSession(ka.session_id())->ttl));
+    Dispatched::Reflects reflects{.session = ka.session_id()};
+    bool all_renewed = true;
+    for (size_t i = 0; i < results->size(); ++i) {
+      reply->add_lock_codes(protocol::CodeFromStatus((*results)[i]));
+      all_renewed = all_renewed && (*results)[i].ok();
+      reflects.grants.push_back(refs[i].token);
+    }
+    // A FENCED_OUT reflects a release or an expiry, which may still be on its way to the
+    // disk: such a reply waits for every record applied before it, as any other reply does.
+    if (all_renewed) out.reflects = std::move(reflects);
+  }
+  return Finish(results.status());
+}
+
+void Call::CloseSession() {
+  if (absl::Status s = Authorize(req.close_session().session_id()); !s.ok()) return Finish(s);
+  resp.mutable_close_session();
+  return Finish(service.CloseSession(req.close_session().session_id(), now));
+}
+
+void Call::Acquire() {
+  const auto& a = req.acquire();
+  if (absl::Status s = Authorize(a.session_id()); !s.ok()) return Finish(s);
+  if (!host.permissions().MayAcquire(conn.caller.identity, a.lock())) {
+    return Finish(service.Deny(absl::StrCat("may not acquire \"", a.lock(), "\": ",
+                                            host.permissions().DescribeAcquire(conn.caller.identity))));
+  }
+  if (conn.queued.contains(req.request_id())) {
+    // Its reply, and WithdrawAcquire, could no longer tell the two apart.
+    return Finish(absl::InvalidArgumentError(absl::StrCat(
+        "request id ", req.request_id(),
+        " already names an Acquire that waits on this connection; a waiting Acquire's "
+        "request id must be unique on its connection")));
+  }
+  if ((a.mode() != wire::EXCLUSIVE || a.has_lock_delay_ms()) &&
+      !RequireVersion(conn, protocol::kSharedLockProtocolVersion,
+                      "an Acquire's mode and lock delay need", host, resp)) {
+    return;
+  }
+  if (a.mode() != wire::EXCLUSIVE && a.mode() != wire::SHARED) {
+    return Finish(absl::InvalidArgumentError(
+        absl::StrCat("unknown lock mode ", static_cast<int>(a.mode()))));
+  }
+  AcquireMode how;
+  how.mode = a.mode() == wire::SHARED ? LockMode::kShared : LockMode::kExclusive;
+  if (a.has_lock_delay_ms()) how.lock_delay = FromMillis(a.lock_delay_ms());
+  const WaiterId waiter_id = host.NextWaiterId();
+  auto result = service.Acquire(a.session_id(), a.lock(), FromMillis(a.ttl_ms()),
+                                FromMillis(a.wait_timeout_ms()), waiter_id, now, how);
+  if (!result.ok()) {
+    // The session holds it already: the refusal names the grant (granted stays false), so
+    // that a client whose earlier Acquire was granted but never answered (a replica
+    // deposed as it committed) can release it rather than wait out its lease.
+    const LockState* held = service.state().FindLock(a.lock());
+    const HolderState* holder = held == nullptr ? nullptr : held->FindSession(a.session_id());
+    if (absl::IsInvalidArgument(result.status()) && holder != nullptr) {
+      auto* held = resp.mutable_acquire();
+      held->set_lock(a.lock());
+      held->set_token(holder->token);
+      held->set_ttl_ms(ToMillis(holder->ttl));
+    }
+    return Finish(result.status());
+  }
+  if (result->kind == AcquireResult::Kind::kQueued) {
+    // Answered by a push when the wait is settled.
+    out.then = Dispatched::Then::kQueued;
+    out.waiter = waiter_id;
+    conn.queued[req.request_id()] = waiter_id;
+    return;
+  }
+  auto* reply = resp.mutable_acquire();
+  reply->set_lock(a.lock());
+  if (result->kind == AcquireResult::Kind::kGranted) {
+    reply->set_granted(true);
+    reply->set_token(result->token);
+    reply->set_ttl_ms(ToMillis(result->ttl));
+  }
+  return Finish(absl::OkStatus());
+}
+
+void Call::WithdrawAcquire() {
+  const auto& w = req.withdraw_acquire();
+  if (!RequireVersion(conn, protocol::kWithdrawProtocolVersion, "WithdrawAcquire needs",
+                      host, resp)) {
+    return;
+  }
+  if (absl::Status s = Authorize(w.session_id()); !s.ok()) return Finish(s);
+  // Only this connection's own Acquires can be named: request ids are the connection's.
+  auto queued = conn.queued.find(w.acquire_request_id());
+  absl::StatusOr<bool> withdrawn = false;
+  if (queued != conn.queued.end()) {
+    withdrawn = service.Withdraw(queued->second, w.session_id(), now);
+    if (withdrawn.ok()) conn.queued.erase(queued);
+  }
+  if (withdrawn.ok()) resp.mutable_withdraw_acquire()->set_withdrawn(*withdrawn);
+  return Finish(withdrawn.status());
+}
+
+void Call::Release() {
+  const auto& r = req.release();
+  if (absl::Status s = Authorize(r.session_id()); !s.ok()) return Finish(s);
+  resp.mutable_release();
+  absl::Status released = service.Release(r.session_id(), r.lock(), r.token(), now,
+                                           r.relinquish(),
+                                           service.SentByItsDriver(r.session_id(), conn.caller));
+  // The releaser's own OK does not wait for its release to be durable (ADR 0003): it
+  // reflects only the session and the grant it ended. Whatever shows the lock free to
+  // anyone else (a grant, a push to a waiter, a FENCED_OUT, a listing) still waits.
+  if (released.ok()) {
+    out.reflects = Dispatched::Reflects{.session = r.session_id(), .grants = {r.token()}};
+  }
+  return Finish(released);
+}
+
+void Call::Validate() {
+  const auto& v = req.validate();
+  std::optional<SessionId> holder;
+  if (v.session_id() != 0) {
+    if (absl::Status s = Authorize(v.session_id()); !s.ok()) return Finish(s);
+    holder = v.session_id();
+  } else if (!host.permissions().MayValidate(conn.caller.identity)) {
+    // A resource's check: only for identities that check tokens, so that a stranger who
+    // remembers old tokens cannot raise lock_fenced_out_total, whose healthy value is 0.
+    return Finish(service.Deny(absl::StrCat(
+        "may not check tokens without a session: ",
+        Permissions::Name(conn.caller.identity), " has no validate right")));
+  }
+  resp.mutable_validate();
+  return Finish(service.Validate(
+      v.lock(), v.token(), now, holder,
+      !holder.has_value() || service.SentByItsDriver(*holder, conn.caller)));
+}
+
+void Call::GetStats() {
+  host.FillStats(resp.mutable_stats());
+  return Finish(absl::OkStatus());
+}
+
+void Call::ListLocks() {
+  if (const absl::Status* fault = host.fault(); fault != nullptr) {
+    // Memory may hold changes the disk does not: show none of them.
+    return Finish(absl::UnavailableError(absl::StrCat(
+        "lockd stopped after a commit fault (", fault->message(),
+        "); its memory may hold changes that never became durable, so it lists nothing; ",
+        host.FaultRemedy())));
+  }
+  const Permissions& permissions = host.permissions();
+  const std::string& who = conn.caller.identity;
+  const bool inspect = permissions.MayInspect(who);
+  if (!permissions.MayList(who) && !inspect) {
+    return Finish(service.Deny(absl::StrCat(
+        Permissions::Name(who), " may not list sessions and locks (",
+        permissions.source(), " has no \"list\" or \"inspect\" rule for it)")));
+  }
+  const auto& q = req.list_locks();
+  if (q.include_sessions() && !inspect) {
+    return Finish(service.Deny(absl::StrCat(
+        Permissions::Name(who), " may list locks but not sessions (",
+        permissions.source(), " has no \"inspect\" rule for it)")));
+  }
+  if (q.limit() > protocol::kMaxListLimit) {
+    return Finish(absl::InvalidArgumentError(
+        absl::StrCat("ListLocks limit is at most ", protocol::kMaxListLimit, ", got ", q.limit())));
+  }
+  // Room for the reply's own fields around the entries.
+  const size_t cap = host.max_frame_bytes() > 1024 ? host.max_frame_bytes() - 1024 : 64;
+  FillList(service, q, resp.mutable_list(), now, cap);
+  if (!inspect) {
+    // Names and leases only: whose they are, and under which token, is not this caller's.
+    for (auto& l : *resp.mutable_list()->mutable_locks()) {
+      l.set_session_id(0);
+      l.set_token(0);
+      for (auto& h : *l.mutable_holders()) {
+        h.set_session_id(0);
+        h.set_token(0);
+      }
+    }
+    resp.mutable_list()->set_redacted(true);
+  }
+  return Finish(absl::OkStatus());
+}
+
 }  // namespace
 
 Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHost& host,
@@ -74,266 +367,45 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
                                   fault->message(), "); ", host.FaultRemedy()));
     return out;
   }
-  auto finish = [&](const absl::Status& s) {
-    resp.set_code(protocol::CodeFromStatus(s));
-    if (!s.ok()) resp.set_message(std::string(s.message()));
-    return out;
-  };
-  // A request that drives a session must come from the connection the session is bound to.
-  auto authorize = [&](SessionId session) {
-    service.Advance(now);
-    return service.Authorize(session, conn.caller);
-  };
   if (IsPoolRequest(req)) {
     DispatchPool(req, conn, host, now, resp);
     return out;
   }
+  Call call{req, conn, host, service, now, out, resp};
   switch (req.body_case()) {
-    case wire::Request::kHello: {
-      if (conn.hello_done) {
-        host.CountProtocolError();
-        return finish(absl::InvalidArgumentError("Hello was already received on this connection"));
-      }
-      auto version = protocol::NegotiateVersion(
-          {req.hello().min_version(), req.hello().max_version()}, protocol::VersionRange{});
-      if (!version.ok()) {
-        host.CountProtocolError();
-        resp.set_code(wire::UNSUPPORTED_VERSION);
-        resp.set_message(std::string(version.status().message()));
-        return close();
-      }
-      conn.hello_done = true;
-      conn.version = *version;
-      resp.mutable_hello()->set_version(*version);
-      resp.mutable_hello()->set_server_name("lockd");
-      return finish(absl::OkStatus());
-    }
-    case wire::Request::kOpenSession: {
-      // Sessions outlive connections; only the ones still open count against this one.
-      service.Advance(now);
-      std::erase_if(conn.sessions, [&](SessionId id) { return service.state().FindSession(id) == nullptr; });
-      const size_t limit = host.max_sessions_per_connection();
-      if (conn.sessions.size() >= limit) {
-        return finish(absl::ResourceExhaustedError(absl::StrCat(
-            "this connection already has ", conn.sessions.size(),
-            " open sessions, the most one connection may (lockd --max-sessions-per-connection=",
-            limit, ")")));
-      }
-      std::string secret = host.NewSessionSecret();
-      auto opened = service.OpenSession(FromMillis(req.open_session().ttl_ms()), now, conn.caller,
-                                        secret);
-      if (opened.ok()) {
-        conn.sessions.push_back(opened->first);
-        resp.mutable_open_session()->set_session_id(opened->first);
-        resp.mutable_open_session()->set_ttl_ms(ToMillis(opened->second));
-        resp.mutable_open_session()->set_secret(std::move(secret));
-      }
-      return finish(opened.status());
-    }
-    case wire::Request::kResumeSession: {
-      const auto& r = req.resume_session();
-      service.Advance(now);
-      auto ttl = service.Resume(r.session_id(), r.secret(), conn.caller);
-      if (ttl.ok()) {
-        if (std::find(conn.sessions.begin(), conn.sessions.end(), r.session_id()) ==
-                conn.sessions.end() &&
-            std::find(conn.renewed.begin(), conn.renewed.end(), r.session_id()) ==
-                conn.renewed.end()) {
-          std::erase_if(conn.renewed,
-                        [&](SessionId id) { return service.state().FindSession(id) == nullptr; });
-          if (conn.renewed.size() >= host.max_sessions_per_connection()) {
-            conn.renewed.erase(conn.renewed.begin());
-          }
-          conn.renewed.push_back(r.session_id());
-        }
-        resp.mutable_resume_session()->set_session_ttl_ms(ToMillis(*ttl));
-      }
-      return finish(ttl.status());
-    }
-    case wire::Request::kKeepAlive: {
-      const auto& ka = req.keep_alive();
-      if (absl::Status s = authorize(ka.session_id()); !s.ok()) return finish(s);
-      std::vector<LockRef> refs;
-      refs.reserve(ka.locks_size());
-      for (const auto& l : ka.locks()) refs.push_back(LockRef{l.lock(), l.token()});
-      auto results = service.KeepAlive(ka.session_id(), refs, now);
-      if (results.ok()) {
-        auto* reply = resp.mutable_keep_alive();
-        reply->set_session_ttl_ms(ToMillis(service.state().FindSession(ka.session_id())->ttl));
-        Dispatched::Reflects reflects{.session = ka.session_id()};
-        bool all_renewed = true;
-        for (size_t i = 0; i < results->size(); ++i) {
-          reply->add_lock_codes(protocol::CodeFromStatus((*results)[i]));
-          all_renewed = all_renewed && (*results)[i].ok();
-          reflects.grants.push_back(refs[i].token);
-        }
-        // A FENCED_OUT reflects a release or an expiry, which may still be on its way to the
-        // disk: such a reply waits for every record applied before it, as any other reply does.
-        if (all_renewed) out.reflects = std::move(reflects);
-      }
-      return finish(results.status());
-    }
-    case wire::Request::kCloseSession: {
-      if (absl::Status s = authorize(req.close_session().session_id()); !s.ok()) return finish(s);
-      resp.mutable_close_session();
-      return finish(service.CloseSession(req.close_session().session_id(), now));
-    }
-    case wire::Request::kAcquire: {
-      const auto& a = req.acquire();
-      if (absl::Status s = authorize(a.session_id()); !s.ok()) return finish(s);
-      if (!host.permissions().MayAcquire(conn.caller.identity, a.lock())) {
-        return finish(service.Deny(absl::StrCat("may not acquire \"", a.lock(), "\": ",
-                                                host.permissions().DescribeAcquire(conn.caller.identity))));
-      }
-      if (conn.queued.contains(req.request_id())) {
-        // Its reply, and WithdrawAcquire, could no longer tell the two apart.
-        return finish(absl::InvalidArgumentError(absl::StrCat(
-            "request id ", req.request_id(),
-            " already names an Acquire that waits on this connection; a waiting Acquire's "
-            "request id must be unique on its connection")));
-      }
-      if ((a.mode() != wire::EXCLUSIVE || a.has_lock_delay_ms()) &&
-          !RequireVersion(conn, protocol::kSharedLockProtocolVersion,
-                          "an Acquire's mode and lock delay need", host, resp)) {
-        return out;
-      }
-      if (a.mode() != wire::EXCLUSIVE && a.mode() != wire::SHARED) {
-        return finish(absl::InvalidArgumentError(
-            absl::StrCat("unknown lock mode ", static_cast<int>(a.mode()))));
-      }
-      AcquireMode how;
-      how.mode = a.mode() == wire::SHARED ? LockMode::kShared : LockMode::kExclusive;
-      if (a.has_lock_delay_ms()) how.lock_delay = FromMillis(a.lock_delay_ms());
-      const WaiterId waiter_id = host.NextWaiterId();
-      auto result = service.Acquire(a.session_id(), a.lock(), FromMillis(a.ttl_ms()),
-                                    FromMillis(a.wait_timeout_ms()), waiter_id, now, how);
-      if (!result.ok()) {
-        // The session holds it already: the refusal names the grant (granted stays false), so
-        // that a client whose earlier Acquire was granted but never answered (a replica
-        // deposed as it committed) can release it rather than wait out its lease.
-        const LockState* held = service.state().FindLock(a.lock());
-        const HolderState* holder = held == nullptr ? nullptr : held->FindSession(a.session_id());
-        if (absl::IsInvalidArgument(result.status()) && holder != nullptr) {
-          auto* held = resp.mutable_acquire();
-          held->set_lock(a.lock());
-          held->set_token(holder->token);
-          held->set_ttl_ms(ToMillis(holder->ttl));
-        }
-        return finish(result.status());
-      }
-      if (result->kind == AcquireResult::Kind::kQueued) {
-        // Answered by a push when the wait is settled.
-        out.then = Dispatched::Then::kQueued;
-        out.waiter = waiter_id;
-        conn.queued[req.request_id()] = waiter_id;
-        return out;
-      }
-      auto* reply = resp.mutable_acquire();
-      reply->set_lock(a.lock());
-      if (result->kind == AcquireResult::Kind::kGranted) {
-        reply->set_granted(true);
-        reply->set_token(result->token);
-        reply->set_ttl_ms(ToMillis(result->ttl));
-      }
-      return finish(absl::OkStatus());
-    }
-    case wire::Request::kWithdrawAcquire: {
-      const auto& w = req.withdraw_acquire();
-      if (!RequireVersion(conn, protocol::kWithdrawProtocolVersion, "WithdrawAcquire needs",
-                          host, resp)) {
-        return out;
-      }
-      if (absl::Status s = authorize(w.session_id()); !s.ok()) return finish(s);
-      // Only this connection's own Acquires can be named: request ids are the connection's.
-      auto queued = conn.queued.find(w.acquire_request_id());
-      absl::StatusOr<bool> withdrawn = false;
-      if (queued != conn.queued.end()) {
-        withdrawn = service.Withdraw(queued->second, w.session_id(), now);
-        if (withdrawn.ok()) conn.queued.erase(queued);
-      }
-      if (withdrawn.ok()) resp.mutable_withdraw_acquire()->set_withdrawn(*withdrawn);
-      return finish(withdrawn.status());
-    }
-    case wire::Request::kRelease: {
-      const auto& r = req.release();
-      if (absl::Status s = authorize(r.session_id()); !s.ok()) return finish(s);
-      resp.mutable_release();
-      absl::Status released = service.Release(r.session_id(), r.lock(), r.token(), now,
-                                               r.relinquish(),
-                                               service.SentByItsDriver(r.session_id(), conn.caller));
-      // The releaser's own OK does not wait for its release to be durable (ADR 0003): it
-      // reflects only the session and the grant it ended. Whatever shows the lock free to
-      // anyone else (a grant, a push to a waiter, a FENCED_OUT, a listing) still waits.
-      if (released.ok()) {
-        out.reflects = Dispatched::Reflects{.session = r.session_id(), .grants = {r.token()}};
-      }
-      return finish(released);
-    }
-    case wire::Request::kValidate: {
-      const auto& v = req.validate();
-      std::optional<SessionId> holder;
-      if (v.session_id() != 0) {
-        if (absl::Status s = authorize(v.session_id()); !s.ok()) return finish(s);
-        holder = v.session_id();
-      } else if (!host.permissions().MayValidate(conn.caller.identity)) {
-        // A resource's check: only for identities that check tokens, so that a stranger who
-        // remembers old tokens cannot raise lock_fenced_out_total, whose healthy value is 0.
-        return finish(service.Deny(absl::StrCat(
-            "may not check tokens without a session: ",
-            Permissions::Name(conn.caller.identity), " has no validate right")));
-      }
-      resp.mutable_validate();
-      return finish(service.Validate(
-          v.lock(), v.token(), now, holder,
-          !holder.has_value() || service.SentByItsDriver(*holder, conn.caller)));
-    }
-    case wire::Request::kGetStats: {
-      host.FillStats(resp.mutable_stats());
-      return finish(absl::OkStatus());
-    }
-    case wire::Request::kListLocks: {
-      if (const absl::Status* fault = host.fault(); fault != nullptr) {
-        // Memory may hold changes the disk does not: show none of them.
-        return finish(absl::UnavailableError(absl::StrCat(
-            "lockd stopped after a commit fault (", fault->message(),
-            "); its memory may hold changes that never became durable, so it lists nothing; ",
-            host.FaultRemedy())));
-      }
-      const Permissions& permissions = host.permissions();
-      const std::string& who = conn.caller.identity;
-      const bool inspect = permissions.MayInspect(who);
-      if (!permissions.MayList(who) && !inspect) {
-        return finish(service.Deny(absl::StrCat(
-            Permissions::Name(who), " may not list sessions and locks (",
-            permissions.source(), " has no \"list\" or \"inspect\" rule for it)")));
-      }
-      const auto& q = req.list_locks();
-      if (q.include_sessions() && !inspect) {
-        return finish(service.Deny(absl::StrCat(
-            Permissions::Name(who), " may list locks but not sessions (",
-            permissions.source(), " has no \"inspect\" rule for it)")));
-      }
-      if (q.limit() > protocol::kMaxListLimit) {
-        return finish(absl::InvalidArgumentError(
-            absl::StrCat("ListLocks limit is at most ", protocol::kMaxListLimit, ", got ", q.limit())));
-      }
-      // Room for the reply's own fields around the entries.
-      const size_t cap = host.max_frame_bytes() > 1024 ? host.max_frame_bytes() - 1024 : 64;
-      FillList(service, q, resp.mutable_list(), now, cap);
-      if (!inspect) {
-        // Names and leases only: whose they are, and under which token, is not this caller's.
-        for (auto& l : *resp.mutable_list()->mutable_locks()) {
-          l.set_session_id(0);
-          l.set_token(0);
-          for (auto& h : *l.mutable_holders()) {
-            h.set_session_id(0);
-            h.set_token(0);
-          }
-        }
-        resp.mutable_list()->set_redacted(true);
-      }
-      return finish(absl::OkStatus());
-    }
+    case wire::Request::kHello:
+      call.Hello();
+      break;
+    case wire::Request::kOpenSession:
+      call.OpenSession();
+      break;
+    case wire::Request::kResumeSession:
+      call.ResumeSession();
+      break;
+    case wire::Request::kKeepAlive:
+      call.KeepAlive();
+      break;
+    case wire::Request::kCloseSession:
+      call.CloseSession();
+      break;
+    case wire::Request::kAcquire:
+      call.Acquire();
+      break;
+    case wire::Request::kWithdrawAcquire:
+      call.WithdrawAcquire();
+      break;
+    case wire::Request::kRelease:
+      call.Release();
+      break;
+    case wire::Request::kValidate:
+      call.Validate();
+      break;
+    case wire::Request::kGetStats:
+      call.GetStats();
+      break;
+    case wire::Request::kListLocks:
+      call.ListLocks();
+      break;
     default:
       break;
   }

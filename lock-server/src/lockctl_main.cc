@@ -93,6 +93,159 @@ absl::Status ForEachPage(BlockingConnection& conn, bool sessions,
   }
 }
 
+// lockctl status: what lockd counts, its storage and, on etcd, its ownership and members.
+int PrintStatus(BlockingConnection& conn, bool json) {
+  const wire::Request r = req::GetStats();
+  auto reply = conn.Call(r);
+  if (!reply.ok()) return Fail(reply.status());
+  if (reply->code() != wire::OK) {
+    return Fail(protocol::StatusFromCode(reply->code(), reply->message()));
+  }
+  const wire::StatsReply& s = reply->stats();
+  if (json) {
+    std::printf("%s", Json(s).c_str());
+    return 0;
+  }
+  std::printf("lockd at %s\n", absl::GetFlag(FLAGS_server).c_str());
+  std::printf("  health            %s\n", s.disk_fault().empty() ? "ok" : ("DISK FAULT: " + s.disk_fault()).c_str());
+  std::printf("  sessions          %lu\n", static_cast<unsigned long>(s.sessions()));
+  std::printf("  locks held        %lu\n", static_cast<unsigned long>(s.locks_held()));
+  std::printf("  waiters           %lu\n", static_cast<unsigned long>(s.waiters()));
+  std::printf("  last token        %lu\n", static_cast<unsigned long>(s.last_token()));
+  // Every counter lockd keeps, by its Prometheus name (docs/metrics.md); a lockd from before
+  // the list sends only the named fields.
+  std::printf("  counters\n");
+  wire::StatsReply named;
+  if (s.counters().empty()) {
+    for (const auto& [name, value] :
+         {std::pair{"lockd_grants_total", s.grants_total()},
+          std::pair{"lock_fenced_out_total", s.fenced_out_total()},
+          std::pair{"lockd_permission_denied_total", s.permission_denied_total()},
+          std::pair{"lockd_session_expiries_total", s.session_expiries_total()},
+          std::pair{"lockd_lock_expiries_total", s.lock_expiries_total()}}) {
+      wire::CounterValue* c = named.add_counters();
+      c->set_name(name);
+      c->set_value(value);
+    }
+  }
+  for (const wire::CounterValue& c : s.counters().empty() ? named.counters() : s.counters()) {
+    const char* note = "";
+    if (c.value() > 0 && c.name() == "lock_fenced_out_total") {
+      note = "   (must be zero: investigate)";
+    } else if (c.value() > 0 && c.name() == "lockd_permission_denied_total") {
+      note = "   (requests for sessions not their own, or wrong secrets)";
+    }
+    std::printf("    %-42s %lu%s\n", c.name().c_str(), static_cast<unsigned long>(c.value()),
+                note);
+  }
+  std::printf("  storage           %s\n", s.storage().c_str());
+  if (s.storage().rfind("etcd", 0) == 0) {
+    // Only the replica that serves the prefix answers; standbys do not listen.
+    std::printf("  role              serving the prefix (leader), term %lu\n",
+                static_cast<unsigned long>(s.term()));
+    std::printf("  ownership         %s left (renewed every third of its TTL)\n",
+                absl::FormatDuration(absl::Milliseconds(s.ownership_left_ms())).c_str());
+    std::printf("  depositions       %lu%s%s\n", static_cast<unsigned long>(s.depositions_total()),
+                s.depositions_total() > 0 ? " in this process, last: " : "",
+                s.last_deposition().c_str());
+    std::printf("  commits           lsn %lu, %lu transactions, %lu snapshots, %lu retried\n",
+                static_cast<unsigned long>(s.last_lsn()),
+                static_cast<unsigned long>(s.log_syncs_total()),
+                static_cast<unsigned long>(s.snapshots_total()),
+                static_cast<unsigned long>(s.commit_retries_total()));
+    for (const wire::StoreMemberInfo& m : s.store_members()) {
+      if (m.reachable()) {
+        std::printf("  etcd member       %s: ok%s, raft index %lu, db %ld bytes%s%s\n",
+                    m.endpoint().c_str(), m.leader() ? ", leader" : "",
+                    static_cast<unsigned long>(m.raft_index()), static_cast<long>(m.db_bytes()),
+                    m.error().empty() ? "" : "; ", m.error().c_str());
+      } else {
+        std::printf("  etcd member       %s: UNREACHABLE (%s)\n", m.endpoint().c_str(),
+                    m.error().c_str());
+      }
+    }
+  } else {
+    std::printf("  WAL               lsn %lu, segment %lu, %lu syncs, %lu snapshots\n",
+                static_cast<unsigned long>(s.last_lsn()),
+                static_cast<unsigned long>(s.wal_segment()),
+                static_cast<unsigned long>(s.log_syncs_total()),
+                static_cast<unsigned long>(s.snapshots_total()));
+  }
+  return 0;
+}
+
+// lockctl sessions, locks and waiters: every page of the listing, as a table or one JSON
+// document.
+int PrintList(BlockingConnection& conn, const std::string& command, bool json) {
+  const bool sessions = command == "sessions";
+  // JSON is one document: gather the pages. The tables print each page as it arrives.
+  wire::ListReply all;
+  bool header = false;
+  absl::Status listed = ForEachPage(conn, sessions, [&](const wire::ListReply& list) {
+    if (json) {
+      for (const auto& l : list.locks()) {
+        if (command != "waiters" || l.waiters() > 0) *all.add_locks() = l;
+      }
+      for (const auto& s : list.sessions()) *all.add_sessions() = s;
+      return;
+    }
+    if (!header) {
+      header = true;
+      if (sessions) {
+        std::printf("%-22s %-10s %-12s %s\n", "SESSION", "TTL", "EXPIRES IN", "LOCKS");
+      } else {
+        std::printf("%-32s %-10s %-12s %-22s %-12s %-10s %s\n", "LOCK", "MODE", "TOKEN",
+                    "HOLDER SESSION", "EXPIRES IN", "WAITERS", "DELAY");
+      }
+    }
+    for (const auto& s : list.sessions()) {
+      std::printf("%-22lu %-10s %-12s %u\n", static_cast<unsigned long>(s.session_id()),
+                  Seconds(s.ttl_ms()).c_str(), Seconds(s.expires_in_ms()).c_str(),
+                  s.locks_held());
+    }
+    for (const auto& l : list.locks()) {
+      if (command == "waiters" && l.waiters() == 0) continue;
+      // ADR 0006: a lost holder's delay, "-" when none; "all" blocks every grant, "writers"
+      // exclusive grants only.
+      const std::string delay =
+          l.delay_left_ms() == 0
+              ? "-"
+              : absl::StrCat(Seconds(l.delay_left_ms()),
+                             l.delay_blocks_shared() ? " (all)" : " (writers)");
+      const std::string waiters =
+          l.exclusive_waiters() > 0 && l.exclusive_waiters() < l.waiters()
+              ? absl::StrCat(l.waiters(), " (", l.exclusive_waiters(), " excl)")
+              : absl::StrCat(l.waiters());
+      const char* mode = l.holders().empty()        ? "free"
+                         : l.mode() == wire::SHARED ? "shared"
+                                                    : "exclusive";
+      // Without lockd's "inspect" right the holders and tokens are not shown to us: "-".
+      auto shown = [&](uint64_t v) {
+        return list.redacted() ? std::string("-") : std::to_string(v);
+      };
+      if (l.holders().empty()) {
+        std::printf("%-32s %-10s %-12s %-22s %-12s %-10s %s\n", l.lock().c_str(), mode, "-",
+                    "-", "-", waiters.c_str(), delay.c_str());
+      }
+      // Each holder on a line of its own; the lock's own columns on the first.
+      for (int i = 0; i < l.holders_size(); ++i) {
+        const wire::HolderInfo& h = l.holders(i);
+        std::printf("%-32s %-10s %-12s %-22s %-12s %-10s %s\n", i == 0 ? l.lock().c_str() : "",
+                    i == 0 ? mode : "", shown(h.token()).c_str(), shown(h.session_id()).c_str(),
+                    Seconds(h.expires_in_ms()).c_str(), i == 0 ? waiters.c_str() : "",
+                    i == 0 ? delay.c_str() : "");
+      }
+      if (l.holder_count() > static_cast<uint32_t>(l.holders_size())) {
+        std::printf("%-32s %-10s (%u more holders not listed)\n", "", "",
+                    l.holder_count() - static_cast<uint32_t>(l.holders_size()));
+      }
+    }
+  });
+  if (!listed.ok()) return Fail(listed);
+  if (json) std::printf("%s", Json(all).c_str());
+  return 0;
+}
+
 int Main(const std::string& command) {
   const absl::Duration timeout = absl::GetFlag(FLAGS_timeout);
   if (timeout <= absl::ZeroDuration() || timeout > absl::Hours(1)) {
@@ -140,153 +293,9 @@ int Main(const std::string& command) {
   }
   if (!connected.ok()) return Fail(connected.status());
   BlockingConnection& conn = **connected;
-  if (command == "status") {
-    const wire::Request r = req::GetStats();
-    auto reply = conn.Call(r);
-    if (!reply.ok()) return Fail(reply.status());
-    if (reply->code() != wire::OK) {
-      return Fail(protocol::StatusFromCode(reply->code(), reply->message()));
-    }
-    const wire::StatsReply& s = reply->stats();
-    if (json) {
-      std::printf("%s", Json(s).c_str());
-      return 0;
-    }
-    std::printf("lockd at %s\n", absl::GetFlag(FLAGS_server).c_str());
-    std::printf("  health            %s\n", s.disk_fault().empty() ? "ok" : ("DISK FAULT: " + s.disk_fault()).c_str());
-    std::printf("  sessions          %lu\n", static_cast<unsigned long>(s.sessions()));
-    std::printf("  locks held        %lu\n", static_cast<unsigned long>(s.locks_held()));
-    std::printf("  waiters           %lu\n", static_cast<unsigned long>(s.waiters()));
-    std::printf("  last token        %lu\n", static_cast<unsigned long>(s.last_token()));
-    // Every counter lockd keeps, by its Prometheus name (docs/metrics.md); a lockd from before
-    // the list sends only the named fields.
-    std::printf("  counters\n");
-    wire::StatsReply named;
-    if (s.counters().empty()) {
-      for (const auto& [name, value] :
-           {std::pair{"lockd_grants_total", s.grants_total()},
-            std::pair{"lock_fenced_out_total", s.fenced_out_total()},
-            std::pair{"lockd_permission_denied_total", s.permission_denied_total()},
-            std::pair{"lockd_session_expiries_total", s.session_expiries_total()},
-            std::pair{"lockd_lock_expiries_total", s.lock_expiries_total()}}) {
-        wire::CounterValue* c = named.add_counters();
-        c->set_name(name);
-        c->set_value(value);
-      }
-    }
-    for (const wire::CounterValue& c : s.counters().empty() ? named.counters() : s.counters()) {
-      const char* note = "";
-      if (c.value() > 0 && c.name() == "lock_fenced_out_total") {
-        note = "   (must be zero: investigate)";
-      } else if (c.value() > 0 && c.name() == "lockd_permission_denied_total") {
-        note = "   (requests for sessions not their own, or wrong secrets)";
-      }
-      std::printf("    %-42s %lu%s\n", c.name().c_str(), static_cast<unsigned long>(c.value()),
-                  note);
-    }
-    std::printf("  storage           %s\n", s.storage().c_str());
-    if (s.storage().rfind("etcd", 0) == 0) {
-      // Only the replica that serves the prefix answers; standbys do not listen.
-      std::printf("  role              serving the prefix (leader), term %lu\n",
-                  static_cast<unsigned long>(s.term()));
-      std::printf("  ownership         %s left (renewed every third of its TTL)\n",
-                  absl::FormatDuration(absl::Milliseconds(s.ownership_left_ms())).c_str());
-      std::printf("  depositions       %lu%s%s\n", static_cast<unsigned long>(s.depositions_total()),
-                  s.depositions_total() > 0 ? " in this process, last: " : "",
-                  s.last_deposition().c_str());
-      std::printf("  commits           lsn %lu, %lu transactions, %lu snapshots, %lu retried\n",
-                  static_cast<unsigned long>(s.last_lsn()),
-                  static_cast<unsigned long>(s.log_syncs_total()),
-                  static_cast<unsigned long>(s.snapshots_total()),
-                  static_cast<unsigned long>(s.commit_retries_total()));
-      for (const wire::StoreMemberInfo& m : s.store_members()) {
-        if (m.reachable()) {
-          std::printf("  etcd member       %s: ok%s, raft index %lu, db %ld bytes%s%s\n",
-                      m.endpoint().c_str(), m.leader() ? ", leader" : "",
-                      static_cast<unsigned long>(m.raft_index()), static_cast<long>(m.db_bytes()),
-                      m.error().empty() ? "" : "; ", m.error().c_str());
-        } else {
-          std::printf("  etcd member       %s: UNREACHABLE (%s)\n", m.endpoint().c_str(),
-                      m.error().c_str());
-        }
-      }
-    } else {
-      std::printf("  WAL               lsn %lu, segment %lu, %lu syncs, %lu snapshots\n",
-                  static_cast<unsigned long>(s.last_lsn()),
-                  static_cast<unsigned long>(s.wal_segment()),
-                  static_cast<unsigned long>(s.log_syncs_total()),
-                  static_cast<unsigned long>(s.snapshots_total()));
-    }
-    return 0;
-  }
+  if (command == "status") return PrintStatus(conn, json);
   if (command == "sessions" || command == "locks" || command == "waiters") {
-    const bool sessions = command == "sessions";
-    // JSON is one document: gather the pages. The tables print each page as it arrives.
-    wire::ListReply all;
-    bool header = false;
-    absl::Status listed = ForEachPage(conn, sessions, [&](const wire::ListReply& list) {
-      if (json) {
-        for (const auto& l : list.locks()) {
-          if (command != "waiters" || l.waiters() > 0) *all.add_locks() = l;
-        }
-        for (const auto& s : list.sessions()) *all.add_sessions() = s;
-        return;
-      }
-      if (!header) {
-        header = true;
-        if (sessions) {
-          std::printf("%-22s %-10s %-12s %s\n", "SESSION", "TTL", "EXPIRES IN", "LOCKS");
-        } else {
-          std::printf("%-32s %-10s %-12s %-22s %-12s %-10s %s\n", "LOCK", "MODE", "TOKEN",
-                      "HOLDER SESSION", "EXPIRES IN", "WAITERS", "DELAY");
-        }
-      }
-      for (const auto& s : list.sessions()) {
-        std::printf("%-22lu %-10s %-12s %u\n", static_cast<unsigned long>(s.session_id()),
-                    Seconds(s.ttl_ms()).c_str(), Seconds(s.expires_in_ms()).c_str(),
-                    s.locks_held());
-      }
-      for (const auto& l : list.locks()) {
-        if (command == "waiters" && l.waiters() == 0) continue;
-        // ADR 0006: a lost holder's delay, "-" when none; "all" blocks every grant, "writers"
-        // exclusive grants only.
-        const std::string delay =
-            l.delay_left_ms() == 0
-                ? "-"
-                : absl::StrCat(Seconds(l.delay_left_ms()),
-                               l.delay_blocks_shared() ? " (all)" : " (writers)");
-        const std::string waiters =
-            l.exclusive_waiters() > 0 && l.exclusive_waiters() < l.waiters()
-                ? absl::StrCat(l.waiters(), " (", l.exclusive_waiters(), " excl)")
-                : absl::StrCat(l.waiters());
-        const char* mode = l.holders().empty()        ? "free"
-                           : l.mode() == wire::SHARED ? "shared"
-                                                      : "exclusive";
-        // Without lockd's "inspect" right the holders and tokens are not shown to us: "-".
-        auto shown = [&](uint64_t v) {
-          return list.redacted() ? std::string("-") : std::to_string(v);
-        };
-        if (l.holders().empty()) {
-          std::printf("%-32s %-10s %-12s %-22s %-12s %-10s %s\n", l.lock().c_str(), mode, "-",
-                      "-", "-", waiters.c_str(), delay.c_str());
-        }
-        // Each holder on a line of its own; the lock's own columns on the first.
-        for (int i = 0; i < l.holders_size(); ++i) {
-          const wire::HolderInfo& h = l.holders(i);
-          std::printf("%-32s %-10s %-12s %-22s %-12s %-10s %s\n", i == 0 ? l.lock().c_str() : "",
-                      i == 0 ? mode : "", shown(h.token()).c_str(), shown(h.session_id()).c_str(),
-                      Seconds(h.expires_in_ms()).c_str(), i == 0 ? waiters.c_str() : "",
-                      i == 0 ? delay.c_str() : "");
-        }
-        if (l.holder_count() > static_cast<uint32_t>(l.holders_size())) {
-          std::printf("%-32s %-10s (%u more holders not listed)\n", "", "",
-                      l.holder_count() - static_cast<uint32_t>(l.holders_size()));
-        }
-      }
-    });
-    if (!listed.ok()) return Fail(listed);
-    if (json) std::printf("%s", Json(all).c_str());
-    return 0;
+    return PrintList(conn, command, json);
   }
   std::fprintf(stderr, "lockctl: unknown command \"%s\"; use status, sessions, locks or waiters\n",
                command.c_str());

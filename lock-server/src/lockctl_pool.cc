@@ -368,9 +368,10 @@ std::string JsonString(const std::string& s) {
   return out;
 }
 
-int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bool json,
-             const std::vector<std::string>& command) {
-  PoolCommand cmd(json);
+// Why `lockctl pool SUB` cannot run with the flags given (naming what is missing or wrong), or
+// "" when it can.
+std::string PoolUsageProblem(const std::string& sub, bool json,
+                             const std::vector<std::string>& command) {
   const std::string pool = absl::GetFlag(FLAGS_pool);
   const std::string profile = absl::GetFlag(FLAGS_profile);
   const std::string slot = absl::GetFlag(FLAGS_slot);
@@ -381,26 +382,14 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
     }
     return "";
   };
-  auto owner = [&]() -> absl::StatusOr<PoolOwnerId> {
-    std::string text = absl::GetFlag(FLAGS_owner);
-    if (text.empty()) {
-      const char* env = std::getenv("FENCELOCK_POOL_OWNER");
-      text = env == nullptr ? "" : env;
-    }
-    if (text.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pool ", sub, " needs --owner (or $FENCELOCK_POOL_OWNER): what `pool claim` printed"));
-    }
-    return PoolOwnerId::Parse(text);
-  };
   static const char* const kSubs[] = {"publish", "claim",   "ack",     "set-demand", "acquire",
                                       "renew",   "activate", "release", "recover",    "drain",
                                       "status",  "stop",     "delete",  "run"};
   if (std::find(std::begin(kSubs), std::end(kSubs), sub) == std::end(kSubs)) {
-    return cmd.Usage(absl::StrCat(
+    return absl::StrCat(
         "unknown pool command \"", sub,
         "\"; use publish, claim, ack, set-demand, acquire, renew, activate, release, recover, "
-        "drain, status, stop, delete or run"));
+        "drain, status, stop, delete or run");
   }
   std::string missing;
   if (sub == "publish") {
@@ -424,14 +413,39 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
   } else if (sub == "drain" || sub == "status" || sub == "delete") {
     missing = need({{"pool", !pool.empty()}});
   }
-  if (!missing.empty()) return cmd.Usage(missing);
+  if (!missing.empty()) return missing;
   if ((sub == "run") != !command.empty()) {
-    return cmd.Usage(sub == "run" ? "pool run needs the command to run after --"
-                                  : absl::StrCat("pool ", sub, " takes no command"));
+    return sub == "run" ? std::string("pool run needs the command to run after --")
+                        : absl::StrCat("pool ", sub, " takes no command");
   }
-  if (sub == "run" && json) return cmd.Usage("pool run prints no JSON: its output is CMD's");
+  if (sub == "run" && json) return "pool run prints no JSON: its output is CMD's";
   if (absl::GetFlag(FLAGS_ttl) < absl::ZeroDuration()) {
-    return cmd.Usage("--ttl must not be negative");
+    return "--ttl must not be negative";
+  }
+  return "";
+}
+
+int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bool json,
+             const std::vector<std::string>& command) {
+  PoolCommand cmd(json);
+  const std::string pool = absl::GetFlag(FLAGS_pool);
+  const std::string profile = absl::GetFlag(FLAGS_profile);
+  const std::string slot = absl::GetFlag(FLAGS_slot);
+  const uint64_t token = absl::GetFlag(FLAGS_token);
+  auto owner = [&]() -> absl::StatusOr<PoolOwnerId> {
+    std::string text = absl::GetFlag(FLAGS_owner);
+    if (text.empty()) {
+      const char* env = std::getenv("FENCELOCK_POOL_OWNER");
+      text = env == nullptr ? "" : env;
+    }
+    if (text.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pool ", sub, " needs --owner (or $FENCELOCK_POOL_OWNER): what `pool claim` printed"));
+    }
+    return PoolOwnerId::Parse(text);
+  };
+  if (std::string problem = PoolUsageProblem(sub, json, command); !problem.empty()) {
+    return cmd.Usage(problem);
   }
   std::vector<PoolProfileDef> profiles;
   if (sub == "publish") {

@@ -300,20 +300,20 @@ absl::StatusOr<fencelock::server::EtcdAccess> EtcdAccessFromFlags() {
   return access;
 }
 
-int Serve() {
-  using fencelock::server::Server;
+// lockd serve's flags, as the server's options; kInvalidArgument naming the flag for one that
+// cannot be served.
+absl::StatusOr<fencelock::server::ServerOptions> ServerOptionsFromFlags() {
   using fencelock::server::ServerOptions;
   const int port = absl::GetFlag(FLAGS_port);
   if (port < 0 || port > 65535) {
-    Log().Error(absl::StrCat("--port=", port, " is not a TCP port (0 to 65535)"));
-    return 1;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--port=", port, " is not a TCP port (0 to 65535)"));
   }
   if (absl::GetFlag(FLAGS_allow_remote)) {
-    Log().Error(
+    return absl::InvalidArgumentError(
         "--allow-remote is no longer accepted: anyone on the network could read and forge "
         "plaintext TCP, so lockd serves it on loopback only; to serve other machines, give "
         "--tls-ca, --tls-cert and --tls-key (docs/security.md)");
-    return 1;
   }
   ServerOptions options;
   options.tcp = absl::GetFlag(FLAGS_tcp);
@@ -331,19 +331,13 @@ int Serve() {
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   if (const std::string etcd = absl::GetFlag(FLAGS_etcd); !etcd.empty()) {
     auto endpoints = fencelock::server::ParseEtcdEndpoints(etcd);
-    if (!endpoints.ok()) {
-      Log().Error(std::string(endpoints.status().message()));
-      return 1;
-    }
+    if (!endpoints.ok()) return endpoints.status();
     options.etcd_endpoints = *endpoints;
   }
   options.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
   {
     auto access = EtcdAccessFromFlags();
-    if (!access.ok()) {
-      Log().Error(std::string(access.status().message()));
-      return 1;
-    }
+    if (!access.ok()) return access.status();
     options.etcd_access = std::move(*access);
   }
   options.etcd_owner_ttl = absl::GetFlag(FLAGS_etcd_owner_ttl);
@@ -373,37 +367,47 @@ int Serve() {
     char* end = nullptr;
     const unsigned long bits = std::strtoul(mode.c_str(), &end, 8);
     if (mode.empty() || *end != '\0' || bits > 0777) {
-      Log().Error(absl::StrCat("--unix-socket-mode=", mode,
-                               " is not an octal permission mode (0 to 0777)"));
-      return 1;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--unix-socket-mode=", mode, " is not an octal permission mode (0 to 0777)"));
     }
     options.unix_socket_mode = static_cast<uint32_t>(bits);
   }
   if (const std::string group = absl::GetFlag(FLAGS_unix_socket_group); !group.empty()) {
     auto gid = ResolveId(group, /*group=*/true);
     if (!gid) {
-      Log().Error(absl::StrCat("--unix-socket-group=", group, " names no group"));
-      return 1;
+      return absl::InvalidArgumentError(
+          absl::StrCat("--unix-socket-group=", group, " names no group"));
     }
     options.unix_socket_gid = *gid;
   }
   for (absl::string_view user : absl::StrSplit(absl::GetFlag(FLAGS_allowed_uids), ',', absl::SkipEmpty())) {
     auto uid = ResolveId(std::string(user), /*group=*/false);
     if (!uid) {
-      Log().Error(absl::StrCat("--allowed-uids: \"", user, "\" is neither a user id nor a user name"));
-      return 1;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--allowed-uids: \"", user, "\" is neither a user id nor a user name"));
     }
     options.allowed_uids.push_back(*uid);
   }
   if (!options.allowed_uids.empty() && options.unix_socket_path.empty()) {
-    Log().Error("--allowed-uids applies to the Unix socket; give --unix-socket too");
-    return 1;
+    return absl::InvalidArgumentError(
+        "--allowed-uids applies to the Unix socket; give --unix-socket too");
   }
   if (options.data_dir.empty() && options.etcd_endpoints.empty()) {
-    Log().Error(
+    return absl::InvalidArgumentError(
         "serve needs --data-dir, or --etcd and --etcd-prefix (create either with lockd init)");
+  }
+  return options;
+}
+
+int Serve() {
+  using fencelock::server::Server;
+  using fencelock::server::ServerOptions;
+  absl::StatusOr<ServerOptions> from_flags = ServerOptionsFromFlags();
+  if (!from_flags.ok()) {
+    Log().Error(std::string(from_flags.status().message()));
     return 1;
   }
+  ServerOptions& options = *from_flags;
 
   // Signals are taken by a dedicated thread, so no handler runs inside the server.
   sigset_t stop_signals;

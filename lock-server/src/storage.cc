@@ -162,27 +162,16 @@ absl::Status InitDataDir(Env* env, const std::string& dir, uint64_t segment_byte
   return env->WriteFileAtomically(Path(dir, kFormatFile), kFormatContents);
 }
 
-absl::StatusOr<Recovered> Recover(Env* env, const std::string& dir, MonoTime now) {
-  return internal::RecoverThrough(env, dir, now, UINT64_MAX);
-}
+namespace {
 
-absl::StatusOr<Recovered> internal::RecoverThrough(Env* env, const std::string& dir, MonoTime now,
-                                                   uint64_t stop_after_lsn) {
-  auto names = env->ListDir(dir);
-  if (!names.ok()) {
-    if (absl::IsNotFound(names.status())) {
-      return absl::NotFoundError(absl::StrCat(
-          "state directory ", dir, " does not exist; create it with: lockd init --data-dir ", dir));
-    }
-    return names.status();
-  }
-  // FORMAT
+// FORMAT: present, and the format this lockd reads. `dir_empty`: the directory holds nothing.
+absl::Status CheckFormatFile(Env* env, const std::string& dir, bool dir_empty) {
   const std::string format_path = Path(dir, kFormatFile);
   auto format = env->ReadFile(format_path);
   if (!format.ok()) {
     if (absl::IsNotFound(format.status())) {
       return absl::NotFoundError(absl::StrCat(
-          format_path, " is missing: ", dir, names->empty() ? " is empty, not" : " is not",
+          format_path, " is missing: ", dir, dir_empty ? " is empty, not" : " is not",
           " an initialized lockd state directory; run: lockd init --data-dir ", dir));
     }
     return format.status();
@@ -198,6 +187,116 @@ absl::StatusOr<Recovered> internal::RecoverThrough(Env* env, const std::string& 
     }
     return Damaged(format_path, "not a fencelock format file");
   }
+  return absl::OkStatus();
+}
+
+// A WAL segment's header: its magic, checksum and version, its number, and its allocated size
+// (segments are preallocated and synced before use: a crash never changes their size).
+absl::Status CheckSegmentHeader(std::string_view data, const std::string& path, uint64_t number) {
+  if (data.size() < kSegmentHeaderBytes) {
+    return Damaged(path, absl::StrCat("is ", data.size(), " bytes, shorter than its header"));
+  }
+  if (std::memcmp(data.data(), kSegmentMagic, 8) != 0) return DamagedAt(path, 0, "bad magic");
+  if (GetU32(data, 28) != Crc32c(data.substr(0, 28))) {
+    return DamagedAt(path, 0, "header checksum mismatch");
+  }
+  if (GetU32(data, 8) != kFileVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": unsupported segment version ", GetU32(data, 8)));
+  }
+  if (GetU64(data, 12) != number) {
+    return DamagedAt(path, 12, absl::StrCat("header says segment ", GetU64(data, 12)));
+  }
+  if (const uint64_t size = GetU64(data, 20); size != data.size()) {
+    return Damaged(path, absl::StrCat("is ", data.size(), " bytes but was allocated ", size,
+                                      ": truncated or extended"));
+  }
+  return absl::OkStatus();
+}
+
+// A segment's bytes after its last good record (or seal), from `at`: unused zeros; or, in the
+// final segment while it is open (`open_final`: not sealed), an append that never completed,
+// none of it acknowledged, which is dropped with a warning in `report`.
+absl::Status CheckSegmentTail(std::string_view data, uint64_t at, bool open_final,
+                              const std::string& path, RecoveryReport& report) {
+  if (AllZero(data.substr(at))) return absl::OkStatus();
+  // Damage followed by a good record is damage in the middle of the log, unless it is the
+  // final segment's unacknowledged append whose sectors reached the disk out of order.
+  size_t out_of_order = 0;  // the valid record after such an append's hole
+  for (size_t p = at + 1; p + kRecordHeaderBytes <= data.size(); ++p) {
+    const size_t hit = data.find(std::string_view(kRecordMagic, 4), p);
+    if (hit == std::string_view::npos) break;
+    if (FrameAt(data, hit)) {
+      if (open_final && AppendReachedTheDiskOutOfOrder(data, at, hit)) {
+        out_of_order = hit;
+        break;
+      }
+      return DamagedAt(path, at, absl::StrCat("damaged record; a valid record follows at ",
+                                              "offset ", hit));
+    }
+    p = hit;
+  }
+  if (!open_final) {
+    return DamagedAt(path, at, "damaged data after the last record of a closed segment");
+  }
+  const size_t last_nonzero = data.find_last_not_of('\0');
+  report.torn_tail_offset = at;
+  report.torn_tail_bytes = last_nonzero + 1 - at;
+  // What lockd knows: these bytes do not form a valid record, and nothing valid follows,
+  // or only after a hole that a power cut leaves. An append a crash interrupted looks like
+  // this (none of it was acknowledged: a batch is acknowledged after its sync, which puts
+  // every byte before it on the disk); so does damage to records that were committed
+  // after the last COMMITTED mark, which no single disk can tell apart. Records the mark
+  // covers are never dropped: the check below refuses.
+  report.warnings.push_back(absl::StrCat(
+      path, ": offset ", at, ": dropped ", report.torn_tail_bytes,
+      " bytes after the last valid record (lsn ", report.last_lsn, "): an append that did not ",
+      out_of_order == 0 ? std::string("complete")
+                        : absl::StrCat("reach the disk in order (a hole, then a valid record "
+                                       "at offset ", out_of_order, ")"),
+      ", or damage to records newer than the COMMITTED mark (lsn ", report.committed_mark,
+      ")"));
+  return absl::OkStatus();
+}
+
+// The directory's snapshots and WAL segments by number, ascending; its stale temporary files,
+// and a warning for anything else it holds, in `report`.
+void ListStateFiles(const std::vector<std::string>& names, const std::string& dir,
+                    std::vector<uint64_t>* snapshots, std::vector<uint64_t>* segments,
+                    RecoveryReport& report) {
+  for (const std::string& name : names) {
+    if (auto lsn = ParseNumbered(name, "snapshot-")) {
+      snapshots->push_back(*lsn);
+    } else if (auto n = ParseNumbered(name, "wal-")) {
+      segments->push_back(*n);
+    } else if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
+      report.stale_temp_files.push_back(name);
+    } else if (name != kFormatFile && name != kSequencesFile && name != kLockFile &&
+               name != kCommittedFile) {
+      report.warnings.push_back(absl::StrCat("ignoring unexpected file ", Path(dir, name)));
+    }
+  }
+  std::sort(snapshots->begin(), snapshots->end());
+  std::sort(segments->begin(), segments->end());
+}
+
+}  // namespace
+
+absl::StatusOr<Recovered> Recover(Env* env, const std::string& dir, MonoTime now) {
+  return internal::RecoverThrough(env, dir, now, UINT64_MAX);
+}
+
+absl::StatusOr<Recovered> internal::RecoverThrough(Env* env, const std::string& dir, MonoTime now,
+                                                   uint64_t stop_after_lsn) {
+  auto names = env->ListDir(dir);
+  if (!names.ok()) {
+    if (absl::IsNotFound(names.status())) {
+      return absl::NotFoundError(absl::StrCat(
+          "state directory ", dir, " does not exist; create it with: lockd init --data-dir ", dir));
+    }
+    return names.status();
+  }
+  if (absl::Status s = CheckFormatFile(env, dir, names->empty()); !s.ok()) return s;
 
   Recovered out;
   RecoveryReport& report = out.report;
@@ -220,22 +319,8 @@ absl::StatusOr<Recovered> internal::RecoverThrough(Env* env, const std::string& 
     return Damaged(committed_path, std::string(mark_data.status().message()));
   }
 
-  // Directory listing.
   std::vector<uint64_t> snapshots, segments;
-  for (const std::string& name : *names) {
-    if (auto lsn = ParseNumbered(name, "snapshot-")) {
-      snapshots.push_back(*lsn);
-    } else if (auto n = ParseNumbered(name, "wal-")) {
-      segments.push_back(*n);
-    } else if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
-      report.stale_temp_files.push_back(name);
-    } else if (name != kFormatFile && name != kSequencesFile && name != kLockFile &&
-               name != kCommittedFile) {
-      report.warnings.push_back(absl::StrCat("ignoring unexpected file ", Path(dir, name)));
-    }
-  }
-  std::sort(snapshots.begin(), snapshots.end());
-  std::sort(segments.begin(), segments.end());
+  ListStateFiles(*names, dir, &snapshots, &segments, report);
   for (uint64_t lsn : snapshots) report.snapshot_files.push_back(SnapshotName(lsn));
   if (snapshots.empty()) return Damaged(dir, "no snapshot file: the state is incomplete");
   if (segments.empty()) return Damaged(dir, "no WAL segment: the state is incomplete");
@@ -265,26 +350,8 @@ absl::StatusOr<Recovered> internal::RecoverThrough(Env* env, const std::string& 
     auto data_or = env->ReadFile(path);
     if (!data_or.ok()) return Damaged(path, std::string(data_or.status().message()));
     std::string_view data = *data_or;
-    if (data.size() < kSegmentHeaderBytes) {
-      return Damaged(path, absl::StrCat("is ", data.size(), " bytes, shorter than its header"));
-    }
-    if (std::memcmp(data.data(), kSegmentMagic, 8) != 0) return DamagedAt(path, 0, "bad magic");
-    if (GetU32(data, 28) != Crc32c(data.substr(0, 28))) {
-      return DamagedAt(path, 0, "header checksum mismatch");
-    }
-    if (GetU32(data, 8) != kFileVersion) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path, ": unsupported segment version ", GetU32(data, 8)));
-    }
-    if (GetU64(data, 12) != number) {
-      return DamagedAt(path, 12, absl::StrCat("header says segment ", GetU64(data, 12)));
-    }
+    if (absl::Status s = CheckSegmentHeader(data, path, number); !s.ok()) return s;
     const uint64_t size = GetU64(data, 20);
-    if (size != data.size()) {
-      // Segments are preallocated and synced before use: a crash never changes their size.
-      return Damaged(path, absl::StrCat("is ", data.size(), " bytes but was allocated ", size,
-                                        ": truncated or extended"));
-    }
     expect_next_segment = false;
     uint64_t at = kSegmentHeaderBytes;
     uint64_t segment_last = 0;
@@ -329,44 +396,9 @@ absl::StatusOr<Recovered> internal::RecoverThrough(Env* env, const std::string& 
     report.segment_last_lsn[number] = segment_last;
     // `at` is the end of the last good record (or seal). What follows must be unused zeros,
     // except that the final segment may end in a torn append that was never acknowledged.
-    std::string_view rest = data.substr(at);
-    if (!AllZero(rest)) {
-      // Damage followed by a good record is damage in the middle of the log, unless it is the
-      // final segment's unacknowledged append whose sectors reached the disk out of order.
-      size_t out_of_order = 0;  // the valid record after such an append's hole
-      for (size_t p = at + 1; p + kRecordHeaderBytes <= data.size(); ++p) {
-        const size_t hit = data.find(std::string_view(kRecordMagic, 4), p);
-        if (hit == std::string_view::npos) break;
-        if (FrameAt(data, hit)) {
-          if (final && !expect_next_segment && AppendReachedTheDiskOutOfOrder(data, at, hit)) {
-            out_of_order = hit;
-            break;
-          }
-          return DamagedAt(path, at, absl::StrCat("damaged record; a valid record follows at ",
-                                                  "offset ", hit));
-        }
-        p = hit;
-      }
-      if (!final || expect_next_segment) {
-        return DamagedAt(path, at, "damaged data after the last record of a closed segment");
-      }
-      const size_t last_nonzero = data.find_last_not_of('\0');
-      report.torn_tail_offset = at;
-      report.torn_tail_bytes = last_nonzero + 1 - at;
-      // What lockd knows: these bytes do not form a valid record, and nothing valid follows,
-      // or only after a hole that a power cut leaves. An append a crash interrupted looks like
-      // this (none of it was acknowledged: a batch is acknowledged after its sync, which puts
-      // every byte before it on the disk); so does damage to records that were committed
-      // after the last COMMITTED mark, which no single disk can tell apart. Records the mark
-      // covers are never dropped: the check below refuses.
-      report.warnings.push_back(absl::StrCat(
-          path, ": offset ", at, ": dropped ", report.torn_tail_bytes,
-          " bytes after the last valid record (lsn ", report.last_lsn, "): an append that did not ",
-          out_of_order == 0 ? std::string("complete")
-                            : absl::StrCat("reach the disk in order (a hole, then a valid record "
-                                           "at offset ", out_of_order, ")"),
-          ", or damage to records newer than the COMMITTED mark (lsn ", report.committed_mark,
-          ")"));
+    if (absl::Status s = CheckSegmentTail(data, at, final && !expect_next_segment, path, report);
+        !s.ok()) {
+      return s;
     }
     if (final) {
       if (expect_next_segment) {
