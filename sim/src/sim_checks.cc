@@ -210,7 +210,10 @@ void Simulation::RunLockdEvent(int node, const std::function<void()>& fn) {
   fn();
   if (!serving || !r.serving || r.core_gen != gen) return;
   ServerCore* core = r.core.get();
-  for (const auto& [lock, session] : grants_this_event_) {
+  for (const auto& grant : grants_this_event_) {
+    // Named, not bound: clang 14 cannot capture a structured binding in the lambdas below.
+    const std::string& lock = grant.first;
+    const SessionId session = grant.second;
     const auto& queue = before[lock];
     const auto after = core->service().QueuedWaiters(lock);
     auto waits = [&](server::WaiterId id) {
