@@ -218,32 +218,22 @@ void EtcdOwnership::Confirm() {
   // (two of them writes) while it answers slowly. A lockd that began to serve with that little
   // left lapsed before its first answer (CI, stop 51: term 2 refused a Resume 50 ms after it
   // served). Renew once more, as Renew() does, and own from this send.
-  const MonoTime sent = time_->Now();
-  Ask<absl::StatusOr<absl::Duration>>(
-      [lease = lease_](EtcdClient& c) { return c.LeaseKeepAlive(lease); },
-      [this, sent](absl::StatusOr<absl::Duration> renewed) {
-        if (state_ != State::kTaking) return;
-        if (absl::IsNotFound(renewed.status())) {  // our lease, and so our key, ran out
-          lease_ = 0;
-          revision_ = 0;
-          return StepTaking();
-        }
-        if (!renewed.ok()) return TakingFailed(renewed.status());  // our key is found again
-        RangeRequest read;
-        read.set_key(keys_.owner());
-        Ask<absl::StatusOr<RangeResponse>>(
-            [read = std::move(read)](EtcdClient& c) { return c.Range(read); },
-            [this, sent](absl::StatusOr<RangeResponse> got) {
-              if (state_ != State::kTaking) return;
-              if (absl::Status mine = CheckOwnerKey(got); !mine.ok()) {
-                if (!absl::IsFailedPrecondition(mine)) return TakingFailed(mine);
-                revision_ = 0;  // deleted or replaced since the record: from the top
-                return StepTaking();
-              }
-              lease_sent_ = sent;
-              Owned();
-            });
-      });
+  RenewAndReadOwner(State::kTaking, [this](MonoTime sent, absl::StatusOr<absl::Duration> renewed,
+                                           const absl::Status& owner_key) {
+    if (absl::IsNotFound(renewed.status())) {  // our lease, and so our key, ran out
+      lease_ = 0;
+      revision_ = 0;
+      return StepTaking();
+    }
+    if (!renewed.ok()) return TakingFailed(renewed.status());  // our key is found again
+    if (absl::IsFailedPrecondition(owner_key)) {
+      revision_ = 0;  // deleted or replaced since the record: from the top
+      return StepTaking();
+    }
+    if (!owner_key.ok()) return TakingFailed(owner_key);
+    lease_sent_ = sent;
+    Owned();
+  });
 }
 
 void EtcdOwnership::WaitOutFormerOwner() {
@@ -359,43 +349,48 @@ void EtcdOwnership::Lose(absl::Status why) {
   lost_ = nullptr;
 }
 
+void EtcdOwnership::RenewAndReadOwner(State in, Renewed done) {
+  const MonoTime sent = time_->Now();
+  Ask<absl::StatusOr<absl::Duration>>(
+      [lease = lease_](EtcdClient& c) { return c.LeaseKeepAlive(lease); },
+      [this, in, sent, done = std::move(done)](absl::StatusOr<absl::Duration> ttl) {
+        if (state_ != in) return;
+        if (!ttl.ok()) return done(sent, ttl, absl::OkStatus());
+        RangeRequest read;
+        read.set_key(keys_.owner());
+        Ask<absl::StatusOr<RangeResponse>>(
+            [read = std::move(read)](EtcdClient& c) { return c.Range(read); },
+            [this, in, sent, ttl, done](absl::StatusOr<RangeResponse> got) {
+              if (state_ != in) return;
+              done(sent, ttl, CheckOwnerKey(got));
+            });
+      });
+}
+
 void EtcdOwnership::Renew() {
   // Every third of the TTL. A renewal moves the deadline only while P/owner is still the key
   // this lockd created, on this lease: a lease kept alive no longer backs a key someone deleted
   // or replaced. The key is read after the renewal was sent, so the deadline never runs past a
   // change of it that this read could see.
   if (state_ != State::kOwned) return;
-  const MonoTime sent = time_->Now();
-  Ask<absl::StatusOr<absl::Duration>>(
-      [lease = lease_](EtcdClient& c) { return c.LeaseKeepAlive(lease); },
-      [this, sent](absl::StatusOr<absl::Duration> ttl) {
-        if (state_ != State::kOwned) return;
-        if (!ttl.ok()) return RenewFailed(ttl.status());
-        RangeRequest read;
-        read.set_key(keys_.owner());
-        Ask<absl::StatusOr<RangeResponse>>(
-            [read = std::move(read)](EtcdClient& c) { return c.Range(read); },
-            [this, sent, ttl = *ttl](absl::StatusOr<RangeResponse> got) {
-              if (state_ != State::kOwned) return;
-              if (absl::Status mine = CheckOwnerKey(got); !mine.ok()) {
-                if (absl::IsFailedPrecondition(mine)) {
-                  return Lose(absl::UnavailableError(mine.message()));
-                }
-                return RenewFailed(mine);
-              }
-              const MonoTime until = sent + ttl * (1 - options_.margin);
-              if (until > until_) {
-                if (options_.on_owned) options_.on_owned(sent, until);
-                until_ = until;
-                deadline_timer_->ArmAt(until_, [this] { (void)HoldsAt(time_->Now()); });
-              }
-              // Every third of the TTL from the last renewal's send, not from its answer: a slow
-              // etcd (a second per request) would otherwise stretch the period by the renewal's
-              // own time and let the deadline pass between two renewals (issue 37).
-              step_timer_->ArmAt(std::max(time_->Now(), sent + options_.ttl / 3),
-                                 [this] { Renew(); });
-            });
-      });
+  RenewAndReadOwner(State::kOwned, [this](MonoTime sent, absl::StatusOr<absl::Duration> ttl,
+                                          const absl::Status& owner_key) {
+    if (!ttl.ok()) return RenewFailed(ttl.status());
+    if (absl::IsFailedPrecondition(owner_key)) {
+      return Lose(absl::UnavailableError(owner_key.message()));
+    }
+    if (!owner_key.ok()) return RenewFailed(owner_key);
+    const MonoTime until = sent + *ttl * (1 - options_.margin);
+    if (until > until_) {
+      if (options_.on_owned) options_.on_owned(sent, until);
+      until_ = until;
+      deadline_timer_->ArmAt(until_, [this] { (void)HoldsAt(time_->Now()); });
+    }
+    // Every third of the TTL from the last renewal's send, not from its answer: a slow etcd (a
+    // second per request) would otherwise stretch the period by the renewal's own time and let
+    // the deadline pass between two renewals (issue 37).
+    step_timer_->ArmAt(std::max(time_->Now(), sent + options_.ttl / 3), [this] { Renew(); });
+  });
 }
 
 void EtcdOwnership::RenewFailed(const absl::Status& s) {

@@ -100,6 +100,11 @@ class EtcdOwnership {
   void Finish(absl::Status s);
   // Owned: one renewal, then a read of P/owner, then the new deadline.
   void Renew();
+  // One renewal of the lease, then a read of P/owner (CheckOwnerKey), while the state stays
+  // `in`: `done` with the renewal's send time, its answer, and, if it was renewed, the key's.
+  using Renewed = std::function<void(MonoTime sent, absl::StatusOr<absl::Duration> renewed,
+                                     const absl::Status& owner_key)>;
+  void RenewAndReadOwner(State in, Renewed done);
   void RenewFailed(const absl::Status& s);
   void Watch(int64_t from);
   void Rewatch();
