@@ -28,9 +28,6 @@ TEST(DefaultsTest, TheClientAndLockdStartFromThem) {
   const server::ServiceOptions service;
   EXPECT_EQ(service.default_session_ttl, defaults::kSessionTtl);
   EXPECT_EQ(service.default_lock_ttl, defaults::kLockTtl);
-  const server::ServerOptions server;
-  EXPECT_EQ(server.default_session_ttl, defaults::kSessionTtl);
-  EXPECT_EQ(server.default_lock_ttl, defaults::kLockTtl);
 }
 
 // Seed ADR-0006: positive demand lives 30 s without a refresh; managers refresh it every 1 s
@@ -44,7 +41,6 @@ TEST(DefaultsTest, PoolDemandIsTheSeedsAndOutlastsTheManagersCadences) {
   EXPECT_GT(defaults::kMinPoolDemandTtl, defaults::kPoolAcquireRetry);
   EXPECT_GT(defaults::kMinPoolDemandTtl, defaults::kPoolDemandRefresh);
   EXPECT_EQ(server::PoolOptions{}.demand_ttl, defaults::kPoolDemandTtl);
-  EXPECT_EQ(server::ServerOptions{}.pool_demand_ttl, defaults::kPoolDemandTtl);
   // The library's manager keeps those cadences.
   EXPECT_EQ(PoolManagerOptions{}.demand_refresh, defaults::kPoolDemandRefresh);
   EXPECT_EQ(PoolManagerOptions{}.acquire_retry, defaults::kPoolAcquireRetry);

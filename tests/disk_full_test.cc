@@ -34,10 +34,10 @@ class RunningServer {
  public:
   RunningServer(const std::string& dir, Env* env) {
     ServerOptions options;
-    options.data_dir = dir;
-    options.env = env;
-    options.tcp_port = 0;
-    options.wal_segment_bytes = 1 << 20;
+    options.storage.data_dir = dir;
+    options.storage.env = env;
+    options.listen.tcp_port = 0;
+    options.storage.wal_segment_bytes = 1 << 20;
     auto server = Server::Create(options);
     EXPECT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -177,9 +177,9 @@ TEST(DiskFullTest, FullDiskAtStartupRefusesToServe) {
   FaultInjectingEnv disk(Env::Posix());
   disk.SetDiskFull(true);
   ServerOptions options;
-  options.data_dir = dir;
-  options.env = &disk;
-  options.tcp_port = 0;
+  options.storage.data_dir = dir;
+  options.storage.env = &disk;
+  options.listen.tcp_port = 0;
   auto server = Server::Create(options);  // cannot reserve sequences durably
   EXPECT_EQ(server.status().code(), absl::StatusCode::kResourceExhausted);
 }

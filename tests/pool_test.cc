@@ -49,13 +49,13 @@ class InProcessLockd {
                  absl::Duration idle_timeout = absl::Seconds(60))
       : unix_path_(dir + ".sock") {
     server::ServerOptions options;
-    options.idle_timeout = idle_timeout;
-    options.data_dir = dir;
-    options.env = env;
-    options.tcp_port = 0;
-    options.unix_socket_path = unix_path_;
+    options.connections.idle_timeout = idle_timeout;
+    options.storage.data_dir = dir;
+    options.storage.env = env;
+    options.listen.tcp_port = 0;
+    options.listen.unix_socket_path = unix_path_;
     options.admission_lock = dir + ".admission.lock";  // this test's host (ADR 0005)
-    options.metrics_port = -1;
+    options.metrics.port = -1;
     auto server = server::Server::Create(options);
     EXPECT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);

@@ -4,6 +4,7 @@
 #include <openssl/x509.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
@@ -22,6 +23,13 @@ using asio::use_awaitable;
 constexpr auto kErrorLinger = std::chrono::seconds(1);
 
 }  // namespace
+
+ConnectionBudget ConnectionBudget::For(const ConnectionOptions& options) {
+  return ConnectionBudget{
+      .max_frame_bytes = options.max_frame_bytes,
+      .max_unread_reply_bytes = std::max<size_t>(size_t{2} << 20, 2 * options.max_frame_bytes),
+      .slow_reader_timeout = options.slow_reader_timeout};
+}
 
 AsioConnection::AsioConnection(ServerCore* core, Socket socket, const ConnectionBudget& budget,
                                std::function<void(AsioConnection*, CloseReason)> on_gone,

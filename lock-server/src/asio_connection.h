@@ -24,14 +24,18 @@ using TlsStream = asio::ssl::stream<Socket&>;
 // How much of lockd one connection may hold, so that a peer that pipelines without reading,
 // or sends costly requests back to back, cannot take memory or the event loop from the others.
 struct ConnectionBudget {
-  size_t max_frame_bytes = size_t{1} << 20;
+  // lockd's options as one connection's budget: the frame bound, the slow-reader timeout,
+  // and unread replies up to 2 MiB or two frames, whichever is more.
+  static ConnectionBudget For(const ConnectionOptions& options);
+
+  size_t max_frame_bytes = 0;
   // Requests whose replies wait for their commit, and reply bytes the peer has not read yet:
   // above either, lockd stops reading from the connection until they drain (back pressure).
   size_t max_requests_in_flight = 256;
-  size_t max_unread_reply_bytes = size_t{2} << 20;
+  size_t max_unread_reply_bytes = 0;
   // A connection whose unread replies stay above the bound this long is closed as a slow
   // reader; so is one whose unread replies reach four times the bound.
-  absl::Duration slow_reader_timeout = absl::Seconds(30);
+  absl::Duration slow_reader_timeout;
   // Frames served from one connection before the others get a turn.
   size_t frames_per_turn = 32;
 };

@@ -115,10 +115,7 @@ Listener::Listener(asio::io_context& io, ServerCore* core, TimeSource* time,
     : io_(io),
       core_(core),
       options_(options),
-      budget_{.max_frame_bytes = options.max_frame_bytes,
-              .max_unread_reply_bytes = std::max<size_t>(size_t{2} << 20,
-                                                         2 * options.max_frame_bytes),
-              .slow_reader_timeout = options.slow_reader_timeout},
+      budget_(ConnectionBudget::For(options.connections)),
       log_(time, kLogInterval,
            [](const std::string& line) { logging::Lockd().Warning(line); }),
       tls_(std::move(tls)),
@@ -174,43 +171,38 @@ absl::Status EnsureDescriptorBudget(uint64_t max_connections, std::string* raise
 
 absl::Status Listener::Bind() {
   boost::system::error_code ec;
-  if (!options_.tcp) {
-    if (options_.unix_socket_path.empty()) {
-      return absl::InvalidArgumentError(
-          "--tcp=false leaves nothing to listen on: give --unix-socket=PATH");
-    }
-    return BindUnixSocket();
-  }
-  const auto address = asio::ip::make_address(options_.tcp_host, ec);
+  // ServerOptions::Validate() made sure that there is something to listen on.
+  if (!options_.listen.tcp) return BindUnixSocket();
+  const auto address = asio::ip::make_address(options_.listen.tcp_host, ec);
   if (ec) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cannot parse listen address \"", options_.tcp_host, "\": ", ec.message()));
+        absl::StrCat("cannot parse listen address \"", options_.listen.tcp_host, "\": ", ec.message()));
   }
   if (!address.is_loopback() && !tls_) {
     // Anyone on the network could read and forge a plaintext stream; other machines must reach
     // lockd over TLS with client certificates.
     return absl::InvalidArgumentError(absl::StrCat(
-        "listen address ", options_.tcp_host,
+        "listen address ", options_.listen.tcp_host,
         " is not loopback: lockd serves plaintext TCP on loopback (127.0.0.0/8, ::1) only; to "
         "serve other machines give TLS certificates (--tls-ca, --tls-cert, --tls-key)"));
   }
-  asio::ip::tcp::endpoint endpoint(address, options_.tcp_port);
+  asio::ip::tcp::endpoint endpoint(address, options_.listen.tcp_port);
   tcp_acceptor_.open(endpoint.protocol(), ec);
   if (!ec) tcp_acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) tcp_acceptor_.bind(endpoint, ec);
   if (!ec) tcp_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on tcp ", options_.tcp_host, ":",
-                                               options_.tcp_port, ": ", ec.message()));
+    return absl::UnavailableError(absl::StrCat("cannot listen on tcp ", options_.listen.tcp_host, ":",
+                                               options_.listen.tcp_port, ": ", ec.message()));
   }
   tcp_port_ = tcp_acceptor_.local_endpoint().port();
-  if (options_.unix_socket_path.empty()) return absl::OkStatus();
+  if (options_.listen.unix_socket_path.empty()) return absl::OkStatus();
   return BindUnixSocket();
 }
 
 absl::Status Listener::BindUnixSocket() {
   boost::system::error_code ec;
-  const std::string& path = options_.unix_socket_path;
+  const std::string& path = options_.listen.unix_socket_path;
   // Asio throws for a path that does not fit a socket address: refuse it first, by name.
   if (path.size() >= sizeof(sockaddr_un::sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -238,16 +230,16 @@ absl::Status Listener::BindUnixSocket() {
     // bind() creates the file with 0777 & ~umask: narrow the umask for that call so the socket
     // never exists with more permissions than asked for. lockd starts no thread that creates
     // files before it listens.
-    const mode_t old_umask = ::umask(0777 & ~static_cast<mode_t>(options_.unix_socket_mode));
+    const mode_t old_umask = ::umask(0777 & ~static_cast<mode_t>(options_.listen.unix_socket_mode));
     unix_acceptor_.bind(unix_endpoint, ec);
     ::umask(old_umask);
   }
-  if (!ec && ::chmod(path.c_str(), static_cast<mode_t>(options_.unix_socket_mode)) != 0) {
+  if (!ec && ::chmod(path.c_str(), static_cast<mode_t>(options_.listen.unix_socket_mode)) != 0) {
     ec.assign(errno, boost::system::system_category());
   }
-  if (!ec && options_.unix_socket_gid >= 0 &&
+  if (!ec && options_.listen.unix_socket_gid >= 0 &&
       ::chown(path.c_str(), static_cast<uid_t>(-1),
-              static_cast<gid_t>(options_.unix_socket_gid)) != 0) {
+              static_cast<gid_t>(options_.listen.unix_socket_gid)) != 0) {
     ec.assign(errno, boost::system::system_category());
   }
   if (!ec) unix_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
@@ -279,7 +271,7 @@ asio::awaitable<void> Listener::AcceptLoop(Acceptor& acceptor) {
       if (OutOfResources(ec)) {
         RefuseBacklog(acceptor.native_handle());
         Log("accept", absl::StrCat("cannot accept connections: ", ec.message(),
-                                   " (lockd --max-connections=", options_.max_connections,
+                                   " (lockd --max-connections=", options_.connections.max_connections,
                                    "; raise the limit on open files or lower it); waiting "
                                    "peers are refused, retrying in ", backoff.count(), " ms"));
       } else {
@@ -347,7 +339,7 @@ asio::awaitable<void> Listener::AcceptLoop(Acceptor& acceptor) {
             Log("slow reader", absl::StrCat("closed connection ", id,
                                             ": its replies went unread past the bound "
                                             "(lockd --slow-reader-timeout=",
-                                            absl::FormatDuration(options_.slow_reader_timeout),
+                                            absl::FormatDuration(options_.connections.slow_reader_timeout),
                                             ")"));
           }
         },
@@ -358,7 +350,7 @@ asio::awaitable<void> Listener::AcceptLoop(Acceptor& acceptor) {
         // Over TLS even a refusal is said inside the TLS session, or the peer would only see a
         // broken handshake; a refused peer gets less time for it.
         connection->Handshake(
-            *tls_context_, admitted ? options_.hello_timeout : kRefusedHandshakeTimeout,
+            *tls_context_, admitted ? options_.connections.hello_timeout : kRefusedHandshakeTimeout,
             [this, id, refused](AsioConnection& c, absl::StatusOr<std::string> identity) {
               if (absl::IsFailedPrecondition(identity.status())) {
                 Refuse(c, id, identity.status());  // plaintext on the TLS port: said plainly
@@ -425,27 +417,27 @@ std::string Listener::TcpPeerIdentity(const asio::ip::tcp::endpoint& local,
 }
 
 absl::Status Listener::CheckAllowed(const std::optional<ucred>& peer) const {
-  if (options_.allowed_uids.empty()) return absl::OkStatus();
+  if (options_.listen.allowed_uids.empty()) return absl::OkStatus();
   if (!peer) {
     return absl::PermissionDeniedError(
         absl::StrCat("cannot read the peer's credentials: ", std::strerror(errno)));
   }
-  for (uint32_t uid : options_.allowed_uids) {
+  for (uint32_t uid : options_.listen.allowed_uids) {
     if (peer->uid == uid) return absl::OkStatus();
   }
   return absl::PermissionDeniedError(absl::StrCat(
       "user id ", peer->uid, " (pid ", peer->pid, ") may not use lockd on this socket; allowed: ",
-      absl::StrJoin(options_.allowed_uids, ","), " (lockd --allowed-uids)"));
+      absl::StrJoin(options_.listen.allowed_uids, ","), " (lockd --allowed-uids)"));
 }
 
 absl::Status Listener::CheckConnectionLimits(const std::string& peer) const {
-  if (admitted_ >= options_.max_connections) {
+  if (admitted_ >= options_.connections.max_connections) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "lockd already serves ", admitted_,
-        " connections, the most it may (lockd --max-connections=", options_.max_connections,
+        " connections, the most it may (lockd --max-connections=", options_.connections.max_connections,
         ")"));
   }
-  const size_t limit = std::min(options_.max_connections_per_peer, options_.max_connections);
+  const size_t limit = std::min(options_.connections.max_connections_per_peer, options_.connections.max_connections);
   const auto it = per_peer_.find(peer);
   if (it != per_peer_.end() && it->second >= limit) {
     return absl::ResourceExhaustedError(absl::StrCat(

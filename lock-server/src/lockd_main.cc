@@ -32,6 +32,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "clock/clock.h"
@@ -46,16 +47,103 @@
 #include "lock-server/storage.h"
 #include "logging/logging.h"
 
-ABSL_FLAG(std::string, data_dir, "", "state directory (created by lockd init)");
+// lockd serve's flags bound to ServerOptions fields: X(type, flag, field, help). Each flag's
+// default is its field's (server.h, lock-server/options.h), and ServerOptionsFromFlags() sets
+// each field from its flag, so a new option is its field, a line here and its use;
+// ServerOptions::Validate() checks them all. The flags below the list need more than a copy.
+#define LOCKD_BOUND_FLAGS(X)                                                                   \
+  X(std::string, data_dir, storage.data_dir, "state directory (created by lockd init)")        \
+  X(std::string, etcd_prefix, storage.etcd_prefix,                                             \
+    "with --etcd: the key prefix of this lockd's state")                                       \
+  X(absl::Duration, etcd_owner_ttl, storage.etcd_owner_ttl,                                    \
+    "with --etcd: TTL of lockd's lease on the prefix; a successor waits at most this long")    \
+  X(bool, etcd_standby, storage.etcd_standby,                                                  \
+    "with --etcd: while another lockd serves the prefix, stand by (not listening) and take "   \
+    "over when its lease ends, instead of refusing")                                           \
+  X(absl::Duration, etcd_request_timeout, storage.etcd_request_timeout,                        \
+    "with --etcd: how long one etcd request may take before the next endpoint is tried; 0: a " \
+    "third of the usable ownership (--etcd-owner-ttl x 0.7 / 3, at most 5s)")                  \
+  X(uint64_t, etcd_snapshot_bytes, storage.etcd_snapshot_bytes,                                \
+    "with --etcd: take a snapshot (and delete the log it covers) once the log since the last " \
+    "one is this large")                                                                       \
+  X(uint64_t, wal_segment_bytes, storage.wal_segment_bytes,                                    \
+    "size of each preallocated WAL segment; a snapshot follows each new segment")              \
+  X(std::string, history, history_file,                                                        \
+    "append a record of every grant, renewal and confirmation, and of the etcd ownership, to " \
+    "this history file (for the fault harness's checker)")                                     \
+  X(std::string, history_name, history_process, "with --history: this lockd's name in it")     \
+  X(std::string, permissions, permissions_file,                                                \
+    "the permissions file: what each identity may acquire and list (see docs/security.md); "   \
+    "reloaded on SIGHUP; default: none, everything allowed")                                   \
+  X(bool, tcp, listen.tcp, "serve TCP; --tcp=false serves the Unix socket only (--unix-socket)") \
+  X(std::string, listen, listen.tcp_host,                                                      \
+    "TCP address to listen on: loopback only, unless TLS is on (plaintext TCP is never "       \
+    "served to other machines)")                                                               \
+  X(std::string, tls_ca, listen.tls.ca_file,                                                   \
+    "TLS on TCP: the CA certificate (PEM) that client certificates must chain to")             \
+  X(std::string, tls_cert, listen.tls.cert_file,                                               \
+    "TLS on TCP: lockd's certificate (PEM, with any intermediates after it)")                  \
+  X(std::string, tls_key, listen.tls.key_file, "TLS on TCP: the private key of --tls-cert (PEM)") \
+  X(std::string, unix_socket, listen.unix_socket_path,                                         \
+    "also listen on this Unix-domain socket path")                                             \
+  X(std::string, admission_lock, admission_lock,                                               \
+    "admission pools: the host's lock that the one lockd coordinating pools holds (ADR 0005); " \
+    "every coordinator of a host must name the same file")                                     \
+  X(uint64_t, max_connections, connections.max_connections,                                    \
+    "open connections lockd serves at once")                                                   \
+  X(uint64_t, max_connections_per_peer, connections.max_connections_per_peer,                  \
+    "open connections of one peer (a user id, or a remote address) at once")                   \
+  X(uint64_t, max_sessions_per_connection, connections.max_sessions_per_connection,            \
+    "open sessions one connection may open")                                                   \
+  X(uint64_t, max_frame_bytes, connections.max_frame_bytes, "largest frame accepted, in bytes") \
+  X(absl::Duration, hello_timeout, connections.hello_timeout,                                  \
+    "close a connection that sends no Hello within this long")                                 \
+  X(absl::Duration, idle_timeout, connections.idle_timeout,                                    \
+    "close a connection that sent nothing for this long and has no open session or queued "    \
+    "acquire")                                                                                 \
+  X(absl::Duration, slow_reader_timeout, connections.slow_reader_timeout,                      \
+    "close a connection whose replies stay unread for this long")                              \
+  X(absl::Duration, session_ttl, service.default_session_ttl,                                  \
+    "lock.session.ttl: TTL of sessions that ask for none")                                     \
+  X(absl::Duration, lock_ttl, service.default_lock_ttl,                                        \
+    "lock.default.ttl: lease TTL of acquires that ask for none")                               \
+  X(absl::Duration, min_ttl, service.min_ttl,                                                  \
+    "the shortest session or lock TTL a client may ask for")                                   \
+  X(absl::Duration, max_ttl, service.max_ttl,                                                  \
+    "the longest session or lock TTL a client may ask for")                                    \
+  X(absl::Duration, max_wait, service.max_wait,                                                \
+    "the longest an acquire may ask to wait in a lock's queue")                                \
+  X(uint64_t, max_locks_per_session, service.max_locks_per_session,                            \
+    "locks one session may hold and wait for")                                                 \
+  X(uint64_t, max_waiters_per_lock, service.max_waiters_per_lock, "waiters queued on one lock") \
+  X(absl::Duration, lock_delay, service.default_lock_delay,                                    \
+    "after a holder is lost (lease expired or session ended, not released), do not grant its " \
+    "lock again for this long (a lost shared holder delays exclusive grants only), unless its " \
+    "acquire asked for another delay; 0: none (ADR 0006)")                                     \
+  X(absl::Duration, max_lock_delay, service.max_lock_delay,                                    \
+    "the longest lock delay an acquire may ask for; one above is refused")                     \
+  X(absl::Duration, pool_demand_ttl, service.pools.demand_ttl,                                 \
+    "admission pools: how long positive demand stays current without a refresh (at least 3s: " \
+    "managers refresh it every 1s and retry acquires every 2s)")                               \
+  X(absl::Duration, pool_provisional_ttl, service.pools.default_provisional_ttl,               \
+    "admission pools: TTL of provisional leases whose acquire asks for none")                  \
+  X(absl::Duration, stall_threshold, stall_threshold,                                          \
+    "when lockd itself did not run for longer than this, extend every lease by the time it "   \
+    "lost; 0 disables")                                                                        \
+  X(std::string, metrics_listen, metrics.host,                                                 \
+    "IPv4 address of the metrics endpoint (it shows counts and figures, never lock names, "    \
+    "session ids or tokens)")
+
+#define LOCKD_DEFINE_BOUND_FLAG(type, flag, field, help) \
+  ABSL_FLAG(type, flag, fencelock::server::ServerOptions{}.field, help);
+LOCKD_BOUND_FLAGS(LOCKD_DEFINE_BOUND_FLAG)
+#undef LOCKD_DEFINE_BOUND_FLAG
+
+// Flags that are parsed, resolved or checked on their way to a field, or that lockd's command
+// line keeps for itself.
 ABSL_FLAG(std::string, etcd, "",
           "instead of --data-dir: keep the state in this etcd cluster (client endpoints "
           "host:port,host:port,...), under --etcd-prefix");
-ABSL_FLAG(std::string, etcd_prefix, "", "with --etcd: the key prefix of this lockd's state");
-ABSL_FLAG(absl::Duration, etcd_owner_ttl, absl::Seconds(10),
-          "with --etcd: TTL of lockd's lease on the prefix; a successor waits at most this long");
-ABSL_FLAG(bool, etcd_standby, false,
-          "with --etcd: while another lockd serves the prefix, stand by (not listening) and "
-          "take over when its lease ends, instead of refusing");
 ABSL_FLAG(std::string, etcd_tls_ca, "",
           "with --etcd: speak TLS to etcd, its certificates checked against this CA (PEM; as "
           "etcdctl's --cacert)");
@@ -72,67 +160,19 @@ ABSL_FLAG(std::string, etcd_password_file, "",
 ABSL_FLAG(bool, exit_on_depose, false,
           "with --etcd: once deposed (the ownership of the prefix lost), exit 3 for a "
           "supervisor to restart, instead of standing by again in this process");
-ABSL_FLAG(absl::Duration, etcd_request_timeout, absl::ZeroDuration(),
-          "with --etcd: how long one etcd request may take before the next endpoint is tried; "
-          "0: a third of the usable ownership (--etcd-owner-ttl x 0.7 / 3, at most 5s)");
-ABSL_FLAG(std::string, history, "",
-          "append a record of every grant, renewal and confirmation, and of the etcd ownership, "
-          "to this history file (for the fault harness's checker)");
-ABSL_FLAG(std::string, history_name, "lockd", "with --history: this lockd's name in it");
-ABSL_FLAG(uint64_t, etcd_snapshot_bytes, uint64_t{1} << 20,
-          "with --etcd: take a snapshot (and delete the log it covers) once the log since the "
-          "last one is this large");
-ABSL_FLAG(uint64_t, wal_segment_bytes, uint64_t{64} << 20,
-          "size of each preallocated WAL segment; a snapshot follows each new segment");
-ABSL_FLAG(std::string, permissions, "",
-          "the permissions file: what each identity may acquire and list (see docs/security.md); "
-          "reloaded on SIGHUP; default: none, everything allowed");
-ABSL_FLAG(bool, tcp, true, "serve TCP; --tcp=false serves the Unix socket only (--unix-socket)");
-ABSL_FLAG(std::string, listen, "127.0.0.1",
-          "TCP address to listen on: loopback only, unless TLS is on (plaintext TCP is never "
-          "served to other machines)");
-ABSL_FLAG(std::string, tls_ca, "",
-          "TLS on TCP: the CA certificate (PEM) that client certificates must chain to");
-ABSL_FLAG(std::string, tls_cert, "",
-          "TLS on TCP: lockd's certificate (PEM, with any intermediates after it)");
-ABSL_FLAG(std::string, tls_key, "", "TLS on TCP: the private key of --tls-cert (PEM)");
-ABSL_FLAG(int, port, 7420, "TCP port to listen on; 0 picks a free port");
-ABSL_FLAG(std::string, unix_socket, "", "also listen on this Unix-domain socket path");
+ABSL_FLAG(int, port, fencelock::server::ServerOptions{}.listen.tcp_port,
+          "TCP port to listen on; 0 picks a free port");
 ABSL_FLAG(bool, allow_remote, false,
           "no longer accepted: plaintext TCP is served on loopback only; other machines connect "
           "over TLS (--tls-ca, --tls-cert, --tls-key)");
-ABSL_FLAG(std::string, unix_socket_mode, "0600", "permission bits of the Unix socket, in octal");
-ABSL_FLAG(std::string, admission_lock, fencelock::server::kDefaultAdmissionLock,
-          "admission pools: the host's lock that the one lockd coordinating pools holds (ADR "
-          "0005); every coordinator of a host must name the same file");
+ABSL_FLAG(std::string, unix_socket_mode,
+          absl::StrFormat("0%o", fencelock::server::ServerOptions{}.listen.unix_socket_mode),
+          "permission bits of the Unix socket, in octal");
 ABSL_FLAG(std::string, unix_socket_group, "",
           "group (name or id) of the Unix socket; default: lockd's own");
 ABSL_FLAG(std::string, allowed_uids, "",
           "comma-separated user ids (or names) that may connect over the Unix socket, checked "
           "with the peer's credentials; default: anyone the socket's permissions let in");
-ABSL_FLAG(uint64_t, max_connections, 1024, "open connections lockd serves at once");
-ABSL_FLAG(uint64_t, max_connections_per_peer, 256,
-          "open connections of one peer (a user id, or a remote address) at once");
-ABSL_FLAG(absl::Duration, idle_timeout, absl::Seconds(60),
-          "close a connection that sent nothing for this long and has no open session or "
-          "queued acquire");
-ABSL_FLAG(absl::Duration, slow_reader_timeout, absl::Seconds(30),
-          "close a connection whose replies stay unread for this long");
-ABSL_FLAG(uint64_t, max_sessions_per_connection, 64, "open sessions one connection may open");
-ABSL_FLAG(uint64_t, max_locks_per_session, 1024, "locks one session may hold and wait for");
-ABSL_FLAG(uint64_t, max_waiters_per_lock, 1024, "waiters queued on one lock");
-ABSL_FLAG(absl::Duration, lock_delay, absl::ZeroDuration(),
-          "after a holder is lost (lease expired or session ended, not released), do not grant "
-          "its lock again for this long (a lost shared holder delays exclusive grants only), "
-          "unless its acquire asked for another delay; 0: none (ADR 0006)");
-ABSL_FLAG(absl::Duration, max_lock_delay, absl::Seconds(60),
-          "the longest lock delay an acquire may ask for; one above is refused");
-ABSL_FLAG(uint64_t, max_frame_bytes, uint64_t{1} << 20, "largest frame accepted, in bytes");
-ABSL_FLAG(absl::Duration, hello_timeout, absl::Seconds(10),
-          "close a connection that sends no Hello within this long");
-ABSL_FLAG(absl::Duration, stall_threshold, absl::Seconds(1),
-          "when lockd itself did not run for longer than this, extend every lease by the time "
-          "it lost; 0 disables");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound TCP port to this file once lockd serves (with --etcd: removed while "
           "it stands by again after a deposition)");
@@ -140,22 +180,11 @@ ABSL_FLAG(std::string, log_level, "info",
           "the least level of lockd's log lines: debug, info, warning or error (each line is "
           "timestamped in UTC; debug and info go to standard output, warnings and errors to "
           "standard error)");
+// lockd serves metrics unless told not to; the library's default is none.
 ABSL_FLAG(int, metrics_port, 9420,
           "serve Prometheus metrics at this port of --metrics-listen; 0 picks a free one, -1 "
           "disables");
 ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
-ABSL_FLAG(std::string, metrics_listen, "127.0.0.1",
-          "IPv4 address of the metrics endpoint (it shows counts and figures, never lock names, "
-          "session ids or tokens)");
-ABSL_FLAG(absl::Duration, session_ttl, fencelock::defaults::kSessionTtl,
-          "lock.session.ttl: TTL of sessions that ask for none");
-ABSL_FLAG(absl::Duration, lock_ttl, fencelock::defaults::kLockTtl,
-          "lock.default.ttl: lease TTL of acquires that ask for none");
-ABSL_FLAG(absl::Duration, pool_demand_ttl, fencelock::defaults::kPoolDemandTtl,
-          "admission pools: how long positive demand stays current without a refresh (at "
-          "least 3s: managers refresh it every 1s and retry acquires every 2s)");
-ABSL_FLAG(absl::Duration, pool_provisional_ttl, absl::Seconds(30),
-          "admission pools: TTL of provisional leases whose acquire asks for none");
 
 namespace {
 
@@ -316,52 +345,21 @@ absl::StatusOr<fencelock::server::ServerOptions> ServerOptionsFromFlags() {
         "--tls-ca, --tls-cert and --tls-key (docs/security.md)");
   }
   ServerOptions options;
-  options.tcp = absl::GetFlag(FLAGS_tcp);
-  options.tcp_host = absl::GetFlag(FLAGS_listen);
-  options.tcp_port = static_cast<uint16_t>(port);
-  options.tls = {.ca_file = absl::GetFlag(FLAGS_tls_ca),
-                 .cert_file = absl::GetFlag(FLAGS_tls_cert),
-                 .key_file = absl::GetFlag(FLAGS_tls_key)};
-  options.unix_socket_path = absl::GetFlag(FLAGS_unix_socket);
-  options.default_session_ttl = absl::GetFlag(FLAGS_session_ttl);
-  options.default_lock_ttl = absl::GetFlag(FLAGS_lock_ttl);
-  options.pool_demand_ttl = absl::GetFlag(FLAGS_pool_demand_ttl);
-  options.pool_provisional_ttl = absl::GetFlag(FLAGS_pool_provisional_ttl);
-  options.admission_lock = absl::GetFlag(FLAGS_admission_lock);
-  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+#define LOCKD_SET_BOUND_FLAG(type, flag, field, help) options.field = absl::GetFlag(FLAGS_##flag);
+  LOCKD_BOUND_FLAGS(LOCKD_SET_BOUND_FLAG)
+#undef LOCKD_SET_BOUND_FLAG
+  options.listen.tcp_port = static_cast<uint16_t>(port);
   if (const std::string etcd = absl::GetFlag(FLAGS_etcd); !etcd.empty()) {
     auto endpoints = fencelock::server::ParseEtcdEndpoints(etcd);
     if (!endpoints.ok()) return endpoints.status();
-    options.etcd_endpoints = *endpoints;
+    options.storage.etcd_endpoints = *endpoints;
   }
-  options.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
   {
     auto access = EtcdAccessFromFlags();
     if (!access.ok()) return access.status();
-    options.etcd_access = std::move(*access);
+    options.storage.etcd_access = std::move(*access);
   }
-  options.etcd_owner_ttl = absl::GetFlag(FLAGS_etcd_owner_ttl);
-  options.etcd_snapshot_bytes = absl::GetFlag(FLAGS_etcd_snapshot_bytes);
-  options.etcd_standby = absl::GetFlag(FLAGS_etcd_standby);
-  options.etcd_request_timeout = absl::GetFlag(FLAGS_etcd_request_timeout);
-  options.history_file = absl::GetFlag(FLAGS_history);
-  options.history_process = absl::GetFlag(FLAGS_history_name);
-  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  options.metrics_host = absl::GetFlag(FLAGS_metrics_listen);
-  options.permissions_file = absl::GetFlag(FLAGS_permissions);
-  options.wal_segment_bytes = absl::GetFlag(FLAGS_wal_segment_bytes);
-  options.max_connections = absl::GetFlag(FLAGS_max_connections);
-  options.max_sessions_per_connection = absl::GetFlag(FLAGS_max_sessions_per_connection);
-  options.max_locks_per_session = absl::GetFlag(FLAGS_max_locks_per_session);
-  options.max_waiters_per_lock = absl::GetFlag(FLAGS_max_waiters_per_lock);
-  options.default_lock_delay = absl::GetFlag(FLAGS_lock_delay);
-  options.max_lock_delay = absl::GetFlag(FLAGS_max_lock_delay);
-  options.max_frame_bytes = absl::GetFlag(FLAGS_max_frame_bytes);
-  options.hello_timeout = absl::GetFlag(FLAGS_hello_timeout);
-  options.max_connections_per_peer = absl::GetFlag(FLAGS_max_connections_per_peer);
-  options.idle_timeout = absl::GetFlag(FLAGS_idle_timeout);
-  options.slow_reader_timeout = absl::GetFlag(FLAGS_slow_reader_timeout);
-  options.stall_threshold = absl::GetFlag(FLAGS_stall_threshold);
+  options.metrics.port = absl::GetFlag(FLAGS_metrics_port);
   {
     const std::string mode = absl::GetFlag(FLAGS_unix_socket_mode);
     char* end = nullptr;
@@ -370,7 +368,7 @@ absl::StatusOr<fencelock::server::ServerOptions> ServerOptionsFromFlags() {
       return absl::InvalidArgumentError(absl::StrCat(
           "--unix-socket-mode=", mode, " is not an octal permission mode (0 to 0777)"));
     }
-    options.unix_socket_mode = static_cast<uint32_t>(bits);
+    options.listen.unix_socket_mode = static_cast<uint32_t>(bits);
   }
   if (const std::string group = absl::GetFlag(FLAGS_unix_socket_group); !group.empty()) {
     auto gid = ResolveId(group, /*group=*/true);
@@ -378,7 +376,7 @@ absl::StatusOr<fencelock::server::ServerOptions> ServerOptionsFromFlags() {
       return absl::InvalidArgumentError(
           absl::StrCat("--unix-socket-group=", group, " names no group"));
     }
-    options.unix_socket_gid = *gid;
+    options.listen.unix_socket_gid = *gid;
   }
   for (absl::string_view user : absl::StrSplit(absl::GetFlag(FLAGS_allowed_uids), ',', absl::SkipEmpty())) {
     auto uid = ResolveId(std::string(user), /*group=*/false);
@@ -386,16 +384,9 @@ absl::StatusOr<fencelock::server::ServerOptions> ServerOptionsFromFlags() {
       return absl::InvalidArgumentError(absl::StrCat(
           "--allowed-uids: \"", user, "\" is neither a user id nor a user name"));
     }
-    options.allowed_uids.push_back(*uid);
+    options.listen.allowed_uids.push_back(*uid);
   }
-  if (!options.allowed_uids.empty() && options.unix_socket_path.empty()) {
-    return absl::InvalidArgumentError(
-        "--allowed-uids applies to the Unix socket; give --unix-socket too");
-  }
-  if (options.data_dir.empty() && options.etcd_endpoints.empty()) {
-    return absl::InvalidArgumentError(
-        "serve needs --data-dir, or --etcd and --etcd-prefix (create either with lockd init)");
-  }
+  // The rest is checked where every caller of the library is: ServerOptions::Validate().
   return options;
 }
 
@@ -427,7 +418,7 @@ int Serve() {
   absl::Duration pause = absl::ZeroDuration();
   for (;;) {
     auto server = CreateUnlessStopped(options, stop_signals, pause);
-    if (!server.ok() && absl::IsAborted(server.status()) && options.etcd_standby) {
+    if (!server.ok() && absl::IsAborted(server.status()) && options.storage.etcd_standby) {
       // A standby took the prefix and lost it again before it served (an etcd election while
       // it restored): it stands by again, as after a deposition by time.
       pause = absl::ZeroDuration();
@@ -455,15 +446,15 @@ int Serve() {
         return 1;
       }
     }
-    if (options.tcp) {
-      Log().Info(absl::StrCat("listening on ", options.tls.enabled() ? "tls " : "tcp ",
-                              options.tcp_host, ":", bound));
+    if (options.listen.tcp) {
+      Log().Info(absl::StrCat("listening on ", options.listen.tls.enabled() ? "tls " : "tcp ",
+                              options.listen.tcp_host, ":", bound));
     }
-    if (!options.unix_socket_path.empty()) {
-      Log().Info(absl::StrCat("listening on unix ", options.unix_socket_path));
+    if (!options.listen.unix_socket_path.empty()) {
+      Log().Info(absl::StrCat("listening on unix ", options.listen.unix_socket_path));
     }
     if ((*server)->metrics_port() > 0) {
-      Log().Info(absl::StrCat("serving metrics on http://", options.metrics_host, ":",
+      Log().Info(absl::StrCat("serving metrics on http://", options.metrics.host, ":",
                               (*server)->metrics_port(), "/metrics"));
     }
     const MonoTime serving_since = Clock::Real()->Now();
@@ -471,7 +462,7 @@ int Serve() {
     const absl::Status& ended = outcome.ended;
     if (ended.ok()) return 0;
     // The etcd backend after a fault: this lockd may no longer own the prefix.
-    if (exit_on_depose || outcome.stopped || options.etcd_endpoints.empty()) {
+    if (exit_on_depose || outcome.stopped || options.storage.etcd_endpoints.empty()) {
       server->reset();  // gives the lease back, so that a standby takes over now
       Log().Error(absl::StrCat("stopped serving: ", ended.message(),
                                "; exiting so that another replica takes over"));
@@ -484,12 +475,12 @@ int Serve() {
     }
     ++options.depositions;
     options.last_deposition = std::string(ended.message());
-    options.etcd_standby = true;
-    options.tcp_port = bound;
-    if ((*server)->metrics_port() > 0) options.metrics_port = (*server)->metrics_port();
+    options.storage.etcd_standby = true;
+    options.listen.tcp_port = bound;
+    if ((*server)->metrics_port() > 0) options.metrics.port = (*server)->metrics_port();
     const absl::Duration served = Clock::Real()->Now() - serving_since;
     const bool lost_by_time = absl::IsUnavailable(ended) || absl::IsFailedPrecondition(ended);
-    pause = lost_by_time || served >= options.etcd_owner_ttl
+    pause = lost_by_time || served >= options.storage.etcd_owner_ttl
                 ? absl::ZeroDuration()
                 : std::clamp(pause * 2, kFirstPause, kLongestPause);
     server->reset();

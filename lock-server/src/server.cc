@@ -66,7 +66,7 @@ absl::StatusOr<Permissions> LoadPermissions(Env* env, const std::string& path) {
 // state: its data directory's owner, or on etcd (no directory here) lockd's own.
 std::string StateOwner(const ServerOptions& options) {
   struct stat st {};
-  if (!options.data_dir.empty() && ::stat(options.data_dir.c_str(), &st) == 0) {
+  if (!options.storage.data_dir.empty() && ::stat(options.storage.data_dir.c_str(), &st) == 0) {
     return absl::StrCat("uid:", st.st_uid);
   }
   return absl::StrCat("uid:", ::geteuid());
@@ -106,7 +106,7 @@ class ServerImpl final : public Server {
     if (options_.permissions_file.empty()) {
       return absl::FailedPreconditionError("no permissions file to reload (--permissions)");
     }
-    auto loaded = LoadPermissions(options_.env, options_.permissions_file);
+    auto loaded = LoadPermissions(options_.storage.env, options_.permissions_file);
     if (!loaded.ok()) return loaded.status();
     const std::string line = Describe(*loaded);
     asio::post(io_, [this, p = std::move(*loaded)]() mutable { core_->SetPermissions(std::move(p)); });
@@ -158,9 +158,9 @@ class ServerImpl final : public Server {
     if (admission_lock_ != nullptr) return std::string();
     char host[256] = "?";
     ::gethostname(host, sizeof(host) - 1);
-    const std::string state = options_.data_dir.empty()
-                                  ? absl::StrCat("etcd prefix ", options_.etcd_prefix)
-                                  : absl::StrCat("state ", options_.data_dir);
+    const std::string state = options_.storage.data_dir.empty()
+                                  ? absl::StrCat("etcd prefix ", options_.storage.etcd_prefix)
+                                  : absl::StrCat("state ", options_.storage.data_dir);
     auto held = LockHostFile(
         options_.admission_lock,
         absl::StrCat("lockd pid ", ::getpid(), " on host ", host, ", ", state),
@@ -181,8 +181,8 @@ constexpr absl::Duration kEtcdElectionTime = absl::Milliseconds(2500);
 // ServerOptions::etcd_request_timeout when left at zero: a third of the usable ownership, so
 // that one member that swallows requests costs at most that before the next is tried.
 absl::Duration EtcdRequestTimeout(const ServerOptions& o) {
-  if (o.etcd_request_timeout > absl::ZeroDuration()) return o.etcd_request_timeout;
-  return std::min(absl::Seconds(5), o.etcd_owner_ttl * (1 - kEtcdOwnerMargin) / 3);
+  if (o.storage.etcd_request_timeout > absl::ZeroDuration()) return o.storage.etcd_request_timeout;
+  return std::min(absl::Seconds(5), o.storage.etcd_owner_ttl * (1 - kEtcdOwnerMargin) / 3);
 }
 
 // The one place a storage backend is chosen.
@@ -193,24 +193,24 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
   char host[256] = "?";
   ::gethostname(host, sizeof(host) - 1);
   const std::string owner =
-      options_.tcp ? absl::StrCat("lockd pid ", ::getpid(), " on host ", host, " (tcp ",
-                                  options_.tcp_host, ":", listen_options_.tcp_port, ")")
+      options_.listen.tcp ? absl::StrCat("lockd pid ", ::getpid(), " on host ", host, " (tcp ",
+                                  options_.listen.tcp_host, ":", listen_options_.listen.tcp_port, ")")
                    : absl::StrCat("lockd pid ", ::getpid(), " on host ", host, " (unix socket only)");
-  if (!options_.etcd_endpoints.empty()) {
+  if (!options_.storage.etcd_endpoints.empty()) {
     metrics::Histogram& commit_latency = metrics_->GetHistogram(
         "lockd_etcd_commit_seconds", "Duration of one etcd transaction of the commit log",
         metrics::LatencyBuckets());
-    EtcdCommitLogOptions etcd{.endpoints = options_.etcd_endpoints,
-                              .access = options_.etcd_access,
-                              .prefix = options_.etcd_prefix,
-                              .reservation_block = options_.reservation_block,
+    EtcdCommitLogOptions etcd{.endpoints = options_.storage.etcd_endpoints,
+                              .access = options_.storage.etcd_access,
+                              .prefix = options_.storage.etcd_prefix,
+                              .reservation_block = options_.storage.reservation_block,
                               .request_timeout = EtcdRequestTimeout(options_),
-                              .owner_ttl = options_.etcd_owner_ttl,
+                              .owner_ttl = options_.storage.etcd_owner_ttl,
                               .owner_margin = kEtcdOwnerMargin,
-                              .owner_wait = options_.etcd_standby
+                              .owner_wait = options_.storage.etcd_standby
                                                 ? absl::InfiniteDuration()
-                                                : options_.etcd_owner_ttl + absl::Seconds(2),
-                              .snapshot_min_bytes = options_.etcd_snapshot_bytes,
+                                                : options_.storage.etcd_owner_ttl + absl::Seconds(2),
+                              .snapshot_min_bytes = options_.storage.etcd_snapshot_bytes,
                               .owner = owner};
     etcd.on_commit = [&commit_latency](int64_t ns) { commit_latency.Observe(ns / 1e9); };
     if (standby_) {
@@ -232,10 +232,10 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
     return std::move(*opened);
   }
   LocalCommitLogOptions log_options{
-      .env = options_.env,
-      .dir = options_.data_dir,
-      .segment_bytes = options_.wal_segment_bytes,
-      .reservation_block = options_.reservation_block,
+      .env = options_.storage.env,
+      .dir = options_.storage.data_dir,
+      .segment_bytes = options_.storage.wal_segment_bytes,
+      .reservation_block = options_.storage.reservation_block,
       .owner = owner};
   log_options.on_sync = [&sync_latency](int64_t ns) { sync_latency.Observe(ns / 1e9); };
   log_options.now = [this] { return time_.Now(); };
@@ -252,9 +252,9 @@ absl::Duration ElectionTolerance(absl::Duration ttl) {
 }
 
 absl::Status ServerImpl::Init() {
-  if (!options_.etcd_endpoints.empty() &&
-      ElectionTolerance(options_.etcd_owner_ttl) < kEtcdElectionTime) {
-    const absl::Duration ttl = options_.etcd_owner_ttl;
+  if (!options_.storage.etcd_endpoints.empty() &&
+      ElectionTolerance(options_.storage.etcd_owner_ttl) < kEtcdElectionTime) {
+    const absl::Duration ttl = options_.storage.etcd_owner_ttl;
     Note(absl::StrCat(
         "warning: --etcd-owner-ttl=", absl::FormatDuration(ttl), " rides out an etcd leader ",
         "election of ", absl::FormatDuration(absl::Trunc(ElectionTolerance(ttl), absl::Milliseconds(10))),
@@ -281,17 +281,17 @@ absl::Status ServerImpl::Init() {
                        "With etcd: times this lockd process lost the prefix and stood by again "
                        "(a re-campaign; --exit-on-depose exits instead)")
       .Increment(static_cast<double>(options_.depositions));
-  if (options_.metrics_port >= 0) {
-    auto exposer = metrics::Exposer::Start(options_.metrics_host, options_.metrics_port, metrics_);
+  if (options_.metrics.port >= 0) {
+    auto exposer = metrics::Exposer::Start(options_.metrics.host, options_.metrics.port, metrics_);
     if (!exposer.ok()) return exposer.status();
     exposer_ = std::move(*exposer);
   }
-  if (!options_.etcd_endpoints.empty() && options_.etcd_standby) {
+  if (!options_.storage.etcd_endpoints.empty() && options_.storage.etcd_standby) {
     auto front = StandbyFront::Start(listen_options_, tls_);
     if (!front.ok()) return front.status();
     standby_ = std::move(*front);
-    if (options_.tcp) listen_options_.tcp_port = standby_->tcp_port();
-    Note(absl::StrCat("stood by on tcp ", listen_options_.tcp_host, ":", listen_options_.tcp_port,
+    if (options_.listen.tcp) listen_options_.listen.tcp_port = standby_->tcp_port();
+    Note(absl::StrCat("stood by on tcp ", listen_options_.listen.tcp_host, ":", listen_options_.listen.tcp_port,
                       ", answering NOT_LEADER"));
   }
   auto opened = OpenCommitLog();
@@ -311,7 +311,7 @@ absl::Status ServerImpl::Init() {
   }
   Permissions permissions = Permissions::WithoutFile(StateOwner(options_));
   if (!options_.permissions_file.empty()) {
-    auto loaded = LoadPermissions(options_.env, options_.permissions_file);
+    auto loaded = LoadPermissions(options_.storage.env, options_.permissions_file);
     if (!loaded.ok()) return loaded.status();
     permissions = std::move(*loaded);
     Note(Describe(permissions));
@@ -320,25 +320,10 @@ absl::Status ServerImpl::Init() {
                       "served on the Unix socket only, and their operator is ",
                       permissions.state_owner(), ", the owner of lockd's state (ADR 0004)"));
   }
-  CoreOptions core_options{
-      .service = ServiceOptions{.default_session_ttl = options_.default_session_ttl,
-                                .default_lock_ttl = options_.default_lock_ttl,
-                                .min_ttl = options_.min_ttl,
-                                .max_ttl = options_.max_ttl,
-                                .max_wait = options_.max_wait,
-                                .max_locks_per_session = options_.max_locks_per_session,
-                                .max_waiters_per_lock = options_.max_waiters_per_lock,
-                                .default_lock_delay = options_.default_lock_delay,
-                                .max_lock_delay = options_.max_lock_delay,
-                                .pools = PoolOptions{
-                                    .demand_ttl = options_.pool_demand_ttl,
-                                    .default_provisional_ttl = options_.pool_provisional_ttl}},
-      .max_sessions_per_connection = options_.max_sessions_per_connection,
-      .max_frame_bytes = options_.max_frame_bytes,
-      .hello_timeout = options_.hello_timeout,
-      .idle_timeout = options_.idle_timeout,
-      .stall_threshold = options_.stall_threshold,
-      .permissions = std::move(permissions)};
+  CoreOptions core_options{.service = options_.service,
+                           .connections = options_.connections,
+                           .stall_threshold = options_.stall_threshold,
+                           .permissions = std::move(permissions)};
   core_options.depositions = options_.depositions;
   core_options.last_deposition = options_.last_deposition;
   core_options.on_ending_fault = [this](const absl::Status& fault) { EndService(fault); };
@@ -374,7 +359,7 @@ absl::Status ServerImpl::Run() {
   listener_->Start();
   if (exposer_) exporter_->Start();
   io_.run();
-  if (!options_.unix_socket_path.empty()) ::unlink(options_.unix_socket_path.c_str());
+  if (!options_.listen.unix_socket_path.empty()) ::unlink(options_.listen.unix_socket_path.c_str());
   return ended_;
 }
 
@@ -401,141 +386,28 @@ void ServerImpl::Stop() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
-  if (options.admission_lock.empty() || options.admission_lock.front() != '/' ||
-      options.admission_lock.back() == '/') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the admission lock (--admission-lock) must be an absolute path to a file, got \"",
-        options.admission_lock, "\""));
-  }
-  if (options.min_ttl <= absl::ZeroDuration() || options.min_ttl > options.max_ttl) {
-    return absl::InvalidArgumentError("min_ttl must be positive and not above max_ttl");
-  }
-  for (absl::Duration d : {options.default_session_ttl, options.default_lock_ttl}) {
-    if (d < options.min_ttl || d > options.max_ttl) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "default TTL ", absl::FormatDuration(d), " is outside [",
-          absl::FormatDuration(options.min_ttl), ", ", absl::FormatDuration(options.max_ttl), "]"));
-    }
-  }
-  if (options.max_lock_delay < absl::ZeroDuration() || options.max_lock_delay > absl::Hours(1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the longest lock delay (--max-lock-delay) must be 0 to 1h, got ",
-                     absl::FormatDuration(options.max_lock_delay)));
-  }
-  if (options.default_lock_delay < absl::ZeroDuration() ||
-      options.default_lock_delay > options.max_lock_delay) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the lock delay (--lock-delay) must be 0 to --max-lock-delay (",
-        absl::FormatDuration(options.max_lock_delay), "), got ",
-        absl::FormatDuration(options.default_lock_delay)));
-  }
-  if (options.max_frame_bytes < 64 || options.max_frame_bytes > (size_t{64} << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the frame size (--max-frame-bytes) must be 64 to 64 MiB, got ", options.max_frame_bytes));
-  }
-  for (auto [name, value] : {std::pair{"max connections", options.max_connections},
-                             std::pair{"max sessions per connection", options.max_sessions_per_connection},
-                             std::pair{"max locks per session", options.max_locks_per_session},
-                             std::pair{"max waiters per lock", options.max_waiters_per_lock}}) {
-    if (value == 0) return absl::InvalidArgumentError(absl::StrCat(name, " must be at least 1"));
-  }
-  if (options.pool_demand_ttl < defaults::kMinPoolDemandTtl) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the pool demand TTL (--pool-demand-ttl) must be at least ",
-        absl::FormatDuration(defaults::kMinPoolDemandTtl), ", got ",
-        absl::FormatDuration(options.pool_demand_ttl), ": managers refresh their demand every ",
-        absl::FormatDuration(defaults::kPoolDemandRefresh), " and retry a pending acquire every ",
-        absl::FormatDuration(defaults::kPoolAcquireRetry),
-        " (seed ADR-0006), and a shorter TTL would drop a live manager's demand between them"));
-  }
-  for (auto [name, value] :
-       {std::pair{"the pool demand TTL (--pool-demand-ttl)", options.pool_demand_ttl},
-        std::pair{"the provisional pool lease TTL (--pool-provisional-ttl)",
-                  options.pool_provisional_ttl}}) {
-    if (value < absl::Milliseconds(100) || value > absl::Hours(1)) {
-      return absl::InvalidArgumentError(absl::StrCat(name, " must be 100ms to 1h, got ",
-                                                     absl::FormatDuration(value)));
-    }
-  }
-  for (auto [name, value] :
-       {std::pair{"the Hello timeout (--hello-timeout)", options.hello_timeout},
-        std::pair{"the idle timeout (--idle-timeout)", options.idle_timeout},
-        std::pair{"the slow-reader timeout (--slow-reader-timeout)", options.slow_reader_timeout}}) {
-    if (value <= absl::ZeroDuration() || value > absl::Hours(24)) {
-      return absl::InvalidArgumentError(absl::StrCat(name, " must be positive and at most 24h, got ",
-                                                     absl::FormatDuration(value)));
-    }
-  }
-  // 0 turns the stall watch off; a negative value is a mistake, never a silent "off".
-  if (options.stall_threshold < absl::ZeroDuration() || options.stall_threshold > absl::Hours(24)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the stall threshold (--stall-threshold) must be 0 (off) to 24h, got ",
-                     absl::FormatDuration(options.stall_threshold)));
-  }
-  if (options.max_wait < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("the longest wait for a lock must not be "
-                                                   "negative, got ",
-                                                   absl::FormatDuration(options.max_wait)));
-  }
-  if (options.max_connections_per_peer == 0) {
-    return absl::InvalidArgumentError(
-        "max connections per peer (--max-connections-per-peer) must be at least 1");
-  }
-  if (options.max_connections > (uint64_t{1} << 20)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max connections (--max-connections) must be at most ", uint64_t{1} << 20,
-                     ", got ", options.max_connections));
-  }
-  if (options.unix_socket_mode > 0777) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("unix socket mode %o is not a permission mode (0 to 0777)", options.unix_socket_mode));
-  }
-  if (options.data_dir.empty() == options.etcd_endpoints.empty()) {
-    return absl::InvalidArgumentError(
-        "give either a state directory (--data-dir) or an etcd cluster (--etcd and "
-        "--etcd-prefix), not both and not neither");
-  }
-  if (!options.etcd_endpoints.empty() && options.etcd_prefix.empty()) {
-    return absl::InvalidArgumentError("--etcd needs --etcd-prefix");
-  }
-  if (options.etcd_owner_ttl < absl::Seconds(2) || options.etcd_owner_ttl > absl::Hours(1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--etcd-owner-ttl must be 2s to 1h, got ", absl::FormatDuration(options.etcd_owner_ttl)));
-  }
-  if (const absl::Duration usable = options.etcd_owner_ttl * (1 - kEtcdOwnerMargin);
-      options.etcd_request_timeout < absl::ZeroDuration() ||
-      options.etcd_request_timeout > usable) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--etcd-request-timeout must be at most the usable ownership (",
-        absl::FormatDuration(usable), " of --etcd-owner-ttl=",
-        absl::FormatDuration(options.etcd_owner_ttl), ") and not negative (0: a third of it), got ",
-        absl::FormatDuration(options.etcd_request_timeout)));
-  }
-  if (absl::Status s = CheckSegmentBytes(options.wal_segment_bytes); !s.ok()) return s;
-  if (options.reservation_block == 0 || options.reservation_block > (uint64_t{1} << 40)) {
-    return absl::InvalidArgumentError("the reservation block must be 1 to 2^40");
-  }
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
   std::shared_ptr<net::TlsContext> tls;
-  if (options.tls.enabled()) {
-    if (!options.tcp) {
+  if (options.listen.tls.enabled()) {
+    if (!options.listen.tcp) {
       return absl::InvalidArgumentError(
           "TLS certificates (--tls-*) were given but the TCP listener is off (--tcp=false)");
     }
-    auto loaded = net::TlsContext::Create(options.tls, net::TlsRole::kServer, "--tls-");
+    auto loaded = net::TlsContext::Create(options.listen.tls, net::TlsRole::kServer, "--tls-");
     if (!loaded.ok()) return loaded.status();
     tls = std::move(*loaded);
   }
   // Last, once every option is known to be good: this changes the process's limit.
   std::string raised;
-  if (absl::Status s = EnsureDescriptorBudget(options.max_connections, &raised); !s.ok()) return s;
+  if (absl::Status s = EnsureDescriptorBudget(options.connections.max_connections, &raised); !s.ok()) return s;
   ServerOptions resolved = options;
-  if (resolved.env == nullptr) resolved.env = Env::Posix();
+  if (resolved.storage.env == nullptr) resolved.storage.env = Env::Posix();
   if (resolved.clock == nullptr) resolved.clock = Clock::Real();
   auto server = std::make_unique<ServerImpl>(resolved, tls);
   if (!raised.empty()) server->Note(raised);
   if (tls) {
     server->Note(absl::StrCat("TLS 1.3 on tcp as ", tls->identity(),
-                              "; clients need a certificate from ", options.tls.ca_file));
+                              "; clients need a certificate from ", options.listen.tls.ca_file));
   }
   if (absl::Status s = server->Init(); !s.ok()) return s;
   return server;

@@ -163,7 +163,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
     c.sink = sink;
     c.state.caller = Caller{id, std::move(identity)};
     c.timer = time_->NewTimer();
-    c.timer->ArmAt(time_->Now() + options_.hello_timeout, [this, id] { OnHelloTimeout(id); });
+    c.timer->ArmAt(time_->Now() + options_.connections.hello_timeout, [this, id] { OnHelloTimeout(id); });
     return id;
   }
 
@@ -177,9 +177,9 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
       Conn& c = connections_.at(id);
       const bool hello_was_done = c.state.hello_done;
       Dispatched d = Dispatch(payload, c.state, *this, now);
-      if (c.state.hello_done && !hello_was_done && options_.idle_timeout > absl::ZeroDuration()) {
+      if (c.state.hello_done && !hello_was_done && options_.connections.idle_timeout > absl::ZeroDuration()) {
         // From Hello on, the connection's timer watches for idleness instead.
-        c.timer->ArmAt(now + options_.idle_timeout, [this, id] { OnIdleCheck(id); });
+        c.timer->ArmAt(now + options_.connections.idle_timeout, [this, id] { OnIdleCheck(id); });
       }
       switch (d.then) {
         case Dispatched::Then::kReply:
@@ -285,9 +285,9 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   const Permissions& permissions() const override { return options_.permissions; }
   void SetPermissions(Permissions permissions) { options_.permissions = std::move(permissions); }
   size_t max_sessions_per_connection() const override {
-    return options_.max_sessions_per_connection;
+    return options_.connections.max_sessions_per_connection;
   }
-  size_t max_frame_bytes() const override { return options_.max_frame_bytes; }
+  size_t max_frame_bytes() const override { return options_.connections.max_frame_bytes; }
   void RequestStop() override {
     // After the reply: the transport writes it before the stop closes the connection.
     if (options_.on_stop_requested) time_->Post(options_.on_stop_requested);
@@ -392,7 +392,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
             "lockd no longer serves this state: ",
             fault != nullptr ? fault->message() : "its ownership of the state ran out"));
         gate_.Submit(id, log_->newest_batch(), UINT64_MAX, refused.request_id(),
-                     EncodeFrame(refused, options_.max_frame_bytes));
+                     EncodeFrame(refused, options_.connections.max_frame_bytes));
         return;
       }
       if (options_.on_act) {
@@ -408,7 +408,7 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
                                          : 0});
       }
     }
-    std::string frame = EncodeFrame(response, options_.max_frame_bytes);
+    std::string frame = EncodeFrame(response, options_.connections.max_frame_bytes);
     const uint64_t committed =
         log_->fault() != nullptr ? UINT64_MAX : log_->committed_batch();
     gate_.Submit(id, batch, committed, response.request_id(), std::move(frame));
@@ -550,7 +550,7 @@ void ServerCore::Impl::OnHelloTimeout(ConnectionId id) {
   CountProtocolError();
   wire::Response r;
   r.set_code(wire::HELLO_REQUIRED);
-  r.set_message(absl::StrCat("no Hello within ", absl::FormatDuration(options_.hello_timeout),
+  r.set_message(absl::StrCat("no Hello within ", absl::FormatDuration(options_.connections.hello_timeout),
                              " of connecting (lockd --hello-timeout)"));
   ReplyAndClose(id, r);
 }
@@ -567,21 +567,21 @@ void ServerCore::Impl::OnIdleCheck(ConnectionId id) {
   if (it == connections_.end() || it->second.closing || stopped_) return;
   Conn& c = it->second;
   const MonoTime now = time_->Now();
-  const MonoTime idle_at = c.last_request_at + options_.idle_timeout;
+  const MonoTime idle_at = c.last_request_at + options_.connections.idle_timeout;
   if (now < idle_at) {
     c.timer->ArmAt(idle_at, [this, id] { OnIdleCheck(id); });
     return;
   }
   if (HasWork(id, c)) {
     // Its sessions' keep-alives may come less often than the idle timeout: look again later.
-    c.timer->ArmAt(now + options_.idle_timeout, [this, id] { OnIdleCheck(id); });
+    c.timer->ArmAt(now + options_.connections.idle_timeout, [this, id] { OnIdleCheck(id); });
     return;
   }
   ++stats_.connections_closed_idle_total;
   wire::Response r;
   r.set_code(wire::UNAVAILABLE);
   r.set_message(absl::StrCat("closing an idle connection: no request for ",
-                             absl::FormatDuration(options_.idle_timeout),
+                             absl::FormatDuration(options_.connections.idle_timeout),
                              " and no open session or queued acquire on it (lockd --idle-timeout)"));
   ReplyAndClose(id, r);
 }
@@ -596,7 +596,7 @@ void ServerCore::Impl::OnCommitFault(const absl::Status& status) {
     r.set_request_id(request_id);
     r.set_code(wire::UNAVAILABLE);
     r.set_message(message);
-    Deliver(id, EncodeFrame(r, options_.max_frame_bytes));
+    Deliver(id, EncodeFrame(r, options_.connections.max_frame_bytes));
   }
   service_.FailAllWaiters(absl::UnavailableError(message));
   AfterRequest();

@@ -527,7 +527,7 @@ TEST_F(ServerCoreTest, TimeTheCoreSpentServingIsNotAStall) {
 }
 
 TEST_F(ServerCoreTest, NoHelloWithinTheTimeoutClosesTheConnection) {
-  Start(&mem_, CoreOptions{.hello_timeout = absl::Seconds(3)});
+  Start(&mem_, CoreOptions{.connections = {.hello_timeout = absl::Seconds(3)}});
   Sink silent, polite;
   const ConnectionId quiet = Connect(&silent);
   const ConnectionId talker = Connect(&polite);
@@ -545,7 +545,7 @@ TEST_F(ServerCoreTest, NoHelloWithinTheTimeoutClosesTheConnection) {
 }
 
 TEST_F(ServerCoreTest, AConnectionIdleAfterHelloIsClosedUnlessItHasASession) {
-  Start(&mem_, CoreOptions{.idle_timeout = absl::Seconds(30),
+  Start(&mem_, CoreOptions{.connections = {.idle_timeout = absl::Seconds(30)},
                            .stall_threshold = absl::ZeroDuration()});
   Sink idle_sink, busy_sink;
   const ConnectionId idle = Connect(&idle_sink);

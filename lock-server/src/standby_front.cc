@@ -33,13 +33,10 @@ class Front final : public StandbyFront {
   }
 
   absl::Status Start() {
-    CoreOptions core_options{.max_sessions_per_connection = options_.max_sessions_per_connection,
-                             .max_frame_bytes = options_.max_frame_bytes,
-                             .hello_timeout = options_.hello_timeout,
-                             .idle_timeout = options_.idle_timeout,
+    CoreOptions core_options{.connections = options_.connections,
                              .stall_threshold = absl::ZeroDuration()};
     OpenedCommitLog nothing;
-    nothing.log = StandbyCommitLog(options_.etcd_prefix);
+    nothing.log = StandbyCommitLog(options_.storage.etcd_prefix);
     auto standing_by = std::make_unique<StandingBy>(
         options_.depositions == 0
             ? std::string()

@@ -243,7 +243,7 @@ server::CoreOptions Simulation::CoreOptions() {
       .service = server::ServiceOptions{.min_ttl = absl::Milliseconds(10),
                                         .max_ttl = absl::Seconds(60),
                                         .max_wait = absl::Seconds(60)},
-      .hello_timeout = absl::Seconds(2),
+      .connections = server::ConnectionOptions{.hello_timeout = absl::Seconds(2)},
       .stall_threshold = absl::Seconds(1),
       .log = [](const std::string&) {},
       .session_secrets = [this] {

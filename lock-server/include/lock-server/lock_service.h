@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "clock/clock.h"
 #include "lock-server/counters.h"
+#include "lock-server/options.h"
 #include "lock-server/pool_service.h"
 #include "lock-server/state_machine.h"
 
@@ -50,47 +51,6 @@ struct Caller {
   // The connection's authenticated identity ("uid:1000" on the Unix socket); empty when it has
   // none (plaintext TCP).
   std::string identity;
-};
-
-struct ServiceOptions {
-  // TTL for a session that asks for none (lock.session.ttl). Default: 15 s.
-  absl::Duration default_session_ttl = defaults::kSessionTtl;
-  // Lease TTL for an acquire that asks for none (lock.default.ttl). Default: 30 s.
-  absl::Duration default_lock_ttl = defaults::kLockTtl;
-  // Accepted range for requested session and lock TTLs. Default: 10 ms to 1 h.
-  absl::Duration min_ttl = absl::Milliseconds(10);
-  absl::Duration max_ttl = absl::Hours(1);
-  // Longest queue wait an acquire may ask for. Default: 1 h.
-  absl::Duration max_wait = absl::Hours(1);
-  // Longest lock name, in bytes. Default: 512.
-  size_t max_lock_name_bytes = 512;
-  // Locks one session may hold and wait for together; one more is kResourceExhausted.
-  // Default: 1024.
-  size_t max_locks_per_session = 1024;
-  // Waiters queued on one lock; one more is kResourceExhausted. Default: 1024.
-  size_t max_waiters_per_lock = 1024;
-  // Told about every counted FENCED_OUT (a must-be-zero event), with the lock, the stale token
-  // and the current holder, so that an operator can find who sent it. Default: none.
-  std::function<void(const std::string&)> on_fenced_out;
-  // Told about every request refused for a token its session never held (counted in
-  // foreign_tokens_total, not as fenced out). Default: none.
-  std::function<void(const std::string&)> on_foreign_token;
-  // Told about every request refused for driving a session that is not the caller's, or for
-  // resuming one with the wrong secret (counted in permission_denied_total). Default: none.
-  std::function<void(const std::string&)> on_permission_denied;
-  // How many ended leases (lock, token, holder session) are remembered, the last to end, to
-  // tell a lock's own session acting on a lost lease (fenced out, must be zero) from a request
-  // naming a token its sender never held. Leases that ended earlier, and every lease that ended
-  // before this process started, count as foreign. Default: 65536 (about 3 MB).
-  size_t remembered_lease_ends = 65536;
-  // The lock delay (ADR 0006) of an acquire that asks for none: after its holder is lost (not
-  // released), the lock is not granted again for this long (a lost shared holder delays
-  // exclusive grants only). Default: zero, none.
-  absl::Duration default_lock_delay = absl::ZeroDuration();
-  // The longest lock delay an acquire may ask for; one above is refused. Default: 60 s.
-  absl::Duration max_lock_delay = absl::Seconds(60);
-  // Admission pools' limits and timings (pool_service.h).
-  PoolOptions pools;
 };
 
 // How an Acquire wants its lock (ADR 0006).

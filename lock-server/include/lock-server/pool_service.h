@@ -40,32 +40,12 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "lock-server/counters.h"
+#include "lock-server/options.h"
 #include "protocol/defaults.h"
 #include "clock/clock.h"
 #include "lock-server/state_machine.h"
 
 namespace fencelock::server {
-
-struct PoolOptions {
-  // How long positive demand stays current without a refresh (ADR-0006). Default: 30 s.
-  absl::Duration demand_ttl = defaults::kPoolDemandTtl;
-  // Provisional lease TTL for an Acquire that asks for none. Default: 30 s.
-  absl::Duration default_provisional_ttl = absl::Seconds(30);
-  // Accepted range of a requested provisional TTL. Default: 100 ms to 1 h.
-  absl::Duration min_provisional_ttl = absl::Milliseconds(100);
-  absl::Duration max_provisional_ttl = absl::Hours(1);
-  // Largest budget a pool may have; every unit may become one lease in status, and a full
-  // pool's status must fit in one frame of the default 1 MiB. Default: 4096.
-  uint64_t max_budget = 4096;
-  // Most profiles in one policy. Default: 256.
-  size_t max_profiles = 256;
-  // Most pools lockd coordinates. Default: 64.
-  size_t max_pools = 64;
-  // Longest pool, profile or slot name, in bytes. Default: 64.
-  size_t max_name_bytes = 64;
-  // Longest recovery evidence, in bytes. Default: 1024.
-  size_t max_evidence_bytes = 1024;
-};
 
 // What a manager presents with every request for its profile.
 struct PoolOwner {

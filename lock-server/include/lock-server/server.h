@@ -20,6 +20,7 @@
 #include "clock/clock.h"
 #include "lock-server/env.h"
 #include "lock-server/etcd_access.h"
+#include "lock-server/options.h"
 #include "net/tls.h"
 #include "protocol/defaults.h"
 
@@ -28,7 +29,8 @@ namespace fencelock::server {
 // Where a host's admission lock is by default (ADR 0005): the system's directory for lock files.
 inline constexpr char kDefaultAdmissionLock[] = "/run/lock/fencelock-admission.lock";
 
-struct ServerOptions {
+// Where lockd's state lives: a local state directory, or a prefix in an etcd cluster.
+struct StorageOptions {
   // State directory created by `lockd init`. Create() restores from it before it listens, and
   // refuses a missing, uninitialized, damaged or unsupported one. Exactly one of data_dir and
   // etcd_endpoints is required.
@@ -40,38 +42,29 @@ struct ServerOptions {
   // TLS and auth to etcd. Default: plaintext, no user.
   EtcdAccess etcd_access;
   // The TTL of lockd's lease on the prefix's ownership key; a lockd that dies leaves the prefix
-  // to a successor after at most this long. Default: 10 s.
+  // to a successor after at most this long. 2 s to 1 h. Default: 10 s.
   absl::Duration etcd_owner_ttl = absl::Seconds(10);
   // With etcd: while another lockd serves the prefix, wait (without listening) until its lease
   // ends and take over, instead of refusing after the TTL. Create() blocks until then.
   // Default: false.
   bool etcd_standby = false;
-  // With etcd: times this process was deposed before this server, and why the last time (lockd
-  // stands by again after a deposition, with a server of its own); reported by GetStats, the
-  // metrics (lockd_depositions_total) and a standby's NOT_LEADER. Default: none.
-  uint64_t depositions = 0;
-  std::string last_deposition;
   // With etcd: a snapshot once the log since the last one is this large. Default: 1 MiB.
   uint64_t etcd_snapshot_bytes = uint64_t{1} << 20;
   // With etcd: the longest one etcd request may take before the next endpoint is tried.
   // Default: zero, a third of the usable ownership (TTL x 0.7 / 3, at most 5 s), so that an
   // unreachable member costs less than the ownership.
   absl::Duration etcd_request_timeout = absl::ZeroDuration();
-  // A history file (process/history.h) that lockd appends a record to for every act (a lock
-  // granted, a session renewed, a token confirmed: event lockd-grant, lockd-renew,
-  // lockd-validate, the ownership deadline as detail), every renewal of its etcd ownership
-  // (lockd-owned), the start of its service (lockd-serving) and its end (lockd-deposed),
-  // under the process name
-  // `history_process`. The harness's HA checker reads it. Default: empty, none.
-  std::string history_file;
-  std::string history_process = "lockd";
-  // File system access. Default: nullptr, the real file system (Env::Posix()).
-  Env* env = nullptr;
   // Size of each preallocated WAL segment; a snapshot follows each move to a new one.
   // Default: 64 MiB.
   uint64_t wal_segment_bytes = uint64_t{64} << 20;
   // Tokens and session ids reserved per durable SEQUENCES write. Default: 10000.
   uint64_t reservation_block = 10000;
+  // File system access. Default: nullptr, the real file system (Env::Posix()).
+  Env* env = nullptr;
+};
+
+// Where lockd listens, and who may connect.
+struct ListenOptions {
   // Whether to listen on TCP at all; false leaves only the Unix socket (which must then be
   // given). Default: true.
   bool tcp = true;
@@ -79,15 +72,15 @@ struct ServerOptions {
   // TCP is never served to other machines, and Create() refuses any other address. With `tls`,
   // any address. Default: 127.0.0.1.
   std::string tcp_host = "127.0.0.1";
+  // TCP port; 0 picks a free one, reported by Server::tcp_port(). Default: 7420.
+  uint16_t tcp_port = 7420;
   // TLS on the TCP listener: when given, every TCP connection must complete a TLS 1.3
-  // handshake with a client certificate from `tls.ca_file` (within hello_timeout) before
+  // handshake with a client certificate from `tls.ca_file` (within the Hello timeout) before
   // anything else, and is known by its certificate's name (net::PeerIdentity: "cn:<name>").
   // Create() refuses files that do not load (naming the file and the reason) and a certificate
   // that has expired. The Unix socket stays plaintext (its peers are known by uid). Default:
   // none, plaintext TCP on loopback.
   net::TlsFiles tls;
-  // TCP port; 0 picks a free one, reported by Server::tcp_port(). Default: 7420.
-  uint16_t tcp_port = 7420;
   // Path of a Unix-domain socket to listen on as well. Default: empty (none).
   std::string unix_socket_path;
   // Permission bits of the socket file; it is created with them (never more open, not even
@@ -99,79 +92,59 @@ struct ServerOptions {
   // (SO_PEERCRED). Another user gets PERMISSION_DENIED and is logged. Empty: anyone the file
   // permissions let in. Default: empty.
   std::vector<uint32_t> allowed_uids;
-  // Open connections, over both listeners. One more gets LIMIT_EXCEEDED and is closed.
-  // Create() makes sure the process may open that many files (plus lockd's own): it raises the
-  // soft limit up to the hard one if it must, and refuses a value the hard limit cannot hold.
-  // Default: 1024.
-  size_t max_connections = 1024;
-  // Open connections of one peer: one user id (the Unix socket's peer credentials; for a
-  // loopback TCP peer, the owner of its socket), or one address for a remote peer. One more
-  // gets LIMIT_EXCEEDED, so that no one peer can take the connections of the others. Capped at
-  // max_connections. Default: 256.
-  size_t max_connections_per_peer = 256;
-  // A connection that has sent nothing for this long and has no open session (opened or
-  // renewed on it) and no queued acquire is told so and closed. Default: 60 s.
-  absl::Duration idle_timeout = absl::Seconds(60);
-  // A connection whose replies stay unread (more than 2 MiB, or two frames, waiting) for this
-  // long is closed; lockd stops reading its requests as soon as they pile up. Default: 30 s.
-  absl::Duration slow_reader_timeout = absl::Seconds(30);
-  // Sessions opened on one connection that are still open. Default: 64.
-  size_t max_sessions_per_connection = 64;
-  // Locks one session may hold and wait for together. Default: 1024.
-  size_t max_locks_per_session = 1024;
-  // Waiters queued on one lock. Default: 1024.
-  size_t max_waiters_per_lock = 1024;
-  // ADR 0006: after a holder is lost (not released), its lock is not granted again for this
-  // long, for resources that cannot check a token; an Acquire may ask for another delay, up to
-  // max_lock_delay. Default: zero (none) and 60 s.
-  absl::Duration default_lock_delay = absl::ZeroDuration();
-  absl::Duration max_lock_delay = absl::Seconds(60);
-  // A connection that has not sent Hello within this long is told HELLO_REQUIRED and closed.
-  // Default: 10 s.
-  absl::Duration hello_timeout = absl::Seconds(10);
-  // lockd's own stalls. When its I/O thread has not run for longer than this (it was frozen,
-  // suspended with its VM, or starved of CPU), every session and lock lease is extended by the
-  // time it lost, before any expiry or request is processed: clients cannot renew a lease with
-  // a server that is not running, so the stall must not cost them their leases. This is safe
-  // (a lease only looks held longer; the fences do not depend on it) and keeps requests that
-  // waited in lockd's socket from being counted as fenced out. A dead client's locks free that
-  // much later. Zero disables it. Measured on `clock`. Default: 1 s.
+};
+
+// lockd's Prometheus endpoint (GET /metrics). It shows counts and figures, never lock names,
+// session ids or tokens.
+struct MetricsOptions {
+  // Serve on this port; 0 picks a free one, reported by Server::metrics_port(). Default: -1,
+  // no endpoint (lockd's --metrics-port turns it on).
+  int port = -1;
+  // Address of the endpoint (any address: Prometheus may scrape from elsewhere).
+  // Default: 127.0.0.1.
+  std::string host = "127.0.0.1";
+};
+
+// Everything lockd is configured with, each in the part that uses it; the `lockd` binary binds
+// a flag to most of these fields (lockd_main.cc), with the field's default as the flag's.
+struct ServerOptions {
+  StorageOptions storage;
+  ListenOptions listen;
+  ConnectionOptions connections;
+  // The rules: default TTLs, limits, the lock delay, the admission pools' timings.
+  ServiceOptions service;
+  // lockd's own stalls (CoreOptions::stall_threshold). Measured on `clock`. Default: 1 s.
   absl::Duration stall_threshold = absl::Seconds(1);
-  // lock.session.ttl for sessions that ask for none. Default: 15 s.
-  absl::Duration default_session_ttl = defaults::kSessionTtl;
-  // lock.default.ttl for acquires that ask for none. Default: 30 s.
-  absl::Duration default_lock_ttl = defaults::kLockTtl;
-  // Accepted range of requested session and lock TTLs. Default: 10 ms to 1 h.
-  absl::Duration min_ttl = absl::Milliseconds(10);
-  absl::Duration max_ttl = absl::Hours(1);
-  // Longest queue wait an acquire may ask for. Default: 1 h.
-  absl::Duration max_wait = absl::Hours(1);
-  // Admission pools: the host's admission lock (ADR 0005), which a lockd that coordinates
-  // pools holds (from its start if its state holds a pool, else from its first publish); a
-  // second coordinator on the host is refused, naming the first.
-  std::string admission_lock = kDefaultAdmissionLock;
-  // Admission pools (docs/admission.md): how long positive demand stays current without a
-  // refresh (ADR-0006), and the provisional lease TTL of an acquire that asks for none.
-  // Default: 30 s each; each 100 ms to 1 h.
-  absl::Duration pool_demand_ttl = defaults::kPoolDemandTtl;
-  absl::Duration pool_provisional_ttl = absl::Seconds(30);
-  // Largest frame accepted or sent, in bytes. Default: 1 MiB.
-  size_t max_frame_bytes = size_t{1} << 20;
-  // Source of the server's time: leases, expiry, the stall watch. Timers wait on Asio's steady
-  // clock for the time left until a deadline on this clock. Default: nullptr, the real
-  // boot-time clock.
-  Clock* clock = nullptr;
-  // Serve Prometheus metrics (GET /metrics) on this port of metrics_host; 0 picks a free one,
-  // reported by metrics_port(). Default: -1, no metrics endpoint (lockd's flag turns it on).
-  // The endpoint shows counts and figures, never lock names, session ids or tokens.
-  int metrics_port = -1;
   // The permissions file (lock-server/permissions.h): what each identity may acquire and
   // list. Create() refuses a file it cannot read or parse, naming the line. Default: empty,
   // no file: every identity may acquire every lock and list.
   std::string permissions_file;
-  // Address of the metrics endpoint (any address: Prometheus may scrape from elsewhere).
-  // Default: 127.0.0.1.
-  std::string metrics_host = "127.0.0.1";
+  // Admission pools: the host's admission lock (ADR 0005), which a lockd that coordinates
+  // pools holds (from its start if its state holds a pool, else from its first publish); a
+  // second coordinator on the host is refused, naming the first.
+  std::string admission_lock = kDefaultAdmissionLock;
+  MetricsOptions metrics;
+  // A history file (process/history.h) that lockd appends a record to for every act (a lock
+  // granted, a session renewed, a token confirmed: event lockd-grant, lockd-renew,
+  // lockd-validate, the ownership deadline as detail), every renewal of its etcd ownership
+  // (lockd-owned), the start of its service (lockd-serving) and its end (lockd-deposed),
+  // under the process name `history_process`. The harness's HA checker reads it. Default:
+  // empty, none.
+  std::string history_file;
+  std::string history_process = "lockd";
+  // With etcd: times this process was deposed before this server, and why the last time (lockd
+  // stands by again after a deposition, with a server of its own); reported by GetStats, the
+  // metrics (lockd_depositions_total) and a standby's NOT_LEADER. Default: none.
+  uint64_t depositions = 0;
+  std::string last_deposition;
+  // Source of the server's time: leases, expiry, the stall watch. Timers wait on Asio's steady
+  // clock for the time left until a deadline on this clock. Default: nullptr, the real
+  // boot-time clock.
+  Clock* clock = nullptr;
+
+  // Whether lockd can serve with these options: kInvalidArgument naming the flag of the first
+  // that it cannot (server_options.cc). Create() calls it first. It reads no file.
+  absl::Status Validate() const;
 };
 
 // Thread safety: Run() is called from one thread; Shutdown() and tcp_port() from any.

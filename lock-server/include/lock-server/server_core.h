@@ -25,6 +25,7 @@
 #include "clock/time_source.h"
 #include "lock-server/commit_log.h"
 #include "lock-server/lock_service.h"
+#include "lock-server/options.h"
 #include "lock-server/permissions.h"
 
 namespace fencelock::wire {
@@ -64,19 +65,15 @@ struct Act {
 struct CoreOptions {
   // The rules' limits and default TTLs. on_fenced_out defaults to `log`.
   ServiceOptions service;
-  // Sessions opened on one connection that are still open. Default: 64.
-  size_t max_sessions_per_connection = 64;
-  // Largest reply frame; a larger one is replaced by an UNAVAILABLE error. Default: 1 MiB.
-  size_t max_frame_bytes = size_t{1} << 20;
-  // A connection that has not sent Hello within this long is told HELLO_REQUIRED and closed.
-  // Default: 10 s.
-  absl::Duration hello_timeout = absl::Seconds(10);
-  // A connection that has sent nothing for this long, and has no open session (opened or
-  // renewed on it) and no queued acquire, is told so and closed. Default: 60 s.
-  absl::Duration idle_timeout = absl::Seconds(60);
-  // When the core's time source shows that it did not run for longer than this, every session
-  // and lock lease is extended by the gap (see ServerOptions::stall_threshold). Zero disables.
-  // Default: 1 s.
+  // The connections' limits and timeouts (the core uses the per-connection ones).
+  ConnectionOptions connections;
+  // lockd's own stalls. When the core's time source shows that it did not run for longer than
+  // this (it was frozen, suspended with its VM, or starved of CPU), every session and lock
+  // lease is extended by the time it lost, before any expiry or request is processed: clients
+  // cannot renew a lease with a server that is not running, so the stall must not cost them
+  // their leases. This is safe (a lease only looks held longer; the fences do not depend on
+  // it) and keeps requests that waited in lockd's socket from being counted as fenced out. A
+  // dead client's locks free that much later. Zero disables it. Default: 1 s.
   absl::Duration stall_threshold = absl::Seconds(1);
   // Where operator messages go (stalls, fenced-out requests). Default: stderr, "lockd: " first.
   std::function<void(const std::string&)> log;
