@@ -192,7 +192,8 @@ TEST(ListenTest, BadAccessFlagsAreRefusedWithTheirName) {
        {std::pair{"--unix-socket-mode=0999", "--unix-socket-mode"},
         std::pair{"--allowed-uids=no-such-user-here", "--allowed-uids"},
         std::pair{"--unix-socket-group=no-such-group-here", "--unix-socket-group"},
-        std::pair{"--max-connections=0", "--max-connections"}}) {
+        std::pair{"--max-connections=0", "--max-connections"},
+        std::pair{"--max-requests-in-flight=0", "--max-requests-in-flight"}}) {
     auto [status, err] = testing::RunLockdToExit(
         {"serve", data, "--port=0", "--metrics-port=-1", "--unix-socket=" + dir.path() + "/s", flag});
     EXPECT_NE(status, 0) << flag;

@@ -27,6 +27,7 @@ constexpr auto kErrorLinger = std::chrono::seconds(1);
 ConnectionBudget ConnectionBudget::For(const ConnectionOptions& options) {
   return ConnectionBudget{
       .max_frame_bytes = options.max_frame_bytes,
+      .max_requests_in_flight = options.max_requests_in_flight,
       .max_unread_reply_bytes = std::max<size_t>(size_t{2} << 20, 2 * options.max_frame_bytes),
       .slow_reader_timeout = options.slow_reader_timeout};
 }

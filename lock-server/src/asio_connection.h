@@ -31,7 +31,7 @@ struct ConnectionBudget {
   size_t max_frame_bytes = 0;
   // Requests whose replies wait for their commit, and reply bytes the peer has not read yet:
   // above either, lockd stops reading from the connection until they drain (back pressure).
-  size_t max_requests_in_flight = 256;
+  size_t max_requests_in_flight = 0;
   size_t max_unread_reply_bytes = 0;
   // A connection whose unread replies stay above the bound this long is closed as a slow
   // reader; so is one whose unread replies reach four times the bound.

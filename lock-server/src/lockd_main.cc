@@ -96,6 +96,8 @@
   X(uint64_t, max_sessions_per_connection, connections.max_sessions_per_connection,            \
     "open sessions one connection may open")                                                   \
   X(uint64_t, max_frame_bytes, connections.max_frame_bytes, "largest frame accepted, in bytes") \
+  X(uint64_t, max_requests_in_flight, connections.max_requests_in_flight,                      \
+    "requests of one connection waiting for their commit before lockd stops reading it")       \
   X(absl::Duration, hello_timeout, connections.hello_timeout,                                  \
     "close a connection that sends no Hello within this long")                                 \
   X(absl::Duration, idle_timeout, connections.idle_timeout,                                    \

@@ -78,7 +78,8 @@ absl::Status ValidateConnections(const ConnectionOptions& o) {
        {std::tuple{"max-connections", o.max_connections, uint64_t{1} << 20},
         std::tuple{"max-connections-per-peer", o.max_connections_per_peer, uint64_t{1} << 20},
         std::tuple{"max-sessions-per-connection", o.max_sessions_per_connection,
-                   uint64_t{1} << 20}}) {
+                   uint64_t{1} << 20},
+        std::tuple{"max-requests-in-flight", o.max_requests_in_flight, uint64_t{1} << 16}}) {
     if (absl::Status s = InRange(flag, value, 1, hi); !s.ok()) return s;
   }
   if (absl::Status s = InRange("max-frame-bytes", o.max_frame_bytes, 64, uint64_t{64} << 20);

@@ -51,6 +51,8 @@ TEST(ServerOptionsTest, EachOptionOutOfItsRangeIsRefusedNamingItsFlag) {
        [](ServerOptions& o) { o.connections.max_connections_per_peer = 0; }},
       {"--max-sessions-per-connection",
        [](ServerOptions& o) { o.connections.max_sessions_per_connection = 0; }},
+      {"--max-requests-in-flight",
+       [](ServerOptions& o) { o.connections.max_requests_in_flight = 0; }},
       {"--max-frame-bytes", [](ServerOptions& o) { o.connections.max_frame_bytes = 63; }},
       {"--hello-timeout", [](ServerOptions& o) { o.connections.hello_timeout = absl::ZeroDuration(); }},
       {"--idle-timeout", [](ServerOptions& o) { o.connections.idle_timeout = -absl::Seconds(1); }},

@@ -102,6 +102,9 @@ struct ConnectionOptions {
   // A connection that has sent nothing for this long, and has no open session (opened or
   // renewed on it) and no queued acquire, is told so and closed. Default: 60 s.
   absl::Duration idle_timeout = absl::Seconds(60);
+  // Requests of one connection whose replies wait for their commit: above this, lockd stops
+  // reading the connection until commits release replies (back pressure). Default: 256.
+  size_t max_requests_in_flight = 256;
   // A connection whose replies stay unread (more than 2 MiB, or two frames, waiting) for this
   // long is closed; lockd stops reading its requests as soon as they pile up. Default: 30 s.
   absl::Duration slow_reader_timeout = absl::Seconds(30);
