@@ -1,20 +1,26 @@
 #include "metrics/http_get.h"
 
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
+// Boost 1.74's Asio needs <utility> first under GCC 12 in C++20 (net/asio.h says why).
+#include <utility>
 
-#include <algorithm>
-#include <cerrno>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <boost/beast/http/write.hpp>
 #include <chrono>
-#include <cstring>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -23,155 +29,117 @@
 namespace fencelock::metrics {
 namespace {
 
-using SteadyClock = std::chrono::steady_clock;
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+using tcp = asio::ip::tcp;
 
-// A connected socket, closed when it goes out of scope.
-class Socket {
+// Bodies larger than this are refused: a /metrics page or an API answer is far smaller.
+constexpr uint64_t kMaxBodyBytes = uint64_t{64} << 20;
+
+// One GET on Beast, its steps chained on an io_context of its own that runs for at most the
+// timeout on the steady clock, so that no step (resolve, connect, write, read) can outlast it.
+class Get {
  public:
-  explicit Socket(int fd) : fd_(fd) {}
-  Socket(const Socket&) = delete;
-  Socket& operator=(const Socket&) = delete;
-  ~Socket() {
-    if (fd_ >= 0) close(fd_);
+  Get(const std::string& host, int port, const std::string& path)
+      : host_(host), port_(port), where_(absl::StrCat("http://", host, ":", port, path)),
+        request_(http::verb::get, path, 10) {
+    request_.set(http::field::host, host);
+    request_.set(http::field::connection, "close");
+    parser_.body_limit(kMaxBodyBytes);
   }
-  int fd() const { return fd_; }
+
+  absl::StatusOr<HttpResponse> Run(absl::Duration timeout) {
+    resolver_.async_resolve(host_, std::to_string(port_),
+                            [this](beast::error_code ec, tcp::resolver::results_type found) {
+                              if (ec) return End(ec, "cannot resolve ");
+                              OnResolved(found);
+                            });
+    io_.run_for(absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration())));
+    if (!outcome_.has_value()) {
+      return absl::DeadlineExceededError(absl::StrCat(stage_, where_, " timed out after ",
+                                                      absl::FormatDuration(timeout)));
+    }
+    return std::move(*outcome_);
+  }
 
  private:
-  int fd_;
-};
-
-// Waits for `events` on `fd` until `deadline`; false at the deadline.
-bool WaitFor(int fd, short events, SteadyClock::time_point deadline) {
-  for (;;) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{fd, events, 0};
-    const int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1 << 30)));
-    if (r > 0) return true;
-    if (r < 0 && errno != EINTR) return true;  // let the read or write report it
+  void OnResolved(const tcp::resolver::results_type& found) {
+    stage_ = "connecting to ";
+    stream_.async_connect(found, [this](beast::error_code ec, const tcp::endpoint&) {
+      if (ec) return End(ec, "cannot connect to ");
+      stage_ = "sending to ";
+      http::async_write(stream_, request_, [this](beast::error_code ec, size_t) {
+        if (ec) return End(ec, "sending to ");
+        stage_ = "waiting for a complete reply from ";
+        http::async_read(stream_, buffer_, parser_,
+                         [this](beast::error_code ec, size_t) { OnRead(ec); });
+      });
+    });
   }
-}
 
-absl::StatusOr<int> Connect(const std::string& host, int port, SteadyClock::time_point deadline,
-                            const std::string& where) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (int e = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found); e != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot resolve ", where, ": ", gai_strerror(e)));
-  }
-  std::string last_error = "no address";
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-    if (fd < 0) {
-      last_error = strerror(errno);
-      continue;
+  void OnRead(beast::error_code ec) {
+    if (ec == http::error::end_of_stream) {
+      return Fail(absl::UnavailableError(absl::StrCat(where_, " closed without a reply")));
     }
-    int r = connect(fd, a->ai_addr, a->ai_addrlen);
-    if (r != 0 && errno == EINPROGRESS) {
-      if (!WaitFor(fd, POLLOUT, deadline)) {
-        close(fd);
-        freeaddrinfo(found);
-        return absl::DeadlineExceededError(absl::StrCat("connecting to ", where, " timed out"));
+    if (ec == http::error::partial_message) {
+      if (!parser_.is_header_done()) {
+        return Fail(absl::DataLossError(absl::StrCat(where_, ": the reply ends inside its headers")));
       }
-      int error = 0;
-      socklen_t len = sizeof(error);
-      getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
-      errno = error;
-      r = error == 0 ? 0 : -1;
+      return Fail(absl::DataLossError(absl::StrCat(
+          where_, ": the body ends after ", parser_.get().body().size(), " of its ",
+          parser_.content_length().value_or(0), " bytes")));
     }
-    if (r == 0) {
-      freeaddrinfo(found);
-      return fd;
+    if (ec == http::error::body_limit) {
+      return Fail(absl::DataLossError(
+          absl::StrCat(where_, ": the body is over ", kMaxBodyBytes, " bytes")));
     }
-    last_error = strerror(errno);
-    close(fd);
+    if (ec && ec.category() == http::make_error_code(http::error::bad_version).category()) {
+      // Beast keeps what it could not parse in the buffer: show its start.
+      const auto data = buffer_.data();
+      const std::string head(static_cast<const char*>(data.data()),
+                             std::min<size_t>(data.size(), 80));
+      return Fail(absl::DataLossError(absl::StrCat(where_, " did not answer HTTP (",
+                                                   ec.message(), "): \"", absl::CHexEscape(head),
+                                                   "\"")));
+    }
+    if (ec) return End(ec, "reading from ");
+    HttpResponse response;
+    response.status = static_cast<int>(parser_.get().result_int());
+    response.body = std::move(parser_.get().body());
+    Finish(std::move(response));
   }
-  freeaddrinfo(found);
-  return absl::UnavailableError(absl::StrCat("cannot connect to ", where, ": ", last_error));
-}
+
+  void End(beast::error_code ec, const char* doing) {
+    Fail(absl::UnavailableError(absl::StrCat(doing, where_, ": ", ec.message())));
+  }
+  void Fail(absl::Status status) { Finish(std::move(status)); }
+  void Finish(absl::StatusOr<HttpResponse> outcome) {
+    outcome_ = std::move(outcome);
+    io_.stop();
+  }
+
+  const std::string host_;
+  const int port_;
+  const std::string where_;
+  asio::io_context io_{1};
+  tcp::resolver resolver_{io_};
+  beast::tcp_stream stream_{io_};
+  http::request<http::empty_body> request_;
+  beast::flat_buffer buffer_;
+  http::response_parser<http::string_body> parser_;
+  const char* stage_ = "resolving ";
+  std::optional<absl::StatusOr<HttpResponse>> outcome_;
+};
 
 }  // namespace
 
 absl::StatusOr<HttpResponse> HttpGet(const std::string& host, int port, const std::string& path,
                                      absl::Duration timeout) {
-  const std::string where = absl::StrCat("http://", host, ":", port, path);
-  if (port <= 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat("bad port in ", where));
-  const auto deadline = SteadyClock::now() + absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration()));
-  auto fd = Connect(host, port, deadline, where);
-  if (!fd.ok()) return fd.status();
-  Socket socket(*fd);
-  const std::string request =
-      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host, "\r\nConnection: close\r\n\r\n");
-  for (size_t sent = 0; sent < request.size();) {
-    if (!WaitFor(socket.fd(), POLLOUT, deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat("sending to ", where, " timed out"));
-    }
-    const ssize_t n = send(socket.fd(), request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno != EAGAIN && errno != EINTR) {
-      return absl::UnavailableError(absl::StrCat("sending to ", where, ": ", strerror(errno)));
-    }
-    if (n > 0) sent += static_cast<size_t>(n);
+  if (port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("bad port in http://", host, ":", port, path));
   }
-  // HTTP/1.0 with Connection: close: the reply ends where the server closes, or at its
-  // Content-Length.
-  std::string reply;
-  size_t header_end = std::string::npos;
-  std::optional<size_t> content_length;
-  char buf[65536];
-  for (;;) {
-    if (header_end != std::string::npos && content_length.has_value() &&
-        reply.size() >= header_end + 4 + *content_length) {
-      break;
-    }
-    if (!WaitFor(socket.fd(), POLLIN, deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat("no complete reply from ", where, " within ",
-                                                      absl::FormatDuration(timeout)));
-    }
-    const ssize_t n = recv(socket.fd(), buf, sizeof(buf), 0);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (n < 0) return absl::UnavailableError(absl::StrCat("reading from ", where, ": ", strerror(errno)));
-    if (n == 0) break;
-    reply.append(buf, static_cast<size_t>(n));
-    if (header_end == std::string::npos && (header_end = reply.find("\r\n\r\n")) != std::string::npos) {
-      for (absl::string_view line : absl::StrSplit(absl::string_view(reply).substr(0, header_end), "\r\n")) {
-        const size_t colon = line.find(':');
-        if (colon == absl::string_view::npos) continue;
-        if (absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(line.substr(0, colon)), "content-length")) {
-          size_t length = 0;
-          if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(colon + 1)), &length)) {
-            return absl::DataLossError(absl::StrCat(where, ": bad Content-Length: ", line));
-          }
-          content_length = length;
-        }
-      }
-    }
-  }
-  if (reply.empty()) return absl::UnavailableError(absl::StrCat(where, " closed without a reply"));
-  // "HTTP/1.1 200 OK"
-  absl::string_view status_line = absl::string_view(reply).substr(0, reply.find("\r\n"));
-  std::vector<absl::string_view> parts = absl::StrSplit(status_line, absl::MaxSplits(' ', 2));
-  HttpResponse response;
-  if (parts.size() < 2 || !absl::StartsWith(parts[0], "HTTP/1.") ||
-      !absl::SimpleAtoi(parts[1], &response.status) || response.status < 100 ||
-      response.status > 599) {
-    return absl::DataLossError(absl::StrCat(where, " did not answer HTTP: \"",
-                                            absl::CHexEscape(status_line.substr(0, 80)), "\""));
-  }
-  if (header_end == std::string::npos) {
-    return absl::DataLossError(absl::StrCat(where, ": the reply ends inside its headers"));
-  }
-  response.body = reply.substr(header_end + 4);
-  if (content_length.has_value()) {
-    if (response.body.size() < *content_length) {
-      return absl::DataLossError(absl::StrCat(where, ": the body ends after ", response.body.size(),
-                                              " of its ", *content_length, " bytes"));
-    }
-    response.body.resize(*content_length);
-  }
-  return response;
+  return Get(host, port, path).Run(timeout);
 }
 
 absl::StatusOr<double> FindSample(const std::string& exposition, const std::string& series) {

@@ -1,6 +1,7 @@
-// The one HTTP client of the project: a GET over plain HTTP/1.0 to a host on this machine or
-// the network, for reading /metrics pages (the demo's reconciliation, the tests) and
-// Prometheus's API (tests). No TLS, no redirects, no keep-alive: what a scrape needs.
+// The one HTTP client of the project, on Boost.Beast: a GET over plain HTTP/1.1 to a host on
+// this machine or the network, for reading /metrics pages (the demo's reconciliation, the
+// tests) and Prometheus's API (tests). No TLS, no redirects, no keep-alive: what a scrape
+// needs.
 #ifndef FENCELOCK_METRICS_HTTP_GET_H_
 #define FENCELOCK_METRICS_HTTP_GET_H_
 
