@@ -14,6 +14,7 @@ FENCELOCK_PACKAGES=(
   clang libclang-rt-14-dev
   python3
   libfuse3-dev fuse3
+  nlohmann-json3-dev
 )
 
 say() { printf '\n==> %s\n' "$*"; }

@@ -14,7 +14,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +21,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
 #include "lock-client/pool_client.h"
 
 ABSL_FLAG(std::string, pool, "", "pool: the pool's name");
@@ -44,114 +44,15 @@ ABSL_FLAG(bool, off, false, "pool drain: end draining instead");
 namespace fencelock {
 namespace {
 
-// A JSON value, written by hand: protobuf's google.protobuf.Struct lives in Debian's
-// libprotobuf, whose map layout differs from what a ThreadSanitizer build's headers expect.
-class Json {
- public:
-  static Json Object() { return Json(kObject); }
-  static Json List() { return Json(kList); }
-  static Json Null() { return Json(kNull); }
-  static Json Bool(bool b) {
-    Json j(kBool);
-    j.bool_ = b;
-    return j;
-  }
-  static Json Num(uint64_t n) {
-    Json j(kNumber);
-    j.number_ = n;
-    return j;
-  }
-  static Json Str(std::string s) {
-    Json j(kString);
-    j.string_ = std::move(s);
-    return j;
-  }
-  // Object: the member `key`, created (null) if absent; members print in key order.
-  Json& operator[](const std::string& key) { return members_[key]; }
-  // List: appends `v`.
-  void Append(Json v) { items_.push_back(std::move(v)); }
-  std::string Print() const {
-    std::string out;
-    PrintTo(&out, 0);
-    return out + "\n";
-  }
-  Json() = default;
+using Json = nlohmann::json;  // members print in key order (std::map)
 
- private:
-  enum Kind { kNull, kBool, kNumber, kString, kList, kObject };
-  explicit Json(Kind kind) : kind_(kind) {}
-  static void Quote(const std::string& s, std::string* out) {
-    *out += '"';
-    for (unsigned char c : s) {
-      switch (c) {
-        case '"': *out += "\\\""; break;
-        case '\\': *out += "\\\\"; break;
-        case '\n': *out += "\\n"; break;
-        case '\r': *out += "\\r"; break;
-        case '\t': *out += "\\t"; break;
-        default:
-          if (c < 0x20) {
-            char buf[8];
-            std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-            *out += buf;
-          } else {
-            *out += static_cast<char>(c);
-          }
-      }
-    }
-    *out += '"';
-  }
-  void PrintTo(std::string* out, int depth) const {
-    const std::string pad(2 * (depth + 1), ' '), end(2 * depth, ' ');
-    switch (kind_) {
-      case kNull: *out += "null"; return;
-      case kBool: *out += bool_ ? "true" : "false"; return;
-      case kNumber: *out += std::to_string(number_); return;
-      case kString: Quote(string_, out); return;
-      case kList: {
-        if (items_.empty()) { *out += "[]"; return; }
-        *out += "[\n";
-        for (size_t i = 0; i < items_.size(); ++i) {
-          *out += pad;
-          items_[i].PrintTo(out, depth + 1);
-          *out += i + 1 < items_.size() ? ",\n" : "\n";
-        }
-        *out += end + "]";
-        return;
-      }
-      case kObject: {
-        if (members_.empty()) { *out += "{}"; return; }
-        *out += "{\n";
-        size_t i = 0;
-        for (const auto& [key, value] : members_) {
-          *out += pad;
-          Quote(key, out);
-          *out += ": ";
-          value.PrintTo(out, depth + 1);
-          *out += ++i < members_.size() ? ",\n" : "\n";
-        }
-        *out += end + "}";
-        return;
-      }
-    }
-  }
-
-  Kind kind_ = kNull;
-  bool bool_ = false;
-  uint64_t number_ = 0;
-  std::string string_;
-  std::vector<Json> items_;
-  std::map<std::string, Json> members_;
-};
-
-Json Num(uint64_t v) { return Json::Num(v); }
-Json Str(const std::string& s) { return Json::Str(s); }
-Json Bool(bool b) { return Json::Bool(b); }
-Json Null() { return Json::Null(); }
-template <typename T>
-Json NumOrNull(const std::optional<T>& v) {
-  return v ? Num(static_cast<uint64_t>(*v)) : Null();
+// One JSON document, indented, ending in a newline. Bytes that are not UTF-8 (a lock name is
+// any bytes) print as U+FFFD instead of failing the command.
+std::string Print(const Json& j) {
+  return j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
 }
+
+Json NumOrNull(const std::optional<uint64_t>& v) { return v ? Json(*v) : Json(nullptr); }
 uint64_t Ms(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
 
 
@@ -193,9 +94,9 @@ class PoolCommand {
   // Prints `fields` (JSON) or `text`, and returns exit 0.
   int Done(Json fields, const std::string& text) {
     if (json_) {
-      fields["ok"] = Bool(true);
-      fields["code"] = Str("OK");
-      std::printf("%s", fields.Print().c_str());
+      fields["ok"] = Json(true);
+      fields["code"] = Json("OK");
+      std::printf("%s", Print(fields).c_str());
     } else if (!text.empty()) {
       std::printf("%s\n", text.c_str());
     }
@@ -204,11 +105,11 @@ class PoolCommand {
   int Failed(const absl::Status& s) {
     const LockctlCode c = LockctlCodeOf(s);
     if (json_) {
-      Json out = Json::Object();
-      out["ok"] = Bool(false);
-      out["code"] = Str(c.name);
-      out["message"] = Str(std::string(s.message()));
-      std::printf("%s", out.Print().c_str());
+      Json out = Json::object();
+      out["ok"] = Json(false);
+      out["code"] = Json(c.name);
+      out["message"] = Json(std::string(s.message()));
+      std::printf("%s", Print(out).c_str());
     }
     std::fprintf(stderr, "lockctl: %s: %s\n", c.name, std::string(s.message()).c_str());
     return c.exit;
@@ -216,11 +117,11 @@ class PoolCommand {
   int Usage(const std::string& why) {
     std::fprintf(stderr, "lockctl: %s\n", why.c_str());
     if (json_) {
-      Json out = Json::Object();
-      out["ok"] = Bool(false);
-      out["code"] = Str("USAGE");
-      out["message"] = Str(why);
-      std::printf("%s", out.Print().c_str());
+      Json out = Json::object();
+      out["ok"] = Json(false);
+      out["code"] = Json("USAGE");
+      out["message"] = Json(why);
+      std::printf("%s", Print(out).c_str());
     }
     return 2;
   }
@@ -230,63 +131,63 @@ class PoolCommand {
 };
 
 Json StatusJson(const PoolView& v) {
-  Json out = Json::Object();
+  Json out = Json::object();
   auto& f = out;
-  f["pool"] = Str(v.pool);
-  f["generation"] = Num(v.generation);
-  f["budget"] = Num(v.budget);
-  f["used_units"] = Num(v.used_units);
-  f["free_units"] = Num(v.budget - std::min(v.budget, v.used_units));
-  f["decision"] = Num(v.decision);
-  f["draining"] = Bool(v.draining);
-  f["complete"] = Bool(v.complete);
-  f["degraded"] = v.degraded.empty() ? Null() : Str(v.degraded);
-  f["tombstones_kept"] = Num(v.tombstones_kept);
-  Json profiles = Json::List();
+  f["pool"] = Json(v.pool);
+  f["generation"] = Json(v.generation);
+  f["budget"] = Json(v.budget);
+  f["used_units"] = Json(v.used_units);
+  f["free_units"] = Json(v.budget - std::min(v.budget, v.used_units));
+  f["decision"] = Json(v.decision);
+  f["draining"] = Json(v.draining);
+  f["complete"] = Json(v.complete);
+  f["degraded"] = v.degraded.empty() ? Json(nullptr) : Json(v.degraded);
+  f["tombstones_kept"] = Json(v.tombstones_kept);
+  Json profiles = Json::array();
   for (const PoolProfileView& p : v.profiles) {
-    Json s = Json::Object();
+    Json s = Json::object();
     auto& g = s;
-    g["id"] = Str(p.profile.id);
-    g["cost"] = Num(p.profile.cost);
-    g["reserved"] = Num(p.profile.reserved);
-    g["lendable"] = Bool(p.profile.lendable);
-    g["borrow"] = Bool(p.profile.borrow);
-    g["active_units"] = Num(p.active_units);
-    g["provisional_units"] = Num(p.provisional_units);
+    g["id"] = Json(p.profile.id);
+    g["cost"] = Json(p.profile.cost);
+    g["reserved"] = Json(p.profile.reserved);
+    g["lendable"] = Json(p.profile.lendable);
+    g["borrow"] = Json(p.profile.borrow);
+    g["active_units"] = Json(p.active_units);
+    g["provisional_units"] = Json(p.provisional_units);
     g["pending_units"] = NumOrNull(p.pending_units);
     g["withheld_units"] = NumOrNull(p.withheld_units);
     g["demand_expires_in_ms"] =
-        p.demand_expires_in ? Num(Ms(*p.demand_expires_in)) : Null();
-    g["owner_epoch"] = Num(p.owner_epoch);
-    g["acked_generation"] = Num(p.acked_generation);
-    g["compatible"] = Bool(p.compatible);
-    profiles.Append(std::move(s));
+        p.demand_expires_in ? Json(Ms(*p.demand_expires_in)) : Json(nullptr);
+    g["owner_epoch"] = Json(p.owner_epoch);
+    g["acked_generation"] = Json(p.acked_generation);
+    g["compatible"] = Json(p.compatible);
+    profiles.push_back(std::move(s));
   }
-  Json leases = Json::List();
+  Json leases = Json::array();
   for (const PoolLeaseView& l : v.leases) {
-    Json s = Json::Object();
+    Json s = Json::object();
     auto& g = s;
-    g["profile"] = Str(l.profile);
-    g["slot"] = Str(l.slot);
-    g["token"] = Num(l.token);
-    g["units"] = Num(l.units);
-    g["epoch"] = Num(l.epoch);
-    g["state"] = Str(l.active ? "active" : "provisional");
-    g["expires_in_ms"] = l.active ? Null() : Num(Ms(l.expires_in));
-    g["decision"] = Num(l.decision);
-    leases.Append(std::move(s));
+    g["profile"] = Json(l.profile);
+    g["slot"] = Json(l.slot);
+    g["token"] = Json(l.token);
+    g["units"] = Json(l.units);
+    g["epoch"] = Json(l.epoch);
+    g["state"] = Json(l.active ? "active" : "provisional");
+    g["expires_in_ms"] = l.active ? Json(nullptr) : Json(Ms(l.expires_in));
+    g["decision"] = Json(l.decision);
+    leases.push_back(std::move(s));
   }
-  Json tombstones = Json::List();
+  Json tombstones = Json::array();
   for (const PoolTombstoneView& t : v.tombstones) {
-    Json s = Json::Object();
+    Json s = Json::object();
     auto& g = s;
-    g["profile"] = Str(t.profile);
-    g["slot"] = Str(t.slot);
-    g["token"] = Num(t.token);
-    g["units"] = Num(t.units);
-    g["decision"] = Num(t.decision);
-    g["evidence"] = Str(t.evidence);
-    tombstones.Append(std::move(s));
+    g["profile"] = Json(t.profile);
+    g["slot"] = Json(t.slot);
+    g["token"] = Json(t.token);
+    g["units"] = Json(t.units);
+    g["decision"] = Json(t.decision);
+    g["evidence"] = Json(t.evidence);
+    tombstones.push_back(std::move(s));
   }
   f["profiles"] = std::move(profiles);
   f["leases"] = std::move(leases);
@@ -363,9 +264,7 @@ void PrintStatus(const PoolView& v) {
 }  // namespace
 
 std::string JsonString(const std::string& s) {
-  std::string out = Json::Str(s).Print();
-  out.pop_back();  // the newline
-  return out;
+  return Json(s).dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 // Why `lockctl pool SUB` cannot run with the flags given (naming what is missing or wrong), or
@@ -467,19 +366,19 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
   auto client = PoolClient::Create(client_options);
   if (!client.ok()) return cmd.Usage(std::string(client.status().message()));
   PoolClient& c = **client;
-  Json out = Json::Object();
+  Json out = Json::object();
   auto& f = out;
   if (sub == "publish") {
     auto g = c.publish(pool, absl::GetFlag(FLAGS_generation), absl::GetFlag(FLAGS_budget), profiles);
     if (!g.ok()) return cmd.Failed(g.status());
-    f["generation"] = Num(*g);
+    f["generation"] = Json(*g);
     return cmd.Done(out, std::to_string(*g));
   }
   if (sub == "claim") {
     auto o = c.claim(pool, profile, absl::GetFlag(FLAGS_generation));
     if (!o.ok()) return cmd.Failed(o.status());
-    f["owner"] = Str(o->ToString());
-    f["epoch"] = Num(o->epoch);
+    f["owner"] = Json(o->ToString());
+    f["epoch"] = Json(o->epoch);
     return cmd.Done(out, o->ToString());
   }
   if (sub == "ack") {
@@ -493,26 +392,26 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
   if (sub == "acquire") {
     auto g = c.acquire(pool, profile, slot, *who, absl::GetFlag(FLAGS_ttl));
     if (!g.ok()) return cmd.Failed(g.status());
-    f["granted"] = Bool(g->granted);
+    f["granted"] = Json(g->granted);
     if (!g->granted) {
-      f["refusal"] = Str(g->refusal);
+      f["refusal"] = Json(g->refusal);
       if (json) {
-        f["ok"] = Bool(false);
-        f["code"] = Str("REFUSED");
-        std::printf("%s", out.Print().c_str());
+        f["ok"] = Json(false);
+        f["code"] = Json("REFUSED");
+        std::printf("%s", Print(out).c_str());
       }
       std::fprintf(stderr, "lockctl: REFUSED: %s\n", g->refusal.c_str());
       return 3;
     }
-    f["token"] = Num(g->token);
-    f["ttl_ms"] = Num(Ms(g->ttl));
-    f["decision"] = Num(g->decision);
+    f["token"] = Json(g->token);
+    f["ttl_ms"] = Json(Ms(g->ttl));
+    f["decision"] = Json(g->decision);
     return cmd.Done(out, std::to_string(g->token));
   }
   if (sub == "renew") {
     auto ttl = c.renew(pool, profile, slot, token, *who);
     if (!ttl.ok()) return cmd.Failed(ttl.status());
-    f["ttl_ms"] = Num(Ms(*ttl));
+    f["ttl_ms"] = Json(Ms(*ttl));
     return cmd.Done(out, absl::FormatDuration(*ttl));
   }
   if (sub == "activate" || sub == "release" || sub == "recover") {
@@ -520,7 +419,7 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
              : sub == "release" ? c.release(pool, profile, slot, token, *who)
                                 : c.recover(pool, profile, slot, token, absl::GetFlag(FLAGS_evidence));
     if (!d.ok()) return cmd.Failed(d.status());
-    f["decision"] = Num(*d);
+    f["decision"] = Json(*d);
     return cmd.Done(out, std::to_string(*d));
   }
   if (sub == "drain") {
