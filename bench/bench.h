@@ -165,7 +165,7 @@ struct Settings {
 // What the run found, as the workloads go: results.json so far, summary.md's tables, the
 // plots' data, and whether any figure is not to be trusted.
 struct Report {
-  std::string json;
+  Json json = Json::object();
   std::string table, library_table, cycles_table, margin_table, scaling_table;
   std::vector<HeartbeatVariant> variants;
   std::vector<System> systems;

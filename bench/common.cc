@@ -35,10 +35,9 @@ Percentiles Summarize(std::vector<int64_t> ns) {
   return p;
 }
 
-std::string Json(const Percentiles& p) {
-  return absl::StrCat("{\"samples\": ", p.samples, ", \"p50_ms\": ", p.p50, ", \"p90_ms\": ",
-                      p.p90, ", \"p99_ms\": ", p.p99, ", \"p999_ms\": ", p.p999,
-                      ", \"max_ms\": ", p.max, "}");
+Json ToJson(const Percentiles& p) {
+  return {{"samples", p.samples}, {"p50_ms", p.p50},   {"p90_ms", p.p90},
+          {"p99_ms", p.p99},      {"p999_ms", p.p999}, {"max_ms", p.max}};
 }
 
 std::string Ms(double ms) { return absl::StrFormat("%.3f", ms); }

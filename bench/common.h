@@ -1,4 +1,4 @@
-// What fencelock-bench's workloads share: the clock, percentiles, a JSON fragment for them, and
+// What fencelock-bench's workloads share: the clock, percentiles and their JSON, and
 // the closed-loop driver that every lock-cycle system (fencelock, Redis, etcd) runs under.
 #ifndef FENCELOCK_BENCH_COMMON_H_
 #define FENCELOCK_BENCH_COMMON_H_
@@ -13,8 +13,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "clock/clock.h"
+#include "nlohmann/json.hpp"
 
 namespace fencelock::bench {
+
+// results.json: members in the order the workloads add them.
+using Json = nlohmann::ordered_json;
 
 inline MonoTime Now() { return Clock::Real()->Now(); }
 inline int64_t NanosSince(MonoTime start) { return (Now() - start) / absl::Nanoseconds(1); }
@@ -25,7 +29,7 @@ struct Percentiles {
 };
 
 Percentiles Summarize(std::vector<int64_t> ns);
-std::string Json(const Percentiles& p);
+Json ToJson(const Percentiles& p);
 // "%.3f" of a figure in milliseconds.
 std::string Ms(double ms);
 

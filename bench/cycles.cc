@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "peers.h"
 #include "bench.h"
 #include "fencelock/wire.pb.h"
@@ -328,8 +327,8 @@ absl::Status RunCycleWorkloads(const Settings& s, Report& report) {
   redis_always.reset();
   redis_none.reset();
   etcd.reset();
-  absl::StrAppend(&report.json, "  \"lock_cycles\": {\"rounds\": ", s.rounds, ", \"seconds\": ", s.cycle_seconds,
-                  ", \"runs\": [\n");
+  Json& cycles = report.json["lock_cycles"] = {
+      {"rounds", s.rounds}, {"seconds", s.cycle_seconds}, {"runs", Json::array()}};
   report.cycles_table =
       "| clients | system | cycles/s min | median | max | median / fencelock library | acquire p50 / "
       "p99 ms | errors |\n|---|---|---|---|---|---|---|---|\n";
@@ -343,10 +342,12 @@ absl::Status RunCycleWorkloads(const Settings& s, Report& report) {
     for (size_t k = 0; k < report.systems.size(); ++k) {
       const Runs& r = report.runs[k][c];
       const Percentiles acquire = Summarize(r.acquire_ns);
-      absl::StrAppend(&report.json, c == 0 && k == 0 ? "" : ",\n", "    {\"clients\": ", s.clients[c],
-                      ", \"system\": \"", report.systems[k].key, "\", \"cycles_per_s\": [",
-                      absl::StrJoin(r.rates, ", "), "], \"median\": ", r.median(), ", \"acquire\": ",
-                      Json(acquire), ", \"errors\": ", r.errors, "}");
+      cycles["runs"].push_back({{"clients", s.clients[c]},
+                                {"system", report.systems[k].key},
+                                {"cycles_per_s", r.rates},
+                                {"median", r.median()},
+                                {"acquire", ToJson(acquire)},
+                                {"errors", r.errors}});
       absl::StrAppend(&report.cycles_table, "| ", s.clients[c], " | ", report.systems[k].name, " | ",
                       absl::StrFormat("%.0f | %.0f | %.0f", r.min(), r.median(), r.max()), " | ",
                       library > 0 ? absl::StrFormat("%.2f", r.median() / library) : std::string("-"),
@@ -355,7 +356,6 @@ absl::Status RunCycleWorkloads(const Settings& s, Report& report) {
                       r.errors == 0 ? std::string("0") : absl::StrCat(r.errors, ": ", r.first_error), " |\n");
     }
   }
-  absl::StrAppend(&report.json, "\n  ]},\n");
   return absl::OkStatus();
 }
 

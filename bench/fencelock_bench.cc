@@ -344,14 +344,13 @@ int Main() {
   const Percentiles fsync = FsyncFloor(s.root);
   const Percentiles loopback = LoopbackFloor();
   Report report;
-  report.json = absl::StrCat("{\n  \"floors\": {\"fdatasync_4k\": ", Json(fsync),
-                             ", \"loopback_rtt\": ", Json(loopback), "},\n");
+  report.json["floors"] = {{"fdatasync_4k", ToJson(fsync)}, {"loopback_rtt", ToJson(loopback)}};
   if (absl::Status st = RunHeartbeatWorkloads(s, report); !st.ok()) return Fail(std::string(st.message()));
   if (absl::Status st = RunCycleWorkloads(s, report); !st.ok()) return Fail(std::string(st.message()));
   RunMarginSweepWorkload(s, report);
   RunPayoutScaling(s, report);
-  absl::StrAppend(&report.json, "  \"versions\": \"", report.versions, "\", \"total_seconds\": ",
-                  absl::ToDoubleSeconds(Now() - run_start), "\n}\n");
+  report.json["versions"] = report.versions;
+  report.json["total_seconds"] = absl::ToDoubleSeconds(Now() - run_start);
   WriteReport(s, fsync, loopback, report);
   std::filesystem::remove_all(s.root);
   std::fprintf(stderr, "fencelock-bench: done in %.0f s\n", absl::ToDoubleSeconds(Now() - run_start));

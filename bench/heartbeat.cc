@@ -252,9 +252,11 @@ std::vector<LibraryHeartbeatResult> RunLibraryHeartbeats(const std::string& addr
 }
 
 absl::Status RunHeartbeatWorkloads(const Settings& s, Report& report) {
-  absl::StrAppend(&report.json, "  \"heartbeat\": {\"period_ms\": ",
-                  absl::ToDoubleMilliseconds(s.heartbeat),
-                  ", \"threshold_ms\": ", s.threshold_ms, ", \"runs\": [\n");
+  Json& heartbeat = report.json["heartbeat"] = {
+      {"period_ms", absl::ToDoubleMilliseconds(s.heartbeat)},
+      {"threshold_ms", s.threshold_ms},
+      {"runs", Json::array()},
+      {"library", Json::array()}};
   report.table =
       "| sessions | load | samples | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | timeouts | "
       "load cycles/s | 6.5 verdict |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
@@ -284,11 +286,13 @@ absl::Status RunHeartbeatWorkloads(const Settings& s, Report& report) {
                         (*lockd)->address(), loaded ? s.load_clients : 0);
       const bool ok = r.rtt.p99 <= s.threshold_ms;
       if (r.failures > 0 || r.rtt.samples == 0) report.broken = true;
-      absl::StrAppend(&report.json, report.variants.empty() ? "" : ",\n", "    {\"sessions\": ", n, ", \"loaded\": ",
-                      loaded ? "true" : "false", ", \"rtt\": ", Json(r.rtt), ", \"timeouts\": ",
-                      r.timeouts, ", \"failures\": ", r.failures, ", \"load_cycles_per_s\": ",
-                      r.cycles_per_second, ", \"p99_within_threshold\": ", ok ? "true" : "false",
-                      "}");
+      heartbeat["runs"].push_back({{"sessions", n},
+                                   {"loaded", loaded == 1},
+                                   {"rtt", ToJson(r.rtt)},
+                                   {"timeouts", r.timeouts},
+                                   {"failures", r.failures},
+                                   {"load_cycles_per_s", r.cycles_per_second},
+                                   {"p99_within_threshold", ok}});
       absl::StrAppend(&report.table, "| ", n, " | ", loaded ? absl::StrCat(s.load_clients, " clients") : "idle",
                       " | ", r.rtt.samples, " | ", Ms(r.rtt.p50), " | ", Ms(r.rtt.p90), " | ",
                       Ms(r.rtt.p99), " | ", Ms(r.rtt.p999), " | ", Ms(r.rtt.max), " | ", r.timeouts,
@@ -298,7 +302,6 @@ absl::Status RunHeartbeatWorkloads(const Settings& s, Report& report) {
       report.variants.push_back({n, loaded == 1, std::move(r)});
     }
   }
-  absl::StrAppend(&report.json, "\n  ], \"library\": [\n");
   if (const int n = s.library_sessions; n > 0) {
     auto lockd = Lockd::Start(s.binary, absl::StrCat(s.root, "/lockd-library"));
     if (!lockd.ok()) return lockd.status();
@@ -316,11 +319,15 @@ absl::Status RunHeartbeatWorkloads(const Settings& s, Report& report) {
       const LibraryHeartbeatResult& r = lib[i];
       const bool ok = r.p99 <= s.threshold_ms;
       if (r.heartbeats == 0) report.broken = true;
-      absl::StrAppend(&report.json, i == 0 ? "" : ",\n", "    {\"clients\": ", n, ", \"loaded\": ",
-                      i == 1 ? "true" : "false", ", \"heartbeats\": ", r.heartbeats,
-                      ", \"p50_ms\": ", r.p50, ", \"p90_ms\": ", r.p90, ", \"p99_ms\": ", r.p99,
-                      ", \"p999_ms\": ", r.p999, ", \"failures\": ", r.failures,
-                      ", \"load_cycles_per_s\": ", r.cycles_per_second, "}");
+      heartbeat["library"].push_back({{"clients", n},
+                                      {"loaded", i == 1},
+                                      {"heartbeats", r.heartbeats},
+                                      {"p50_ms", r.p50},
+                                      {"p90_ms", r.p90},
+                                      {"p99_ms", r.p99},
+                                      {"p999_ms", r.p999},
+                                      {"failures", r.failures},
+                                      {"load_cycles_per_s", r.cycles_per_second}});
       absl::StrAppend(&report.library_table, "| ", n, " | ", i == 1 ? absl::StrCat(s.load_clients, " clients") : "idle",
                       " | ", absl::StrFormat("%.0f", r.heartbeats), " | ", Ms(r.p50), " | ", Ms(r.p90),
                       " | ", Ms(r.p99), " | ", Ms(r.p999), " | ", absl::StrFormat("%.0f", r.failures),
@@ -328,7 +335,6 @@ absl::Status RunHeartbeatWorkloads(const Settings& s, Report& report) {
                       ok ? "p99 within" : "p99 ABOVE", " ", absl::StrFormat("%.0f", s.threshold_ms), " ms |\n");
     }
   }
-  absl::StrAppend(&report.json, "\n  ]},\n");
   return absl::OkStatus();
 }
 

@@ -212,11 +212,14 @@ void RunMarginSweepWorkload(const Settings& s, Report& report) {
     report.margin_table =
         "| TTL | margin | usable lease | capacity payouts/s | of the TTL's best | arrivals paid | "
         "backlog age s | abandoned | renewals/s | paid twice |\n|---|---|---|---|---|---|---|---|---|---|\n";
-    absl::StrAppend(&report.json, "  \"margin_sweep\": {\"submit_cost_ms\": ",
-                    report.points.empty() ? 0.0 : absl::ToDoubleMilliseconds(report.points[0].submit_cost),
-                    ", \"workers\": ", s.margin_workers, ", \"capacity_seconds\": ", s.margin_seconds,
-                    ", \"arrival_seconds\": ", s.arrival_seconds, ", \"arrival_rate\": ", s.arrival_rate,
-                    ", \"points\": [\n");
+    Json& sweep = report.json["margin_sweep"] = {
+        {"submit_cost_ms",
+         report.points.empty() ? 0.0 : absl::ToDoubleMilliseconds(report.points[0].submit_cost)},
+        {"workers", s.margin_workers},
+        {"capacity_seconds", s.margin_seconds},
+        {"arrival_seconds", s.arrival_seconds},
+        {"arrival_rate", s.arrival_rate},
+        {"points", Json::array()}};
     for (size_t i = 0; i < report.points.size(); ++i) {
       const MarginPoint& p = report.points[i];
       double best = 0;
@@ -230,14 +233,18 @@ void RunMarginSweepWorkload(const Settings& s, Report& report) {
       }
       std::string reasons;
       for (const auto& [reason, n] : p.abandoned) absl::StrAppend(&reasons, reasons.empty() ? "" : ", ", reason, " ", n);
-      absl::StrAppend(&report.json, i == 0 ? "" : ",\n", "    {\"ttl_s\": ", absl::ToDoubleSeconds(p.ttl),
-                      ", \"margin\": ", p.margin, ", \"usable_s\": ", absl::ToDoubleSeconds(p.usable),
-                      ", \"refused\": ", p.refused ? "true" : "false", ", \"payouts_per_s\": ",
-                      p.payouts_per_second, ", \"arrived\": ", p.arrived, ", \"paid_of_arrivals\": ",
-                      p.paid_of_arrivals, ", \"backlog_age_s\": ", p.backlog_age_seconds,
-                      ", \"abandoned\": ", p.abandoned_total, ", \"renewals_per_s\": ",
-                      p.renewals_per_second, ", \"paid_twice\": ", p.paid_twice,
-                      ", \"rail_duplicates\": ", p.rail_duplicates, "}");
+      sweep["points"].push_back({{"ttl_s", absl::ToDoubleSeconds(p.ttl)},
+                                 {"margin", p.margin},
+                                 {"usable_s", absl::ToDoubleSeconds(p.usable)},
+                                 {"refused", p.refused},
+                                 {"payouts_per_s", p.payouts_per_second},
+                                 {"arrived", p.arrived},
+                                 {"paid_of_arrivals", p.paid_of_arrivals},
+                                 {"backlog_age_s", p.backlog_age_seconds},
+                                 {"abandoned", p.abandoned_total},
+                                 {"renewals_per_s", p.renewals_per_second},
+                                 {"paid_twice", p.paid_twice},
+                                 {"rail_duplicates", p.rail_duplicates}});
       absl::StrAppend(&report.margin_table, "| ", absl::FormatDuration(p.ttl), " | ", absl::StrFormat("%.2f", p.margin),
                       " | ", absl::StrFormat("%.2f s", absl::ToDoubleSeconds(p.usable)), " | ",
                       p.refused ? std::string("0 (workers refuse: usable < submit cost)")
@@ -249,7 +256,6 @@ void RunMarginSweepWorkload(const Settings& s, Report& report) {
                       p.refused ? "-" : absl::StrFormat("%.2f", p.renewals_per_second), " | ",
                       p.paid_twice, " |\n");
     }
-    absl::StrAppend(&report.json, "\n  ]},\n");
   }
 }
 

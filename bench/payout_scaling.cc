@@ -1,8 +1,6 @@
 // One run of the payout demo without faults, for the payout scaling workload (bench.h): its
 // figures from the report it writes (--report_json).
-#include <charconv>
 #include <filesystem>
-#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <optional>
@@ -16,17 +14,15 @@ namespace fencelock::bench {
 namespace {
 
 // The number after "key": in the demo's report (a flat JSON object of numbers and booleans).
-absl::StatusOr<double> ReportNumber(const std::string& report, const std::string& key) {
-  const std::string needle = absl::StrCat("\"", key, "\": ");
-  const size_t at = report.find(needle);
-  if (at == std::string::npos) return absl::DataLossError(absl::StrCat("no \"", key, "\" in the demo's report"));
-  double value = 0;
-  const char* begin = report.data() + at + needle.size();
-  if (std::strncmp(begin, "true", 4) == 0) return 1;
-  if (std::strncmp(begin, "false", 5) == 0) return 0;
-  auto [end, ec] = std::from_chars(begin, report.data() + report.size(), value);
-  if (ec != std::errc()) return absl::DataLossError(absl::StrCat("\"", key, "\" in the demo's report is not a number"));
-  return value;
+// A number (or a boolean, as 1 or 0) at the top level of the demo's report.
+absl::StatusOr<double> ReportNumber(const Json& report, const std::string& key) {
+  const auto it = report.find(key);
+  if (it == report.end()) return absl::DataLossError(absl::StrCat("no \"", key, "\" in the demo's report"));
+  if (it->is_boolean()) return it->get<bool>() ? 1 : 0;
+  if (!it->is_number()) {
+    return absl::DataLossError(absl::StrCat("\"", key, "\" in the demo's report is not a number"));
+  }
+  return it->get<double>();
 }
 
 }  // namespace
@@ -54,19 +50,23 @@ absl::StatusOr<DemoRun> RunDemo(const std::string& demo, const std::string& lock
     return absl::InternalError(absl::StrCat("the payout demo wrote no report (",
                                             process::DescribeStatus(*status), "); see ", dir, "/demo.log"));
   }
+  const Json parsed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded() || !parsed.is_object()) {
+    return absl::DataLossError(absl::StrCat("the payout demo's report ", report, " is not JSON"));
+  }
   DemoRun run;
   for (auto [key, field] : std::vector<std::pair<const char*, int64_t*>>{
            {"paid_once", &run.paid_once}, {"paid_twice", &run.paid_twice}, {"left", &run.left},
            {"lock_fenced_out_total", &run.lock_fenced_out},
            {"rail_duplicate_attempted_total", &run.rail_duplicates}}) {
-    auto v = ReportNumber(text, key);
+    auto v = ReportNumber(parsed, key);
     if (!v.ok()) return v.status();
     *field = static_cast<int64_t>(*v);
   }
-  auto rate = ReportNumber(text, "payouts_per_second");
+  auto rate = ReportNumber(parsed, "payouts_per_second");
   if (!rate.ok()) return rate.status();
   run.payouts_per_second = *rate;
-  auto ok = ReportNumber(text, "ok");
+  auto ok = ReportNumber(parsed, "ok");
   if (!ok.ok()) return ok.status();
   run.ok = *ok != 0 && *status == 0;
   return run;
@@ -109,25 +109,27 @@ void RunPayoutScaling(const Settings& s, Report& report) {
         "| workers | payouts/s min | median | max | median / the first row | paid once | paid twice | "
         "left unpaid | lock_fenced_out_total | rail_duplicate_attempted_total |\n"
         "|---|---|---|---|---|---|---|---|---|---|\n";
-    absl::StrAppend(&report.json, "  \"payout_scaling\": {\"payouts\": ", s.scaling_payouts, ", \"runs\": [\n");
-    bool first = true;
+    Json& scaling = report.json["payout_scaling"] = {{"payouts", s.scaling_payouts},
+                                                     {"runs", Json::array()}};
     for (int w : s.scaling_workers) {
       if (rates.count(w) == 0) continue;
       const Runs& r = rates[w];
       const DemoRun& bad = worst[w];
-      absl::StrAppend(&report.json, first ? "" : ",\n", "    {\"workers\": ", w, ", \"payouts_per_s_median\": ",
-                      r.median(), ", \"min\": ", r.min(), ", \"max\": ", r.max(),
-                      ", \"paid_once\": ", bad.paid_once, ", \"paid_twice\": ", bad.paid_twice,
-                      ", \"left\": ", bad.left, ", \"lock_fenced_out\": ", bad.lock_fenced_out,
-                      ", \"rail_duplicates\": ", bad.rail_duplicates, "}");
-      first = false;
+      scaling["runs"].push_back({{"workers", w},
+                                 {"payouts_per_s_median", r.median()},
+                                 {"min", r.min()},
+                                 {"max", r.max()},
+                                 {"paid_once", bad.paid_once},
+                                 {"paid_twice", bad.paid_twice},
+                                 {"left", bad.left},
+                                 {"lock_fenced_out", bad.lock_fenced_out},
+                                 {"rail_duplicates", bad.rail_duplicates}});
       absl::StrAppend(&report.scaling_table, "| ", w, " | ",
                       absl::StrFormat("%.1f | %.1f | %.1f", r.min(), r.median(), r.max()), " | ",
                       absl::StrFormat("%.2f", one > 0 ? r.median() / one : 0.0), " | ",
                       bad.paid_once, " | ", bad.paid_twice, " | ", bad.left, " | ",
                       bad.lock_fenced_out, " | ", bad.rail_duplicates, " |\n");
     }
-    absl::StrAppend(&report.json, "\n  ]},\n");
   }
 }
 

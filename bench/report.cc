@@ -39,7 +39,7 @@ void WriteReport(const Settings& s, const Percentiles& fsync, const Percentiles&
   }
   std::printf("%s", summary.c_str());
   if (!s.out.empty()) {
-    std::ofstream(s.out + "/results.json") << report.json;
+    std::ofstream(s.out + "/results.json") << report.json.dump(2) << "\n";
     std::ofstream(s.out + "/summary.md") << "# fencelock-bench\n\n" << summary;
     if (!s.gnuplot.empty()) {
       std::fprintf(stderr, "plots: gnuplot into %s\n", s.out.c_str());
