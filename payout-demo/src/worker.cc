@@ -4,7 +4,8 @@
 //
 // Every event is one line on standard output, "<name> <event> payout/<id> token <t> ...", for
 // the demo's log. With --history it also appends timed records (process/history.h) for the
-// harness's history checker.
+// harness's history checker. Both are made by the wrappers in worker_recording.h, so that Pay()
+// reads as the payment flow alone.
 #include "worker.h"
 
 #include <signal.h>
@@ -23,6 +24,7 @@
 #include "payout-demo/store.h"
 #include "process/flags.h"
 #include "process/history.h"
+#include "worker_recording.h"
 #include "process/process.h"
 #include "protocol/defaults.h"
 
@@ -61,14 +63,13 @@ class Worker {
   Worker(std::string name, std::unique_ptr<Client> client, std::unique_ptr<RailClient> rail,
          std::unique_ptr<PayoutStore> store, std::unique_ptr<history::Writer> history,
          FaultPoints* faults)
-      : name_(std::move(name)),
+      : rec_(std::move(name), std::move(history)),
         faults_(faults),
-        client_checks_off_(faults != nullptr && faults->client_checks_off()),
-        history_(std::move(history)),
         client_(std::move(client)),
-        rail_(std::move(rail)),
-        store_(std::move(store)),
-        submit_cost_(StepCost::RailSubmit(rail_->read_timeout())),
+        checks_(client_.get(), &rec_, faults != nullptr && faults->client_checks_off()),
+        rail_(std::move(rail), &rec_),
+        store_(std::move(store), &rec_),
+        submit_cost_(StepCost::RailSubmit(rail_.read_timeout())),
         backlog_(client_->metrics()->GetGauge(
             "payout_backlog_age_seconds", "how long the oldest unpaid payout has waited")),
         paid_(client_->metrics()->GetCounter("payouts_paid_total",
@@ -77,15 +78,16 @@ class Worker {
   // Works until no payout is left unpaid (0; with --wait-for-work it waits for more instead) or
   // a stop signal arrives (1 if work was left).
   int Run() {
-    size_t offset = std::hash<std::string>()(name_);
+    PayoutStore& store = store_.store();
+    size_t offset = std::hash<std::string>()(rec_.name());
     while (!g_stop.load()) {
-      auto unpaid = store_->Unpaid(1000);
+      auto unpaid = store.Unpaid(1000);
       if (!unpaid.ok()) {
-        Log(absl::StrCat("store error: ", unpaid.status().ToString()));
+        rec_.Log(absl::StrCat("store error: ", unpaid.status().ToString()));
         absl::SleepFor(absl::Milliseconds(100));
         continue;
       }
-      if (auto age = store_->OldestUnpaidAge(); age.ok()) {
+      if (auto age = store.OldestUnpaidAge(); age.ok()) {
         backlog_.Set(absl::ToDoubleSeconds(*age));
       }
       if (unpaid->empty()) {
@@ -100,18 +102,16 @@ class Worker {
         // The list ages as the other workers pay: a payout they paid meanwhile is skipped on a
         // read, which takes no write lock, instead of being locked and claimed only to find it
         // paid. The read decides nothing: the claim under the lock checks again.
-        if (auto now = store_->Get(id); now.ok() && now->state == PayoutState::kPaid) continue;
+        if (auto now = store.Get(id); now.ok() && now->state == PayoutState::kPaid) continue;
         const int64_t sent = history::NowNanos();
         auto lock = client_->tryAcquire(PayoutKey(id), absl::GetFlag(FLAGS_lock_ttl));
-        if (lock.ok() && lock->has_value()) {
-          history_->Append(sent, "acquire", PayoutKey(id), (*lock)->token());
-        }
         if (!lock.ok()) {
-          Log(absl::StrCat("lockd error: ", lock.status().ToString()));
+          rec_.Log(absl::StrCat("lockd error: ", lock.status().ToString()));
           absl::SleepFor(absl::Milliseconds(100));
           break;
         }
         if (!lock->has_value()) continue;  // another worker holds it
+        rec_.Record(sent, "acquire", id, (*lock)->token());
         Process(id, **lock);
         worked = true;
       }
@@ -122,39 +122,23 @@ class Worker {
   }
 
  private:
-  void Log(const std::string& line) {
-    std::printf("%s %s\n", name_.c_str(), line.c_str());
-    std::fflush(stdout);
-  }
-  // An event that is also a step of the run's history: the log line, and the timed record
-  // whose `begin` was read before the step was tried, say the same thing.
-  void Step(int64_t begin, const char* event, int64_t id, uint64_t token,
-            const std::string& detail = "") {
-    Event(event, id, token, detail);
-    history_->Append(begin, event, PayoutKey(id), token, detail);
-  }
-  void Event(const char* event, int64_t id, uint64_t token, const std::string& detail = "") {
-    Log(absl::StrCat(event, " ", PayoutKey(id), " token ", token, detail.empty() ? "" : " ", detail));
-  }
-
-  // Pays payout `id` under `lock`, or abandons it. Every store transition and rail request
-  // carries the lock's token; the fences in the store and the rail refuse a stale one.
+  // Pays payout `id` under `lock`, or abandons it, then releases the lock.
   void Process(int64_t id, const LockHandle& lock) {
     const uint64_t token = lock.token();
-    Event("acquired", id, token);
+    rec_.Event("acquired", id, token);
     bool claimed = false;
     std::string abandon;  // the reason, when the payout is given up
     try {
       abandon = Pay(id, lock, &claimed);
     } catch (const LockLostException& e) {
       abandon = LossReasonName(e.reason());
-      history_->Append(history::NowNanos(), "lost", PayoutKey(id), token, abandon);
+      rec_.Record(history::NowNanos(), "lost", id, token, abandon);
     }
     if (!abandon.empty()) {
-      Step(history::NowNanos(), "abandoned", id, token, abandon);
-      absl::Status s = claimed ? store_->Abandon(id, token, name_, abandon)
-                               : store_->RecordAbandon(id, token, name_, abandon);
-      if (!s.ok()) Event("abandon-refused", id, token, std::string(s.message()));
+      rec_.Step(history::NowNanos(), "abandoned", id, token, abandon);
+      absl::Status s = claimed ? store_.store().Abandon(id, token, rec_.name(), abandon)
+                               : store_.store().RecordAbandon(id, token, rec_.name(), abandon);
+      if (!s.ok()) rec_.Event("abandon-refused", id, token, std::string(s.message()));
       client_->metrics()
           ->GetCounter("payouts_abandoned_total", "payouts given up, by reason",
                        {{"reason", abandon}})
@@ -162,123 +146,76 @@ class Worker {
     }
     const int64_t release_sent = history::NowNanos();
     absl::Status released = client_->release(lock);
-    Step(release_sent, "released", id, token, released.ok() ? "" : std::string(released.message()));
+    rec_.Step(release_sent, "released", id, token,
+              released.ok() ? "" : std::string(released.message()));
   }
 
-  // Returns "" when the payout ended PAID, else why it was abandoned.
+  // The payment flow: returns "" when the payout ended PAID, else why it was abandoned. Every
+  // store transition and rail request carries the lock's token; the fences in the store and
+  // the rail refuse a stale one. (Each step records itself: worker_recording.h.)
   std::string Pay(int64_t id, const LockHandle& lock, bool* claimed) {
     const uint64_t token = lock.token();
-    const std::string key = PayoutKey(id);
-    int64_t begin = history::NowNanos();
-    auto before = store_->Claim(id, token, name_);
-    if (!before.ok()) {
-      Event("claim-refused", id, token, std::string(before.status().message()));
-      Fenced(begin, "store", key, token, before.status());
-      return before.status().code() == absl::StatusCode::kAborted ? "store_fenced_out"
-                                                                  : "store_error";
-    }
+    auto before = store_.Claim(id, token);
+    if (!before.ok()) return StoreFailure(before.status());
     *claimed = true;
-    Step(begin, "claimed", id, token, absl::StrCat("was ", PayoutStateName(before->state)));
     if (before->state == PayoutState::kPaid) {
       paid_.Increment();
       return "";
     }
-    if (faults_ != nullptr) faults_->AfterClaim(id, Recorder(id, token));
-    if (!client_checks_off_) client_->checkStillHeld(lock);
+    if (faults_ != nullptr) faults_->AfterClaim(id, FaultRecord(id, token));
+    checks_.CheckStillHeld(lock);
     if (before->state == PayoutState::kSubmitted) {
       // An earlier holder may have reached the rail: ask before paying. The question is fenced
       // too, so that holder's submit, should it still arrive, is now refused.
-      begin = history::NowNanos();
-      auto status = rail_->Call({.kind = RailRequest::Kind::kStatus, .payout = key, .token = token});
+      auto status = rail_.Status(id, token);
       if (!status.ok()) return "rail_unavailable";
-      if (status->kind == RailReply::Kind::kFenced) {
-        history_->Append(begin, "fenced", key, token, absl::StrCat("rail highest ", status->highest));
-        return "rail_fenced_out";
-      }
-      history_->Append(begin, "status-asked", key, token, FormatRailReply(*status));
-      if (status->kind == RailReply::Kind::kPaid) {
-        Event("found-paid", id, token, absl::StrCat("txn ", status->txn));
-        return MarkPaid(id, token, status->txn);
-      }
+      if (status->kind == RailReply::Kind::kFenced) return "rail_fenced_out";
+      if (status->kind == RailReply::Kind::kPaid) return MarkPaid(id, token, status->txn);
       if (status->kind != RailReply::Kind::kUnpaid) return "rail_error";
-    } else {
-      begin = history::NowNanos();
-      if (absl::Status s = store_->MarkSubmitted(id, token); !s.ok()) {
-        Event("submit-mark-refused", id, token, std::string(s.message()));
-        Fenced(begin, "store", key, token, s);
-        return s.code() == absl::StatusCode::kAborted ? "store_fenced_out" : "store_error";
-      }
-      history_->Append(begin, "marked-submitted", key, token);
+    } else if (absl::Status s = store_.MarkSubmitted(id, token); !s.ok()) {
+      return StoreFailure(s);
     }
-    if (faults_ != nullptr) faults_->BeforeSubmit(id, Recorder(id, token));
+    if (faults_ != nullptr) faults_->BeforeSubmit(id, FaultRecord(id, token));
     // D4: the submit cannot be undone, so it starts only if the lease covers its worst case.
-    begin = history::NowNanos();
-    if (!client_checks_off_) client_->beginIrreversibleStep(lock, submit_cost_);
-    history_->Append(begin, "step-started", key, token, submit_cost_.name);
-    Event("submitting", id, token);
-    begin = history::NowNanos();
-    auto reply = rail_->Call({.kind = RailRequest::Kind::kSubmit,
-                              .payout = key,
-                              .token = token,
-                              .amount_cents = before->amount_cents});
-    if (!reply.ok()) {
-      Event("submit-unknown", id, token, std::string(reply.status().message()));
-      return "rail_unavailable";  // stays SUBMITTED: the next holder asks the rail first
-    }
+    checks_.BeginIrreversibleStep(id, lock, submit_cost_);
+    auto reply = rail_.Submit(id, token, before->amount_cents);
+    if (!reply.ok()) return "rail_unavailable";  // stays SUBMITTED: the next holder asks first
     switch (reply->kind) {
       case RailReply::Kind::kPaid:
-        Step(begin, "submitted", id, token, absl::StrCat("txn ", reply->txn));
-        return MarkPaid(id, token, reply->txn);
       case RailReply::Kind::kDuplicate:
-        Event("duplicate", id, token, absl::StrCat("txn ", reply->txn));
         return MarkPaid(id, token, reply->txn);
       case RailReply::Kind::kFenced:
-        Event("rail-fenced", id, token, absl::StrCat("highest ", reply->highest));
-        history_->Append(begin, "fenced", key, token, absl::StrCat("rail highest ", reply->highest));
         return "rail_fenced_out";
       default:
-        Event("rail-error", id, token, FormatRailReply(*reply));
         return "rail_error";
     }
   }
 
   std::string MarkPaid(int64_t id, uint64_t token, int64_t txn) {
-    const int64_t begin = history::NowNanos();
-    absl::Status s = store_->MarkPaid(id, token, txn);
-    if (!s.ok()) {
-      // The rail has the payment; a later holder will find it there and record it.
-      Event("paid-mark-refused", id, token, std::string(s.message()));
-      Fenced(begin, "store", PayoutKey(id), token, s);
-      return s.code() == absl::StatusCode::kAborted ? "store_fenced_out" : "store_error";
-    }
-    Step(begin, "paid", id, token, absl::StrCat("txn ", txn));
+    // Refused, the rail still has the payment; a later holder will find it there and record it.
+    if (absl::Status s = store_.MarkPaid(id, token, txn); !s.ok()) return StoreFailure(s);
     paid_.Increment();
     return "";
   }
 
-  // A refusal by a fence (kAborted) is a "fenced" record; other errors are not fence decisions.
-  void Fenced(int64_t begin, const char* fence, const std::string& key, uint64_t token,
-              const absl::Status& s) {
-    if (s.code() == absl::StatusCode::kAborted) {
-      history_->Append(begin, "fenced", key, token, absl::StrCat(fence, " ", s.message()));
-    }
+  static std::string StoreFailure(const absl::Status& s) {
+    return s.code() == absl::StatusCode::kAborted ? "store_fenced_out" : "store_error";
   }
 
   // What a fault point records: the event on the log and in the history.
-  FaultPoints::Record Recorder(int64_t id, uint64_t token) {
+  FaultPoints::Record FaultRecord(int64_t id, uint64_t token) {
     return [this, id, token](const char* event, const std::string& detail) {
-      history_->Append(history::NowNanos(), event, PayoutKey(id), token, detail);
-      Event(event, id, token, detail);
+      rec_.Record(history::NowNanos(), event, id, token, detail);
+      rec_.Event(event, id, token, detail);
     };
   }
 
-  const std::string name_;
+  Recorder rec_;
   FaultPoints* const faults_;  // nullptr in the worker users run
-  const bool client_checks_off_;
-  const std::unique_ptr<history::Writer> history_;
-  std::unique_ptr<Client> client_;
-  std::unique_ptr<RailClient> rail_;
-  std::unique_ptr<PayoutStore> store_;
+  const std::unique_ptr<Client> client_;
+  RecordedChecks checks_;
+  RecordedRail rail_;
+  RecordedStore store_;
   const StepCost submit_cost_;
   metrics::Gauge& backlog_;
   metrics::Counter& paid_;
