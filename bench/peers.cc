@@ -7,7 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "etcd_client.h"
+#include "lock-server/etcd_client.h"
 #include "payout-demo/etcd_cluster.h"
 
 namespace fencelock::bench {

@@ -12,7 +12,7 @@ set -euo pipefail
 
 build="${1:-$(dirname "$0")/../build}"
 lockd="$build/lock-server/lockd"
-lockctl="$build/lock-server/lockctl"
+lockctl="$build/tools/lockctl"
 for b in "$lockd" "$lockctl"; do
   [[ -x "$b" ]] || { echo "walkthrough: $b is missing: build first" >&2; exit 2; }
 done

@@ -21,7 +21,7 @@ if [ "${1:-}" = "durable" ]; then
   say "making throwaway certificates in $certs"
   "$FENCELOCK_ROOT/scripts/make-certs.sh" "$certs" lockd bench > /dev/null
   say "running lockd_durable_bench (plaintext, TLS, etcd)"
-  "$FENCELOCK_ROOT/build/lock-server/lockd_durable_bench" \
+  "$FENCELOCK_ROOT/build/tools/lockd_durable_bench" \
     --lockd="$FENCELOCK_ROOT/build/lock-server/lockd" --tls-dir="$certs" \
     --etcd="$(command -v etcd)" "$@"
   exit

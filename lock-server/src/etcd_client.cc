@@ -1,4 +1,4 @@
-#include "etcd_client.h"
+#include "lock-server/etcd_client.h"
 
 #include <grpcpp/grpcpp.h>
 

@@ -3,7 +3,7 @@
 // calls carried by threads (CallOnThreads).
 #include <optional>
 
-#include "etcd_client.h"
+#include "lock-server/etcd_client.h"
 #include "lock-server/etcd_commit_log.h"
 #include "net/asio.h"
 #include "net/asio_time_source.h"

@@ -1,6 +1,6 @@
 // The part of etcd's v3 API that the etcd commit log needs (ranges, transactions, leases,
 // compaction, watches), as an interface: the log runs the same against a real etcd cluster
-// over gRPC (lock-server/src/etcd_client.h) and against the simulated etcd (sim/sim_etcd.h).
+// over gRPC (lock-server/etcd_client.h) and against the simulated etcd (sim/sim_etcd.h).
 //
 // Two layers. EtcdClient is etcd's API as blocking calls. EtcdCalls is how the log reaches it
 // without ever blocking its own thread: a call is handed over, runs elsewhere (on a thread
