@@ -201,6 +201,28 @@ TEST(ListenTest, BadAccessFlagsAreRefusedWithTheirName) {
   }
 }
 
+// Each flag bound to an option reaches its field: lockd given a value out of the field's range
+// refuses to start naming that flag (a flag bound to the wrong field, or to none, would start
+// or name another).
+TEST(ListenTest, EachBoundFlagOutOfRangeIsRefusedNamingIt) {
+  testing::TempDir dir;
+  ASSERT_EQ(testing::InitDataDir(dir.path() + "/data"), 0);
+  const std::string data = "--data-dir=" + dir.path() + "/data";
+  for (const std::string flag :
+       {"--etcd-owner-ttl=1s", "--etcd-request-timeout=8s", "--wal-segment-bytes=1",
+        "--tcp=false", "--max-connections=0", "--max-connections-per-peer=0",
+        "--max-sessions-per-connection=0", "--max-requests-in-flight=0", "--max-frame-bytes=63",
+        "--hello-timeout=0s", "--idle-timeout=0s", "--slow-reader-timeout=25h",
+        "--session-ttl=2h", "--lock-ttl=1ms", "--min-ttl=0s", "--max-ttl=inf", "--max-wait=inf",
+        "--max-locks-per-session=0", "--max-waiters-per-lock=0", "--lock-delay=2m",
+        "--max-lock-delay=2h", "--pool-demand-ttl=2s", "--pool-provisional-ttl=1ms",
+        "--stall-threshold=-1s", "--admission-lock=relative.lock", "--metrics-port=70000"}) {
+    auto [status, err] = testing::RunLockdToExit({"serve", data, "--port=0", flag});
+    EXPECT_NE(status, 0) << flag;
+    EXPECT_THAT(err, HasSubstr(flag.substr(0, flag.find('=')))) << flag << ": " << err;
+  }
+}
+
 TEST(LimitsTest, ConnectionLimitRefusesOnlyTheExtraConnection) {
   LockdProcess lockd({.extra_args = {"--max-connections=2"}});
   RawConnection a = RawConnection::Tcp(lockd.port());

@@ -115,6 +115,13 @@ absl::Status ValidatePools(const PoolOptions& o) {
 }
 
 absl::Status ValidateService(const ServiceOptions& o) {
+  // A lease is renewed well within its TTL; one of more than a day only keeps a dead
+  // client's lock, and an unbounded one (--max-ttl=inf) would let a client's requested TTL
+  // overflow lockd's deadlines.
+  if (absl::Status s = InRange("max-ttl", o.max_ttl, absl::Milliseconds(1), absl::Hours(24));
+      !s.ok()) {
+    return s;
+  }
   if (o.min_ttl <= absl::ZeroDuration() || o.min_ttl > o.max_ttl) {
     return Refuse(absl::StrCat("--min-ttl must be positive and at most --max-ttl (",
                                absl::FormatDuration(o.max_ttl), "), got ",
@@ -124,7 +131,7 @@ absl::Status ValidateService(const ServiceOptions& o) {
                              std::pair{"lock-ttl", o.default_lock_ttl}}) {
     if (absl::Status s = InRange(flag, value, o.min_ttl, o.max_ttl); !s.ok()) return s;
   }
-  if (absl::Status s = InRange("max-wait", o.max_wait, absl::ZeroDuration(), absl::Hours(24 * 7));
+  if (absl::Status s = InRange("max-wait", o.max_wait, absl::ZeroDuration(), absl::Hours(24));
       !s.ok()) {
     return s;
   }
