@@ -16,8 +16,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common.h"
-#include "lock-server/blocking_connection.h"
 #include "margin_sweep.h"
+#include "net/blocking_connection.h"
 #include "process/process.h"
 
 // The flags the workloads read (defined in fencelock_bench.cc).
@@ -43,12 +43,12 @@ class Lockd {
 };
 
 // A connection to lockd as the benchmark's raw driver, with --timeout.
-absl::StatusOr<std::unique_ptr<server::BlockingConnection>> Connect(const std::string& address);
+absl::StatusOr<std::unique_ptr<net::BlockingConnection>> Connect(const std::string& address);
 
 // --- heartbeat RTT (heartbeat.cc) ---
 // One connection's sessions, each holding the lock hb/<id>.
 struct Heartbeater {
-  std::unique_ptr<server::BlockingConnection> conn;
+  std::unique_ptr<net::BlockingConnection> conn;
   std::vector<std::pair<uint64_t, uint64_t>> sessions;  // session id, token
 };
 // Opens `count` sessions on one connection, each acquiring hb/<first + i>.

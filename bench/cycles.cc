@@ -16,7 +16,7 @@ namespace fencelock::bench {
 namespace {
 
 using fencelock::Client;
-using server::BlockingConnection;
+using net::BlockingConnection;
 namespace req = protocol::request;
 
 // acquire (waiting up to 10 s) + release through fencelock::Client: what worker code sees.

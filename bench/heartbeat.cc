@@ -80,7 +80,7 @@ double BucketQuantile(const RttBuckets& before, const RttBuckets& after, double 
 
 }  // namespace
 
-using server::BlockingConnection;
+using net::BlockingConnection;
 namespace req = protocol::request;
 
 absl::StatusOr<std::unique_ptr<BlockingConnection>> Connect(const std::string& address) {

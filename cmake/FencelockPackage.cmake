@@ -10,7 +10,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set_target_properties(lock_client lock_client_core lockd_blocking clock metrics protocol net_tls logging fence
+set_target_properties(lock_client lock_client_core net_blocking clock metrics protocol protocol_pool net_tls logging fence
                       PROPERTIES POSITION_INDEPENDENT_CODE ON)
 
 set(FENCELOCK_INSTALL_INCLUDEDIR ${CMAKE_INSTALL_INCLUDEDIR}/fencelock)
@@ -40,7 +40,7 @@ install(FILES lock-client/include/lock-client/client.h lock-client/include/lock-
         DESTINATION ${FENCELOCK_INSTALL_INCLUDEDIR}/lock-client)
 install(FILES clock/include/clock/clock.h DESTINATION ${FENCELOCK_INSTALL_INCLUDEDIR}/clock)
 install(FILES metrics/include/metrics/metrics.h DESTINATION ${FENCELOCK_INSTALL_INCLUDEDIR}/metrics)
-install(FILES protocol/include/protocol/defaults.h
+install(FILES protocol/include/protocol/defaults.h protocol/include/protocol/pool_view.h
         DESTINATION ${FENCELOCK_INSTALL_INCLUDEDIR}/protocol)
 install(FILES fence/include/fence/fence.h DESTINATION ${FENCELOCK_INSTALL_INCLUDEDIR}/fence)
 

@@ -1,4 +1,4 @@
-// lockd's request dispatch (lock-server/src/dispatch.h) against a fresh in-memory lock service:
+// lockd's request dispatch (lock-server/rules/include/lock-server/dispatch.h) against a fresh in-memory lock service:
 // the input is a stream of frames, as two connections would send them, with the service's
 // clock moving between them. Each step's first byte moves the clock (its upper seven bits, in
 // 20 ms units) and picks the connection (its low bit). Whatever arrives, every request gets an

@@ -98,7 +98,7 @@ TEST(CorruptionTest, EveryTruncationAndBitFlipRestoresAcknowledgedStateOrRefuses
   TempDir tmp;
   const auto files = MakeRealStateDirectory(tmp.path() + "/state");
   // FORMAT, SEQUENCES, the snapshot taken after the last rotation, and the segments it does
-  // not cover (sealed segments and seals are exercised in lock-server/src/storage_test.cc).
+  // not cover (sealed segments and seals are exercised in lock-server/storage/src/storage_test.cc).
   std::vector<std::string> names;
   for (const auto& [name, data] : files) names.push_back(absl::StrCat(name, " (", data.size(), " bytes)"));
   std::printf("state directory: %s\n", absl::StrJoin(names, ", ").c_str());

@@ -22,9 +22,9 @@
 #include "etcd_process.h"
 #include "lock-client/client.h"
 #include "lock-client/pool_client.h"
-#include "lock-server/blocking_connection.h"
 #include "lock-server/testing/legacy_state.h"
 #include "lockd_process.h"
+#include "net/blocking_connection.h"
 #include "raw_connection.h"
 
 namespace fencelock {
@@ -470,12 +470,12 @@ TEST_F(EtcdTest, DeletingTheOwnerKeyEndsTheServingReplicaBeforeAnotherServes) {
   EXPECT_THAT(said, HasSubstr("deposed (1 time in this process)"));
   EXPECT_THAT(said, HasSubstr("standing by: etcd prefix /fencelock/o is served by"));
   EXPECT_FALSE(std::filesystem::exists(first.port_file())) << "a standby's port file says it serves";
-  auto refused = server::BlockingConnection::Connect(
+  auto refused = net::BlockingConnection::Connect(
       {.server = absl::StrCat("127.0.0.1:", first.port()), .timeout = absl::Seconds(5)});
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.status().message(),
               HasSubstr("this replica served and was deposed 1 time in this process, last: "));
-  EXPECT_TRUE(refused.status().GetPayload(server::kStandbyLeaderPayload).has_value());
+  EXPECT_TRUE(refused.status().GetPayload(net::kStandbyLeaderPayload).has_value());
 
   // The other replica goes: the first serves again, its deposition in its figures.
   standby->Stop();
@@ -663,7 +663,7 @@ TEST_F(EtcdTest, AStandbyRedirectsToTheServingReplicaAndLaterServesOnItsPort) {
     const int fd = testing::ConnectLoopback(standby_port);
     if (fd < 0) continue;
     close(fd);
-    auto conn = server::BlockingConnection::Connect(
+    auto conn = net::BlockingConnection::Connect(
         {.server = absl::StrCat("127.0.0.1:", standby_port), .timeout = absl::Seconds(2),
          .hello = false});
     if (!conn.ok()) continue;

@@ -252,20 +252,20 @@ TEST_F(TlsTest, AWrongKeyIsRefusedBeforeAnyByteIsSent) {
 TEST_F(TlsTest, ClientsRefuseAServerTheirCaDidNotSignOrThatHasAnotherName) {
   // An impostor: a lockd with a certificate from another CA.
   LockdProcess impostor({.extra_args = ServeArgs(Certs().b(), "impostor")});
-  auto to_impostor = server::BlockingConnection::Connect(
+  auto to_impostor = net::BlockingConnection::Connect(
       {.server = absl::StrCat("127.0.0.1:", impostor.port()),
        .tls = ClientContext(Certs().Client("worker-1"))});
   EXPECT_TRUE(absl::IsUnavailable(to_impostor.status())) << to_impostor.status();
   EXPECT_THAT(std::string(to_impostor.status().message()),
               HasSubstr("certificate verify failed (lockd's certificate: "));
   // The real lockd, but expected under another name.
-  auto misnamed = server::BlockingConnection::Connect(
+  auto misnamed = net::BlockingConnection::Connect(
       {.server = absl::StrCat("127.0.0.1:", lockd_->port()),
        .tls = ClientContext(Certs().Client("worker-1")),
        .tls_server_name = "lockd.example"});
   EXPECT_THAT(std::string(misnamed.status().message()), HasSubstr("hostname mismatch"));
   // Its own name (make-certs.sh puts DNS:lockd, DNS:localhost and IP:127.0.0.1 in it) is fine.
-  auto named = server::BlockingConnection::Connect(
+  auto named = net::BlockingConnection::Connect(
       {.server = absl::StrCat("127.0.0.1:", lockd_->port()),
        .tls = ClientContext(Certs().Client("worker-1")),
        .tls_server_name = "lockd"});
@@ -297,7 +297,7 @@ TEST_F(TlsTest, AFloodOfConnectsWithoutCertificatesNeverEndsService) {
 }
 
 TEST_F(TlsTest, APlaintextClientOnTheTlsPortIsToldSoInPlaintext) {
-  auto plain = server::BlockingConnection::Connect(
+  auto plain = net::BlockingConnection::Connect(
       {.server = absl::StrCat("127.0.0.1:", lockd_->port())});
   EXPECT_THAT(plain.status().message(), HasSubstr("lockd serves TLS on this port"));
   auto client = Client::Create({.server = absl::StrCat("127.0.0.1:", lockd_->port())});
@@ -350,7 +350,7 @@ TEST_F(TlsTest, ARefusalAtAdmissionIsSaidInsideTls) {
   }()});
   RawConnection first = RawConnection::Tls(limited.port(), ClientContext(Certs().Client("worker-1")));
   ASSERT_EQ(first.Hello().code(), wire::OK);
-  auto second = server::BlockingConnection::Connect(
+  auto second = net::BlockingConnection::Connect(
       {.server = absl::StrCat("127.0.0.1:", limited.port()),
        .tls = ClientContext(Certs().Client("worker-2"))});
   // LIMIT_EXCEEDED, read as the protocol's codes read it everywhere (protocol/session.h).

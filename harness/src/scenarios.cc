@@ -24,7 +24,7 @@
 #include "scenario_support.h"
 #include "fencelock/wire.pb.h"
 #include "lock-client/client.h"
-#include "lock-server/blocking_connection.h"
+#include "net/blocking_connection.h"
 #include "payout-demo/cluster.h"
 #include "payout-demo/store.h"
 #include "process/history.h"
@@ -399,20 +399,20 @@ absl::Status NoisyNeighbour(Env& env, Outcome& out) {
   if (!cluster.ok()) return cluster.status();
   Cluster& c = **cluster;
   History h(c.Path("history"));
-  const server::BlockingConnectionOptions options{.server = c.lockd_address(),
+  const net::BlockingConnectionOptions options{.server = c.lockd_address(),
                                                   .timeout = absl::Seconds(1),
                                                   .client_name = "noisy-neighbour",
                                                   .tls = c.lockd_tls()};
   std::atomic<bool> stop{false};
   std::atomic<int64_t> listings{0}, foreign{0}, unread{0};
-  std::vector<std::unique_ptr<server::BlockingConnection>> idle;
+  std::vector<std::unique_ptr<net::BlockingConnection>> idle;
   for (int i = 0; i < 50; ++i) {  // said Hello, then nothing
-    auto conn = server::BlockingConnection::Connect(options);
+    auto conn = net::BlockingConnection::Connect(options);
     if (conn.ok()) idle.push_back(std::move(*conn));
   }
   std::thread slow_reader([&] {
     // Sends until lockd stops reading it, then never reads: lockd holds it back and closes it.
-    auto conn = server::BlockingConnection::Connect(options);
+    auto conn = net::BlockingConnection::Connect(options);
     if (!conn.ok()) return;
     const wire::Request listing = req::ListLocks({.start_after = std::string(1000, 'a')});
     while (!stop && (*conn)->Send(listing).ok()) ++unread;
@@ -420,7 +420,7 @@ absl::Status NoisyNeighbour(Env& env, Outcome& out) {
   });
   std::thread flooder([&] {
     // Cheap listings back to back, and KeepAlives naming 1,000 tokens it never held.
-    auto conn = server::BlockingConnection::Connect(options);
+    auto conn = net::BlockingConnection::Connect(options);
     if (!conn.ok()) return;
     auto session = (*conn)->Call(req::OpenSession(absl::Minutes(1)));
     if (!session.ok()) return;
@@ -464,7 +464,7 @@ absl::Status Stranger(Env& env, Outcome& out) {
   std::atomic<int64_t> sent{0}, refused{0}, accepted{0};
   std::string first_accepted;
   std::thread stranger([&] {
-    auto conn = server::BlockingConnection::Connect(server::BlockingConnectionOptions{
+    auto conn = net::BlockingConnection::Connect(net::BlockingConnectionOptions{
         .server = c.lockd_address(), .timeout = absl::Seconds(1), .client_name = "stranger",
         .tls = c.lockd_tls()});
     if (!conn.ok()) return;

@@ -13,7 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "fencelock/wire.pb.h"
-#include "lock-server/blocking_connection.h"
+#include "net/blocking_connection.h"
 #include "process/history.h"
 #include "protocol/requests.h"
 #include "replicated.h"
@@ -54,7 +54,7 @@ absl::Status Faulted::DeleteOwnerKey() {
   for (const char* w : {"w1", "w2", "w3"}) {
     if (process::Child* worker = c.worker(w)) worker->Signal(SIGSTOP);
   }
-  auto conn = server::BlockingConnection::Connect(server::BlockingConnectionOptions{
+  auto conn = net::BlockingConnection::Connect(net::BlockingConnectionOptions{
       .server = absl::StrCat("127.0.0.1:", c.replica_port(old)), .timeout = absl::Seconds(2),
       .client_name = "resource", .tls = c.lockd_tls()});
   if (!conn.ok()) return conn.status();
@@ -107,7 +107,7 @@ absl::Status Faulted::TrySecretsFromEtcd() {
   auto dump = c.etcd()->Ctl({"get", "--prefix", c.etcd_prefix()});
   if (!dump.ok()) return dump.status();
   const std::set<std::string> candidates = SecretCandidates(*dump);
-  auto conn = server::BlockingConnection::Connect(server::BlockingConnectionOptions{
+  auto conn = net::BlockingConnection::Connect(net::BlockingConnectionOptions{
       .server = absl::StrCat("127.0.0.1:", c.replica_port(old)), .timeout = absl::Seconds(2),
       .client_name = "stranger", .tls = c.lockd_tls()});
   if (!conn.ok()) return conn.status();

@@ -13,16 +13,17 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "fencelock/wire.pb.h"
-#include "lock-server/blocking_connection.h"
+#include "net/blocking_connection.h"
 #include "net/tls.h"
 #include "protocol/address.h"
 #include "protocol/codes.h"
+#include "protocol/pool_wire.h"
 #include "protocol/requests.h"
 
 namespace fencelock {
 namespace {
 
-using server::BlockingConnection;
+using net::BlockingConnection;
 namespace req = protocol::request;
 
 absl::Duration FromMillis(uint64_t ms) {
@@ -31,41 +32,6 @@ absl::Duration FromMillis(uint64_t ms) {
 
 wire::PoolOwnerRef OwnerRef(const PoolOwnerId& owner) {
   return req::Owner(owner.epoch, owner.key);
-}
-
-PoolView ViewOf(const wire::PoolStatusReply& r) {
-  PoolView v;
-  v.pool = r.pool();
-  v.generation = r.generation();
-  v.budget = r.budget();
-  v.used_units = r.used_units();
-  v.decision = r.decision();
-  v.draining = r.draining();
-  v.complete = r.complete();
-  v.degraded = r.degraded();
-  v.tombstones_kept = r.tombstones_kept();
-  for (const auto& p : r.profiles()) {
-    PoolProfileView pv;
-    pv.profile = PoolProfileDef{p.id(), p.cost(), p.reserved(), p.lendable(), p.borrow()};
-    pv.active_units = p.active_units();
-    pv.provisional_units = p.provisional_units();
-    if (p.has_pending_units()) pv.pending_units = p.pending_units();
-    if (p.has_withheld_units()) pv.withheld_units = p.withheld_units();
-    if (p.has_demand_expires_in_ms()) pv.demand_expires_in = FromMillis(p.demand_expires_in_ms());
-    pv.owner_epoch = p.owner_epoch();
-    pv.acked_generation = p.acked_generation();
-    pv.compatible = p.compatible();
-    v.profiles.push_back(std::move(pv));
-  }
-  for (const auto& l : r.leases()) {
-    v.leases.push_back(PoolLeaseView{l.profile(), l.slot(), l.token(), l.units(), l.epoch(),
-                                     l.active(), FromMillis(l.expires_in_ms()), l.decision()});
-  }
-  for (const auto& t : r.tombstones()) {
-    v.tombstones.push_back(
-        PoolTombstoneView{t.profile(), t.slot(), t.token(), t.units(), t.decision(), t.evidence()});
-  }
-  return v;
 }
 
 class PoolClientImpl final : public PoolClient {
@@ -77,14 +43,7 @@ class PoolClientImpl final : public PoolClient {
   absl::StatusOr<uint64_t> publish(const std::string& pool, uint64_t generation, uint64_t budget,
                                    const std::vector<PoolProfileDef>& profiles) override {
     std::vector<wire::PoolProfile> defs;
-    for (const PoolProfileDef& p : profiles) {
-      wire::PoolProfile& out = defs.emplace_back();
-      out.set_id(p.id);
-      out.set_cost(p.cost);
-      out.set_reserved(p.reserved);
-      out.set_lendable(p.lendable);
-      out.set_borrow(p.borrow);
-    }
+    for (const PoolProfileDef& p : profiles) defs.push_back(protocol::ToWire(p));
     auto reply = Call(req::PoolPublish(pool, generation, budget, defs));
     if (!reply.ok()) return reply.status();
     return reply->pool_publish().generation();
@@ -150,7 +109,7 @@ class PoolClientImpl final : public PoolClient {
   absl::StatusOr<PoolView> status(const std::string& pool) override {
     auto reply = Call(req::PoolStatus(pool));
     if (!reply.ok()) return reply.status();
-    return ViewOf(reply->pool_status());
+    return protocol::FromWire(reply->pool_status());
   }
 
   absl::Status stop() override {
@@ -218,7 +177,7 @@ class PoolClientImpl final : public PoolClient {
         return s;
       }
       failures.push_back(std::string(s.message()));
-      if (auto leader = s.GetPayload(server::kStandbyLeaderPayload); leader.has_value()) {
+      if (auto leader = s.GetPayload(net::kStandbyLeaderPayload); leader.has_value()) {
         const std::string serving(leader->Flatten());
         auto named = std::find_if(order.begin() + static_cast<std::ptrdiff_t>(n) + 1, order.end(),
                                   [&](size_t j) { return replicas_[j].text == serving; });
@@ -254,33 +213,6 @@ absl::StatusOr<PoolOwnerId> PoolOwnerId::Parse(const std::string& text) {
   }
   owner.key = absl::HexStringToBytes(parts[1]);
   return owner;
-}
-
-absl::StatusOr<PoolProfileDef> PoolProfileDef::Parse(const std::string& text) {
-  std::vector<std::string> parts = absl::StrSplit(text, ':');
-  PoolProfileDef def;
-  def.id = parts[0];
-  auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "profile \"", text, "\": ", why,
-        " (id[:cost=N][:reserve=N][:lendable][:borrow])"));
-  };
-  if (def.id.empty()) return bad("no id");
-  for (size_t i = 1; i < parts.size(); ++i) {
-    const std::string& p = parts[i];
-    if (p == "lendable") {
-      def.lendable = true;
-    } else if (p == "borrow") {
-      def.borrow = true;
-    } else if (p.rfind("cost=", 0) == 0) {
-      if (!absl::SimpleAtoi(p.substr(5), &def.cost)) return bad("cost is not a number");
-    } else if (p.rfind("reserve=", 0) == 0) {
-      if (!absl::SimpleAtoi(p.substr(8), &def.reserved)) return bad("reserve is not a number");
-    } else {
-      return bad(absl::StrCat("unknown part \"", p, "\""));
-    }
-  }
-  return def;
 }
 
 absl::StatusOr<std::unique_ptr<PoolClient>> PoolClient::Create(const PoolClientOptions& options) {

@@ -37,7 +37,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "fencelock/wire.pb.h"
-#include "lock-server/blocking_connection.h"
+#include "net/blocking_connection.h"
 #include "powered_mount.h"
 #include "process/process.h"
 #include "protocol/requests.h"
@@ -47,7 +47,7 @@ namespace fencelock::powercut {
 namespace {
 
 namespace req = protocol::request;
-using server::BlockingConnection;
+using net::BlockingConnection;
 
 constexpr absl::Duration kSessionTtl = absl::Seconds(60);  // nothing expires within a round
 constexpr int kLoadThreads = 4;

@@ -128,8 +128,8 @@ int FreeLoopbackPort() {
 RawConnection RawConnection::Connect(const std::string& server,
                                      std::shared_ptr<net::TlsContext> tls) {
   // Request ids from 1001, clear of the small ids tests give their own SendRequest()s.
-  auto conn = server::BlockingConnection::Connect(
-      server::BlockingConnectionOptions{.server = server,
+  auto conn = net::BlockingConnection::Connect(
+      net::BlockingConnectionOptions{.server = server,
                                         .client_name = "raw-test",
                                         .hello = false,
                                         .first_request_id = 1001,

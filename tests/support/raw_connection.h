@@ -1,7 +1,7 @@
 // A connection to lockd for tests that must send what the real client never would: malformed
 // frames, oversize frames, requests before Hello, wrong versions, or a holder that goes silent.
-// Well-formed requests and every reply go through lockd's BlockingConnection
-// (lock-server/blocking_connection.h); only the raw bytes are written here.
+// Well-formed requests and every reply go through net's BlockingConnection
+// (net/blocking_connection.h); only the raw bytes are written here.
 #ifndef FENCELOCK_TESTS_SUPPORT_RAW_CONNECTION_H_
 #define FENCELOCK_TESTS_SUPPORT_RAW_CONNECTION_H_
 
@@ -13,7 +13,7 @@
 
 #include "absl/time/time.h"
 #include "fencelock/wire.pb.h"
-#include "lock-server/blocking_connection.h"
+#include "net/blocking_connection.h"
 #include "protocol/requests.h"
 
 namespace fencelock::testing {
@@ -101,9 +101,9 @@ class RawConnection {
  private:
   static RawConnection Connect(const std::string& server,
                                std::shared_ptr<net::TlsContext> tls = nullptr);
-  explicit RawConnection(std::unique_ptr<server::BlockingConnection> conn)
+  explicit RawConnection(std::unique_ptr<net::BlockingConnection> conn)
       : conn_(std::move(conn)) {}
-  std::unique_ptr<server::BlockingConnection> conn_;
+  std::unique_ptr<net::BlockingConnection> conn_;
 };
 
 }  // namespace fencelock::testing

@@ -23,8 +23,8 @@
 #include "absl/strings/str_cat.h"
 #include "fencelock/wire.pb.h"
 #include "google/protobuf/util/json_util.h"
-#include "lock-server/blocking_connection.h"
 #include "lockctl_pool.h"
+#include "net/blocking_connection.h"
 #include "protocol/codes.h"
 #include "process/flags.h"
 #include "protocol/limits.h"
@@ -44,7 +44,7 @@ ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5),
 namespace fencelock {
 namespace {
 
-using server::BlockingConnection;
+using net::BlockingConnection;
 namespace req = protocol::request;
 
 std::string Json(const google::protobuf::Message& m) {
@@ -272,7 +272,7 @@ int Main(const std::string& command) {
                                                 .tls_server_name =
                                                     absl::GetFlag(FLAGS_tls_server_name)});
   const bool json = absl::GetFlag(FLAGS_json);
-  if (auto leader = connected.status().GetPayload(server::kStandbyLeaderPayload);
+  if (auto leader = connected.status().GetPayload(net::kStandbyLeaderPayload);
       leader.has_value() && command == "status") {
     // A standby replica answers only that it stands by, and who serves.
     const std::string serving(leader->Flatten());

@@ -178,7 +178,7 @@ Json StatusJson(const PoolView& v) {
     leases.push_back(std::move(s));
   }
   Json tombstones = Json::array();
-  for (const PoolTombstoneView& t : v.tombstones) {
+  for (const PoolTombstone& t : v.tombstones) {
     Json s = Json::object();
     auto& g = s;
     g["profile"] = Json(t.profile);
@@ -253,7 +253,7 @@ void PrintStatus(const PoolView& v) {
                   static_cast<unsigned long>(l.decision));
     }
   }
-  for (const PoolTombstoneView& t : v.tombstones) {
+  for (const PoolTombstone& t : v.tombstones) {
     std::printf("  tombstone   %s/%s token %lu (%lu units) recovered at decision %lu: %s\n",
                 t.profile.c_str(), t.slot.c_str(), static_cast<unsigned long>(t.token),
                 static_cast<unsigned long>(t.units), static_cast<unsigned long>(t.decision),

@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "protocol/pool_view.h"
 
 namespace fencelock {
 
@@ -56,69 +57,12 @@ struct PoolOwnerId {
   static absl::StatusOr<PoolOwnerId> Parse(const std::string& text);
 };
 
-struct PoolProfileDef {
-  std::string id;
-  uint64_t cost = 1;
-  uint64_t reserved = 0;
-  bool lendable = false;  // its unused reservation may be lent to borrowing profiles
-  bool borrow = false;    // it may borrow other profiles' lendable reservations
-  // "id[:cost=N][:reserve=N][:lendable][:borrow]" (lockctl's --profiles, comma-separated).
-  static absl::StatusOr<PoolProfileDef> Parse(const std::string& text);
-};
-
 struct PoolLeaseGrant {
   bool granted = false;  // false: no units now; `refusal` has the figures
   uint64_t token = 0;
   absl::Duration ttl;
   uint64_t decision = 0;
   std::string refusal;
-};
-
-struct PoolProfileView {
-  PoolProfileDef profile;
-  uint64_t active_units = 0;
-  uint64_t provisional_units = 0;
-  std::optional<uint64_t> pending_units;   // nullopt: unknown (no current demand)
-  std::optional<uint64_t> withheld_units;
-  std::optional<absl::Duration> demand_expires_in;
-  uint64_t owner_epoch = 0;
-  uint64_t acked_generation = 0;
-  bool compatible = false;
-};
-
-struct PoolLeaseView {
-  std::string profile;
-  std::string slot;
-  uint64_t token = 0;
-  uint64_t units = 0;
-  uint64_t epoch = 0;
-  bool active = false;
-  absl::Duration expires_in;  // provisional only
-  uint64_t decision = 0;
-};
-
-struct PoolTombstoneView {
-  std::string profile;
-  std::string slot;
-  uint64_t token = 0;
-  uint64_t units = 0;
-  uint64_t decision = 0;
-  std::string evidence;
-};
-
-struct PoolView {
-  std::string pool;
-  uint64_t generation = 0;
-  uint64_t budget = 0;
-  uint64_t used_units = 0;
-  uint64_t decision = 0;
-  bool draining = false;
-  bool complete = false;   // every profile has a manager on the current generation
-  std::string degraded;    // non-empty after a coordinator fault: no new admission
-  std::vector<PoolProfileView> profiles;
-  std::vector<PoolLeaseView> leases;
-  std::vector<PoolTombstoneView> tombstones;  // the newest 64
-  uint64_t tombstones_kept = 0;               // all lockd keeps (at most 1024)
 };
 
 class PoolClient {

@@ -21,18 +21,9 @@
 #include "absl/container/btree_map.h"
 #include "absl/time/time.h"
 #include "clock/clock.h"
+#include "protocol/pool_view.h"
 
 namespace fencelock::server {
-
-// One profile of a pool's policy.
-struct PoolProfileSpec {
-  std::string id;          // stable identity, unique in the policy
-  uint64_t cost = 1;       // units one slot of this profile takes
-  uint64_t reserved = 0;   // units kept for this profile alone (or lent: `lendable`)
-  bool lendable = false;   // its unused reservation may be lent to borrowing profiles
-  bool borrow = false;     // may use other profiles' lendable reservations
-  bool operator==(const PoolProfileSpec&) const = default;
-};
 
 enum class PoolReleaseReason {
   kReleased,    // its owner saw the worker exit
@@ -61,29 +52,20 @@ struct PoolOwnerState {
   std::string claimed_by;         // who claimed this epoch ("" if unknown: an older record)
 };
 
-struct PoolTombstone {
-  std::string profile;
-  std::string slot;
-  uint64_t token = 0;
-  uint64_t units = 0;
-  uint64_t decision = 0;
-  std::string evidence;           // what the operator recorded as proof the worker is gone
-};
-
 // (profile, slot)
 using PoolSlotKey = std::pair<std::string, std::string>;
 
 struct PoolState {
   uint64_t generation = 0;
   uint64_t budget = 0;
-  std::vector<PoolProfileSpec> profiles;  // ascending id
+  std::vector<PoolProfileDef> profiles;  // ascending id
   absl::btree_map<PoolSlotKey, PoolLeaseState> leases;
   absl::btree_map<std::string, PoolOwnerState> owners;  // by profile
   std::deque<PoolTombstone> tombstones;                 // oldest first
   uint64_t decision = 0;                                // the last decision's number
   bool draining = false;
 
-  const PoolProfileSpec* FindProfile(const std::string& id) const;
+  const PoolProfileDef* FindProfile(const std::string& id) const;
   const PoolOwnerState* FindOwner(const std::string& profile) const;
   // Units held by the pool's leases (all, or one profile's; active or provisional).
   uint64_t used() const { return used_; }

@@ -91,7 +91,7 @@ struct PoolPolicyPublished {
   std::string pool;
   uint64_t generation;
   uint64_t budget;
-  std::vector<PoolProfileSpec> profiles;  // ascending id
+  std::vector<PoolProfileDef> profiles;  // ascending id
   uint64_t decision;
 };
 // A manager takes over `profile`: the epoch goes up by one, and requests of earlier epochs are

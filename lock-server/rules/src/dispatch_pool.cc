@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "protocol/codes.h"
+#include "protocol/pool_wire.h"
 #include "protocol/version.h"
 
 namespace fencelock::server {
@@ -19,53 +20,6 @@ uint64_t ToMillis(absl::Duration d) {
 }
 
 PoolOwner OwnerOf(const wire::PoolOwnerRef& ref) { return PoolOwner{ref.epoch(), ref.key()}; }
-
-void FillStatus(const PoolStatus& s, wire::PoolStatusReply* out) {
-  out->set_pool(s.pool);
-  out->set_generation(s.generation);
-  out->set_budget(s.budget);
-  out->set_used_units(s.used);
-  out->set_decision(s.decision);
-  out->set_draining(s.draining);
-  out->set_complete(s.complete);
-  for (const PoolProfileStatus& p : s.profiles) {
-    wire::PoolProfileInfo* info = out->add_profiles();
-    info->set_id(p.spec.id);
-    info->set_cost(p.spec.cost);
-    info->set_reserved(p.spec.reserved);
-    info->set_lendable(p.spec.lendable);
-    info->set_borrow(p.spec.borrow);
-    info->set_active_units(p.active_units);
-    info->set_provisional_units(p.provisional_units);
-    if (p.pending_units) info->set_pending_units(*p.pending_units);
-    if (p.withheld_units) info->set_withheld_units(*p.withheld_units);
-    if (p.demand_expires_in) info->set_demand_expires_in_ms(ToMillis(*p.demand_expires_in));
-    info->set_owner_epoch(p.owner_epoch);
-    info->set_acked_generation(p.acked_generation);
-    info->set_compatible(p.compatible);
-  }
-  for (const PoolLeaseStatus& l : s.leases) {
-    wire::PoolLeaseInfo* info = out->add_leases();
-    info->set_profile(l.profile);
-    info->set_slot(l.slot);
-    info->set_token(l.lease.token);
-    info->set_units(l.lease.units);
-    info->set_epoch(l.lease.epoch);
-    info->set_active(l.lease.active);
-    if (!l.lease.active) info->set_expires_in_ms(ToMillis(l.expires_in));
-    info->set_decision(l.lease.decision);
-  }
-  out->set_tombstones_kept(s.tombstones_kept);
-  for (const PoolTombstone& t : s.tombstones) {
-    wire::PoolTombstoneInfo* info = out->add_tombstones();
-    info->set_profile(t.profile);
-    info->set_slot(t.slot);
-    info->set_token(t.token);
-    info->set_units(t.units);
-    info->set_decision(t.decision);
-    info->set_evidence(t.evidence);
-  }
-}
 
 // One pool request on its way through DispatchPool: who asks, the access rules of ADR 0004 for
 // it, and a handler per request body, each answering in `resp`.
@@ -154,7 +108,7 @@ void PoolCall::Publish() {
   PoolPolicy policy{r.generation(), r.budget(), {}};
   for (const auto& p : r.profiles()) {
     policy.profiles.push_back(
-        PoolProfileSpec{p.id(), p.cost(), p.reserved(), p.lendable(), p.borrow()});
+        protocol::FromWire(p));
   }
   auto generation = pools.Publish(r.pool(), std::move(policy), now);
   if (generation.ok()) resp.mutable_pool_publish()->set_generation(*generation);
@@ -257,7 +211,7 @@ void PoolCall::Status() {
   }
   auto status = pools.Status(r.pool(), now);
   if (status.ok()) {
-    FillStatus(*status, resp.mutable_pool_status());
+    protocol::ToWire(*status, resp.mutable_pool_status());
     if (const absl::Status* fault = host.fault(); fault != nullptr) {
       resp.mutable_pool_status()->set_degraded(absl::StrCat(
           "no new admission: lockd could not make its state durable (", fault->message(),

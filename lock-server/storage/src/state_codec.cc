@@ -32,7 +32,7 @@ absl::StatusOr<LockMode> ModeFromProto(int mode) {
   }
 }
 
-void ProfileToProto(const PoolProfileSpec& spec, state::PoolProfile* out) {
+void ProfileToProto(const PoolProfileDef& spec, state::PoolProfile* out) {
   out->set_id(spec.id);
   out->set_cost(spec.cost);
   out->set_reserved(spec.reserved);
@@ -40,8 +40,8 @@ void ProfileToProto(const PoolProfileSpec& spec, state::PoolProfile* out) {
   out->set_borrow(spec.borrow);
 }
 
-PoolProfileSpec ProfileFromProto(const state::PoolProfile& p) {
-  return PoolProfileSpec{p.id(), p.cost(), p.reserved(), p.lendable(), p.borrow()};
+PoolProfileDef ProfileFromProto(const state::PoolProfile& p) {
+  return PoolProfileDef{p.id(), p.cost(), p.reserved(), p.lendable(), p.borrow()};
 }
 
 }  // namespace
@@ -78,7 +78,7 @@ state::LogRecord ToProto(uint64_t lsn, const Record& r) {
           o->set_pool(rec.pool);
           o->set_generation(rec.generation);
           o->set_budget(rec.budget);
-          for (const PoolProfileSpec& spec : rec.profiles) ProfileToProto(spec, o->add_profiles());
+          for (const PoolProfileDef& spec : rec.profiles) ProfileToProto(spec, o->add_profiles());
           o->set_decision(rec.decision);
         } else if constexpr (std::is_same_v<T, record::PoolProfileClaimed>) {
           auto* o = p.mutable_pool_profile_claimed();
@@ -459,7 +459,7 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
     out->set_name(name);
     out->set_generation(pool.generation);
     out->set_budget(pool.budget);
-    for (const PoolProfileSpec& spec : pool.profiles) ProfileToProto(spec, out->add_profiles());
+    for (const PoolProfileDef& spec : pool.profiles) ProfileToProto(spec, out->add_profiles());
     for (const auto& [key, lease] : pool.leases) {
       auto* l = out->add_leases();
       l->set_profile(key.first);

@@ -1,5 +1,5 @@
 // The byte layout that storage.cc (the state directory: its files and their recovery) and
-// state_codec.cc (records and snapshots) share. Internal to lock-server/src.
+// state_codec.cc (records and snapshots) share. Internal to lock-server/storage/src.
 #ifndef FENCELOCK_LOCK_SERVER_STORAGE_FORMAT_H_
 #define FENCELOCK_LOCK_SERVER_STORAGE_FORMAT_H_
 

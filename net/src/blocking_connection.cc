@@ -1,4 +1,4 @@
-#include "lock-server/blocking_connection.h"
+#include "net/blocking_connection.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -20,7 +20,7 @@
 #include "protocol/session.h"
 #include "protocol/version.h"
 
-namespace fencelock::server {
+namespace fencelock::net {
 namespace {
 
 // Waits for `events` on `fd` until `deadline` (boot-time clock). OK when ready;
@@ -321,4 +321,4 @@ absl::StatusOr<wire::Response> BlockingConnection::Call(wire::Request request) {
   }
 }
 
-}  // namespace fencelock::server
+}  // namespace fencelock::net

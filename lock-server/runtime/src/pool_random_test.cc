@@ -299,16 +299,16 @@ class AdmissionRun {
     std::map<std::string, uint64_t> used;
     for (const auto& [token, lease] : ledger_) used[lease.profile] += lease.units;
     auto minus = [](uint64_t a, uint64_t b) { return a > b ? a - b : 0; };
-    const PoolProfileSpec* grantee = nullptr;
+    const PoolProfileDef* grantee = nullptr;
     uint64_t reserved = 0, lendable_free = 0, used_all = 0, contenders = 1;
-    for (const PoolProfileStatus& q : view->profiles) {
-      const uint64_t free_reservation = minus(q.spec.reserved, used[q.spec.id]);
+    for (const PoolProfileView& q : view->profiles) {
+      const uint64_t free_reservation = minus(q.profile.reserved, used[q.profile.id]);
       const uint64_t wants = q.pending_units.value_or(0);
-      reserved += q.spec.reserved;
-      used_all += used[q.spec.id];
-      if (q.spec.lendable) lendable_free += q.spec.reserved - std::min(free_reservation, wants);
-      if (q.spec.id == g.profile) {
-        grantee = &q.spec;
+      reserved += q.profile.reserved;
+      used_all += used[q.profile.id];
+      if (q.profile.lendable) lendable_free += q.profile.reserved - std::min(free_reservation, wants);
+      if (q.profile.id == g.profile) {
+        grantee = &q.profile;
       } else if (wants > 0) {
         ++contenders;
       }
@@ -318,15 +318,15 @@ class AdmissionRun {
     if (own_free >= g.units) return;  // all from its own reservation: no one else's concern
     const uint64_t share = (budget_ - reserved + lendable_free) / contenders;
     uint64_t kept = 0, protected_units = 0;
-    for (const PoolProfileStatus& q : view->profiles) {
-      if (q.spec.id == g.profile) continue;
-      const uint64_t free_reservation = minus(q.spec.reserved, used[q.spec.id]);
+    for (const PoolProfileView& q : view->profiles) {
+      if (q.profile.id == g.profile) continue;
+      const uint64_t free_reservation = minus(q.profile.reserved, used[q.profile.id]);
       const uint64_t wants = q.pending_units.value_or(0);
-      kept += q.spec.lendable && grantee->borrow ? std::min(free_reservation, wants)
+      kept += q.profile.lendable && grantee->borrow ? std::min(free_reservation, wants)
                                                  : free_reservation;
       if (wants == 0) continue;
       protected_units += std::min(minus(wants, free_reservation),
-                                  minus(share, minus(used[q.spec.id], q.spec.reserved)));
+                                  minus(share, minus(used[q.profile.id], q.profile.reserved)));
     }
     if (protected_units > 0) ++figures_->contended_grants;
     const uint64_t free_after = budget_ - used_all - g.units;

@@ -1,4 +1,4 @@
-// What storage.cc shares with the test library (lock-server/testing) and nothing else.
+// What storage.cc shares with the test library (lock-server/storage/testing) and nothing else.
 #ifndef FENCELOCK_LOCK_SERVER_STORAGE_INTERNAL_H_
 #define FENCELOCK_LOCK_SERVER_STORAGE_INTERNAL_H_
 

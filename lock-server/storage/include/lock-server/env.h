@@ -1,7 +1,7 @@
 // The file operations lockd's durable state uses, behind an interface so that tests can run
 // recovery against an in-memory copy of a state directory and inject disk faults (in the manner
 // of LevelDB's Env and its fault-injection wrapper; those test Envs are in
-// lock-server/testing/test_envs.h, outside every production target).
+// lock-server/storage/testing/test_envs.h, outside every production target).
 //
 // Every operation that makes something durable says so; nothing else syncs. Implementations
 // are thread-safe. An operation that could not open a file or directory because the process

@@ -15,9 +15,9 @@ std::string LeaseName(const std::string& pool, const std::string& profile,
 
 }  // namespace
 
-const PoolProfileSpec* PoolState::FindProfile(const std::string& id) const {
+const PoolProfileDef* PoolState::FindProfile(const std::string& id) const {
   auto it = std::lower_bound(profiles.begin(), profiles.end(), id,
-                             [](const PoolProfileSpec& p, const std::string& v) { return p.id < v; });
+                             [](const PoolProfileDef& p, const std::string& v) { return p.id < v; });
   return it != profiles.end() && it->id == id ? &*it : nullptr;
 }
 
@@ -84,7 +84,7 @@ absl::Status StateMachine::CheckOne(const record::PoolPolicyPublished& r) const 
   if (absl::Status s = CheckDecision(r.pool, r.decision); !s.ok()) return s;
   uint64_t reserved = 0;
   for (size_t i = 0; i < r.profiles.size(); ++i) {
-    const PoolProfileSpec& spec = r.profiles[i];
+    const PoolProfileDef& spec = r.profiles[i];
     if (i > 0 && !(r.profiles[i - 1].id < spec.id)) {
       return absl::FailedPreconditionError(
           absl::StrCat("pool ", r.pool, " profiles not in ascending order at ", spec.id));
@@ -105,8 +105,8 @@ absl::Status StateMachine::CheckOne(const record::PoolPolicyPublished& r) const 
           "pool ", r.pool, " budget ", r.budget, " below the ", p->used(), " units leased"));
     }
     for (const auto& [key, lease] : p->leases) {
-      if (!std::binary_search(r.profiles.begin(), r.profiles.end(), PoolProfileSpec{key.first},
-                              [](const PoolProfileSpec& a, const PoolProfileSpec& b) { return a.id < b.id; })) {
+      if (!std::binary_search(r.profiles.begin(), r.profiles.end(), PoolProfileDef{key.first},
+                              [](const PoolProfileDef& a, const PoolProfileDef& b) { return a.id < b.id; })) {
         return absl::FailedPreconditionError(
             absl::StrCat("pool ", r.pool, " policy drops profile ", key.first, " that holds leases"));
       }

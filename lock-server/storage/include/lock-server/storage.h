@@ -125,7 +125,7 @@ struct Recovered {
 // its full TTL from `now`. Errors name the file and the offset or reason: kNotFound (no such
 // directory, or not initialized), kFailedPrecondition (unsupported format), kDataLoss (damaged
 // or missing state). Tests that need the state at an earlier record use RecoverThrough()
-// (lock-server/testing/recovery.h).
+// (lock-server/storage/testing/recovery.h).
 absl::StatusOr<Recovered> Recover(Env* env, const std::string& dir, MonoTime now);
 
 }  // namespace fencelock::server

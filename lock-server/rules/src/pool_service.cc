@@ -15,12 +15,12 @@ uint64_t SaturatingMul(uint64_t a, uint64_t b) {
   return a * b;
 }
 
-uint64_t FreeReservation(const PoolState& p, const PoolProfileSpec& spec) {
+uint64_t FreeReservation(const PoolState& p, const PoolProfileDef& spec) {
   const uint64_t used = p.UsedBy(spec.id);
   return spec.reserved > used ? spec.reserved - used : 0;
 }
 
-uint64_t Excess(const PoolState& p, const PoolProfileSpec& spec) {
+uint64_t Excess(const PoolState& p, const PoolProfileDef& spec) {
   const uint64_t used = p.UsedBy(spec.id);
   return used > spec.reserved ? used - spec.reserved : 0;
 }
@@ -121,7 +121,7 @@ const PoolService::Demand* PoolService::CurrentDemand(const std::string& pool,
 }
 
 uint64_t PoolService::ClaimedReservation(const PoolState& p, const std::string& pool,
-                                         const PoolProfileSpec& spec, MonoTime now) const {
+                                         const PoolProfileDef& spec, MonoTime now) const {
   const Demand* d = CurrentDemand(pool, spec.id, now);
   if (d == nullptr || d->slots == 0) return 0;
   return std::min(FreeReservation(p, spec), SaturatingMul(d->slots, spec.cost));
@@ -135,20 +135,20 @@ PoolService::Fairness PoolService::ComputeFairness(const PoolState& p, const std
   // profiles want back now (a reservation serves its owner first).
   uint64_t reserved = 0;
   uint64_t lendable = 0;
-  for (const PoolProfileSpec& spec : p.profiles) {
+  for (const PoolProfileDef& spec : p.profiles) {
     reserved += spec.reserved;
     if (spec.lendable) lendable += spec.reserved - ClaimedReservation(p, pool, spec, now);
   }
   f.fair_units = p.budget - reserved + lendable;
-  std::vector<const PoolProfileSpec*> contenders;
-  for (const PoolProfileSpec& spec : p.profiles) {
+  std::vector<const PoolProfileDef*> contenders;
+  for (const PoolProfileDef& spec : p.profiles) {
     const bool is_requester = requester != nullptr && *requester == spec.id;
     const Demand* d = CurrentDemand(pool, spec.id, now);
     if ((d != nullptr && d->slots > 0) || is_requester) contenders.push_back(&spec);
   }
   f.contenders = contenders.size();
   f.share = f.contenders == 0 ? 0 : f.fair_units / f.contenders;
-  for (const PoolProfileSpec* spec : contenders) {
+  for (const PoolProfileDef* spec : contenders) {
     if (requester != nullptr && *requester == spec->id) continue;
     const uint64_t slots = CurrentDemand(pool, spec->id, now)->slots;
     const uint64_t wanted = SaturatingMul(slots, spec->cost);
@@ -177,10 +177,10 @@ absl::StatusOr<uint64_t> PoolService::Publish(const std::string& pool, PoolPolic
                                                    policy.profiles.size()));
   }
   std::sort(policy.profiles.begin(), policy.profiles.end(),
-            [](const PoolProfileSpec& a, const PoolProfileSpec& b) { return a.id < b.id; });
+            [](const PoolProfileDef& a, const PoolProfileDef& b) { return a.id < b.id; });
   uint64_t reserved = 0;
   for (size_t i = 0; i < policy.profiles.size(); ++i) {
-    const PoolProfileSpec& spec = policy.profiles[i];
+    const PoolProfileDef& spec = policy.profiles[i];
     if (absl::Status s = CheckName("profile", spec.id); !s.ok()) return s;
     if (i > 0 && policy.profiles[i - 1].id == spec.id) {
       return absl::InvalidArgumentError(
@@ -226,7 +226,7 @@ absl::StatusOr<uint64_t> PoolService::Publish(const std::string& pool, PoolPolic
     for (const auto& entry : current->leases) {
       const std::string& leased = entry.first.first;
       if (std::none_of(policy.profiles.begin(), policy.profiles.end(),
-                       [&](const PoolProfileSpec& s) { return s.id == leased; })) {
+                       [&](const PoolProfileDef& s) { return s.id == leased; })) {
         return absl::FailedPreconditionError(absl::StrCat(
             "incompatible policy generation ", policy.generation, ": it drops profile ",
             leased, ", which holds leases in pool ", pool));
@@ -349,7 +349,7 @@ absl::StatusOr<PoolGrant> PoolService::Acquire(const std::string& pool,
   if (demand.slots == 0) demand.slots = 1;
   demand.expires_at = now + options_.demand_ttl;
 
-  const PoolProfileSpec& spec = *p.FindProfile(profile);
+  const PoolProfileDef& spec = *p.FindProfile(profile);
   const Fairness f = ComputeFairness(p, pool, &profile, now);
   const uint64_t free_units = p.budget - p.used();
   const uint64_t own_free = FreeReservation(p, spec);
@@ -359,7 +359,7 @@ absl::StatusOr<PoolGrant> PoolService::Acquire(const std::string& pool,
   // lendable one as far as its owner wants it back now (lent units are never taken back from a
   // lease, but free ones are not lent anew against their owner's current demand).
   uint64_t kept_for_others = 0;
-  for (const PoolProfileSpec& q : p.profiles) {
+  for (const PoolProfileDef& q : p.profiles) {
     if (q.id == profile) continue;
     kept_for_others += !q.lendable || !spec.borrow ? FreeReservation(p, q)
                                                    : ClaimedReservation(p, pool, q, now);
@@ -523,29 +523,29 @@ absl::Status PoolService::Delete(const std::string& pool, MonoTime now) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<PoolStatus> PoolService::Status(const std::string& pool, MonoTime now) {
+absl::StatusOr<PoolView> PoolService::Status(const std::string& pool, MonoTime now) {
   Advance(now);
   DropExpiredDemand(pool, now);
   return View(pool, now);
 }
 
-absl::StatusOr<PoolStatus> PoolService::View(const std::string& pool, MonoTime now,
+absl::StatusOr<PoolView> PoolService::View(const std::string& pool, MonoTime now,
                                              bool with_leases) const {
   auto found = FindPool(pool);
   if (!found.ok()) return found.status();
   const PoolState& p = **found;
   const Fairness f = ComputeFairness(p, pool, nullptr, now);
-  PoolStatus out;
+  PoolView out;
   out.pool = pool;
   out.generation = p.generation;
   out.budget = p.budget;
-  out.used = p.used();
+  out.used_units = p.used();
   out.decision = p.decision;
   out.draining = p.draining;
   out.complete = true;
-  for (const PoolProfileSpec& spec : p.profiles) {
-    PoolProfileStatus ps;
-    ps.spec = spec;
+  for (const PoolProfileDef& spec : p.profiles) {
+    PoolProfileView ps;
+    ps.profile = spec;
     ps.active_units = p.ActiveUnits(spec.id);
     ps.provisional_units = p.UsedBy(spec.id) - ps.active_units;
     if (const Demand* d = CurrentDemand(pool, spec.id, now); d != nullptr) {
@@ -565,9 +565,16 @@ absl::StatusOr<PoolStatus> PoolService::View(const std::string& pool, MonoTime n
   out.tombstones_kept = p.tombstones.size();
   if (!with_leases) return out;
   for (const auto& [key, lease] : p.leases) {
-    out.leases.push_back(PoolLeaseStatus{
-        key.first, key.second, lease,
-        lease.active ? absl::ZeroDuration() : std::max(absl::ZeroDuration(), lease.expires_at - now)});
+    out.leases.push_back(PoolLeaseView{
+        .profile = key.first,
+        .slot = key.second,
+        .token = lease.token,
+        .units = lease.units,
+        .epoch = lease.epoch,
+        .active = lease.active,
+        .expires_in = lease.active ? absl::ZeroDuration()
+                                   : std::max(absl::ZeroDuration(), lease.expires_at - now),
+        .decision = lease.decision});
   }
   const size_t shown = std::min(p.tombstones.size(), kPoolTombstonesShown);
   out.tombstones.assign(p.tombstones.end() - static_cast<std::ptrdiff_t>(shown), p.tombstones.end());

@@ -20,9 +20,9 @@ MonoTime At(double seconds) {
   return MonoTime::FromNanos(static_cast<int64_t>(seconds * 1e9));
 }
 
-PoolProfileSpec Profile(std::string id, uint64_t cost = 1, uint64_t reserved = 0,
+PoolProfileDef Profile(std::string id, uint64_t cost = 1, uint64_t reserved = 0,
                         bool lendable = false, bool borrow = false) {
-  return PoolProfileSpec{std::move(id), cost, reserved, lendable, borrow};
+  return PoolProfileDef{std::move(id), cost, reserved, lendable, borrow};
 }
 
 class PoolServiceTest : public ::testing::Test {
@@ -33,7 +33,7 @@ class PoolServiceTest : public ::testing::Test {
 
   PoolService& pools() { return service_.pools(); }
 
-  void Publish(uint64_t budget, std::vector<PoolProfileSpec> profiles, uint64_t generation = 1,
+  void Publish(uint64_t budget, std::vector<PoolProfileDef> profiles, uint64_t generation = 1,
                double at = 0) {
     auto g = pools().Publish("p", PoolPolicy{generation, budget, std::move(profiles)}, At(at));
     ASSERT_TRUE(g.ok()) << g.status();
@@ -76,14 +76,14 @@ class PoolServiceTest : public ::testing::Test {
     }
     return lsn;
   }
-  PoolStatus Status(double at) {
+  PoolView Status(double at) {
     auto s = pools().Status("p", At(at));
     EXPECT_TRUE(s.ok()) << s.status();
     return *s;
   }
-  const PoolProfileStatus& ProfileOf(const PoolStatus& s, const std::string& id) {
+  const PoolProfileView& ProfileOf(const PoolView& s, const std::string& id) {
     for (const auto& p : s.profiles) {
-      if (p.spec.id == id) return p;
+      if (p.profile.id == id) return p;
     }
     ADD_FAILURE() << "no profile " << id;
     return s.profiles.front();
@@ -167,7 +167,7 @@ TEST_F(PoolServiceTest, MixedIncompatibleManagersCannotClaimACompleteGuarantee) 
   EXPECT_TRUE(Status(1).complete);
   Publish(8, {Profile("a"), Profile("b")}, 2, 2);  // b's manager still enforces 1
   ASSERT_TRUE(pools().Ack("p", "a", a, 2, At(3)).ok());
-  PoolStatus s = Status(3);
+  PoolView s = Status(3);
   EXPECT_FALSE(s.complete);
   EXPECT_TRUE(ProfileOf(s, "a").compatible);
   EXPECT_FALSE(ProfileOf(s, "b").compatible);
@@ -199,11 +199,11 @@ TEST_F(PoolServiceTest, ProvisionalLeaseExpiresAndCannotThenBeActivated) {
   PoolOwner a = Claim("a");
   const FenceToken t = Acquire("a", "s1", a, 0, absl::Seconds(10));
   ASSERT_NE(t, 0u);
-  EXPECT_EQ(Status(9.999).used, 2u);
+  EXPECT_EQ(Status(9.999).used_units, 2u);
   auto late = pools().Activate("p", "a", "s1", t, a, At(10));
   EXPECT_EQ(late.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(late.status().message(), HasSubstr("do not start it"));
-  EXPECT_EQ(Status(10).used, 0u);
+  EXPECT_EQ(Status(10).used_units, 0u);
   EXPECT_EQ(pools().stats().provisional_expiries_total, 1u);
 }
 
@@ -231,10 +231,10 @@ TEST_F(PoolServiceTest, ActiveLeaseSurvivesItsOwnersSilenceForever) {
   const FenceToken t = Acquire("a", "s1", a, 0, absl::Seconds(1));
   ASSERT_TRUE(pools().Activate("p", "a", "s1", t, a, At(0.5)).ok());
   service_.Advance(At(1e6));  // eleven days without a word from the manager
-  PoolStatus s = Status(1e6);
+  PoolView s = Status(1e6);
   ASSERT_EQ(s.leases.size(), 1u);
-  EXPECT_TRUE(s.leases[0].lease.active);
-  EXPECT_EQ(s.leases[0].lease.token, t);
+  EXPECT_TRUE(s.leases[0].active);
+  EXPECT_EQ(s.leases[0].token, t);
   EXPECT_EQ(ProfileOf(s, "a").active_units, 1u);
 }
 
@@ -250,9 +250,9 @@ TEST_F(PoolServiceTest, ReleaseNeedsTheExactSlotAndToken) {
             absl::StatusCode::kNotFound);
   EXPECT_EQ(pools().Release("p", "a", "s3", t1, a, At(2)).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(Status(2).used, 2u);
+  EXPECT_EQ(Status(2).used_units, 2u);
   ASSERT_TRUE(pools().Release("p", "a", "s1", t1, a, At(2)).ok());
-  PoolStatus s = Status(2);
+  PoolView s = Status(2);
   ASSERT_EQ(s.leases.size(), 1u);
   EXPECT_EQ(s.leases[0].slot, "s2");
 }
@@ -270,7 +270,7 @@ TEST_F(PoolServiceTest, ReplacementManagerListsReconcilesAndKeepsWhatIsStillRunn
   // The old manager vanishes; a replacement claims the profile and lists its leases.
   PoolOwner replacement = Claim("a", 1, 100);
   EXPECT_EQ(replacement.epoch, old_manager.epoch + 1);
-  PoolStatus s = Status(100);
+  PoolView s = Status(100);
   ASSERT_EQ(s.leases.size(), 3u);
   // "gone": the worker is proved absent, so the exact slot is released (reconciled).
   auto released = pools().Release("p", "a", "gone", gone, replacement, At(101));
@@ -335,8 +335,8 @@ TEST_F(PoolServiceTest, RecoveryWritesATombstoneFirstAndIsRefusedRepeatedOrStale
   // durable.
   ASSERT_EQ(records_.size(), before + 1);
   ASSERT_TRUE(std::holds_alternative<record::PoolLeaseRecovered>(records_.back()));
-  PoolStatus s = Status(2);
-  EXPECT_EQ(s.used, 0u);
+  PoolView s = Status(2);
+  EXPECT_EQ(s.used_units, 0u);
   ASSERT_EQ(s.tombstones.size(), 1u);
   EXPECT_EQ(s.tombstones[0].token, t);
   EXPECT_EQ(s.tombstones[0].units, 2u);
@@ -347,7 +347,7 @@ TEST_F(PoolServiceTest, RecoveryWritesATombstoneFirstAndIsRefusedRepeatedOrStale
   ASSERT_TRUE(pools().Activate("p", "a", "s1", t2, a, At(3)).ok());
   auto stale = pools().Recover("p", "a", "s1", t2 + 7, "wrong token", At(4));
   EXPECT_THAT(stale.status().message(), HasSubstr("stale recovery"));
-  EXPECT_EQ(Status(4).used, 2u);  // the new lease is untouched
+  EXPECT_EQ(Status(4).used_units, 2u);  // the new lease is untouched
 }
 
 TEST_F(PoolServiceTest, RecoveryOfAProvisionalLeaseIsRefused) {
@@ -428,7 +428,7 @@ TEST_F(PoolServiceTest, InterleavedAcquisitionNeverExceedsTheBudget) {
     ExpectWithinBudget();
   }
   EXPECT_GT(granted, 0);
-  EXPECT_LE(Status(20).used, 10u);
+  EXPECT_LE(Status(20).used_units, 10u);
 }
 
 // ADR-0006 confirmation: fresh simultaneous demand still protects each contender's fair share.
@@ -440,12 +440,12 @@ TEST_F(PoolServiceTest, FreshSimultaneousDemandProtectsEachContendersFairShare) 
   ASSERT_TRUE(pools().SetDemand("p", "c", c, 9, At(0)).ok());
   // The fastest manager gets its share and no more while the others want theirs.
   EXPECT_EQ(Fill("a", a, 1), 3);
-  PoolStatus s = Status(1);
+  PoolView s = Status(1);
   EXPECT_EQ(ProfileOf(s, "b").withheld_units, 3u);
   EXPECT_EQ(ProfileOf(s, "c").withheld_units, 3u);
   EXPECT_EQ(Fill("b", b, 2), 3);
   EXPECT_EQ(Fill("c", c, 3), 3);
-  EXPECT_EQ(Status(3).used, 9u);
+  EXPECT_EQ(Status(3).used_units, 9u);
 }
 
 TEST_F(PoolServiceTest, WithoutOtherContendersOneProfileMayUseEveryFairUnit) {
@@ -459,7 +459,7 @@ TEST_F(PoolServiceTest, ExplicitZeroDemandIsKnownZeroAndTakesNoShare) {
   Publish(6, {Profile("a"), Profile("b")});
   PoolOwner a = Claim("a"), b = Claim("b");
   ASSERT_TRUE(pools().SetDemand("p", "b", b, 0, At(0)).ok());
-  PoolStatus s = Status(0);
+  PoolView s = Status(0);
   EXPECT_EQ(ProfileOf(s, "b").pending_units, 0u);
   EXPECT_EQ(ProfileOf(s, "b").withheld_units, 0u);
   EXPECT_FALSE(ProfileOf(s, "b").demand_expires_in.has_value());
@@ -472,7 +472,7 @@ TEST_F(PoolServiceTest, RefreshedDemandStaysCurrentAcrossTheOriginalDeadline) {
   PoolOwner a = Claim("a"), b = Claim("b");
   ASSERT_TRUE(pools().SetDemand("p", "b", b, 4, At(0)).ok());
   ASSERT_TRUE(pools().SetDemand("p", "b", b, 4, At(20)).ok());  // the refresh, inside 30 s
-  PoolStatus s = Status(40);  // past the first deadline (30 s), inside the second (50 s)
+  PoolView s = Status(40);  // past the first deadline (30 s), inside the second (50 s)
   EXPECT_EQ(ProfileOf(s, "b").pending_units, 4u);
   // b is the only contender until a acquires: all 4 fair units are protected for it.
   EXPECT_EQ(ProfileOf(s, "b").withheld_units, 4u);
@@ -486,7 +486,7 @@ TEST_F(PoolServiceTest, AnAcquireRefreshesItsProfilesDemand) {
   PoolOwner b = Claim("b");
   ASSERT_TRUE(pools().SetDemand("p", "b", b, 4, At(0)).ok());
   EXPECT_NE(Acquire("b", "b1", b, 25), 0u);
-  PoolStatus s = Status(50);  // 25 s after the Acquire: still current
+  PoolView s = Status(50);  // 25 s after the Acquire: still current
   EXPECT_EQ(ProfileOf(s, "b").pending_units, 3u);
   EXPECT_EQ(*ProfileOf(s, "b").demand_expires_in, absl::Seconds(5));
 }
@@ -529,7 +529,7 @@ TEST_F(PoolServiceTest, AnAcquireAloneCreatesDemand) {
   EXPECT_FALSE(ProfileOf(Status(0), "b").pending_units.has_value());  // never published
   EXPECT_EQ(Acquire("a", "a1", a, 0), FenceToken{1});                   // a alone: any unit
   EXPECT_EQ(Acquire("b", "b1", b, 1), FenceToken{0});                   // 4 units: refused
-  PoolStatus s = Status(1);
+  PoolView s = Status(1);
   ASSERT_TRUE(ProfileOf(s, "b").pending_units.has_value());
   EXPECT_EQ(*ProfileOf(s, "b").pending_units, 4u);  // one slot of 4 units
   EXPECT_EQ(ProfileOf(s, "b").demand_expires_in, absl::Seconds(30));
@@ -549,7 +549,7 @@ TEST_F(PoolServiceTest, ExpiredDemandReportsUnknownNotZero) {
   EXPECT_FALSE(ProfileOf(Status(0), "b").pending_units.has_value());  // never published
   ASSERT_TRUE(pools().SetDemand("p", "b", b, 2, At(0)).ok());
   EXPECT_EQ(ProfileOf(Status(29), "b").pending_units, 2u);
-  PoolStatus s = Status(30);
+  PoolView s = Status(30);
   EXPECT_FALSE(ProfileOf(s, "b").pending_units.has_value());
   EXPECT_FALSE(ProfileOf(s, "b").withheld_units.has_value());
 }
@@ -561,7 +561,7 @@ TEST_F(PoolServiceTest, DemandExpiryNeverTouchesALease) {
   const FenceToken t = Acquire("a", "s1", a, 0, absl::Seconds(120));
   const FenceToken u = Acquire("a", "s2", a, 0, absl::Seconds(120));
   ASSERT_TRUE(pools().Activate("p", "a", "s1", t, a, At(1)).ok());
-  PoolStatus s = Status(60);  // the demand expired at 30 s
+  PoolView s = Status(60);  // the demand expired at 30 s
   EXPECT_FALSE(ProfileOf(s, "a").pending_units.has_value());
   EXPECT_EQ(s.leases.size(), 2u);
   EXPECT_EQ(ProfileOf(s, "a").active_units, 1u);
@@ -704,8 +704,8 @@ TEST_F(PoolServiceTest, RestartRestoresPolicyLeasesEpochsTombstonesAndDecisions)
     ASSERT_EQ(s->tombstones.size(), 1u);
     EXPECT_EQ(s->tombstones[0].token, t2);
     ASSERT_EQ(s->leases.size(), 2u);
-    EXPECT_TRUE(s->leases[0].lease.active);                    // a/s1 survived
-    EXPECT_FALSE(s->leases[1].lease.active);                   // b/s1, provisional: full TTL again
+    EXPECT_TRUE(s->leases[0].active);                    // a/s1 survived
+    EXPECT_FALSE(s->leases[1].active);                   // b/s1, provisional: full TTL again
     EXPECT_EQ(s->leases[1].expires_in, absl::Seconds(10));
     // Demand does not survive a restart.
     EXPECT_FALSE(s->profiles[1].pending_units.has_value());

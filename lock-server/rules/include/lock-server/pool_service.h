@@ -56,7 +56,7 @@ struct PoolOwner {
 struct PoolPolicy {
   uint64_t generation = 0;
   uint64_t budget = 0;
-  std::vector<PoolProfileSpec> profiles;  // any order; ids must be unique
+  std::vector<PoolProfileDef> profiles;  // any order; ids must be unique
 };
 
 struct PoolGrant {
@@ -65,43 +65,6 @@ struct PoolGrant {
   absl::Duration ttl;               // granted only
   uint64_t decision = 0;            // granted only
   std::string refusal;              // not granted: why, with the figures
-};
-
-// One profile as Status reports it.
-struct PoolProfileStatus {
-  PoolProfileSpec spec;
-  uint64_t active_units = 0;
-  uint64_t provisional_units = 0;
-  // Null when lockd holds no current demand for the profile (never published, or expired).
-  std::optional<uint64_t> pending_units;
-  std::optional<uint64_t> withheld_units;  // units protected for it from the others
-  std::optional<absl::Duration> demand_expires_in;
-  uint64_t owner_epoch = 0;                // 0: no manager ever claimed it
-  uint64_t acked_generation = 0;
-  // A manager claimed it and acknowledged the current generation.
-  bool compatible = false;
-};
-
-struct PoolLeaseStatus {
-  std::string profile;
-  std::string slot;
-  PoolLeaseState lease;
-  absl::Duration expires_in;  // provisional only
-};
-
-struct PoolStatus {
-  std::string pool;
-  uint64_t generation = 0;
-  uint64_t budget = 0;
-  uint64_t used = 0;
-  uint64_t decision = 0;
-  bool draining = false;
-  // Every profile of the policy has a compatible manager: only then is the guarantee complete.
-  bool complete = false;
-  std::vector<PoolProfileStatus> profiles;
-  std::vector<PoolLeaseStatus> leases;
-  std::vector<PoolTombstone> tombstones;  // the newest kPoolTombstonesShown, oldest first
-  uint64_t tombstones_kept = 0;           // all that lockd keeps (kPoolTombstonesKept at most)
 };
 
 // Tombstones a status shows (the newest); lockd keeps more (kPoolTombstonesKept).
@@ -173,13 +136,13 @@ class PoolService {
   // and its place among the pools lockd coordinates are free again.
   absl::Status Delete(const std::string& pool, MonoTime now);
 
-  absl::StatusOr<PoolStatus> Status(const std::string& pool, MonoTime now);
+  absl::StatusOr<PoolView> Status(const std::string& pool, MonoTime now);
   // The same as of `now` without changing anything (expired demand shows as unknown; a
   // provisional lease past its expiry still shows until the next mutation expires it): for
   // the metrics export.
   // `with_leases` false leaves the leases and tombstones out (the metrics export, every 250 ms,
   // needs only the figures).
-  absl::StatusOr<PoolStatus> View(const std::string& pool, MonoTime now,
+  absl::StatusOr<PoolView> View(const std::string& pool, MonoTime now,
                                   bool with_leases = true) const;
   // Names of every pool, ascending.
   std::vector<std::string> PoolNames() const;
@@ -228,7 +191,7 @@ class PoolService {
                               MonoTime now) const;
   // The part of `spec`'s free reservation its current demand wants (0 without demand).
   uint64_t ClaimedReservation(const PoolState& p, const std::string& pool,
-                              const PoolProfileSpec& spec, MonoTime now) const;
+                              const PoolProfileDef& spec, MonoTime now) const;
   Fairness ComputeFairness(const PoolState& p, const std::string& pool,
                            const std::string* requester, MonoTime now) const;
   uint64_t NextDecision(const std::string& pool) const;

@@ -82,7 +82,7 @@ void MetricsExport::ExportPools() {
     gauge("lockd_pool_budget_units", "Admission pools: the pool's budget",
           static_cast<double>(view->budget), pool);
     gauge("lockd_pool_used_units", "Admission pools: units held by active and provisional leases",
-          static_cast<double>(view->used), pool);
+          static_cast<double>(view->used_units), pool);
     gauge("lockd_pool_policy_generation", "Admission pools: the published policy generation",
           static_cast<double>(view->generation), pool);
     gauge("lockd_pool_decision", "Admission pools: the pool's last decision number",
@@ -94,8 +94,8 @@ void MetricsExport::ExportPools() {
     gauge("lockd_pool_complete",
           "Admission pools: 1 while every profile has a manager on the current generation",
           view->complete ? 1.0 : 0.0, pool);
-    for (const PoolProfileStatus& p : view->profiles) {
-      const metrics::Labels labels{{"pool", name}, {"profile", p.spec.id}};
+    for (const PoolProfileView& p : view->profiles) {
+      const metrics::Labels labels{{"pool", name}, {"profile", p.profile.id}};
       gauge("lockd_pool_active_units", "Admission pools: units of a profile's active leases",
             static_cast<double>(p.active_units), labels);
       gauge("lockd_pool_provisional_units",

@@ -5,8 +5,8 @@
 // boot-time clock and waited for with poll(), so a wall-clock step does not move them.
 //
 // Not thread-safe: one thread uses a connection at a time. Owns its socket.
-#ifndef FENCELOCK_LOCK_SERVER_BLOCKING_CONNECTION_H_
-#define FENCELOCK_LOCK_SERVER_BLOCKING_CONNECTION_H_
+#ifndef FENCELOCK_NET_BLOCKING_CONNECTION_H_
+#define FENCELOCK_NET_BLOCKING_CONNECTION_H_
 
 #include <cstdint>
 #include <memory>
@@ -19,7 +19,7 @@
 #include "net/tls.h"
 #include "protocol/frame.h"
 
-namespace fencelock::server {
+namespace fencelock::net {
 
 struct BlockingConnectionOptions {
   // lockd's address: "host:port" (a name, an IPv4 address, or [IPv6]) or "unix:/path".
@@ -89,6 +89,6 @@ class BlockingConnection {
   uint64_t next_id_ = 0;
 };
 
-}  // namespace fencelock::server
+}  // namespace fencelock::net
 
-#endif  // FENCELOCK_LOCK_SERVER_BLOCKING_CONNECTION_H_
+#endif  // FENCELOCK_NET_BLOCKING_CONNECTION_H_
