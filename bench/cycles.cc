@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "logging/logging.h"
 #include "peers.h"
 #include "bench.h"
 #include "fencelock/wire.pb.h"
@@ -258,7 +259,7 @@ absl::Status RunCycleWorkloads(const Settings& s, Report& report) {
   std::unique_ptr<RedisPeer> redis_always, redis_none;
   std::unique_ptr<EtcdPeer> etcd;
   if (s.want_redis) {
-    std::fprintf(stderr, "peers: starting Redis (appendfsync always, and no persistence)\n");
+    logging::Program().Info("peers: starting Redis (appendfsync always, and no persistence)");
     auto a = RedisPeer::Start(s.redis_binary, s.root + "/redis-always",
                               RedisPeer::Persistence::kAppendFsyncAlways);
     if (!a.ok()) return absl::UnavailableError(absl::StrCat("redis: ", a.status().ToString()));
@@ -278,7 +279,7 @@ absl::Status RunCycleWorkloads(const Settings& s, Report& report) {
                        redis_always->StreamCyclers(true)});
   }
   if (s.want_etcd) {
-    std::fprintf(stderr, "peers: starting etcd (one member)\n");
+    logging::Program().Info("peers: starting etcd (one member)");
     auto e = EtcdPeer::Start(s.etcd_binary, s.root + "/etcd");
     if (!e.ok()) return absl::UnavailableError(absl::StrCat("etcd: ", e.status().ToString()));
     etcd = std::move(*e);
@@ -301,8 +302,9 @@ absl::Status RunCycleWorkloads(const Settings& s, Report& report) {
     }
     report.systems = std::move(kept);
   }
-  std::fprintf(stderr, "lock cycles: %zu systems x %zu client counts x %d rounds, %.1f s each\n",
-               report.systems.size(), s.clients.size(), s.rounds, s.cycle_seconds);
+  logging::Program().Info(absl::StrFormat(
+      "lock cycles: %zu systems x %zu client counts x %d rounds, %.1f s each",
+      report.systems.size(), s.clients.size(), s.rounds, s.cycle_seconds));
   // A fresh lockd writes into its first WAL segment for the first time: one untimed run first,
   // so that the first measured one does not pay for that.
   (void)RunCycles(RawCyclers(address, false), 8, std::min(1.0, s.cycle_seconds), "warm-up (not reported)");

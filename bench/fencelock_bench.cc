@@ -48,11 +48,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "bench.h"
 #include "common.h"
+#include "logging/logging.h"
 #include "process/flags.h"
 #include "process/process.h"
 
@@ -190,7 +192,7 @@ namespace {
 // --- the run -------------------------------------------------------------------------------
 
 int Fail(const std::string& message) {
-  std::fprintf(stderr, "fencelock-bench: %s\n", message.c_str());
+  logging::Program().Error(message);
   return 2;
 }
 
@@ -339,7 +341,8 @@ int Main() {
   const char* tmp = std::getenv("TMPDIR");
   s.root = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/fencelock-bench-", getpid());
   const MonoTime run_start = Now();
-  std::fprintf(stderr, "floors: fdatasync of 4 KiB in %s, loopback TCP round trip\n", s.root.c_str());
+  logging::Program().Info(absl::StrFormat(
+      "floors: fdatasync of 4 KiB in %s, loopback TCP round trip", s.root.c_str()));
   std::filesystem::create_directories(s.root);
   const Percentiles fsync = FsyncFloor(s.root);
   const Percentiles loopback = LoopbackFloor();
@@ -353,9 +356,10 @@ int Main() {
   report.json["total_seconds"] = absl::ToDoubleSeconds(Now() - run_start);
   WriteReport(s, fsync, loopback, report);
   std::filesystem::remove_all(s.root);
-  std::fprintf(stderr, "fencelock-bench: done in %.0f s\n", absl::ToDoubleSeconds(Now() - run_start));
+  logging::Program().Info(absl::StrFormat(
+      "done in %.0f s", absl::ToDoubleSeconds(Now() - run_start)));
   if (report.broken) {
-    std::fprintf(stderr, "fencelock-bench: some requests failed or were refused (see errors above)\n");
+    logging::Program().Error("some requests failed or were refused (see errors above)");
     return 1;
   }
   return 0;
@@ -365,6 +369,7 @@ int Main() {
 }  // namespace fencelock::bench
 
 int main(int argc, char** argv) {
+  fencelock::logging::InitProgram("fencelock-bench");
   // Debian's Abseil is built with its debug-mode deadlock detection on: every Mutex::Lock then
   // updates a process-wide lock graph under one global lock. A release build has it off.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

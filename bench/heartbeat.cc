@@ -16,6 +16,7 @@
 #include "bench.h"
 #include "fencelock/wire.pb.h"
 #include "lock-client/client.h"
+#include "logging/logging.h"
 #include "metrics/metrics.h"
 #include "protocol/requests.h"
 
@@ -210,7 +211,8 @@ std::vector<LibraryHeartbeatResult> RunLibraryHeartbeats(const std::string& addr
   auto registry = std::make_shared<metrics::Registry>();
   std::vector<std::unique_ptr<Client>> clients;
   std::vector<LockHandle> handles;
-  std::fprintf(stderr, "heartbeat through the library: %zu clients, each with a session and a lock\n", n);
+  logging::Program().Info(absl::StrFormat(
+      "heartbeat through the library: %zu clients, each with a session and a lock", n));
   for (size_t i = 0; i < n; ++i) {
     auto c = Client::Create({.server = address,
                              .heartbeat_interval = absl::GetFlag(FLAGS_library_heartbeat),
@@ -263,7 +265,8 @@ absl::Status RunHeartbeatWorkloads(const Settings& s, Report& report) {
   for (size_t n : s.counts) {
     auto lockd = Lockd::Start(s.binary, absl::StrCat(s.root, "/lockd-", n));
     if (!lockd.ok()) return lockd.status();
-    std::fprintf(stderr, "heartbeat: opening %zu sessions, each with a lock\n", n);
+    logging::Program().Info(absl::StrFormat(
+        "heartbeat: opening %zu sessions, each with a lock", n));
     const size_t per = 64;
     std::vector<Heartbeater> hs((n + per - 1) / per);
     std::vector<std::thread> openers;
@@ -273,7 +276,7 @@ absl::Status RunHeartbeatWorkloads(const Settings& s, Report& report) {
         const size_t count = std::min(per, n - i * per);
         if (absl::Status opened = OpenSessions(hs[i], (*lockd)->address(), count, i * per);
             !opened.ok()) {
-          std::fprintf(stderr, "fencelock-bench: %s\n", opened.ToString().c_str());
+          logging::Program().Error(opened.ToString());
           failed = true;
         }
       });
@@ -309,7 +312,7 @@ absl::Status RunHeartbeatWorkloads(const Settings& s, Report& report) {
     const std::vector<LibraryHeartbeatResult> lib = RunLibraryHeartbeats(
         (*lockd)->address(), static_cast<size_t>(n), s.seconds, s.load_clients, &library_error);
     if (!library_error.empty()) {
-      std::fprintf(stderr, "fencelock-bench: %s\n", library_error.c_str());
+      logging::Program().Error(library_error);
       report.broken = true;
     }
     report.library_table =

@@ -11,6 +11,7 @@
 #include "bench.h"
 #include "common.h"
 #include "lock-client/client.h"
+#include "logging/logging.h"
 #include "metrics/http_get.h"
 #include "payout-demo/cluster.h"
 
@@ -191,8 +192,9 @@ std::vector<MarginPoint> RunMarginSweep(const MarginSweepOptions& options, std::
 
 void RunMarginSweepWorkload(const Settings& s, Report& report) {
   if (!s.rail.empty()) {
-    std::fprintf(stderr, "margin sweep: %zu TTLs x %zu margins, %d workers, %.1f s each\n",
-                 s.margin_ttls.size(), s.margins.size(), s.margin_workers, s.margin_seconds);
+    logging::Program().Info(absl::StrFormat(
+        "margin sweep: %zu TTLs x %zu margins, %d workers, %.1f s each", s.margin_ttls.size(),
+        s.margins.size(), s.margin_workers, s.margin_seconds));
     std::string sweep_error;
     report.points = RunMarginSweep({.dir = s.root + "/margin",
                              .lockd_binary = s.binary,
@@ -206,7 +208,7 @@ void RunMarginSweepWorkload(const Settings& s, Report& report) {
                              .workers = s.margin_workers},
                             &sweep_error);
     if (!sweep_error.empty()) {
-      std::fprintf(stderr, "fencelock-bench: %s\n", sweep_error.c_str());
+      logging::Program().Error(sweep_error);
       report.broken = true;
     }
     report.margin_table =

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench.h"
+#include "logging/logging.h"
 
 namespace fencelock::bench {
 namespace {
@@ -74,8 +75,9 @@ absl::StatusOr<DemoRun> RunDemo(const std::string& demo, const std::string& lock
 
 void RunPayoutScaling(const Settings& s, Report& report) {
   if (!s.demo.empty()) {
-    std::fprintf(stderr, "payout scaling: %d payouts, workers %s, %d rounds\n", s.scaling_payouts,
-                 absl::StrJoin(s.scaling_workers, ",").c_str(), s.rounds);
+    logging::Program().Info(absl::StrFormat(
+        "payout scaling: %d payouts, workers %s, %d rounds", s.scaling_payouts,
+        absl::StrJoin(s.scaling_workers, ",").c_str(), s.rounds));
     std::map<int, Runs> rates;
     std::map<int, DemoRun> worst;  // per worker count: the sum of what must be zero
     for (int round = 0; round < s.rounds && !report.broken; ++round) {
@@ -83,7 +85,8 @@ void RunPayoutScaling(const Settings& s, Report& report) {
         auto run = RunDemo(s.demo, s.binary, s.rail, s.worker,
                            absl::StrCat(s.root, "/scaling-", w, "-", round), w, s.scaling_payouts);
         if (!run.ok()) {
-          std::fprintf(stderr, "fencelock-bench: payout scaling: %s\n", run.status().ToString().c_str());
+          logging::Program().Info(absl::StrFormat(
+              "payout scaling: %s", run.status().ToString().c_str()));
           report.broken = true;
           break;
         }

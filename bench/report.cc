@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench.h"
+#include "logging/logging.h"
 
 namespace fencelock::bench {
 
@@ -42,7 +43,7 @@ void WriteReport(const Settings& s, const Percentiles& fsync, const Percentiles&
     std::ofstream(s.out + "/results.json") << report.json.dump(2) << "\n";
     std::ofstream(s.out + "/summary.md") << "# fencelock-bench\n\n" << summary;
     if (!s.gnuplot.empty()) {
-      std::fprintf(stderr, "plots: gnuplot into %s\n", s.out.c_str());
+      logging::Program().Info(absl::StrFormat("plots: gnuplot into %s", s.out.c_str()));
       std::vector<std::pair<std::string, std::string>> plots;
       if (!report.variants.empty()) {
         plots.emplace_back("heartbeat_rtt", HeartbeatPlot(report.variants, s.threshold_ms, s.out + "/heartbeat_rtt.dat"));
@@ -51,7 +52,7 @@ void WriteReport(const Settings& s, const Percentiles& fsync, const Percentiles&
       if (!report.points.empty()) plots.emplace_back("margin_sweep", MarginPlot(report.points, s.out + "/margin_sweep.dat"));
       for (const auto& [name, body] : plots) {
         if (absl::Status plotted = Gnuplot(s.gnuplot, s.out, name, body); !plotted.ok()) {
-          std::fprintf(stderr, "fencelock-bench: %s\n", plotted.ToString().c_str());
+          logging::Program().Error(plotted.ToString());
           report.broken = true;
         }
       }

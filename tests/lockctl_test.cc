@@ -23,15 +23,19 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// Runs lockctl with `args`; returns its exit status and standard output.
-std::pair<int, std::string> Lockctl(const std::string& args) {
-  FILE* pipe = popen((std::string(LOCKCTL_BINARY) + " " + args + " 2>&1").c_str(), "r");
+// Runs lockctl with `args` (redirections included); returns its exit status and what it wrote
+// to the pipe: standard output, and standard error unless `args` sends it elsewhere.
+std::pair<int, std::string> LockctlRaw(const std::string& args) {
+  FILE* pipe = popen((std::string(LOCKCTL_BINARY) + " " + args).c_str(), "r");
   std::string out;
   char buf[4096];
   for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
   const int status = pclose(pipe);
   return {WEXITSTATUS(status), out};
 }
+
+// Runs lockctl with `args`; returns its exit status and standard output and error together.
+std::pair<int, std::string> Lockctl(const std::string& args) { return LockctlRaw(args + " 2>&1"); }
 
 TEST(LockctlTest, ShowsHoldersTokensAndWaitersAsTablesAndJson) {
   testing::LockdProcess lockd;
@@ -181,6 +185,14 @@ TEST(LockctlTest, UnreachableServerAndBadUsageAreClearErrors) {
   auto [usage_rc, usage] = Lockctl("--server=127.0.0.1:1 frobnicate");
   EXPECT_EQ(usage_rc, 2);
   EXPECT_THAT(usage, HasSubstr("unknown command \"frobnicate\""));
+  // A diagnostic is a log line on standard error; standard output (a script's capture) stays
+  // empty.
+  auto [stdout_rc, stdout_only] = LockctlRaw("--server=127.0.0.1:1 status 2>/dev/null");
+  EXPECT_EQ(stdout_rc, 1);
+  EXPECT_EQ(stdout_only, "");
+  auto [stderr_rc, stderr_only] = LockctlRaw("--server=127.0.0.1:1 status 2>&1 >/dev/null");
+  EXPECT_EQ(stderr_rc, 1);
+  EXPECT_THAT(stderr_only, HasSubstr(" error lockctl: UNAVAILABLE: cannot connect to lockd"));
 }
 
 TEST(LockctlTest, AFrozenLockdMakesLockctlGiveUpNotHang) {

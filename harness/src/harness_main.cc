@@ -29,6 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "harness/checker.h"
+#include "logging/logging.h"
 #include "scenario.h"
 #include "fencelock/report.pb.h"
 #include "process/flags.h"
@@ -163,7 +164,7 @@ int WriteReports(const std::vector<Outcome>& runs, const std::string& title) {
     std::ofstream out(path, std::ios::trunc);
     out << text;
     if (!out.flush()) {
-      std::fprintf(stderr, "fencelock-harness: cannot write %s\n", path.c_str());
+      logging::Program().Error(absl::StrFormat("cannot write %s", path.c_str()));
       return 1;
     }
     std::printf("report written to %s\n", path.c_str());
@@ -259,7 +260,7 @@ int Main(const std::vector<std::string>& args) {
     if (args.size() != 2) return Usage();
     auto r = CheckDirectory(args[1]);
     if (!r.ok()) {
-      std::fprintf(stderr, "fencelock-harness: %s\n", r.status().ToString().c_str());
+      logging::Program().Error(r.status().ToString());
       return 2;
     }
     std::printf("%ld records, %ld grants, %ld fence decisions, %ld payments\n",
@@ -271,13 +272,13 @@ int Main(const std::vector<std::string>& args) {
     return r->ok() ? 0 : 1;
   }
   if (const int e = absl::GetFlag(FLAGS_elections); e < 0 || e > 100) {
-    std::fprintf(stderr, "fencelock-harness: --elections must be 0 to 100, got %d\n", e);
+    logging::Program().Error(absl::StrFormat("--elections must be 0 to 100, got %d", e));
     return 2;
   }
   if (const absl::Duration ttl = absl::GetFlag(FLAGS_etcd_owner_ttl);
       ttl != absl::ZeroDuration() && (ttl < absl::Seconds(2) || ttl > absl::Minutes(1))) {
-    std::fprintf(stderr, "fencelock-harness: --etcd-owner-ttl must be 0 or 2s to 1m, got %s\n",
-                 absl::FormatDuration(ttl).c_str());
+    logging::Program().Error(absl::StrFormat(
+        "--etcd-owner-ttl must be 0 or 2s to 1m, got %s", absl::FormatDuration(ttl).c_str()));
     return 2;
   }
   for (const auto& [flag, files] :
@@ -286,9 +287,9 @@ int Main(const std::vector<std::string>& args) {
         {absl::GetFlag(FLAGS_etcd_tls_dir), {"ca.crt", "etcd.crt", "etcd.key", "lockd.crt", "lockd.key"}}}) {
     for (const char* file : files) {
       if (!flag.empty() && !std::filesystem::is_regular_file(flag + "/" + file)) {
-        std::fprintf(stderr, "fencelock-harness: %s/%s is missing (scripts/make-certs.sh %s %s)\n",
-                     flag.c_str(), file, flag.c_str(),
-                     files[1] == std::string("lockd.crt") ? "lockd worker" : "etcd lockd");
+        logging::Program().Error(absl::StrFormat(
+            "%s/%s is missing (scripts/make-certs.sh %s %s)", flag.c_str(), file, flag.c_str(),
+            files[1] == std::string("lockd.crt") ? "lockd worker" : "etcd lockd"));
         return 2;
       }
     }
@@ -304,8 +305,8 @@ int Main(const std::vector<std::string>& args) {
       } else if (const Scenario* s = FindScenario(args[i])) {
         chosen.push_back(s);
       } else {
-        std::fprintf(stderr, "fencelock-harness: no scenario \"%s\" (see: fencelock-harness list)\n",
-                     args[i].c_str());
+        logging::Program().Error(absl::StrFormat(
+            "no scenario \"%s\" (see: fencelock-harness list)", args[i].c_str()));
         return 2;
       }
     }
@@ -321,7 +322,7 @@ int Main(const std::vector<std::string>& args) {
     const int count = absl::GetFlag(FLAGS_count);
     const absl::Duration duration = absl::GetFlag(FLAGS_duration);
     if (count < 0 || (count == 0 && duration <= absl::ZeroDuration())) {
-      std::fprintf(stderr, "fencelock-harness: soak needs --count=N (N > 0) or --duration=D\n");
+      logging::Program().Error("soak needs --count=N (N > 0) or --duration=D");
       return 2;
     }
     std::printf("soak: %s, first seed %lu; each run draws its scenario from its seed\n",
@@ -348,6 +349,7 @@ int Main(const std::vector<std::string>& args) {
 }  // namespace fencelock::harness
 
 int main(int argc, char** argv) {
+  fencelock::logging::InitProgram("fencelock-harness");
   absl::SetProgramUsageMessage(
       "pause-and-fault scenarios against real processes, with a history checker\n"
       "  fencelock-harness list | run <scenario>...|all|ha | soak --count=N [--ha] | check <history-dir>");

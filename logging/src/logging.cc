@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <mutex>
+#include <utility>
 
 #include <spdlog/logger.h>
 #include <spdlog/pattern_formatter.h>
@@ -103,9 +104,20 @@ Logger& LockdLogger() {
   static Logger* const lockd = new Logger("lockd", Level::kInfo, Streams::kSplit);
   return *lockd;
 }
+
+Logger*& ProgramLogger() {
+  static Logger* program = new Logger("fencelock", Level::kInfo, Streams::kStderr);
+  return program;
+}
 }  // namespace
 
 const Logger& Lockd() { return LockdLogger(); }
 void SetLockdThreshold(Level threshold) { LockdLogger().set_threshold(threshold); }
+
+// The one replaced is not freed: a reference to it may still be held.
+void InitProgram(std::string name, Level threshold) {
+  ProgramLogger() = new Logger(std::move(name), threshold, Streams::kStderr);
+}
+const Logger& Program() { return *ProgramLogger(); }
 
 }  // namespace fencelock::logging

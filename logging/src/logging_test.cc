@@ -59,6 +59,21 @@ TEST(LoggingTest, SplitStreamsSendOnlyWarningsAndErrorsToStandardError) {
               HasSubstr(" warning lockd: to standard error\n"));
 }
 
+// A program's diagnostics: named by InitProgram, every level on standard error (its standard
+// output is the command's result), below the threshold nothing.
+TEST(LoggingTest, AProgramsLogIsNamedOnceAndWritesOnlyToStandardError) {
+  EXPECT_THAT(CaptureStderr([] { Program().Error("before main named it"); }),
+              HasSubstr(" error fencelock: before main named it\n"));
+  InitProgram("lockctl", Level::kInfo);
+  EXPECT_THAT(CaptureStderr([] { Program().Info("waiting for units"); }),
+              HasSubstr(" info lockctl: waiting for units\n"));
+  EXPECT_THAT(CaptureStderr([] { Program().Debug("details"); }), IsEmpty());
+  InitProgram("payout-worker w1", Level::kWarning);
+  EXPECT_THAT(CaptureStderr([] { Program().Info("quiet"); }), IsEmpty());
+  EXPECT_THAT(CaptureStderr([] { Program().Warning("loud"); }),
+              HasSubstr(" warning payout-worker w1: loud\n"));
+}
+
 TEST(LoggingTest, LevelsParseByNameAndAnythingElseIsRefused) {
   for (Level level : {Level::kDebug, Level::kInfo, Level::kWarning, Level::kError}) {
     EXPECT_EQ(*ParseLevel(LevelName(level)), level);

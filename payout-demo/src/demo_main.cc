@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "fencelock/report.pb.h"
+#include "logging/logging.h"
 #include "payout-demo/cluster.h"
 #include "process/flags.h"
 #include "process/json.h"
@@ -131,8 +132,8 @@ class Demo {
     Say(line);
   }
   int Fail(const absl::Status& s) {
-    std::fprintf(stderr, "payout-demo: %s\n", s.ToString().c_str());
-    std::fprintf(stderr, "payout-demo: logs and state are in %s\n", dir_.c_str());
+    logging::Program().Error(s.ToString());
+    logging::Program().Info(absl::StrFormat("logs and state are in %s", dir_.c_str()));
     return g_signal.load() != 0 ? 130 : 1;
   }
   absl::Status Interrupted() const {
@@ -503,7 +504,7 @@ absl::Status CheckFlags() {
 
 int Main() {
   if (absl::Status s = CheckFlags(); !s.ok()) {
-    std::fprintf(stderr, "payout-demo: %s\n", std::string(s.message()).c_str());
+    logging::Program().Error(std::string(s.message()));
     return 2;
   }
   std::string dir = absl::GetFlag(FLAGS_state_dir);
@@ -516,7 +517,8 @@ int Main() {
       return 1;
     }
   } else if (std::filesystem::exists(dir)) {
-    std::fprintf(stderr, "payout-demo: --state-dir %s already exists; give a new path\n", dir.c_str());
+    logging::Program().Error(absl::StrFormat(
+        "--state-dir %s already exists; give a new path", dir.c_str()));
     return 2;
   }
   const absl::Duration usable =
@@ -558,6 +560,7 @@ int Main() {
 }  // namespace fencelock::payout
 
 int main(int argc, char** argv) {
+  fencelock::logging::InitProgram("payout-demo");
   absl::SetProgramUsageMessage(
       "runs the payout demo end to end: lockd, the rail, N workers, a freeze and a kill, and a "
       "reconciliation\n  payout-demo [--workers=3] [--payouts=300] [--session-ttl=5s] ...");

@@ -11,6 +11,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "logging/logging.h"
 #include "metrics/exposer.h"
 #include "metrics/metrics.h"
 #include "net/asio.h"
@@ -102,22 +104,22 @@ class Rail {
     }
     if (reply->kind == RailReply::Kind::kDuplicate) {
       duplicates_.Increment();
-      std::fprintf(stderr, "payout-rail: DUPLICATE submit of %s under token %lu (paid as txn %ld)\n",
-                   request.payout.c_str(), static_cast<unsigned long>(request.token),
-                   static_cast<long>(reply->txn));
+      logging::Program().Error(absl::StrFormat(
+          "DUPLICATE submit of %s under token %lu (paid as txn %ld)", request.payout.c_str(),
+          static_cast<unsigned long>(request.token), static_cast<long>(reply->txn)));
     }
     if (reply->kind == RailReply::Kind::kFenced) {
       fenced_.Increment();
-      std::fprintf(stderr, "payout-rail: fenced out %s token %lu (highest %lu)\n",
-                   FormatRailRequest(request).c_str(), static_cast<unsigned long>(request.token),
-                   static_cast<unsigned long>(reply->highest));
+      logging::Program().Error(absl::StrFormat(
+          "fenced out %s token %lu (highest %lu)", FormatRailRequest(request).c_str(),
+          static_cast<unsigned long>(request.token), static_cast<unsigned long>(reply->highest)));
     }
     return *reply;
   }
 
  private:
   static RailReply Error(const absl::Status& s) {
-    std::fprintf(stderr, "payout-rail: ledger error: %s\n", s.ToString().c_str());
+    logging::Program().Error(absl::StrFormat("ledger error: %s", s.ToString().c_str()));
     return RailReply{.kind = RailReply::Kind::kError, .error = std::string(s.message())};
   }
 
@@ -182,20 +184,20 @@ asio::awaitable<void> Accept(tcp::acceptor& acceptor, Rail& rail, std::mt19937_6
 int Main() {
   const std::string db = absl::GetFlag(FLAGS_db);
   if (db.empty()) {
-    std::fprintf(stderr, "payout-rail: --db is required (the ledger's SQLite file)\n");
+    logging::Program().Error("--db is required (the ledger's SQLite file)");
     return 2;
   }
   if (absl::GetFlag(FLAGS_read_timeout) <= absl::ZeroDuration() ||
       absl::GetFlag(FLAGS_latency) < absl::ZeroDuration() ||
       absl::GetFlag(FLAGS_jitter) < absl::ZeroDuration()) {
-    std::fprintf(stderr, "payout-rail: --read-timeout must be > 0, --latency and --jitter >= 0\n");
+    logging::Program().Error("--read-timeout must be > 0, --latency and --jitter >= 0");
     return 2;
   }
   if (absl::GetFlag(FLAGS_latency) + absl::GetFlag(FLAGS_jitter) >= absl::GetFlag(FLAGS_read_timeout)) {
-    std::fprintf(stderr, "payout-rail: warning: latency + jitter (%s) reaches the read timeout (%s): "
-                 "clients will time out on submits\n",
-                 absl::FormatDuration(absl::GetFlag(FLAGS_latency) + absl::GetFlag(FLAGS_jitter)).c_str(),
-                 absl::FormatDuration(absl::GetFlag(FLAGS_read_timeout)).c_str());
+    logging::Program().Warning(absl::StrFormat(
+        "latency + jitter (%s) reaches the read timeout (%s): clients will time out on submits",
+        absl::FormatDuration(absl::GetFlag(FLAGS_latency) + absl::GetFlag(FLAGS_jitter)).c_str(),
+        absl::FormatDuration(absl::GetFlag(FLAGS_read_timeout)).c_str()));
   }
   // Signals are caught from here on, so a stop that arrives as soon as the port is published
   // still shuts down cleanly.
@@ -212,30 +214,30 @@ int Main() {
   pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);  // blocked in main() until now
   auto ledger = RailLedger::Open(db);
   if (!ledger.ok()) {
-    std::fprintf(stderr, "payout-rail: %s\n", ledger.status().ToString().c_str());
+    logging::Program().Error(ledger.status().ToString());
     return 1;
   }
   auto registry = std::make_shared<metrics::Registry>();
   auto history = history::Writer::Open(absl::GetFlag(FLAGS_history), "rail");
   if (!history.ok()) {
-    std::fprintf(stderr, "payout-rail: %s\n", history.status().ToString().c_str());
+    logging::Program().Error(history.status().ToString());
     return 1;
   }
   Rail rail(std::move(*ledger), registry, std::move(*history));
   if (absl::Status s = rail.LoadCounters(); !s.ok()) {
-    std::fprintf(stderr, "payout-rail: %s\n", s.ToString().c_str());
+    logging::Program().Error(s.ToString());
     return 1;
   }
   std::unique_ptr<metrics::Exposer> exposer;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
     auto started = metrics::Exposer::Start(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port), registry);
     if (!started.ok()) {
-      std::fprintf(stderr, "payout-rail: metrics: %s\n", started.status().ToString().c_str());
+      logging::Program().Error(absl::StrFormat("metrics: %s", started.status().ToString().c_str()));
       return 1;
     }
     exposer = std::move(*started);
     if (absl::Status s = process::WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), exposer->port()); !s.ok()) {
-      std::fprintf(stderr, "payout-rail: %s\n", s.ToString().c_str());
+      logging::Program().Error(s.ToString());
       return 1;
     }
   }
@@ -243,7 +245,8 @@ int Main() {
   boost::system::error_code ec;
   const auto address = asio::ip::make_address(absl::GetFlag(FLAGS_host), ec);
   if (ec) {
-    std::fprintf(stderr, "payout-rail: --host=%s: %s\n", absl::GetFlag(FLAGS_host).c_str(), ec.message().c_str());
+    logging::Program().Error(absl::StrFormat(
+        "--host=%s: %s", absl::GetFlag(FLAGS_host).c_str(), ec.message().c_str()));
     return 2;
   }
   tcp::acceptor acceptor(io);
@@ -253,13 +256,14 @@ int Main() {
   if (!ec) acceptor.bind(endpoint, ec);
   if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    std::fprintf(stderr, "payout-rail: cannot listen on %s:%d: %s\n", absl::GetFlag(FLAGS_host).c_str(),
-                 absl::GetFlag(FLAGS_port), ec.message().c_str());
+    logging::Program().Error(absl::StrFormat(
+        "cannot listen on %s:%d: %s", absl::GetFlag(FLAGS_host).c_str(), absl::GetFlag(FLAGS_port),
+        ec.message().c_str()));
     return 1;
   }
   const int port = acceptor.local_endpoint().port();
   if (absl::Status s = process::WritePortFile(absl::GetFlag(FLAGS_port_file), port); !s.ok()) {
-    std::fprintf(stderr, "payout-rail: %s\n", s.ToString().c_str());
+    logging::Program().Error(s.ToString());
     return 1;
   }
   std::printf("payout-rail: listening on %s:%d, latency %s, read timeout %s, ledger %s\n",
@@ -278,6 +282,7 @@ int Main() {
 }  // namespace fencelock::payout
 
 int main(int argc, char** argv) {
+  fencelock::logging::InitProgram("payout-rail");
   signal(SIGPIPE, SIG_IGN);
   // A stop signal that arrives before the handler exists waits, pending, instead of killing.
   sigset_t stop_signals;

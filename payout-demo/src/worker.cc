@@ -6,6 +6,8 @@
 // the demo's log. With --history it also appends timed records (process/history.h) for the
 // harness's history checker. Both are made by the wrappers in worker_recording.h, so that Pay()
 // reads as the payment flow alone.
+#include "absl/strings/str_format.h"
+#include "logging/logging.h"
 #include "worker.h"
 
 #include <signal.h>
@@ -255,23 +257,23 @@ int Main(FaultPoints* faults) {
                                     std::pair{"--rail", absl::GetFlag(FLAGS_rail)},
                                     std::pair{"--store", absl::GetFlag(FLAGS_store)}}) {
     if (value.empty()) {
-      std::fprintf(stderr, "payout-worker: %s is required\n", flag);
+      logging::Program().Error(absl::StrFormat("%s is required", flag));
       return 2;
     }
   }
   auto history = history::Writer::Open(absl::GetFlag(FLAGS_history), name);
   if (!history.ok()) {
-    std::fprintf(stderr, "payout-worker %s: %s\n", name.c_str(), history.status().ToString().c_str());
+    logging::Program().Error(history.status().ToString());
     return 1;
   }
   auto rail = RailClient::Connect(absl::GetFlag(FLAGS_rail), absl::Seconds(5));
   if (!rail.ok()) {
-    std::fprintf(stderr, "payout-worker %s: rail: %s\n", name.c_str(), rail.status().ToString().c_str());
+    logging::Program().Error(absl::StrFormat("rail: %s", rail.status().ToString().c_str()));
     return 1;
   }
   auto store = PayoutStore::Open(absl::GetFlag(FLAGS_store));
   if (!store.ok()) {
-    std::fprintf(stderr, "payout-worker %s: store: %s\n", name.c_str(), store.status().ToString().c_str());
+    logging::Program().Error(absl::StrFormat("store: %s", store.status().ToString().c_str()));
     return 1;
   }
   ClientOptions options;
@@ -288,19 +290,19 @@ int Main(FaultPoints* faults) {
   options.steps = {StepCost::RailSubmit((*rail)->read_timeout())};
   auto client = ConnectToLockd(name, options);
   if (!client.ok()) {
-    std::fprintf(stderr, "payout-worker %s: %s\n", name.c_str(), client.status().ToString().c_str());
+    logging::Program().Error(client.status().ToString());
     return client.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   std::unique_ptr<metrics::Exposer> exposer;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
     auto started = metrics::Exposer::Start("127.0.0.1", absl::GetFlag(FLAGS_metrics_port), (*client)->metrics());
     if (!started.ok()) {
-      std::fprintf(stderr, "payout-worker %s: metrics: %s\n", name.c_str(), started.status().ToString().c_str());
+      logging::Program().Error(absl::StrFormat("metrics: %s", started.status().ToString().c_str()));
       return 1;
     }
     exposer = std::move(*started);
     if (absl::Status s = process::WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), exposer->port()); !s.ok()) {
-      std::fprintf(stderr, "payout-worker %s: %s\n", name.c_str(), s.ToString().c_str());
+      logging::Program().Error(s.ToString());
       return 1;
     }
   }
@@ -328,6 +330,8 @@ int WorkerMain(int argc, char** argv, std::unique_ptr<FaultPoints> (*make_faults
       "pays the payout store's unpaid payouts under locks from lockd\n"
       "  payout-worker --name=w1 --rail=host:port --store=payouts.db [--lockd=host:port]");
   process::ParseFlags(argc, argv);
+  const std::string name = absl::GetFlag(FLAGS_name);
+  logging::InitProgram(name.empty() ? "payout-worker" : absl::StrCat("payout-worker ", name));
   std::unique_ptr<FaultPoints> faults = make_faults != nullptr ? make_faults() : nullptr;
   return Main(faults.get());
 }

@@ -24,7 +24,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "logging/logging.h"
 #include "powercut/control.h"
 #include "powercut/forgetful_fs.h"
 #include "process/flags.h"
@@ -205,7 +207,7 @@ int Ctl(const std::vector<std::string>& args) {
   std::vector<std::string> words(args.begin() + 2, args.end());
   auto answer = Control(args[1], absl::StrJoin(words, " "));
   if (!answer.ok()) {
-    std::fprintf(stderr, "fencelock-forgetfs: %s\n", std::string(answer.status().message()).c_str());
+    logging::Program().Error(std::string(answer.status().message()));
     return 1;
   }
   std::printf("%s\n", answer->c_str());
@@ -225,14 +227,14 @@ int Main(const std::vector<std::string>& args) {
   }
   auto fs = ForgetfulFs::Open(store);
   if (!fs.ok()) {
-    std::fprintf(stderr, "fencelock-forgetfs: %s\n", std::string(fs.status().message()).c_str());
+    logging::Program().Error(std::string(fs.status().message()));
     return 1;
   }
   g_fs = fs->get();
   const int listener = ListenControl(control);
   if (listener < 0) {
-    std::fprintf(stderr, "fencelock-forgetfs: cannot listen on %s: %s\n", control.c_str(),
-                 std::strerror(errno));
+    logging::Program().Error(absl::StrFormat(
+        "cannot listen on %s: %s", control.c_str(), std::strerror(errno)));
     return 1;
   }
   const fuse_operations ops = Operations();
@@ -242,21 +244,20 @@ int Main(const std::vector<std::string>& args) {
   struct fuse_args fargs = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
   fuse* f = fuse_new(&fargs, &ops, sizeof(ops), nullptr);
   if (f == nullptr) {
-    std::fprintf(stderr, "fencelock-forgetfs: fuse_new failed\n");
+    logging::Program().Error("fuse_new failed");
     return 1;
   }
   if (fuse_mount(f, args[0].c_str()) != 0) {
-    std::fprintf(stderr,
-                 "fencelock-forgetfs: cannot mount on %s (is /dev/fuse there, and are we root?)\n",
-                 args[0].c_str());
+    logging::Program().Error(absl::StrFormat(
+        "cannot mount on %s (is /dev/fuse there, and are we root?)", args[0].c_str()));
     fuse_destroy(f);
     return 1;
   }
   fuse_set_signal_handlers(fuse_get_session(f));
   std::atomic<bool> stop{false};
   std::thread control_thread([&] { ServeControl(listener, stop); });
-  std::fprintf(stderr, "fencelock-forgetfs: %s mounted on %s, control on %s\n", store.c_str(),
-               args[0].c_str(), control.c_str());
+  logging::Program().Info(absl::StrFormat(
+      "%s mounted on %s, control on %s", store.c_str(), args[0].c_str(), control.c_str()));
   fuse_loop_config* config = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(config, 16);
   const int result = fuse_loop_mt(f, config);
@@ -276,6 +277,7 @@ int Main(const std::vector<std::string>& args) {
 }  // namespace fencelock::powercut
 
 int main(int argc, char** argv) {
+  fencelock::logging::InitProgram("fencelock-forgetfs");
   std::vector<std::string> args = fencelock::process::ParseFlags(argc, argv);
   args.erase(args.begin());  // argv[0]
   return fencelock::powercut::Main(args);

@@ -13,6 +13,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "logging/logging.h"
 
 namespace fencelock::powercut {
 namespace {
@@ -92,7 +94,7 @@ void ForgetfulFs::Log(const std::string& line) const {
   if (log_) {
     log_(line);
   } else {
-    std::fprintf(stderr, "forgetfs: %s\n", line.c_str());
+    logging::Program().Error(absl::StrFormat("forgetfs: %s", line.c_str()));
   }
 }
 

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "logging/logging.h"
 #include "process/flags.h"
 #include "runs.h"
 
@@ -78,7 +80,7 @@ int Main(const std::vector<std::string>& args) {
     const char* tmp = std::getenv("TMPDIR");
     options.dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/fencelock-powercut-XXXXXX";
     if (mkdtemp(options.dir.data()) == nullptr) {
-      std::fprintf(stderr, "fencelock-powercut: cannot make %s\n", options.dir.c_str());
+      logging::Program().Error(absl::StrFormat("cannot make %s", options.dir.c_str()));
       return 1;
     }
   } else if (std::error_code ec; !std::filesystem::create_directories(options.dir, ec) &&
@@ -101,6 +103,7 @@ int Main(const std::vector<std::string>& args) {
 }  // namespace fencelock::powercut
 
 int main(int argc, char** argv) {
+  fencelock::logging::InitProgram("fencelock-powercut");
   std::vector<std::string> args = fencelock::process::ParseFlags(argc, argv);
   args.erase(args.begin());
   signal(SIGPIPE, SIG_IGN);

@@ -13,6 +13,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "logging/logging.h"
 #include "process/flags.h"
 #include "protocol/defaults.h"
 #include "sim/simulator.h"
@@ -37,6 +39,7 @@ ABSL_FLAG(bool, pauses, true, "pauses of clients and of lockd");
 ABSL_FLAG(bool, verbose, false, "print every seed's figures");
 
 int main(int argc, char** argv) {
+  fencelock::logging::InitProgram("fencelock-sim");
   absl::SetProgramUsageMessage(
       "runs lockd's core and the client lease rules under the deterministic simulator\n"
       "  fencelock-sim --seeds=N --from=S [--replicas=1] [--duration=20s] [--clients=4] [--locks=3]");
@@ -54,7 +57,7 @@ int main(int argc, char** argv) {
   options.crashes = absl::GetFlag(FLAGS_crashes);
   options.pauses = absl::GetFlag(FLAGS_pauses);
   if (std::string problem = fencelock::sim::CheckOptions(options); !problem.empty()) {
-    std::fprintf(stderr, "fencelock-sim: %s\n", problem.c_str());
+    fencelock::logging::Program().Error(problem);
     return 2;
   }
   const uint64_t seeds = absl::GetFlag(FLAGS_seeds);
@@ -90,9 +93,9 @@ int main(int argc, char** argv) {
       std::printf("  replay: %s\n", fencelock::sim::ReplayCommand(options).c_str());
     }
     if (!verbose && seeds >= 100 && (i + 1) % (seeds / 10) == 0) {
-      std::fprintf(stderr, "fencelock-sim: %lu of %lu seeds, %lu failed\n",
-                   static_cast<unsigned long>(i + 1), static_cast<unsigned long>(seeds),
-                   static_cast<unsigned long>(failed));
+      fencelock::logging::Program().Info(absl::StrFormat(
+          "%lu of %lu seeds, %lu failed", static_cast<unsigned long>(i + 1),
+          static_cast<unsigned long>(seeds), static_cast<unsigned long>(failed)));
     }
   }
   const double seconds =

@@ -32,6 +32,8 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_format.h"
+#include "logging/logging.h"
 #include "process/flags.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -328,8 +330,9 @@ bool StartLockd(const std::string& lockd, const std::string& work, const std::st
                                             .key_file = tls_dir + "/bench.key"},
                                            net::TlsRole::kClient, "bench ");
     if (!context.ok()) {
-      std::fprintf(stderr, "--tls-dir=%s (scripts/make-certs.sh DIR lockd bench): %s\n",
-                   tls_dir.c_str(), std::string(context.status().message()).c_str());
+      logging::Program().Error(absl::StrFormat(
+          "--tls-dir=%s (scripts/make-certs.sh DIR lockd bench): %s", tls_dir.c_str(),
+          std::string(context.status().message()).c_str()));
       return false;
     }
     SSL_CTX_up_ref((*context)->native());
@@ -393,7 +396,7 @@ bool Measure(Lockd& lockd, const char* transport) {
 int Main() {
   const std::string lockd = absl::GetFlag(FLAGS_lockd);
   if (lockd.empty()) {
-    std::fprintf(stderr, "--lockd=PATH is required\n");
+    logging::Program().Error("--lockd=PATH is required");
     return 2;
   }
   std::string base = absl::GetFlag(FLAGS_dir);
@@ -424,7 +427,8 @@ int Main() {
     if (setup.etcd) {
       endpoint = StartEtcd(absl::GetFlag(FLAGS_etcd), lockd, dir, &etcd_pid);
       if (endpoint.empty()) {
-        std::fprintf(stderr, "etcd did not come up; see %s/etcd.log\n", dir.c_str());
+        logging::Program().Error(absl::StrFormat(
+            "etcd did not come up; see %s/etcd.log", dir.c_str()));
         status = 1;
       }
     }
@@ -450,6 +454,7 @@ int Main() {
 }  // namespace fencelock
 
 int main(int argc, char** argv) {
+  fencelock::logging::InitProgram("lockd_durable_bench");
   fencelock::process::ParseFlags(argc, argv);
   return fencelock::Main();
 }

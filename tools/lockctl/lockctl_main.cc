@@ -21,9 +21,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "fencelock/wire.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "lockctl_pool.h"
+#include "logging/logging.h"
 #include "net/blocking_connection.h"
 #include "protocol/codes.h"
 #include "process/flags.h"
@@ -62,7 +64,7 @@ std::string Seconds(uint64_t ms) { return absl::StrCat(ms / 1000, ".", (ms % 100
 // One exit status per kind of answer (LockctlCodeOf): a refusal is not "lockd unreachable".
 int Fail(const absl::Status& s) {
   const LockctlCode code = LockctlCodeOf(s);
-  std::fprintf(stderr, "lockctl: %s: %s\n", code.name, std::string(s.message()).c_str());
+  logging::Program().Error(absl::StrFormat("%s: %s", code.name, std::string(s.message()).c_str()));
   return code.exit;
 }
 
@@ -249,8 +251,8 @@ int PrintList(BlockingConnection& conn, const std::string& command, bool json) {
 int Main(const std::string& command) {
   const absl::Duration timeout = absl::GetFlag(FLAGS_timeout);
   if (timeout <= absl::ZeroDuration() || timeout > absl::Hours(1)) {
-    std::fprintf(stderr, "lockctl: --timeout=%s must be positive and at most 1h\n",
-                 absl::FormatDuration(timeout).c_str());
+    logging::Program().Error(absl::StrFormat(
+        "--timeout=%s must be positive and at most 1h", absl::FormatDuration(timeout).c_str()));
     return 2;
   }
   std::shared_ptr<net::TlsContext> tls;
@@ -260,7 +262,7 @@ int Main(const std::string& command) {
   if (tls_files.enabled()) {
     auto loaded = net::TlsContext::Create(tls_files, net::TlsRole::kClient, "--tls-");
     if (!loaded.ok()) {
-      std::fprintf(stderr, "lockctl: %s\n", std::string(loaded.status().message()).c_str());
+      logging::Program().Error(std::string(loaded.status().message()));
       return 2;
     }
     tls = std::move(*loaded);
@@ -297,8 +299,8 @@ int Main(const std::string& command) {
   if (command == "sessions" || command == "locks" || command == "waiters") {
     return PrintList(conn, command, json);
   }
-  std::fprintf(stderr, "lockctl: unknown command \"%s\"; use status, sessions, locks or waiters\n",
-               command.c_str());
+  logging::Program().Error(absl::StrFormat(
+      "unknown command \"%s\"; use status, sessions, locks or waiters", command.c_str()));
   return 2;
 }
 
@@ -306,6 +308,7 @@ int Main(const std::string& command) {
 }  // namespace fencelock
 
 int main(int argc, char** argv) {
+  fencelock::logging::InitProgram("lockctl");
   absl::SetProgramUsageMessage(
       "inspect a running lockd, and drive its admission pools\n"
       "  lockctl [--server=ADDR] [--json] status|sessions|locks|waiters [--prefix=P]\n"
@@ -334,8 +337,8 @@ int main(int argc, char** argv) {
     }
     const absl::Duration timeout = absl::GetFlag(FLAGS_timeout);
     if (timeout <= absl::ZeroDuration() || timeout > absl::Hours(1)) {
-      std::fprintf(stderr, "lockctl: --timeout=%s must be positive and at most 1h\n",
-                   absl::FormatDuration(timeout).c_str());
+      fencelock::logging::Program().Error(absl::StrFormat(
+          "--timeout=%s must be positive and at most 1h", absl::FormatDuration(timeout).c_str()));
       return 2;
     }
     return fencelock::PoolMain(args[2],
@@ -355,8 +358,8 @@ int main(int argc, char** argv) {
   }
   const std::string command = args[1];
   if (command != "status" && command != "sessions" && command != "locks" && command != "waiters") {
-    std::fprintf(stderr, "lockctl: unknown command \"%s\"; use status, sessions, locks or waiters\n",
-                 command.c_str());
+    fencelock::logging::Program().Error(absl::StrFormat(
+        "unknown command \"%s\"; use status, sessions, locks or waiters", command.c_str()));
     return 2;
   }
   return fencelock::Main(command);

@@ -10,6 +10,7 @@
 // 5 refused by the state (an incompatible generation, a draining pool, a slot already leased,
 // a repeated or stale recovery), 6 this manager's epoch is stale, 7 permission denied,
 // 8 lockd speaks no protocol with pools.
+#include "absl/strings/str_format.h"
 #include "lockctl_pool.h"
 
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "logging/logging.h"
 #include "nlohmann/json.hpp"
 #include "lock-client/pool_client.h"
 
@@ -111,11 +113,11 @@ class PoolCommand {
       out["message"] = Json(std::string(s.message()));
       std::printf("%s", Print(out).c_str());
     }
-    std::fprintf(stderr, "lockctl: %s: %s\n", c.name, std::string(s.message()).c_str());
+    logging::Program().Error(absl::StrFormat("%s: %s", c.name, std::string(s.message()).c_str()));
     return c.exit;
   }
   int Usage(const std::string& why) {
-    std::fprintf(stderr, "lockctl: %s\n", why.c_str());
+    logging::Program().Error(why);
     if (json_) {
       Json out = Json::object();
       out["ok"] = Json(false);
@@ -400,7 +402,7 @@ int PoolMain(const std::string& sub, const PoolClientOptions& client_options, bo
         f["code"] = Json("REFUSED");
         std::printf("%s", Print(out).c_str());
       }
-      std::fprintf(stderr, "lockctl: REFUSED: %s\n", g->refusal.c_str());
+      logging::Program().Error(absl::StrFormat("REFUSED: %s", g->refusal.c_str()));
       return 3;
     }
     f["token"] = Json(g->token);

@@ -22,8 +22,10 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "lockctl_pool.h"
+#include "logging/logging.h"
 #include "protocol/defaults.h"
 
 ABSL_DECLARE_FLAG(std::string, pool);
@@ -60,7 +62,7 @@ void Wait(absl::Duration d) {
 
 int Fail(const absl::Status& s) {
   const LockctlCode c = LockctlCodeOf(s);
-  std::fprintf(stderr, "lockctl: %s: %s\n", c.name, std::string(s.message()).c_str());
+  logging::Program().Error(absl::StrFormat("%s: %s", c.name, std::string(s.message()).c_str()));
   return c.exit;
 }
 
@@ -77,11 +79,10 @@ int Release(PoolClient& c, const std::string& pool, const std::string& profile,
     if (std::chrono::steady_clock::now() > give_up) break;
     absl::SleepFor(absl::Seconds(1));
   }
-  std::fprintf(stderr,
-               "lockctl: could not release %s/%s/%s token %llu (%s): it stays leased until its "
-               "manager releases it (lockctl pool release) or an operator recovers it\n",
-               pool.c_str(), profile.c_str(), slot.c_str(),
-               static_cast<unsigned long long>(token), s.ToString().c_str());
+  logging::Program().Error(absl::StrFormat(
+      "could not release %s/%s/%s token %llu (%s): it stays leased until its manager releases it "
+      "(lockctl pool release) or an operator recovers it", pool.c_str(), profile.c_str(),
+      slot.c_str(), static_cast<unsigned long long>(token), s.ToString().c_str()));
   return 1;
 }
 
@@ -112,8 +113,9 @@ int PoolRun(const PoolClientOptions& client_options, const PoolOwnerId& owner,
       break;
     }
     if (!told) {
-      std::fprintf(stderr, "lockctl: waiting for units (asking every %s): %s\n",
-                   absl::FormatDuration(defaults::kPoolAcquireRetry).c_str(), g->refusal.c_str());
+      logging::Program().Info(absl::StrFormat(
+          "waiting for units (asking every %s): %s",
+          absl::FormatDuration(defaults::kPoolAcquireRetry).c_str(), g->refusal.c_str()));
       told = true;
     }
     Wait(defaults::kPoolAcquireRetry);
@@ -128,9 +130,9 @@ int PoolRun(const PoolClientOptions& client_options, const PoolOwnerId& owner,
     Release(c, pool, profile, slot, token, owner);
     return code;
   }
-  std::fprintf(stderr, "lockctl: running %s under %s/%s/%s token %llu (active)\n",
-               command[0].c_str(), pool.c_str(), profile.c_str(), slot.c_str(),
-               static_cast<unsigned long long>(token));
+  logging::Program().Info(absl::StrFormat(
+      "running %s under %s/%s/%s token %llu (active)", command[0].c_str(), pool.c_str(),
+      profile.c_str(), slot.c_str(), static_cast<unsigned long long>(token)));
   std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -144,7 +146,7 @@ int PoolRun(const PoolClientOptions& client_options, const PoolOwnerId& owner,
     for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     ::execvp(argv[0], argv.data());
-    std::fprintf(stderr, "lockctl: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    logging::Program().Error(absl::StrFormat("cannot run %s: %s", argv[0], std::strerror(errno)));
     ::_exit(127);
   }
   g_child.store(pid);
