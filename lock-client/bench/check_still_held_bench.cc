@@ -5,20 +5,17 @@
 //
 // Reports ns per call and heap allocations per call (the counter "allocs/call"; the target
 // is 0).
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <new>
-#include <thread>
 
 #include "benchmark/benchmark.h"
 #include "lock-client/client.h"
+#include "logging/logging.h"
+#include "process/process.h"
 
 namespace {
 std::atomic<bool> g_counting{false};
@@ -68,6 +65,7 @@ BENCHMARK(BM_CheckStillHeldConfirmWithServer)->Unit(benchmark::kMicrosecond);
 }  // namespace
 
 int main(int argc, char** argv) {
+  fencelock::logging::InitProgram("check_still_held_bench");
   std::string lockd;
   std::vector<char*> rest;
   for (int i = 0; i < argc; ++i) {
@@ -84,22 +82,31 @@ int main(int argc, char** argv) {
   const std::string work = std::filesystem::temp_directory_path() /
                            ("fencelock-csh-bench-" + std::to_string(getpid()));
   std::filesystem::create_directories(work);
-  if (std::system((lockd + " init --data-dir=" + work + "/state --wal-segment-bytes=1048576 > /dev/null").c_str()) != 0) return 1;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    execl(lockd.c_str(), lockd.c_str(), "serve", ("--data-dir=" + work + "/state").c_str(),
-          "--port=0", ("--port-file=" + work + "/port").c_str(), "--metrics-port=-1",
-          static_cast<char*>(nullptr));
-    _exit(127);
+  // lockd as a child process (stopped when it goes out of scope, killed if this one dies).
+  const fencelock::process::SpawnOptions quiet{.stdout_file = work + "/lockd.log",
+                                               .stderr_file = work + "/lockd.log"};
+  if (absl::Status s = fencelock::process::RunToSuccess(
+          lockd, {"init", "--data-dir=" + work + "/state", "--wal-segment-bytes=1048576"}, quiet);
+      !s.ok()) {
+    fencelock::logging::Program().Error(s.ToString());
+    return 1;
   }
-  int port = 0;
-  for (int i = 0; i < 2000 && port == 0; ++i) {
-    std::ifstream(work + "/port") >> port;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  auto server = fencelock::process::Child::Spawn(
+      lockd,
+      {"serve", "--data-dir=" + work + "/state", "--port=0", "--port-file=" + work + "/port",
+       "--metrics-port=-1"},
+      quiet);
+  if (!server.ok()) {
+    fencelock::logging::Program().Error(server.status().ToString());
+    return 1;
+  }
+  auto port = fencelock::process::AwaitPortFile(work + "/port", *server, absl::Seconds(10));
+  if (!port.ok()) {
+    fencelock::logging::Program().Error(port.status().ToString());
+    return 1;
   }
   fencelock::ClientOptions options;
-  options.server = "127.0.0.1:" + std::to_string(port);
+  options.server = "127.0.0.1:" + std::to_string(*port);
   auto client = fencelock::Client::Create(options);
   if (!client.ok()) return 1;
   g_client = std::move(*client);
@@ -113,8 +120,7 @@ int main(int argc, char** argv) {
   benchmark::Shutdown();
   g_lock = fencelock::LockHandle();
   g_client.reset();
-  kill(pid, SIGTERM);
-  waitpid(pid, nullptr, 0);
+  server->Stop();
   std::filesystem::remove_all(work);
   return 0;
 }

@@ -325,6 +325,24 @@ absl::StatusOr<int> AwaitPortFile(const std::string& path, Child& child, absl::D
                    absl::FormatDuration(timeout)));
 }
 
+absl::Status RunToSuccess(const std::string& binary, const std::vector<std::string>& args,
+                          const SpawnOptions& options, absl::Duration timeout) {
+  auto child = Child::Spawn(binary, args, options);
+  if (!child.ok()) return child.status();
+  std::string command = binary;
+  for (const std::string& arg : args) absl::StrAppend(&command, " ", arg);
+  const std::string output =
+      options.stderr_file.empty() ? "" : absl::StrCat("; see ", options.stderr_file);
+  std::optional<int> status = child->Wait(timeout);
+  if (!status.has_value()) {
+    child->Stop();
+    return absl::InternalError(absl::StrCat(command, " did not end within ",
+                                            absl::FormatDuration(timeout), output));
+  }
+  if (*status == 0) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(command, " ", DescribeStatus(*status), output));
+}
+
 std::string DescribeStatus(int wait_status) {
   if (wait_status < 0) return "lost (not a child)";
   if (WIFEXITED(wait_status)) return absl::StrCat("exited ", WEXITSTATUS(wait_status));

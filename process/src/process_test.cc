@@ -191,5 +191,19 @@ TEST_F(ProcessTest, AwaitPortFileReadsThePortOrNamesTheChildsExit) {
   EXPECT_THAT(none.status().message(), HasSubstr("exited 7 before writing " + Path("never")));
 }
 
+// A one-shot command: success is exit 0; anything else, or a command that does not end, is an
+// error naming it and where its output went, never a hang.
+TEST_F(ProcessTest, RunToSuccessNamesTheCommandAndHowItEnded) {
+  EXPECT_TRUE(RunToSuccess("/bin/sh", {"-c", "exit 0"}).ok());
+  const absl::Status failed =
+      RunToSuccess("/bin/sh", {"-c", "echo no >&2; exit 3"}, {.stderr_file = Path("err.log")});
+  EXPECT_EQ(failed.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(failed.message(), HasSubstr("/bin/sh -c echo no >&2; exit 3 exited 3"));
+  EXPECT_THAT(failed.message(), HasSubstr("see " + Path("err.log")));
+  const absl::Status hung = RunToSuccess("/bin/sleep", {"60"}, {}, absl::Milliseconds(200));
+  EXPECT_THAT(hung.message(), HasSubstr("/bin/sleep 60 did not end within 200ms"));
+  EXPECT_EQ(RunToSuccess(Path("no-such-binary"), {}).code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace fencelock::process

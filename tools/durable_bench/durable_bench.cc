@@ -15,32 +15,27 @@
 // client certificates, so that the cost of TLS shows beside the same workload. With --etcd,
 // it measures a third lockd whose state is in a one-member etcd it starts (a commit is then an
 // etcd transaction, which etcd makes durable with its own fdatasync).
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <thread>
+#include <memory>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/str_format.h"
-#include "logging/logging.h"
-#include "process/flags.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "fencelock/wire.pb.h"
+#include "logging/logging.h"
 #include "net/asio.h"
 #include "net/asio_ssl.h"
 #include "net/tls.h"
+#include "payout-demo/etcd_cluster.h"
+#include "process/flags.h"
+#include "process/process.h"
 #include "protocol/frame.h"
 #include "protocol/requests.h"
 #include "protocol/session.h"
@@ -243,79 +238,45 @@ double Percentile(std::vector<double>& v, double p) {
   return v[k];
 }
 
-// Starts `args` (args[0] the binary) with its output going to `log`; killed with the bench.
-pid_t SpawnQuiet(std::vector<std::string> args, const std::string& log) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    // The servers' own lines go to their logs, not between the table's rows.
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd >= 0) {
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-    }
-    execv(argv[0], argv.data());
-    _exit(127);
+// A one-member etcd in `work` (payout-demo's launcher, as the M7 benchmark's etcd peer uses)
+// with lockd's prefix initialized in it.
+absl::StatusOr<std::unique_ptr<payout::EtcdCluster>> StartEtcd(const std::string& etcd,
+                                                               const std::string& lockd,
+                                                               const std::string& work) {
+  std::filesystem::create_directories(work + "/logs");
+  auto cluster = payout::EtcdCluster::Start({.dir = work, .etcd_binary = etcd, .members = 1});
+  if (!cluster.ok()) return cluster.status();
+  if (absl::Status s = process::RunToSuccess(
+          lockd, {"init", "--etcd=" + (*cluster)->endpoints(), "--etcd-prefix=/fencelock/bench"},
+          {.stdout_file = work + "/lockd-init.log", .stderr_file = work + "/lockd-init.log"});
+      !s.ok()) {
+    return s;
   }
-  return pid;
+  return cluster;
 }
 
-// A loopback TCP port that was free a moment ago.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
-// Starts a one-member etcd in `work` and initializes lockd's prefix in it (retrying until etcd
-// answers); its client endpoint, or "" if it does not come up.
-std::string StartEtcd(const std::string& etcd, const std::string& lockd, const std::string& work,
-                      pid_t* pid) {
-  const std::string client = "127.0.0.1:" + std::to_string(FreePort());
-  const std::string peer = "http://127.0.0.1:" + std::to_string(FreePort());
-  *pid = SpawnQuiet({etcd, "--name=bench", "--data-dir=" + work + "/etcd",
-                     "--listen-client-urls=http://" + client,
-                     "--advertise-client-urls=http://" + client, "--listen-peer-urls=" + peer,
-                     "--initial-advertise-peer-urls=" + peer, "--initial-cluster=bench=" + peer},
-                    work + "/etcd.log");
-  for (int i = 0; i < 100; ++i) {
-    const std::string init = lockd + " init --etcd=" + client +
-                             " --etcd-prefix=/fencelock/bench > /dev/null 2>&1";
-    if (std::system(init.c_str()) == 0) return client;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return "";
-}
-
-// A lockd serving a fresh state directory under `work`, and the client side of its transport.
+// A lockd serving a fresh state directory under `work` (stopped with the object), and the
+// client side of its transport.
 struct Lockd {
-  pid_t pid = -1;
+  process::Child child;
   int port = 0;
   std::unique_ptr<asio::ssl::context> tls;  // null: plaintext
 };
 
 // Starts lockd (over TLS with the certificates in `tls_dir` unless it is empty; on the etcd at
-// `etcd` unless it is empty, else on a state directory); false if it does not come up.
-bool StartLockd(const std::string& lockd, const std::string& work, const std::string& tls_dir,
-                const std::string& etcd, Lockd* out) {
-  const std::string data = work + "/state", port_file = work + "/port";
-  std::vector<std::string> args = {lockd, "serve", "--port=0", "--port-file=" + port_file,
+// `etcd` unless it is empty, else on a state directory); an error naming the cause if it does
+// not come up.
+absl::Status StartLockd(const std::string& lockd, const std::string& work,
+                        const std::string& tls_dir, const std::string& etcd, Lockd* out) {
+  const std::string data = work + "/state", port_file = work + "/port", log = work + "/lockd.log";
+  // The servers' own lines go to their logs, not between the table's rows.
+  const process::SpawnOptions quiet{.stdout_file = log, .stderr_file = log};
+  std::vector<std::string> args = {"serve", "--port=0", "--port-file=" + port_file,
                                    "--metrics-port=-1"};
   if (etcd.empty()) {
-    if (std::system((lockd + " init --data-dir=" + data + " > /dev/null").c_str()) != 0) {
-      return false;
+    if (absl::Status s = process::RunToSuccess(lockd, {"init", "--data-dir=" + data}, quiet);
+        !s.ok()) {
+      return s;
     }
     args.push_back("--data-dir=" + data);
   } else {
@@ -330,21 +291,20 @@ bool StartLockd(const std::string& lockd, const std::string& work, const std::st
                                             .key_file = tls_dir + "/bench.key"},
                                            net::TlsRole::kClient, "bench ");
     if (!context.ok()) {
-      logging::Program().Error(absl::StrFormat(
-          "--tls-dir=%s (scripts/make-certs.sh DIR lockd bench): %s", tls_dir.c_str(),
-          std::string(context.status().message()).c_str()));
-      return false;
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tls-dir=", tls_dir, " (scripts/make-certs.sh DIR lockd bench): ",
+                       context.status().message()));
     }
     SSL_CTX_up_ref((*context)->native());
     out->tls = std::make_unique<asio::ssl::context>((*context)->native());
   }
-  out->pid = SpawnQuiet(args, work + "/lockd.log");
-  for (int i = 0; i < 2000 && out->port == 0; ++i) {
-    std::ifstream in(port_file);
-    in >> out->port;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return out->port != 0;
+  auto child = process::Child::Spawn(lockd, args, quiet);
+  if (!child.ok()) return child.status();
+  out->child = std::move(*child);
+  auto port = process::AwaitPortFile(port_file, out->child, absl::Seconds(10));
+  if (!port.ok()) return port.status();
+  out->port = *port;
+  return absl::OkStatus();
 }
 
 // Every client count against `lockd`, one line each; false if a cycle failed.
@@ -422,29 +382,24 @@ int Main() {
     Lockd server;
     const std::string dir = work + "/" + setup.name;
     std::filesystem::create_directories(dir);
-    pid_t etcd_pid = -1;
-    std::string endpoint;
+    std::unique_ptr<payout::EtcdCluster> etcd;
+    absl::Status started = absl::OkStatus();
     if (setup.etcd) {
-      endpoint = StartEtcd(absl::GetFlag(FLAGS_etcd), lockd, dir, &etcd_pid);
-      if (endpoint.empty()) {
-        logging::Program().Error(absl::StrFormat(
-            "etcd did not come up; see %s/etcd.log", dir.c_str()));
-        status = 1;
+      auto cluster = StartEtcd(absl::GetFlag(FLAGS_etcd), lockd, dir);
+      if (cluster.ok()) {
+        etcd = std::move(*cluster);
+      } else {
+        started = cluster.status();
       }
     }
-    if (setup.etcd && endpoint.empty()) {
-      // nothing to measure
-    } else if (!StartLockd(lockd, dir, setup.tls_dir, endpoint, &server)) {
+    if (started.ok()) started = StartLockd(lockd, dir, setup.tls_dir, etcd ? etcd->endpoints() : "", &server);
+    if (!started.ok()) {
+      logging::Program().Error(absl::StrCat(setup.name, ": ", started.ToString()));
       status = 1;
     } else if (!Measure(server, setup.name)) {
       status = 1;
     }
-    for (pid_t pid : {server.pid, etcd_pid}) {
-      if (pid > 0) {
-        kill(pid, SIGTERM);
-        waitpid(pid, nullptr, 0);
-      }
-    }
+    server.child.Stop();  // before the etcd it may be on
   }
   std::filesystem::remove_all(work);
   return status;

@@ -105,6 +105,13 @@ absl::StatusOr<int> AwaitPortFile(const std::string& path, Child& child, absl::D
 // port 0 only when nothing below the range is free.
 absl::StatusOr<int> FreeLoopbackPort();
 
+// Runs `binary` with `args` (after argv[0]) and waits up to `timeout` for it to end: OK when it
+// exited 0; otherwise kInternal naming the command, how it ended (or that it was stopped at the
+// timeout) and where its output went. For one-shot commands such as `lockd init`.
+absl::Status RunToSuccess(const std::string& binary, const std::vector<std::string>& args,
+                          const SpawnOptions& options = {},
+                          absl::Duration timeout = absl::Minutes(1));
+
 // "exited 0", "exited 3", "killed by SIGKILL": a wait status for messages.
 std::string DescribeStatus(int wait_status);
 
