@@ -19,6 +19,7 @@
 #include "margin_sweep.h"
 #include "net/blocking_connection.h"
 #include "process/process.h"
+#include "testing/local_lockd.h"
 
 // The flags the workloads read (defined in fencelock_bench.cc).
 ABSL_DECLARE_FLAG(absl::Duration, heartbeat);
@@ -28,19 +29,10 @@ ABSL_DECLARE_FLAG(absl::Duration, library_heartbeat);
 
 namespace fencelock::bench {
 
-// A lockd on a fresh state folder, on a free port; stopped when destroyed.
-class Lockd {
- public:
-  static absl::StatusOr<std::unique_ptr<Lockd>> Start(const std::string& binary,
-                                                      const std::string& dir);
-  ~Lockd() { (void)child_.Stop(); }
-  const std::string& address() const { return address_; }
-
- private:
-  Lockd() = default;
-  process::Child child_;
-  std::string address_;
-};
+// A lockd on a fresh state folder in `dir`, on a free port, with the connection limits the
+// 64-client and 10,000-session workloads need; stopped when destroyed.
+absl::StatusOr<std::unique_ptr<testing::LocalLockd>> StartLockd(const std::string& binary,
+                                                                const std::string& dir);
 
 // A connection to lockd as the benchmark's raw driver, with --timeout.
 absl::StatusOr<std::unique_ptr<net::BlockingConnection>> Connect(const std::string& address);

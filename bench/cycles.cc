@@ -239,7 +239,7 @@ CyclerFactory RawCyclers(const std::string& address, bool contended, bool pipeli
 
 absl::Status RunCycleWorkloads(const Settings& s, Report& report) {
   // lockd and the peers, all started before the first round.
-  auto lockd = Lockd::Start(s.binary, absl::StrCat(s.root, "/lockd-cycles"));
+  auto lockd = StartLockd(s.binary, absl::StrCat(s.root, "/lockd-cycles"));
   if (!lockd.ok()) return lockd.status();
   const std::string address = (*lockd)->address();
   report.systems = {

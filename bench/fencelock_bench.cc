@@ -166,25 +166,12 @@ Percentiles LoopbackFloor() {
 
 // --- lockd ---------------------------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<Lockd>> Lockd::Start(const std::string& binary,
-                                                    const std::string& dir) {
-  std::filesystem::create_directories(dir);
-  auto init = process::Child::Spawn(binary, {"init", "--data-dir=" + dir + "/state"},
-                                    {.stdout_file = dir + "/init.out"});
-  if (!init.ok()) return init.status();
-  (void)init->Wait(absl::Seconds(30));
-  auto child = process::Child::Spawn(
-      binary,
-      {"serve", "--data-dir=" + dir + "/state", "--port=0", "--port-file=" + dir + "/port",
-       "--metrics-port=-1", "--max-connections=4096", "--max-connections-per-peer=4096"},
-      {.stdout_file = dir + "/lockd.out", .stderr_file = dir + "/lockd.err"});
-  if (!child.ok()) return child.status();
-  auto port = process::AwaitPortFile(dir + "/port", *child, absl::Seconds(30));
-  if (!port.ok()) return port.status();
-  auto l = std::unique_ptr<Lockd>(new Lockd);
-  l->child_ = std::move(*child);
-  l->address_ = absl::StrCat("127.0.0.1:", *port);
-  return l;
+absl::StatusOr<std::unique_ptr<testing::LocalLockd>> StartLockd(const std::string& binary,
+                                                                const std::string& dir) {
+  return testing::LocalLockd::Start(
+      {.binary = binary,
+       .dir = dir,
+       .serve_args = {"--max-connections=4096", "--max-connections-per-peer=4096"}});
 }
 
 namespace {

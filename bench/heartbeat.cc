@@ -263,7 +263,7 @@ absl::Status RunHeartbeatWorkloads(const Settings& s, Report& report) {
       "| sessions | load | samples | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | timeouts | "
       "load cycles/s | 6.5 verdict |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (size_t n : s.counts) {
-    auto lockd = Lockd::Start(s.binary, absl::StrCat(s.root, "/lockd-", n));
+    auto lockd = StartLockd(s.binary, absl::StrCat(s.root, "/lockd-", n));
     if (!lockd.ok()) return lockd.status();
     logging::Program().Info(absl::StrFormat(
         "heartbeat: opening %zu sessions, each with a lock", n));
@@ -306,7 +306,7 @@ absl::Status RunHeartbeatWorkloads(const Settings& s, Report& report) {
     }
   }
   if (const int n = s.library_sessions; n > 0) {
-    auto lockd = Lockd::Start(s.binary, absl::StrCat(s.root, "/lockd-library"));
+    auto lockd = StartLockd(s.binary, absl::StrCat(s.root, "/lockd-library"));
     if (!lockd.ok()) return lockd.status();
     std::string library_error;
     const std::vector<LibraryHeartbeatResult> lib = RunLibraryHeartbeats(

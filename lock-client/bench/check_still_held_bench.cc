@@ -15,7 +15,7 @@
 #include "benchmark/benchmark.h"
 #include "lock-client/client.h"
 #include "logging/logging.h"
-#include "process/process.h"
+#include "testing/local_lockd.h"
 
 namespace {
 std::atomic<bool> g_counting{false};
@@ -83,30 +83,14 @@ int main(int argc, char** argv) {
                            ("fencelock-csh-bench-" + std::to_string(getpid()));
   std::filesystem::create_directories(work);
   // lockd as a child process (stopped when it goes out of scope, killed if this one dies).
-  const fencelock::process::SpawnOptions quiet{.stdout_file = work + "/lockd.log",
-                                               .stderr_file = work + "/lockd.log"};
-  if (absl::Status s = fencelock::process::RunToSuccess(
-          lockd, {"init", "--data-dir=" + work + "/state", "--wal-segment-bytes=1048576"}, quiet);
-      !s.ok()) {
-    fencelock::logging::Program().Error(s.ToString());
-    return 1;
-  }
-  auto server = fencelock::process::Child::Spawn(
-      lockd,
-      {"serve", "--data-dir=" + work + "/state", "--port=0", "--port-file=" + work + "/port",
-       "--metrics-port=-1"},
-      quiet);
+  auto server = fencelock::testing::LocalLockd::Start(
+      {.binary = lockd, .dir = work, .init_args = {"--wal-segment-bytes=1048576"}});
   if (!server.ok()) {
     fencelock::logging::Program().Error(server.status().ToString());
     return 1;
   }
-  auto port = fencelock::process::AwaitPortFile(work + "/port", *server, absl::Seconds(10));
-  if (!port.ok()) {
-    fencelock::logging::Program().Error(port.status().ToString());
-    return 1;
-  }
   fencelock::ClientOptions options;
-  options.server = "127.0.0.1:" + std::to_string(*port);
+  options.server = (*server)->address();
   auto client = fencelock::Client::Create(options);
   if (!client.ok()) return 1;
   g_client = std::move(*client);
@@ -120,7 +104,7 @@ int main(int argc, char** argv) {
   benchmark::Shutdown();
   g_lock = fencelock::LockHandle();
   g_client.reset();
-  server->Stop();
+  server->reset();
   std::filesystem::remove_all(work);
   return 0;
 }

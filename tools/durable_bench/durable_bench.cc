@@ -36,6 +36,7 @@
 #include "payout-demo/etcd_cluster.h"
 #include "process/flags.h"
 #include "process/process.h"
+#include "testing/local_lockd.h"
 #include "protocol/frame.h"
 #include "protocol/requests.h"
 #include "protocol/session.h"
@@ -258,8 +259,7 @@ absl::StatusOr<std::unique_ptr<payout::EtcdCluster>> StartEtcd(const std::string
 // A lockd serving a fresh state directory under `work` (stopped with the object), and the
 // client side of its transport.
 struct Lockd {
-  process::Child child;
-  int port = 0;
+  std::unique_ptr<testing::LocalLockd> process;
   std::unique_ptr<asio::ssl::context> tls;  // null: plaintext
 };
 
@@ -268,24 +268,14 @@ struct Lockd {
 // not come up.
 absl::Status StartLockd(const std::string& lockd, const std::string& work,
                         const std::string& tls_dir, const std::string& etcd, Lockd* out) {
-  const std::string data = work + "/state", port_file = work + "/port", log = work + "/lockd.log";
-  // The servers' own lines go to their logs, not between the table's rows.
-  const process::SpawnOptions quiet{.stdout_file = log, .stderr_file = log};
-  std::vector<std::string> args = {"serve", "--port=0", "--port-file=" + port_file,
-                                   "--metrics-port=-1"};
-  if (etcd.empty()) {
-    if (absl::Status s = process::RunToSuccess(lockd, {"init", "--data-dir=" + data}, quiet);
-        !s.ok()) {
-      return s;
-    }
-    args.push_back("--data-dir=" + data);
-  } else {
-    args.insert(args.end(), {"--etcd=" + etcd, "--etcd-prefix=/fencelock/bench"});
+  testing::LocalLockdOptions options{.binary = lockd, .dir = work};
+  if (!etcd.empty()) {
+    options.etcd = etcd;
+    options.etcd_prefix = "/fencelock/bench";
   }
   if (!tls_dir.empty()) {
-    args.insert(args.end(), {"--tls-ca=" + tls_dir + "/ca.crt",
-                             "--tls-cert=" + tls_dir + "/lockd.crt",
-                             "--tls-key=" + tls_dir + "/lockd.key"});
+    options.serve_args = {"--tls-ca=" + tls_dir + "/ca.crt", "--tls-cert=" + tls_dir + "/lockd.crt",
+                          "--tls-key=" + tls_dir + "/lockd.key"};
     auto context = net::TlsContext::Create({.ca_file = tls_dir + "/ca.crt",
                                             .cert_file = tls_dir + "/bench.crt",
                                             .key_file = tls_dir + "/bench.key"},
@@ -298,12 +288,9 @@ absl::Status StartLockd(const std::string& lockd, const std::string& work,
     SSL_CTX_up_ref((*context)->native());
     out->tls = std::make_unique<asio::ssl::context>((*context)->native());
   }
-  auto child = process::Child::Spawn(lockd, args, quiet);
-  if (!child.ok()) return child.status();
-  out->child = std::move(*child);
-  auto port = process::AwaitPortFile(port_file, out->child, absl::Seconds(10));
-  if (!port.ok()) return port.status();
-  out->port = *port;
+  auto started = testing::LocalLockd::Start(std::move(options));
+  if (!started.ok()) return started.status();
+  out->process = std::move(*started);
   return absl::OkStatus();
 }
 
@@ -316,7 +303,7 @@ bool Measure(Lockd& lockd, const char* transport) {
     asio::io_context io(1);
     Shared shared;
     for (int c = 0; c < clients; ++c) {
-      asio::co_spawn(io, RunClient(io, lockd.port, lockd.tls.get(), c, shared), asio::detached);
+      asio::co_spawn(io, RunClient(io, lockd.process->port(), lockd.tls.get(), c, shared), asio::detached);
     }
     asio::steady_timer timer(io);
     wire::StatsReply before;
@@ -324,7 +311,7 @@ bool Measure(Lockd& lockd, const char* transport) {
     // Warm up for 0.5 s, then measure.
     timer.expires_after(std::chrono::milliseconds(500));
     timer.async_wait([&](auto) {
-      before = Stats(lockd.port, lockd.tls.get());
+      before = Stats(lockd.process->port(), lockd.tls.get());
       start = Clock::now();
       shared.measuring = true;
       timer.expires_after(std::chrono::duration_cast<Clock::duration>(
@@ -336,7 +323,7 @@ bool Measure(Lockd& lockd, const char* transport) {
     });
     io.run();
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    const wire::StatsReply after = Stats(lockd.port, lockd.tls.get());
+    const wire::StatsReply after = Stats(lockd.process->port(), lockd.tls.get());
     const double syncs = static_cast<double>(after.log_syncs_total() - before.log_syncs_total());
     const double sync_us =
         syncs > 0 ? static_cast<double>(after.log_sync_ns_total() - before.log_sync_ns_total()) /
@@ -399,7 +386,7 @@ int Main() {
     } else if (!Measure(server, setup.name)) {
       status = 1;
     }
-    server.child.Stop();  // before the etcd it may be on
+    server.process.reset();  // stopped before the etcd it may be on
   }
   std::filesystem::remove_all(work);
   return status;
