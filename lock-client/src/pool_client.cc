@@ -17,6 +17,7 @@
 #include "net/tls.h"
 #include "protocol/address.h"
 #include "protocol/codes.h"
+#include "protocol/millis.h"
 #include "protocol/pool_wire.h"
 #include "protocol/requests.h"
 
@@ -25,10 +26,6 @@ namespace {
 
 using net::BlockingConnection;
 namespace req = protocol::request;
-
-absl::Duration FromMillis(uint64_t ms) {
-  return absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(ms, INT64_MAX / 1'000'000)));
-}
 
 wire::PoolOwnerRef OwnerRef(const PoolOwnerId& owner) {
   return req::Owner(owner.epoch, owner.key);
@@ -72,7 +69,7 @@ class PoolClientImpl final : public PoolClient {
     auto reply = Call(req::PoolAcquire(pool, profile, slot, OwnerRef(owner), ttl));
     if (!reply.ok()) return reply.status();
     const auto& a = reply->pool_acquire();
-    return PoolLeaseGrant{a.granted(), a.token(), FromMillis(a.ttl_ms()), a.decision(),
+    return PoolLeaseGrant{a.granted(), a.token(), protocol::FromWireMillis(a.ttl_ms()), a.decision(),
                           a.refusal()};
   }
 
@@ -81,7 +78,7 @@ class PoolClientImpl final : public PoolClient {
                                        const PoolOwnerId& owner) override {
     auto reply = Call(req::PoolRenew(pool, profile, slot, token, OwnerRef(owner)));
     if (!reply.ok()) return reply.status();
-    return FromMillis(reply->pool_lease().ttl_ms());
+    return protocol::FromWireMillis(reply->pool_lease().ttl_ms());
   }
 
   absl::StatusOr<uint64_t> activate(const std::string& pool, const std::string& profile,

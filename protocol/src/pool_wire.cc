@@ -1,21 +1,8 @@
 #include "protocol/pool_wire.h"
 
-#include <algorithm>
-#include <cstdint>
-#include <utility>
+#include "protocol/millis.h"
 
 namespace fencelock::protocol {
-namespace {
-
-uint64_t ToMillis(absl::Duration d) {
-  return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(d)));
-}
-
-absl::Duration FromMillis(uint64_t ms) {
-  return absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(ms, INT64_MAX / 1'000'000)));
-}
-
-}  // namespace
 
 wire::PoolProfile ToWire(const PoolProfileDef& profile) {
   wire::PoolProfile out;
@@ -51,7 +38,7 @@ void ToWire(const PoolView& s, wire::PoolStatusReply* out) {
     info->set_provisional_units(p.provisional_units);
     if (p.pending_units) info->set_pending_units(*p.pending_units);
     if (p.withheld_units) info->set_withheld_units(*p.withheld_units);
-    if (p.demand_expires_in) info->set_demand_expires_in_ms(ToMillis(*p.demand_expires_in));
+    if (p.demand_expires_in) info->set_demand_expires_in_ms(ToWireMillis(*p.demand_expires_in));
     info->set_owner_epoch(p.owner_epoch);
     info->set_acked_generation(p.acked_generation);
     info->set_compatible(p.compatible);
@@ -64,7 +51,7 @@ void ToWire(const PoolView& s, wire::PoolStatusReply* out) {
     info->set_units(l.units);
     info->set_epoch(l.epoch);
     info->set_active(l.active);
-    if (!l.active) info->set_expires_in_ms(ToMillis(l.expires_in));
+    if (!l.active) info->set_expires_in_ms(ToWireMillis(l.expires_in));
     info->set_decision(l.decision);
   }
   out->set_tombstones_kept(s.tombstones_kept);
@@ -97,14 +84,14 @@ PoolView FromWire(const wire::PoolStatusReply& r) {
     pv.provisional_units = p.provisional_units();
     if (p.has_pending_units()) pv.pending_units = p.pending_units();
     if (p.has_withheld_units()) pv.withheld_units = p.withheld_units();
-    if (p.has_demand_expires_in_ms()) pv.demand_expires_in = FromMillis(p.demand_expires_in_ms());
+    if (p.has_demand_expires_in_ms()) pv.demand_expires_in = FromWireMillis(p.demand_expires_in_ms());
     pv.owner_epoch = p.owner_epoch();
     pv.acked_generation = p.acked_generation();
     pv.compatible = p.compatible();
   }
   for (const wire::PoolLeaseInfo& l : r.leases()) {
     v.leases.push_back(PoolLeaseView{l.profile(), l.slot(), l.token(), l.units(), l.epoch(),
-                                     l.active(), FromMillis(l.expires_in_ms()), l.decision()});
+                                     l.active(), FromWireMillis(l.expires_in_ms()), l.decision()});
   }
   for (const wire::PoolTombstoneInfo& t : r.tombstones()) {
     v.tombstones.push_back(

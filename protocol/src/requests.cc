@@ -1,19 +1,12 @@
 #include "protocol/requests.h"
 
-#include <algorithm>
+#include "protocol/millis.h"
 
 namespace fencelock::protocol::request {
-namespace {
-
-uint64_t Millis(absl::Duration d) {
-  return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(d)));
-}
-
-}  // namespace
 
 wire::Request OpenSession(absl::Duration ttl) {
   wire::Request r;
-  r.mutable_open_session()->set_ttl_ms(Millis(ttl));
+  r.mutable_open_session()->set_ttl_ms(ToWireMillis(ttl));
   return r;
 }
 
@@ -49,10 +42,10 @@ wire::Request Acquire(uint64_t session, const std::string& lock, absl::Duration 
   auto* a = r.mutable_acquire();
   a->set_session_id(session);
   a->set_lock(lock);
-  a->set_wait_timeout_ms(Millis(wait));
-  a->set_ttl_ms(Millis(ttl));
+  a->set_wait_timeout_ms(ToWireMillis(wait));
+  a->set_ttl_ms(ToWireMillis(ttl));
   a->set_mode(mode);
-  if (lock_delay.has_value()) a->set_lock_delay_ms(Millis(*lock_delay));
+  if (lock_delay.has_value()) a->set_lock_delay_ms(ToWireMillis(*lock_delay));
   return r;
 }
 
@@ -173,7 +166,7 @@ wire::Request PoolAcquire(const std::string& pool, const std::string& profile,
   a->set_profile(profile);
   a->set_slot(slot);
   *a->mutable_owner() = owner;
-  a->set_ttl_ms(Millis(ttl));
+  a->set_ttl_ms(ToWireMillis(ttl));
   return r;
 }
 

@@ -13,6 +13,8 @@ absl::StatusOr<std::unique_ptr<LocalLockd>> LocalLockd::Start(LocalLockdOptions 
   std::filesystem::create_directories(options.dir, ec);
   if (ec) return absl::UnavailableError(absl::StrCat("cannot make ", options.dir, ": ", ec.message()));
   const std::string log = options.dir + "/lockd.log", port_file = options.dir + "/port";
+  std::filesystem::remove(port_file, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot remove ", port_file, ": ", ec.message()));
   // lockd's own lines go to its log, not between a benchmark's rows.
   const process::SpawnOptions quiet{.stdout_file = log, .stderr_file = log};
   std::vector<std::string> serve = {"serve", "--port=0", "--port-file=" + port_file,

@@ -6,15 +6,11 @@
 #include "dispatch_pool.h"
 #include "protocol/codes.h"
 #include "protocol/limits.h"
+#include "protocol/millis.h"
 #include "protocol/version.h"
 
 namespace fencelock::server {
 namespace {
-
-absl::Duration FromMillis(uint64_t ms) {
-  return absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(ms, INT64_MAX / 1'000'000)));
-}
-uint64_t ToMillis(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
 
 size_t entry_count(const wire::ListReply* list) {
   return static_cast<size_t>(list->locks_size() + list->sessions_size());
@@ -89,12 +85,12 @@ void Call::OpenSession() {
         limit, ")")));
   }
   std::string secret = host.NewSessionSecret();
-  auto opened = service.OpenSession(FromMillis(req.open_session().ttl_ms()), now, conn.caller,
+  auto opened = service.OpenSession(protocol::FromWireMillis(req.open_session().ttl_ms()), now, conn.caller,
                                     secret);
   if (opened.ok()) {
     conn.sessions.push_back(opened->first);
     resp.mutable_open_session()->set_session_id(opened->first);
-    resp.mutable_open_session()->set_ttl_ms(ToMillis(opened->second));
+    resp.mutable_open_session()->set_ttl_ms(protocol::ToWireMillis(opened->second));
     resp.mutable_open_session()->set_secret(std::move(secret));
   }
   return Finish(opened.status());
@@ -116,7 +112,7 @@ void Call::ResumeSession() {
       }
       conn.renewed.push_back(r.session_id());
     }
-    resp.mutable_resume_session()->set_session_ttl_ms(ToMillis(*ttl));
+    resp.mutable_resume_session()->set_session_ttl_ms(protocol::ToWireMillis(*ttl));
   }
   return Finish(ttl.status());
 }
@@ -130,7 +126,7 @@ void Call::KeepAlive() {
   auto results = service.KeepAlive(ka.session_id(), refs, now);
   if (results.ok()) {
     auto* reply = resp.mutable_keep_alive();
-    reply->set_session_ttl_ms(ToMillis(service.state().FindSession(ka.session_id())->ttl));
+    reply->set_session_ttl_ms(protocol::ToWireMillis(service.state().FindSession(ka.session_id())->ttl));
     Dispatched::Reflects reflects{.session = ka.session_id()};
     bool all_renewed = true;
     for (size_t i = 0; i < results->size(); ++i) {
@@ -176,10 +172,10 @@ void Call::Acquire() {
   }
   AcquireMode how;
   how.mode = a.mode() == wire::SHARED ? LockMode::kShared : LockMode::kExclusive;
-  if (a.has_lock_delay_ms()) how.lock_delay = FromMillis(a.lock_delay_ms());
+  if (a.has_lock_delay_ms()) how.lock_delay = protocol::FromWireMillis(a.lock_delay_ms());
   const WaiterId waiter_id = host.NextWaiterId();
-  auto result = service.Acquire(a.session_id(), a.lock(), FromMillis(a.ttl_ms()),
-                                FromMillis(a.wait_timeout_ms()), waiter_id, now, how);
+  auto result = service.Acquire(a.session_id(), a.lock(), protocol::FromWireMillis(a.ttl_ms()),
+                                protocol::FromWireMillis(a.wait_timeout_ms()), waiter_id, now, how);
   if (!result.ok()) {
     // The session holds it already: the refusal names the grant (granted stays false), so
     // that a client whose earlier Acquire was granted but never answered (a replica
@@ -190,7 +186,7 @@ void Call::Acquire() {
       auto* held = resp.mutable_acquire();
       held->set_lock(a.lock());
       held->set_token(holder->token);
-      held->set_ttl_ms(ToMillis(holder->ttl));
+      held->set_ttl_ms(protocol::ToWireMillis(holder->ttl));
     }
     return Finish(result.status());
   }
@@ -206,7 +202,7 @@ void Call::Acquire() {
   if (result->kind == AcquireResult::Kind::kGranted) {
     reply->set_granted(true);
     reply->set_token(result->token);
-    reply->set_ttl_ms(ToMillis(result->ttl));
+    reply->set_ttl_ms(protocol::ToWireMillis(result->ttl));
   }
   return Finish(absl::OkStatus());
 }
@@ -452,14 +448,14 @@ void FillList(const LockService& service, const wire::ListLocks& query, wire::Li
         auto* holder = info.add_holders();
         holder->set_session_id(h.session);
         holder->set_token(h.token);
-        holder->set_ttl_ms(ToMillis(h.ttl));
+        holder->set_ttl_ms(protocol::ToWireMillis(h.ttl));
         holder->set_expires_in_ms(left_ms(h.expires_at));
       }
       if (state.held()) {
         const HolderState& first = state.holders.front();
         info.set_session_id(first.session);
         info.set_token(first.token);
-        info.set_ttl_ms(ToMillis(first.ttl));
+        info.set_ttl_ms(protocol::ToWireMillis(first.ttl));
         info.set_expires_in_ms(left_ms(first.expires_at));
       }
       // The delay that blocks the most: every grant if there is one, else writers.
@@ -490,7 +486,7 @@ void FillList(const LockService& service, const wire::ListLocks& query, wire::Li
     const SessionState& st = it->second;
     wire::SessionInfo info;
     info.set_session_id(it->first);
-    info.set_ttl_ms(ToMillis(st.ttl));
+    info.set_ttl_ms(protocol::ToWireMillis(st.ttl));
     info.set_expires_in_ms(left_ms(st.expires_at));
     info.set_locks_held(static_cast<uint32_t>(st.locks.size()));
     if (!fits(info)) {

@@ -6,18 +6,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "protocol/codes.h"
+#include "protocol/millis.h"
 #include "protocol/pool_wire.h"
 #include "protocol/version.h"
 
 namespace fencelock::server {
 namespace {
-
-absl::Duration FromMillis(uint64_t ms) {
-  return absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(ms, INT64_MAX / 1'000'000)));
-}
-uint64_t ToMillis(absl::Duration d) {
-  return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(d)));
-}
 
 PoolOwner OwnerOf(const wire::PoolOwnerRef& ref) { return PoolOwner{ref.epoch(), ref.key()}; }
 
@@ -150,13 +144,13 @@ void PoolCall::Acquire() {
     return Finish(s);
   }
   auto grant = pools.Acquire(r.pool(), r.profile(), r.slot(), OwnerOf(r.owner()),
-                             FromMillis(r.ttl_ms()), now);
+                             protocol::FromWireMillis(r.ttl_ms()), now);
   if (grant.ok()) {
     auto* reply = resp.mutable_pool_acquire();
     reply->set_granted(grant->granted);
     if (grant->granted) {
       reply->set_token(grant->token);
-      reply->set_ttl_ms(ToMillis(grant->ttl));
+      reply->set_ttl_ms(protocol::ToWireMillis(grant->ttl));
       reply->set_decision(grant->decision);
     } else {
       reply->set_refusal(grant->refusal);
@@ -177,7 +171,7 @@ void PoolCall::LeaseOp() {
   auto* reply = resp.mutable_pool_lease();
   if (req.body_case() == wire::Request::kPoolRenew) {
     auto ttl = pools.Renew(r.pool(), r.profile(), r.slot(), r.token(), owner, now);
-    if (ttl.ok()) reply->set_ttl_ms(ToMillis(*ttl));
+    if (ttl.ok()) reply->set_ttl_ms(protocol::ToWireMillis(*ttl));
     return Finish(ttl.status());
   }
   auto decision = req.body_case() == wire::Request::kPoolActivate

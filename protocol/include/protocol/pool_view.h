@@ -38,6 +38,7 @@ struct PoolTombstone {
   uint64_t units = 0;
   uint64_t decision = 0;
   std::string evidence;  // what the operator recorded as proof the worker is gone
+  bool operator==(const PoolTombstone&) const = default;
 };
 
 // One profile as a status shows it.
@@ -53,6 +54,7 @@ struct PoolProfileView {
   uint64_t acked_generation = 0;
   // A manager claimed it and acknowledged the current generation.
   bool compatible = false;
+  bool operator==(const PoolProfileView&) const = default;
 };
 
 struct PoolLeaseView {
@@ -64,6 +66,7 @@ struct PoolLeaseView {
   bool active = false;
   absl::Duration expires_in;   // provisional only
   uint64_t decision = 0;       // the decision that granted (or activated) it
+  bool operator==(const PoolLeaseView&) const = default;
 };
 
 struct PoolView {
@@ -80,6 +83,7 @@ struct PoolView {
   std::vector<PoolLeaseView> leases;
   std::vector<PoolTombstone> tombstones;  // the newest 64, oldest first
   uint64_t tombstones_kept = 0;           // all that lockd keeps (at most 1024)
+  bool operator==(const PoolView&) const = default;
 };
 
 }  // namespace fencelock

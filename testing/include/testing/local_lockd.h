@@ -1,7 +1,8 @@
 // A lockd process on this host for a benchmark or a tool's run: `lockd init` on a fresh state
 // directory (unless the state is in etcd), then `lockd serve` on a port the kernel picks, read
-// back from its port file. The process is a process::Child: killed if the caller dies, and
-// stopped (SIGTERM, then SIGKILL) when the object goes away.
+// back from its port file (a stale one from an earlier run in the same directory is removed
+// first, so its port is never taken for this lockd's). The process is a process::Child: killed
+// if the caller dies, and stopped (SIGTERM, then SIGKILL) when the object goes away.
 //
 // Errors, never aborts: a missing binary, a failed init or a lockd that does not come up are
 // statuses naming the cause and the log to read.
@@ -39,7 +40,6 @@ struct LocalLockdOptions {
 class LocalLockd {
  public:
   static absl::StatusOr<std::unique_ptr<LocalLockd>> Start(LocalLockdOptions options);
-  ~LocalLockd() { (void)child_.Stop(); }
   LocalLockd(const LocalLockd&) = delete;
   LocalLockd& operator=(const LocalLockd&) = delete;
 
