@@ -114,9 +114,12 @@ Logger*& ProgramLogger() {
 const Logger& Lockd() { return LockdLogger(); }
 void SetLockdThreshold(Level threshold) { LockdLogger().set_threshold(threshold); }
 
-// The one replaced is not freed: a reference to it may still be held.
+// Before any other thread starts (logging.h), so nothing is writing through the one replaced.
+// The current one is never freed: a thread may still log while the process exits.
 void InitProgram(std::string name, Level threshold) {
-  ProgramLogger() = new Logger(std::move(name), threshold, Streams::kStderr);
+  Logger* replaced =
+      std::exchange(ProgramLogger(), new Logger(std::move(name), threshold, Streams::kStderr));
+  delete replaced;
 }
 const Logger& Program() { return *ProgramLogger(); }
 

@@ -64,8 +64,9 @@ void SetLockdThreshold(Level threshold);
 // harness, the benchmark, the simulator, the power-cut tools): its diagnostics, everything to
 // standard error, so that standard output holds only the command's result. InitProgram names
 // it (the program's name, the word before each message) once, first thing in main, before any
-// other thread starts; until then it is "fencelock". Usage text and a benchmark's live
-// progress line are not log lines and stay plain.
+// other thread starts, and a reference from Program() is not kept across it; until then it is
+// "fencelock". Usage text and a benchmark's live progress line are not log lines and stay
+// plain.
 void InitProgram(std::string name, Level threshold = Level::kInfo);
 const Logger& Program();
 
