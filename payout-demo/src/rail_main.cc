@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "logging/logging.h"
-#include "metrics/exposer.h"
+#include "metrics_flags.h"
 #include "metrics/metrics.h"
 #include "net/asio.h"
 #include "payout-demo/rail.h"
@@ -29,8 +29,6 @@ ABSL_FLAG(absl::Duration, latency, absl::Milliseconds(20), "time each SUBMIT/STA
 ABSL_FLAG(absl::Duration, jitter, absl::ZeroDuration(), "extra latency, uniform in [0, jitter]");
 ABSL_FLAG(absl::Duration, read_timeout, absl::Milliseconds(500),
           "how long clients wait for an answer at most (announced in HELLO)");
-ABSL_FLAG(int, metrics_port, -1, "serve /metrics on this port; 0 picks one, -1 disables");
-ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
 ABSL_FLAG(uint64_t, seed, 1, "seed for the latency jitter");
 ABSL_FLAG(std::string, history, "",
           "append one timed record per fence decision (admit/refuse) to this file (harness)");
@@ -228,18 +226,10 @@ int Main() {
     logging::Program().Error(s.ToString());
     return 1;
   }
-  std::unique_ptr<metrics::Exposer> exposer;
-  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    auto started = metrics::Exposer::Start(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port), registry);
-    if (!started.ok()) {
-      logging::Program().Error(absl::StrFormat("metrics: %s", started.status().ToString().c_str()));
-      return 1;
-    }
-    exposer = std::move(*started);
-    if (absl::Status s = process::WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), exposer->port()); !s.ok()) {
-      logging::Program().Error(s.ToString());
-      return 1;
-    }
+  auto exposer = ServeMetricsFromFlags(absl::GetFlag(FLAGS_host), registry);
+  if (!exposer.ok()) {
+    logging::Program().Error(exposer.status().ToString());
+    return 1;
   }
 
   boost::system::error_code ec;

@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "lock-client/client.h"
-#include "metrics/exposer.h"
+#include "metrics_flags.h"
 #include "metrics/metrics.h"
 #include "payout-demo/rail.h"
 #include "payout-demo/store.h"
@@ -51,8 +51,6 @@ ABSL_FLAG(bool, wait_for_work, false,
           "exiting; the worker then runs until a stop signal");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(30),
           "keep trying to reach lockd at startup for this long before giving up");
-ABSL_FLAG(int, metrics_port, -1, "serve /metrics on this port; 0 picks one, -1 disables");
-ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
 ABSL_FLAG(std::string, history, "", "append timed event records to this file (harness)");
 
 namespace fencelock::payout {
@@ -293,18 +291,10 @@ int Main(FaultPoints* faults) {
     logging::Program().Error(client.status().ToString());
     return client.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  std::unique_ptr<metrics::Exposer> exposer;
-  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    auto started = metrics::Exposer::Start("127.0.0.1", absl::GetFlag(FLAGS_metrics_port), (*client)->metrics());
-    if (!started.ok()) {
-      logging::Program().Error(absl::StrFormat("metrics: %s", started.status().ToString().c_str()));
-      return 1;
-    }
-    exposer = std::move(*started);
-    if (absl::Status s = process::WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), exposer->port()); !s.ok()) {
-      logging::Program().Error(s.ToString());
-      return 1;
-    }
+  auto exposer = ServeMetricsFromFlags("127.0.0.1", (*client)->metrics());
+  if (!exposer.ok()) {
+    logging::Program().Error(exposer.status().ToString());
+    return 1;
   }
   std::printf("%s started session %lu, rail read timeout %s, submit needs %s of lease\n", name.c_str(),
               static_cast<unsigned long>((*client)->sessionId()),
