@@ -21,3 +21,23 @@ function(fencelock_add_test name)
     set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}")
   endif()
 endfunction()
+
+# fencelock_add_stress_test(<name> COMMAND <command...> [TIMEOUT <seconds>]
+#                           [ENVIRONMENT <VAR=value...>])
+# A long soak or stress run (minutes to an hour), labelled `stress`. It is registered with CTest
+# only when the tree is configured with -DFENCELOCK_STRESS=ON, so that a plain `ctest` runs what
+# the test command runs and never starts one by accident.
+function(fencelock_add_stress_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "COMMAND;ENVIRONMENT" ${ARGN})
+  if(NOT FENCELOCK_TESTS OR NOT FENCELOCK_STRESS)
+    return()
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 3600)
+  endif()
+  add_test(NAME ${name} COMMAND ${ARG_COMMAND})
+  set_tests_properties(${name} PROPERTIES LABELS stress TIMEOUT ${ARG_TIMEOUT})
+  if(ARG_ENVIRONMENT)
+    set_tests_properties(${name} PROPERTIES ENVIRONMENT "${ARG_ENVIRONMENT}")
+  endif()
+endfunction()

@@ -39,12 +39,19 @@ ensure_packages() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
-# build_tree DIR [extra cmake args...]: configures (once) and builds DIR with Ninja.
+# build_tree DIR [extra cmake args...]: configures (once) and builds DIR with Ninja: all of it,
+# or only the targets FENCELOCK_TARGETS names (and what they need).
 build_tree() {
   local dir="$1"
   shift
   say "configuring $dir $*"
   cmake -S "$FENCELOCK_ROOT" -B "$FENCELOCK_ROOT/$dir" -G Ninja "$@" > /dev/null
-  say "building $dir with $JOBS jobs"
-  cmake --build "$FENCELOCK_ROOT/$dir" -j "$JOBS"
+  if [ -n "${FENCELOCK_TARGETS:-}" ]; then
+    say "building $FENCELOCK_TARGETS and what it needs in $dir with $JOBS jobs"
+    # shellcheck disable=SC2086  # a list of target names
+    cmake --build "$FENCELOCK_ROOT/$dir" -j "$JOBS" --target $FENCELOCK_TARGETS
+  else
+    say "building $dir with $JOBS jobs"
+    cmake --build "$FENCELOCK_ROOT/$dir" -j "$JOBS"
+  fi
 }
