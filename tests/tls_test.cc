@@ -5,17 +5,24 @@
 // another's session even with its exact id, token and secret.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <openssl/bn.h>
 #include <openssl/err.h>
+#include <openssl/pem.h>
 #include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "clock/clock.h"
@@ -357,6 +364,289 @@ TEST_F(TlsTest, ARefusalAtAdmissionIsSaidInsideTls) {
   EXPECT_TRUE(absl::IsResourceExhausted(second.status())) << second.status();
   EXPECT_THAT(std::string(second.status().message()),
               HasSubstr("lockd --max-connections-per-peer=1"));
+}
+
+// Issue 41: certificate rotation and revocation. Each test has its own copy of CA a (so that
+// what it issues and revokes is its own) and serves lockd from files it can replace.
+class TlsRotationTest : public ::testing::Test {
+ protected:
+  TlsRotationTest() {
+    Shell(absl::StrCat("cp ", Certs().a(), "/ca.crt ", Certs().a(), "/ca.key ", ca_));
+    Shell(absl::StrCat(MAKE_CERTS_SCRIPT, " ", ca_, " lockd client-a client-b > /dev/null"));
+    Shell(absl::StrCat(REVOKE_CERT_SCRIPT, " ", ca_, " > /dev/null"));  // an empty list
+    for (const char* file : {"ca.crt", "lockd.crt", "lockd.key"}) Install(ca_ + "/" + file, file);
+  }
+  // Issues a new certificate for `name` from the same CA, in a fresh directory, for a server
+  // (lockd) or a client; returns the directory.
+  enum class Role { kServer, kClient };
+  std::string Issue(const std::string& name, Role role = Role::kServer) {
+    const std::string dir = absl::StrCat(tmp_.path(), "/issued-", ++issued_);
+    Shell(absl::StrCat("mkdir -p ", dir, " && cp ", ca_, "/ca.crt ", ca_, "/ca.key ", dir, " && ",
+                       MAKE_CERTS_SCRIPT, " ", dir, " ",
+                       role == Role::kServer ? name : "unused-server " + name, " > /dev/null"));
+    return dir;
+  }
+  // Puts `from` in place as served/`name`, as an operator would: a copy renamed over the old.
+  void Install(const std::string& from, const std::string& name) {
+    Shell(absl::StrCat("cp ", from, " ", served_, "/", name, ".new && mv ", served_, "/", name,
+                       ".new ", served_, "/", name));
+  }
+  void StartLockd() {
+    lockd_ = std::make_unique<LockdProcess>(LockdProcess::Options{
+        .extra_args = {"--tls-ca=" + served_ + "/ca.crt", "--tls-cert=" + served_ + "/lockd.crt",
+                       "--tls-key=" + served_ + "/lockd.key", "--tls-crl=" + ca_ + "/crl.pem"},
+        .stderr_file = err_,
+        .stdout_file = out_});
+  }
+  // Sends SIGHUP and waits for lockd to say what it did with the TLS files (a new context on
+  // standard output, a refusal on standard error); returns the line.
+  std::string Hup() {
+    const size_t said = Count(testing::ReadTextFile(out_));
+    const size_t warned = Count(testing::ReadTextFile(err_));
+    lockd_->child().Signal(SIGHUP);
+    for (int i = 0; i < 200; ++i) {
+      for (const auto& [file, before] : {std::pair{out_, said}, std::pair{err_, warned}}) {
+        const std::string log = testing::ReadTextFile(file);
+        if (Count(log) > before) {
+          const size_t at = log.rfind("SIGHUP: TLS");
+          return log.substr(at, log.find('\n', at) - at);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ADD_FAILURE() << "lockd did not log its TLS reload";
+    return "";
+  }
+  static size_t Count(const std::string& log) {
+    size_t n = 0;
+    for (size_t at = log.find("SIGHUP: TLS"); at != std::string::npos;
+         at = log.find("SIGHUP: TLS", at + 1)) {
+      ++n;
+    }
+    return n;
+  }
+  // The serial number of the certificate lockd presents to a new connection.
+  std::string PresentedSerial() {
+    return Serial(TryHandshakeCertificate(lockd_->port(), ca_ + "/ca.crt"));
+  }
+  static std::string FileSerial(const std::string& pem) {
+    FILE* f = std::fopen(pem.c_str(), "r");
+    if (f == nullptr) return "";
+    X509* cert = PEM_read_X509(f, nullptr, nullptr, nullptr);
+    std::fclose(f);
+    return Serial(cert);
+  }
+  static std::string Serial(X509* cert) {
+    if (cert == nullptr) return "";
+    BIGNUM* n = ASN1_INTEGER_to_BN(X509_get0_serialNumber(cert), nullptr);
+    char* hex = BN_bn2hex(n);
+    std::string serial = hex;
+    OPENSSL_free(hex);
+    BN_free(n);
+    X509_free(cert);
+    return serial;
+  }
+  // The certificate the server at 127.0.0.1:`port` presents (nullptr if none): a handshake as
+  // client-a, whose outcome does not matter.
+  X509* TryHandshakeCertificate(int port, const std::string& ca) {
+    SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+    SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+    SSL_CTX_load_verify_file(ctx, ca.c_str());
+    SSL_CTX_use_certificate_file(ctx, (ca_ + "/client-a.crt").c_str(), SSL_FILETYPE_PEM);
+    SSL_CTX_use_PrivateKey_file(ctx, (ca_ + "/client-a.key").c_str(), SSL_FILETYPE_PEM);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    X509* cert = nullptr;
+    SSL* ssl = SSL_new(ctx);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      SSL_set_fd(ssl, fd);
+      if (SSL_connect(ssl) == 1) cert = SSL_get1_peer_certificate(ssl);
+    }
+    ERR_clear_error();
+    SSL_free(ssl);
+    SSL_CTX_free(ctx);
+    close(fd);
+    return cert;
+  }
+  ClientOptions ClientAs(const std::string& dir, const std::string& name) {
+    return {.server = absl::StrCat("127.0.0.1:", lockd_->port()),
+            .tls_ca_file = dir + "/ca.crt",
+            .tls_cert_file = dir + "/" + name + ".crt",
+            .tls_key_file = dir + "/" + name + ".key",
+            .tls_server_name = "lockd",
+            .client_name = name};
+  }
+
+  testing::TempDir tmp_;
+  const std::string ca_ = [this] {
+    Shell(absl::StrCat("mkdir -p ", tmp_.path(), "/ca ", tmp_.path(), "/served"));
+    return tmp_.path() + "/ca";
+  }();
+  const std::string served_ = tmp_.path() + "/served";
+  const std::string out_ = tmp_.path() + "/lockd.stdout";
+  const std::string err_ = tmp_.path() + "/lockd.stderr";
+  int issued_ = 0;
+  std::unique_ptr<LockdProcess> lockd_;
+};
+
+TEST_F(TlsRotationTest, ACertificateRotatedUnderLoadDropsNoSession) {
+  StartLockd();
+  const std::string first = PresentedSerial();
+  ASSERT_EQ(first, FileSerial(ca_ + "/lockd.crt"));
+  // Four clients acquire and release their own lock in a loop while lockd's certificate is
+  // replaced under them.
+  constexpr int kClients = 4;
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<uint64_t> sessions;
+  for (int i = 0; i < kClients; ++i) {
+    auto client = Client::Create(ClientAs(ca_, i % 2 == 0 ? "client-a" : "client-b"));
+    ASSERT_TRUE(client.ok()) << client.status();
+    sessions.push_back((*client)->sessionId());
+    clients.push_back(std::move(*client));
+  }
+  std::atomic<bool> stop{false};
+  std::vector<int> cycles(kClients, 0);
+  std::vector<std::string> errors(kClients);
+  std::vector<std::thread> load;
+  for (int i = 0; i < kClients; ++i) {
+    load.emplace_back([&, i] {
+      while (!stop && errors[i].empty()) {
+        auto held = clients[i]->acquire(absl::StrCat("rotation/", i), absl::Seconds(5));
+        if (!held.ok()) {
+          errors[i] = held.status().ToString();
+        } else if (absl::Status s = clients[i]->release(*held); !s.ok()) {
+          errors[i] = s.ToString();
+        } else {
+          ++cycles[i];
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::string second_dir = Issue("lockd");
+  Install(second_dir + "/lockd.key", "lockd.key");
+  Install(second_dir + "/lockd.crt", "lockd.crt");
+  EXPECT_THAT(Hup(), HasSubstr("SIGHUP: TLS: now cn:lockd, valid until "));
+  const std::string second = PresentedSerial();
+  EXPECT_EQ(second, FileSerial(second_dir + "/lockd.crt"));
+  EXPECT_NE(second, first);
+  // New clients are served under the new certificate, and the load goes on.
+  auto late = Client::Create(ClientAs(ca_, "client-a"));
+  ASSERT_TRUE(late.ok()) << late.status();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  stop = true;
+  for (auto& t : load) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    EXPECT_EQ(errors[i], "") << "client " << i;
+    EXPECT_GT(cycles[i], 0) << "client " << i;
+    EXPECT_EQ(clients[i]->sessionId(), sessions[i]) << "client " << i << " lost its session";
+  }
+}
+
+TEST_F(TlsRotationTest, FilesThatDoNotLoadLeaveTheCertificatesInForce) {
+  StartLockd();
+  const std::string first = PresentedSerial();
+  // A new certificate whose key has not been put in place yet: they do not match.
+  const std::string second_dir = Issue("lockd");
+  Install(second_dir + "/lockd.crt", "lockd.crt");
+  EXPECT_THAT(Hup(), HasSubstr("key values mismatch"));
+  EXPECT_EQ(PresentedSerial(), first);
+  // A truncated certificate.
+  Shell(absl::StrCat("head -c 100 ", second_dir, "/lockd.crt > ", served_, "/lockd.crt"));
+  const std::string refused = Hup();
+  EXPECT_THAT(refused, HasSubstr("cannot load the certificate"));
+  EXPECT_THAT(refused, HasSubstr("the certificates in force are unchanged"));
+  EXPECT_EQ(PresentedSerial(), first);
+  auto client = Client::Create(ClientAs(ca_, "client-a"));
+  EXPECT_TRUE(client.ok()) << client.status();
+  // Both in place: the next SIGHUP takes them.
+  Install(second_dir + "/lockd.crt", "lockd.crt");
+  Install(second_dir + "/lockd.key", "lockd.key");
+  EXPECT_THAT(Hup(), HasSubstr("SIGHUP: TLS: now cn:lockd"));
+  EXPECT_EQ(PresentedSerial(), FileSerial(second_dir + "/lockd.crt"));
+}
+
+TEST_F(TlsRotationTest, ARevokedClientCertificateIsRefused) {
+  StartLockd();
+  const std::string ca = ca_ + "/ca.crt";
+  const auto handshake = [&](const std::string& name) {
+    return TryHandshake(lockd_->port(), ca, ca_ + "/" + name + ".crt", ca_ + "/" + name + ".key");
+  };
+  EXPECT_EQ(handshake("client-b"), "");
+  Shell(absl::StrCat(REVOKE_CERT_SCRIPT, " ", ca_, " client-b > /dev/null"));
+  EXPECT_THAT(Hup(), HasSubstr("1 revoked by the CRL"));
+  EXPECT_THAT(handshake("client-b"), HasSubstr("certificate revoked"));
+  EXPECT_EQ(handshake("client-a"), "");
+  EXPECT_THAT(testing::ReadTextFile(err_), HasSubstr("certificate revoked"));
+  // So does a lockd that starts with the list.
+  lockd_->Restart();
+  EXPECT_THAT(handshake("client-b"), HasSubstr("certificate revoked"));
+  EXPECT_EQ(handshake("client-a"), "");
+}
+
+TEST_F(TlsRotationTest, ACrlThatIsNotCurrentOrNotTheCasKeepsLockdFromStarting) {
+  testing::TempDir state;
+  Shell(absl::StrCat(LOCKD_BINARY, " init --data-dir=", state.path(), "/s > /dev/null"));
+  const auto serve = [&](const std::string& crl) {
+    auto lockd = process::Child::Spawn(
+        LOCKD_BINARY,
+        {"serve", "--data-dir=" + state.path() + "/s", "--port=0", "--metrics-port=-1",
+         "--admission-lock=" + state.path() + "/admission.lock", "--tls-ca=" + ca_ + "/ca.crt",
+         "--tls-cert=" + ca_ + "/lockd.crt", "--tls-key=" + ca_ + "/lockd.key",
+         "--tls-crl=" + crl},
+        {.stderr_file = state.path() + "/err"});
+    EXPECT_TRUE(lockd.ok());
+    const std::optional<int> status = lockd->Wait(absl::Seconds(20));
+    EXPECT_TRUE(status.has_value() && *status != 0) << "lockd served with " << crl;
+    return testing::ReadTextFile(state.path() + "/err");
+  };
+  // A list of a day, made sixty days ago.
+  const std::string old_dir = Issue("old");
+  Shell(absl::StrCat("CRL_DAYS=1 ", FAKETIME_BINARY, " -f -60d ", REVOKE_CERT_SCRIPT, " ",
+                     old_dir, " > /dev/null"));
+  EXPECT_THAT(serve(old_dir + "/crl.pem"), HasSubstr("has expired"));
+  // Another CA's list.
+  const std::string other = tmp_.path() + "/other";
+  Shell(absl::StrCat("mkdir -p ", other, " && cp ", Certs().b(), "/ca.crt ", Certs().b(),
+                     "/ca.key ", other, " && ", REVOKE_CERT_SCRIPT, " ", other, " > /dev/null"));
+  // (make-certs.sh names every CA alike: its name matches, its signature does not.)
+  EXPECT_THAT(serve(other + "/crl.pem"), HasSubstr("does not carry a valid signature"));
+  // Not a list at all.
+  EXPECT_THAT(serve(ca_ + "/ca.crt"), HasSubstr("no CRL in"));
+  EXPECT_THAT(serve(tmp_.path() + "/missing.pem"), HasSubstr("cannot read the CRL"));
+}
+
+TEST_F(TlsRotationTest, AClientPicksUpRotatedFilesWhenItReconnects) {
+  StartLockd();
+  // The client's own copies of its files, which its operator rotates.
+  const std::string mine = tmp_.path() + "/mine";
+  Shell(absl::StrCat("mkdir -p ", mine, " && cp ", ca_, "/ca.crt ", ca_, "/client-a.crt ", ca_,
+                     "/client-a.key ", mine));
+  auto client = Client::Create(ClientAs(mine, "client-a"));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const uint64_t session = (*client)->sessionId();
+  auto held = (*client)->acquire("rotated", absl::Seconds(5));
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_TRUE((*client)->release(*held).ok());
+  // A new certificate for the client, and the old one revoked: from now on only the new one
+  // is served.
+  const std::string renewed = Issue("client-a", Role::kClient);
+  Shell(absl::StrCat("cp ", renewed, "/client-a.key ", mine, "/client-a.key.new && mv ", mine,
+                     "/client-a.key.new ", mine, "/client-a.key && cp ", renewed,
+                     "/client-a.crt ", mine, "/client-a.crt.new && mv ", mine,
+                     "/client-a.crt.new ", mine, "/client-a.crt"));
+  Shell(absl::StrCat(REVOKE_CERT_SCRIPT, " ", ca_, " client-a > /dev/null"));
+  // lockd restarts with the list (its connections go with it); the client reconnects with its
+  // new files and resumes its session.
+  lockd_->Restart();
+  auto again = (*client)->acquire("rotated", absl::Seconds(20));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_GT(again->token(), held->token());
+  EXPECT_EQ((*client)->sessionId(), session);
+  EXPECT_TRUE((*client)->release(*again).ok());
 }
 
 TEST_F(TlsTest, WithTlsLockdMayListenBeyondLoopback) {

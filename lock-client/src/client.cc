@@ -190,7 +190,8 @@ class AcquireOp final : public PendingAcquire {
 // callbacks of the asynchronous calls.
 class ClientImpl final : public Client {
  public:
-  ClientImpl(const ClientOptions& options, Clock* clock, std::shared_ptr<net::TlsContext> tls)
+  ClientImpl(const ClientOptions& options, Clock* clock,
+             std::shared_ptr<net::ReloadingTlsContext> tls)
       : options_(options),
         clock_(clock),
         metrics_(options.metrics != nullptr ? options.metrics
@@ -450,7 +451,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
           " is not larger than its worst-case cost ", absl::FormatDuration(step.worst_case)));
     }
   }
-  std::shared_ptr<net::TlsContext> tls;
+  std::shared_ptr<net::ReloadingTlsContext> tls;
   const net::TlsFiles tls_files{.ca_file = options.tls_ca_file,
                                 .cert_file = options.tls_cert_file,
                                 .key_file = options.tls_key_file};
@@ -460,7 +461,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
           "TLS files were given for ", options.server,
           ", a Unix socket: lockd knows its peers there by uid and serves no TLS on it"));
     }
-    auto loaded = net::TlsContext::Create(tls_files, net::TlsRole::kClient, "tls_");
+    auto loaded = net::ReloadingTlsContext::Create(tls_files, net::TlsRole::kClient, "tls_");
     if (!loaded.ok()) return loaded.status();
     tls = std::move(*loaded);
   }

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <boost/asio/post.hpp>
 
+#include "absl/strings/str_cat.h"
+
 namespace fencelock::client_internal {
 
 void DriverImpl::Subscribe() {
@@ -111,7 +113,7 @@ void DriverImpl::Dialed(size_t replica, const std::shared_ptr<Conn>& conn, uint3
     if (core.conn() == conn->id) attached_ = conn;
   });
   if (again) {
-    Runtime::Get().Dial(self, *again, options_.tls, options_.tls_server_name,
+    Runtime::Get().Dial(self, *again, TlsForDial(), options_.tls_server_name,
                         options_.client_name);
   }
 }
@@ -234,9 +236,21 @@ void DriverImpl::Carry(Batch& batch, std::shared_ptr<Conn>* lead) {
     asio::post(runtime.io(), [self] { self->Arm(); });
   }
   if (batch.dial) {
-    runtime.Dial(shared_from_this(), *batch.dial, options_.tls, options_.tls_server_name,
+    runtime.Dial(shared_from_this(), *batch.dial, TlsForDial(), options_.tls_server_name,
                  options_.client_name);
   }
+}
+
+std::shared_ptr<net::TlsContext> DriverImpl::TlsForDial() {
+  if (options_.tls == nullptr) return nullptr;
+  std::string refused;
+  std::shared_ptr<net::TlsContext> tls = options_.tls->Current(&refused);
+  if (!refused.empty() && options_.log) {
+    options_.log(LogLevel::kWarning,
+                 absl::StrCat("the TLS files changed but do not load (", refused,
+                              "); connecting with the ones loaded before"));
+  }
+  return tls;
 }
 
 void DriverImpl::Arm() {

@@ -58,7 +58,8 @@ class Driver {
   struct Options {
     client_core::CoreOptions core;  // next_request_id is set by the runtime
     Clock* clock = nullptr;         // never null
-    std::shared_ptr<net::TlsContext> tls;
+    // The certificates, read again when their files change (at the next connection made).
+    std::shared_ptr<net::ReloadingTlsContext> tls;
     std::string tls_server_name;
     std::string client_name;
     // Leases the core reports lost; called outside every lock of the driver, never after

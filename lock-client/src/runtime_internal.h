@@ -298,6 +298,9 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
   void Carry(Batch& batch, std::shared_ptr<Conn>* lead);
   // Sets the timer for the core's next wakeup (I/O thread).
   void Arm();
+  // The TLS context for a new connection (nullptr: plaintext): the newest files that load. A
+  // change of the files that does not load is logged, and the files loaded before are used.
+  std::shared_ptr<net::TlsContext> TlsForDial();
 
   const Options options_;
   Clock* const clock_;

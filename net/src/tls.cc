@@ -2,7 +2,9 @@
 
 #include <arpa/inet.h>
 #include <sys/stat.h>
+#include <openssl/bio.h>
 #include <openssl/err.h>
+#include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
@@ -64,6 +66,79 @@ std::string CertificateIdentity(X509* cert) {
   return identity;
 }
 
+// An ASN.1 time as OpenSSL prints it ("Dec  6 10:00:00 2027 GMT").
+std::string TimeText(const ASN1_TIME* time) {
+  BIO* bio = BIO_new(BIO_s_mem());
+  if (bio == nullptr) return "?";
+  std::string text = "?";
+  if (ASN1_TIME_print(bio, time) == 1) {
+    char* data = nullptr;
+    const long n = BIO_get_mem_data(bio, &data);
+    text.assign(data, n);
+  }
+  BIO_free(bio);
+  return text;
+}
+
+// Loads every CRL in `path` into `ctx`'s store and turns revocation checks on for the peer's
+// certificate. Each CRL must be issued and signed by a certificate of the CA file already in
+// the store, and current. Returns the number of certificates the CRLs revoke.
+absl::StatusOr<int> LoadCrls(SSL_CTX* ctx, const TlsFiles& files, const std::string& flag_prefix) {
+  const std::string& path = files.crl_file;
+  const std::string flag = absl::StrCat(" (", flag_prefix, "crl)");
+  BIO* bio = BIO_new_file(path.c_str(), "r");
+  if (bio == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read the CRL ", path, flag, ": ", TakeTlsErrors("?")));
+  }
+  X509_STORE* store = SSL_CTX_get_cert_store(ctx);
+  STACK_OF(X509_OBJECT)* trusted = X509_STORE_get0_objects(store);
+  absl::Status refused;
+  int crls = 0;
+  int revoked = 0;
+  while (X509_CRL* crl = PEM_read_bio_X509_CRL(bio, nullptr, nullptr, nullptr)) {
+    ++crls;
+    X509* issuer = nullptr;
+    for (int i = 0; i < sk_X509_OBJECT_num(trusted) && issuer == nullptr; ++i) {
+      X509* cert = X509_OBJECT_get0_X509(sk_X509_OBJECT_value(trusted, i));
+      if (cert != nullptr &&
+          X509_NAME_cmp(X509_get_subject_name(cert), X509_CRL_get_issuer(crl)) == 0) {
+        issuer = cert;
+      }
+    }
+    const ASN1_TIME* next = X509_CRL_get0_nextUpdate(crl);
+    if (issuer == nullptr) {
+      refused = absl::InvalidArgumentError(absl::StrCat(
+          "the CRL ", path, flag, " is not issued by the CA in ", files.ca_file));
+    } else if (X509_CRL_verify(crl, X509_get0_pubkey(issuer)) != 1) {
+      refused = absl::InvalidArgumentError(absl::StrCat(
+          "the CRL ", path, flag, " does not carry a valid signature of the CA in ",
+          files.ca_file));
+    } else if (X509_cmp_current_time(X509_CRL_get0_lastUpdate(crl)) > 0) {
+      refused = absl::InvalidArgumentError(absl::StrCat("the CRL ", path, flag, " is not valid yet"));
+    } else if (next != nullptr && X509_cmp_current_time(next) < 0) {
+      refused = absl::InvalidArgumentError(absl::StrCat(
+          "the CRL ", path, flag, " has expired (its next update was due ", TimeText(next),
+          "): it would refuse every peer"));
+    } else if (X509_STORE_add_crl(store, crl) != 1) {
+      refused = absl::InvalidArgumentError(
+          absl::StrCat("cannot use the CRL ", path, flag, ": ", TakeTlsErrors("?")));
+    } else if (STACK_OF(X509_REVOKED)* list = X509_CRL_get_REVOKED(crl)) {
+      revoked += sk_X509_REVOKED_num(list);
+    }
+    X509_CRL_free(crl);
+    if (!refused.ok()) break;
+  }
+  BIO_free(bio);
+  ERR_clear_error();  // the read that found no more CRLs queued "no start line"
+  if (!refused.ok()) return refused;
+  if (crls == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("no CRL in ", path, flag));
+  }
+  X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
+  return revoked;
+}
+
 }  // namespace
 
 std::string TakeTlsErrors(const std::string& fallback) {
@@ -91,7 +166,7 @@ absl::StatusOr<std::shared_ptr<TlsContext>> TlsContext::Create(const TlsFiles& f
     }
   }
   for (auto [flag, file] : {std::pair{"ca", &files.ca_file}, std::pair{"cert", &files.cert_file},
-                            std::pair{"key", &files.key_file}}) {
+                            std::pair{"key", &files.key_file}, std::pair{"crl", &files.crl_file}}) {
     // A FIFO would block the start until someone writes to it; a huge file is a mistake.
     struct stat st;
     if (::stat(file->c_str(), &st) == 0 &&
@@ -139,6 +214,16 @@ absl::StatusOr<std::shared_ptr<TlsContext>> TlsContext::Create(const TlsFiles& f
   if (X509_cmp_current_time(X509_get0_notBefore(own)) > 0) {
     return fail(absl::StrCat("the certificate ", files.cert_file, " is not valid yet"));
   }
+  std::string summary = absl::StrCat(CertificateIdentity(own), ", valid until ",
+                                     TimeText(X509_get0_notAfter(own)));
+  if (!files.crl_file.empty()) {
+    absl::StatusOr<int> revoked = LoadCrls(ctx, files, flag_prefix);
+    if (!revoked.ok()) {
+      SSL_CTX_free(ctx);
+      return revoked.status();
+    }
+    absl::StrAppend(&summary, ", ", *revoked, " revoked by the CRL");
+  }
   if (role == TlsRole::kServer) {
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
     // Tells clients which CA to pick a certificate for.
@@ -153,7 +238,62 @@ absl::StatusOr<std::shared_ptr<TlsContext>> TlsContext::Create(const TlsFiles& f
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
   }
   ERR_clear_error();
-  return std::shared_ptr<TlsContext>(new TlsContext(ctx, role, CertificateIdentity(own)));
+  return std::shared_ptr<TlsContext>(
+      new TlsContext(ctx, role, CertificateIdentity(own), std::move(summary)));
+}
+
+absl::StatusOr<std::shared_ptr<ReloadingTlsContext>> ReloadingTlsContext::Create(
+    const TlsFiles& files, TlsRole role, const std::string& flag_prefix) {
+  std::shared_ptr<ReloadingTlsContext> reloading(
+      new ReloadingTlsContext(files, role, flag_prefix));
+  std::string stamp = reloading->Stamp();
+  auto first = TlsContext::Create(files, role, flag_prefix);
+  if (!first.ok()) return first.status();
+  absl::MutexLock lock(&reloading->mu_);
+  reloading->current_ = std::move(*first);
+  reloading->stamp_ = std::move(stamp);
+  return reloading;
+}
+
+std::string ReloadingTlsContext::Stamp() const {
+  std::string stamp;
+  for (const std::string* file : {&files_.ca_file, &files_.cert_file, &files_.key_file,
+                                  &files_.crl_file}) {
+    struct stat st;
+    if (file->empty()) {
+      stamp += "-;";
+    } else if (::stat(file->c_str(), &st) != 0) {
+      stamp += "missing;";
+    } else {
+      absl::StrAppend(&stamp, st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".",
+                      st.st_mtim.tv_nsec, ";");
+    }
+  }
+  return stamp;
+}
+
+std::shared_ptr<TlsContext> ReloadingTlsContext::Current(std::string* refused) {
+  std::string stamp = Stamp();
+  absl::MutexLock lock(&mu_);
+  if (stamp == stamp_) return current_;
+  stamp_ = std::move(stamp);
+  auto loaded = TlsContext::Create(files_, role_, flag_prefix_);
+  if (!loaded.ok()) {
+    if (refused != nullptr) *refused = std::string(loaded.status().message());
+    return current_;
+  }
+  current_ = std::move(*loaded);
+  return current_;
+}
+
+absl::StatusOr<std::string> ReloadingTlsContext::Reload() {
+  std::string stamp = Stamp();
+  auto loaded = TlsContext::Create(files_, role_, flag_prefix_);
+  absl::MutexLock lock(&mu_);
+  stamp_ = std::move(stamp);
+  if (!loaded.ok()) return loaded.status();
+  current_ = std::move(*loaded);
+  return current_->summary();
 }
 
 TlsContext::~TlsContext() { SSL_CTX_free(ctx_); }

@@ -185,7 +185,9 @@ struct ClientOptions {
   // and this client's certificate and key, all PEM files. All three or none; a unix: address
   // takes none (lockd knows its peers there by uid). Create() refuses files that do not load,
   // a key that does not belong to the certificate, and an expired certificate. Default: none,
-  // plaintext TCP (which lockd serves on loopback only).
+  // plaintext TCP (which lockd serves on loopback only). Certificate rotation: when a file has
+  // changed, the next connection the client makes (a reconnect) loads them again; files that do
+  // not load are logged (kWarning) and the ones loaded before are used.
   std::string tls_ca_file;
   std::string tls_cert_file;
   std::string tls_key_file;

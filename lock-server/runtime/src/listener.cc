@@ -135,6 +135,15 @@ Listener::Listener(asio::io_context& io, ServerCore* core, TimeSource* time,
   }
 }
 
+void Listener::SetTls(std::shared_ptr<net::TlsContext> tls) {
+  if (tls_ == nullptr || tls == nullptr) return;
+  tls_ = std::move(tls);
+  // As in the constructor: Asio's context holds a reference of its own. The context it
+  // replaces is freed once the connections made with it (their SSL objects hold it) are gone.
+  SSL_CTX_up_ref(tls_->native());
+  tls_context_.emplace(tls_->native());
+}
+
 Listener::~Listener() {
   log_.Flush();
   if (spare_fd_ >= 0) ::close(spare_fd_);

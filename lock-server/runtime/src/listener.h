@@ -44,6 +44,10 @@ class Listener {
   void StopAccepting();
   // Closes the listeners and every open connection.
   void Stop();
+  // Certificate rotation (lockd's SIGHUP): TLS connections accepted from now on handshake with
+  // `tls`; those already open keep the context they were made with. Nothing on a plaintext
+  // listener. On the io thread.
+  void SetTls(std::shared_ptr<net::TlsContext> tls);
 
  private:
   template <typename Acceptor>

@@ -84,6 +84,9 @@
   X(std::string, tls_cert, listen.tls.cert_file,                                               \
     "TLS on TCP: lockd's certificate (PEM, with any intermediates after it)")                  \
   X(std::string, tls_key, listen.tls.key_file, "TLS on TCP: the private key of --tls-cert (PEM)") \
+  X(std::string, tls_crl, listen.tls.crl_file,                                                 \
+    "TLS on TCP: certificate revocation lists (PEM) signed by the --tls-ca CA; a client "       \
+    "certificate they list is refused. The TLS files are read again on SIGHUP")                \
   X(std::string, unix_socket, listen.unix_socket_path,                                         \
     "also listen on this Unix-domain socket path")                                             \
   X(std::string, admission_lock, admission_lock,                                               \
@@ -253,8 +256,8 @@ struct RunOutcome {
   bool stopped = false;   // a stop signal came (SIGINT or SIGTERM)
 };
 
-// Runs `server` until a stop signal (SIGHUP reloads the permissions) or until it ends by
-// itself.
+// Runs `server` until a stop signal (SIGHUP reloads the permissions and the TLS files) or until
+// it ends by itself.
 RunOutcome RunUntilStopped(fencelock::server::Server& server, const sigset_t& signals) {
   std::atomic<bool> ending{false};
   std::atomic<bool> stopped{false};
@@ -275,6 +278,14 @@ RunOutcome RunUntilStopped(fencelock::server::Server& server, const sigset_t& si
           // Beside the successful reloads, on standard output: one stream tells the outcomes.
           Log().Info(absl::StrCat("SIGHUP: ", reloaded.status().message(),
                                   "; the permissions in force are unchanged"));
+        }
+        // Certificate rotation: likewise, files that do not load leave those in force.
+        auto tls = server.ReloadTls();
+        if (tls.ok()) {
+          Log().Info(absl::StrCat("SIGHUP: ", *tls));
+        } else if (!absl::IsFailedPrecondition(tls.status())) {
+          Log().Warning(absl::StrCat("SIGHUP: TLS: ", tls.status().message(),
+                                     "; the certificates in force are unchanged"));
         }
         continue;
       }
@@ -407,7 +418,7 @@ int Serve() {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGHUP);  // reloads the permissions file
+  sigaddset(&stop_signals, SIGHUP);  // reloads the permissions and the TLS files
   sigaddset(&stop_signals, kEndSignalThread);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);

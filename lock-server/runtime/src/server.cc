@@ -79,7 +79,7 @@ std::string Describe(const Permissions& p) {
 
 class ServerImpl final : public Server {
  public:
-  ServerImpl(const ServerOptions& options, std::shared_ptr<net::TlsContext> tls)
+  ServerImpl(const ServerOptions& options, std::shared_ptr<net::ReloadingTlsContext> tls)
       : options_(options), tls_(std::move(tls)), time_(io_, options.clock) {}
 
   ~ServerImpl() override {
@@ -113,6 +113,17 @@ class ServerImpl final : public Server {
     return line;
   }
 
+  absl::StatusOr<std::string> ReloadTls() override {
+    if (tls_ == nullptr) return absl::FailedPreconditionError("lockd serves no TLS (--tls-*)");
+    absl::StatusOr<std::string> loaded = tls_->Reload();
+    if (!loaded.ok()) return loaded.status();
+    // A listener made later (after a standby's takeover) asks tls_ for the context itself.
+    asio::post(io_, [this, fresh = tls_->Current()]() mutable {
+      if (listener_ != nullptr) listener_->SetTls(std::move(fresh));
+    });
+    return absl::StrCat("TLS: now ", *loaded, " for new connections");
+  }
+
  private:
   absl::StatusOr<OpenedCommitLog> OpenCommitLog();
   void Stop();
@@ -126,7 +137,8 @@ class ServerImpl final : public Server {
   }
 
   const ServerOptions options_;
-  std::shared_ptr<net::TlsContext> tls_;  // nullptr: plaintext TCP
+  // The certificates, reloaded by ReloadTls(); nullptr: plaintext TCP.
+  const std::shared_ptr<net::ReloadingTlsContext> tls_;
   asio::io_context io_{1};
   AsioTimeSource time_;
   // Before the core: the log's writer reports sync times into it until the log is destroyed.
@@ -287,7 +299,7 @@ absl::Status ServerImpl::Init() {
     exposer_ = std::move(*exposer);
   }
   if (!options_.storage.etcd_endpoints.empty() && options_.storage.etcd_standby) {
-    auto front = StandbyFront::Start(listen_options_, tls_);
+    auto front = StandbyFront::Start(listen_options_, tls_ ? tls_->Current() : nullptr);
     if (!front.ok()) return front.status();
     standby_ = std::move(*front);
     if (options_.listen.tcp) listen_options_.listen.tcp_port = standby_->tcp_port();
@@ -345,7 +357,8 @@ absl::Status ServerImpl::Init() {
     };
   }
   core_ = std::make_unique<ServerCore>(core_options, &time_, std::move(*opened));
-  listener_ = std::make_unique<Listener>(io_, core_.get(), &time_, listen_options_, tls_);
+  listener_ = std::make_unique<Listener>(io_, core_.get(), &time_, listen_options_,
+                                         tls_ ? tls_->Current() : nullptr);
   if (absl::Status s = listener_->Bind(); !s.ok()) return s;
   exporter_ = std::make_unique<MetricsExport>(core_.get(), &time_, metrics_.get());
   if (exposer_) exporter_->ExportNow();
@@ -387,13 +400,14 @@ void ServerImpl::Stop() {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
-  std::shared_ptr<net::TlsContext> tls;
+  std::shared_ptr<net::ReloadingTlsContext> tls;
   if (options.listen.tls.enabled()) {
     if (!options.listen.tcp) {
       return absl::InvalidArgumentError(
           "TLS certificates (--tls-*) were given but the TCP listener is off (--tcp=false)");
     }
-    auto loaded = net::TlsContext::Create(options.listen.tls, net::TlsRole::kServer, "--tls-");
+    auto loaded =
+        net::ReloadingTlsContext::Create(options.listen.tls, net::TlsRole::kServer, "--tls-");
     if (!loaded.ok()) return loaded.status();
     tls = std::move(*loaded);
   }
@@ -406,7 +420,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   auto server = std::make_unique<ServerImpl>(resolved, tls);
   if (!raised.empty()) server->Note(raised);
   if (tls) {
-    server->Note(absl::StrCat("TLS 1.3 on tcp as ", tls->identity(),
+    server->Note(absl::StrCat("TLS 1.3 on tcp as ", tls->Current()->summary(),
                               "; clients need a certificate from ", options.listen.tls.ca_file));
   }
   if (absl::Status s = server->Init(); !s.ok()) return s;

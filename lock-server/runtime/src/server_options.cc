@@ -57,6 +57,9 @@ absl::Status ValidateStorage(const StorageOptions& o) {
 }
 
 absl::Status ValidateListen(const ListenOptions& o) {
+  if (!o.tls.crl_file.empty() && !o.tls.enabled()) {
+    return Refuse("--tls-crl was given without TLS (--tls-ca, --tls-cert, --tls-key)");
+  }
   if (o.tls.enabled() && !o.tcp) {
     return Refuse("TLS certificates (--tls-*) were given but the TCP listener is off (--tcp=false)");
   }

@@ -7,7 +7,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 struct ssl_ctx_st;  // OpenSSL's SSL_CTX
 struct ssl_st;      // OpenSSL's SSL
@@ -22,8 +24,12 @@ struct TlsFiles {
   // This end's certificate (with any intermediates after it) and its private key.
   std::string cert_file;
   std::string key_file;
+  // Optional: certificate revocation lists (PEM, one or more) issued by the CA. A peer whose
+  // certificate one of them lists is refused at the handshake. Every CRL must be signed by the
+  // CA and current (its next update not passed): an expired CRL would refuse every peer.
+  std::string crl_file;
 
-  // Whether any file is given (then all three must be).
+  // Whether any file is given (then the first three must be).
   bool enabled() const { return !ca_file.empty() || !cert_file.empty() || !key_file.empty(); }
 };
 
@@ -47,13 +53,48 @@ class TlsContext {
   TlsRole role() const { return role_; }
   // This end's own identity ("cn:lockd"), for logs.
   const std::string& identity() const { return identity_; }
+  // What was loaded, for a log line: the identity, the certificate's expiry and the number of
+  // certificates revoked by the CRLs ("cn:lockd, valid until 2027-12-06 10:00:00 UTC, 2 revoked").
+  const std::string& summary() const { return summary_; }
 
  private:
-  TlsContext(ssl_ctx_st* ctx, TlsRole role, std::string identity)
-      : ctx_(ctx), role_(role), identity_(std::move(identity)) {}
+  TlsContext(ssl_ctx_st* ctx, TlsRole role, std::string identity, std::string summary)
+      : ctx_(ctx), role_(role), identity_(std::move(identity)), summary_(std::move(summary)) {}
   ssl_ctx_st* ctx_;
   TlsRole role_;
   std::string identity_;
+  std::string summary_;
+};
+
+// A TlsContext that follows its files (certificate rotation): Reload() loads them again, and
+// Current() does when one of them changed since the last load (its size, modification time or
+// inode). A new set that does not load (a missing or bad file, a key that does not match, an
+// expired certificate or CRL) leaves the context in force as it was. Connections made before a
+// reload keep the context they were made with. Thread-safe.
+class ReloadingTlsContext {
+ public:
+  static absl::StatusOr<std::shared_ptr<ReloadingTlsContext>> Create(
+      const TlsFiles& files, TlsRole role, const std::string& flag_prefix);
+
+  // The context for a new connection. If the files changed since they were last loaded, loads
+  // them first; when that fails, returns the context in force and sets `*refused` (if given)
+  // to why, once per change of the files.
+  std::shared_ptr<TlsContext> Current(std::string* refused = nullptr);
+  // Loads the files now (lockd's SIGHUP): the new context's summary, or why the one in force
+  // stays.
+  absl::StatusOr<std::string> Reload();
+
+ private:
+  ReloadingTlsContext(TlsFiles files, TlsRole role, std::string flag_prefix)
+      : files_(std::move(files)), role_(role), flag_prefix_(std::move(flag_prefix)) {}
+  std::string Stamp() const;  // what Current() compares: the files' sizes, times and inodes
+
+  const TlsFiles files_;
+  const TlsRole role_;
+  const std::string flag_prefix_;
+  absl::Mutex mu_;
+  std::shared_ptr<TlsContext> current_ ABSL_GUARDED_BY(mu_);
+  std::string stamp_ ABSL_GUARDED_BY(mu_);  // of the files last tried, loaded or not
 };
 
 // Sets up a client connection's `ssl` to check that the server's certificate names

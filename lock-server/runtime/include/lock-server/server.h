@@ -184,6 +184,15 @@ class Server {
   // changes nothing: the error names the line and the reason. Returns a line for the log.
   // Thread-safe (lockd calls it on SIGHUP).
   virtual absl::StatusOr<std::string> ReloadPermissions() = 0;
+
+  // Certificate rotation: reads the TLS files (options.listen.tls: CA, certificate, key and
+  // CRL) again and, if they load, makes every TLS connection accepted from then on handshake
+  // with them; open connections and their sessions are left as they are. Files that do not
+  // load change nothing: the error names the file and the reason. kFailedPrecondition when
+  // lockd serves no TLS. A standby's NOT_LEADER front keeps the files it started with; the
+  // listener it hands over to at a takeover takes the newest. Returns a line for the log.
+  // Thread-safe (lockd calls it on SIGHUP).
+  virtual absl::StatusOr<std::string> ReloadTls() = 0;
 };
 
 }  // namespace fencelock::server
