@@ -15,6 +15,8 @@ FENCELOCK_PACKAGES=(
   python3
   libfuse3-dev fuse3
   nlohmann-json3-dev
+  dpkg-dev systemd
+  python3-dev python3-pybind11
 )
 
 say() { printf '\n==> %s\n' "$*"; }

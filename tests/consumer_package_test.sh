@@ -6,19 +6,14 @@
 # lockd on a free loopback port; and checks that neither links prometheus-cpp.
 set -euo pipefail
 build="$1" src="$2" lockd="$3"
-work="$(mktemp -d)"
-lockd_pid=""
-cleanup() {
-  [ -n "$lockd_pid" ] && kill "$lockd_pid" 2>/dev/null && wait "$lockd_pid" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/support/scratch.sh"
 
 echo "== installing $build into $work/prefix"
-cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
+cmake --install "$build" --prefix "$work/prefix" --component client > "$work/install.log"
 for f in include/fencelock/lock-client/client.h lib/cmake/fencelock/fencelockConfig.cmake \
-         lib/pkgconfig/fencelock-client.pc lib/libfencelock-client.so lib/libfencelock-fence.so; do
+         lib/pkgconfig/fencelock-client.pc lib/pkgconfig/fencelock-metrics-http.pc \
+         lib/libfencelock-client.so lib/libfencelock-fence.so lib/libfencelock-metrics-http.so \
+         include/fencelock/metrics/exposer.h include/fencelock/api/export.h; do
   [ -e "$work/prefix/$f" ] || fail "the install has no $f"
 done
 # A worker includes client.h to lock: nothing of Asio, protobuf or prometheus-cpp comes with it.
@@ -40,7 +35,8 @@ echo "== building it again with g++ and pkg-config"
 export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig"
 # shellcheck disable=SC2046
 g++ -o "$work/consumer-pc" "$src/examples/consumer/main.cc" \
-  $(pkg-config --cflags --libs fencelock-client fencelock-fence) -Wl,-rpath,"$work/prefix/lib" \
+  $(pkg-config --cflags --libs fencelock-client fencelock-fence fencelock-metrics-http) \
+  -Wl,-rpath,"$work/prefix/lib" \
   || fail "building with pkg-config"
 
 [ -x "$work/consumer/consumer-async" ] || fail "the async consumer was not built (Boost not found?)"
@@ -51,13 +47,8 @@ done
 
 echo "== running both against a real lockd"
 "$lockd" init --data-dir="$work/state" > /dev/null
-"$lockd" serve --data-dir="$work/state" --port=0 --port-file="$work/port" --metrics-port=-1 \
-  > "$work/lockd.log" 2>&1 &
-lockd_pid=$!
-for _ in $(seq 1 300); do [ -s "$work/port" ] && break; sleep 0.1; done
-[ -s "$work/port" ] || { cat "$work/lockd.log"; fail "lockd did not start"; }
-port="$(cat "$work/port")"
+start_lockd "$lockd" --data-dir="$work/state" --metrics-port=-1
 for exe in "$work/consumer/consumer" "$work/consumer-pc" "$work/consumer/consumer-async"; do
   "$exe" "127.0.0.1:$port" || fail "$exe failed its lock cycle"
 done
-echo "PASS: installed, built with CMake (blocking and co_await) and with pkg-config, a lock cycle each, no prometheus-cpp"
+echo "PASS: installed, built with CMake (blocking and co_await) and with pkg-config, a lock cycle each (and /metrics served), no prometheus-cpp"

@@ -1,9 +1,15 @@
 // Issue 13, finding 6: every program's --help lists its own flags (absl's default matched none
 // of them and printed "No flags matched").
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -14,14 +20,17 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string Help(const std::string& binary) {
-  FILE* pipe = popen((binary + " --help 2>&1").c_str(), "r");
+// Runs `command` in a shell; its exit status and everything it wrote.
+std::pair<int, std::string> RunShell(const std::string& command) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
   std::string out;
   char buf[4096];
   for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
-  pclose(pipe);
-  return out;
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
+
+std::string Help(const std::string& binary) { return RunShell(binary + " --help").second; }
 
 TEST(HelpTest, EveryProgramListsItsFlags) {
   for (const auto& [binary, flag] : {std::pair{LOCKD_BINARY, "--data_dir"},
@@ -58,6 +67,42 @@ TEST(HelpTest, TheContractDefaultsAreTheFlagsDefaults) {
   EXPECT_EQ(FlagDefault(worker, "session_ttl"), "15s");
   EXPECT_EQ(FlagDefault(worker, "lock_ttl"), "30s");
   EXPECT_EQ(FlagDefault(worker, "margin"), "0.3");
+}
+
+// Issue 41: the packaged units pass lockd its flags in a file (--flagfile), spelled with dashes
+// as on the command line.
+TEST(FlagfileTest, FlagsComeFromFilesInTheirPlace) {
+  char pattern[] = "/tmp/fencelock-flagfile-XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  const std::string flags = dir + "/lockd.flags";
+  std::ofstream(flags) << "# lockd's flags\n\n  --data-dir=" << dir << "/from-file  \n"
+                       << "--wal_segment_bytes=65536\n";
+  const std::string lockd = LOCKD_BINARY;
+  // The file's flags, dashed or not, with comments and blank lines.
+  auto [status, out] = RunShell(lockd + " init --flagfile=" + flags);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/from-file")) << out;
+  // A flag after the file overrides it.
+  std::tie(status, out) = RunShell(lockd + " init --flagfile=" + flags + " --data-dir=" + dir + "/later");
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/later")) << out;
+  // Files that cannot be read, are not files, or hold something else are refused by name.
+  std::tie(status, out) = RunShell(lockd + " init --flagfile=" + dir + "/missing");
+  EXPECT_EQ(status, 2);
+  EXPECT_THAT(out, HasSubstr("--flagfile=" + dir + "/missing: cannot read it"));
+  std::tie(status, out) = RunShell(lockd + " init --flagfile=" + dir);
+  EXPECT_EQ(status, 2);
+  EXPECT_THAT(out, HasSubstr("not a regular file"));
+  std::ofstream(dir + "/bad.flags") << "--port=7420\ndata-dir=/var/lib/lockd\n";
+  std::tie(status, out) = RunShell(lockd + " init --flagfile=" + dir + "/bad.flags");
+  EXPECT_EQ(status, 2);
+  EXPECT_THAT(out, HasSubstr("bad.flags:2: \"data-dir=/var/lib/lockd\" is not a flag"));
+  std::ofstream(dir + "/self.flags") << "--flagfile=" << dir << "/self.flags\n";
+  std::tie(status, out) = RunShell(lockd + " init --flagfile=" + dir + "/self.flags");
+  EXPECT_EQ(status, 2);
+  EXPECT_THAT(out, HasSubstr("more than 8 deep"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -1,10 +1,88 @@
 #include "process/flags.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
 #include "absl/flags/parse.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace fencelock::process {
+namespace {
+
+// A flags file is a few lines; a larger one, or one that is not a regular file (a FIFO would
+// block the start), is a mistake.
+constexpr off_t kMaxFlagfileBytes = off_t{1} << 20;
+// A flags file may name another; this deep at most (a file that names itself is refused).
+constexpr int kMaxFlagfileDepth = 8;
+
+[[noreturn]] void Refuse(const std::string& message) {
+  std::fprintf(stderr, "ERROR: %s\n", message.c_str());
+  std::exit(2);
+}
+
+// "--session-ttl=5s" as absl spells it, "--session_ttl=5s"; anything else as it is.
+std::string Underscored(std::string arg) {
+  if (arg.rfind("--", 0) == 0) {
+    const size_t end = std::min(arg.find('='), arg.size());
+    for (size_t k = 2; k < end; ++k) {
+      if (arg[k] == '-') arg[k] = '_';
+    }
+  }
+  return arg;
+}
+
+void Append(const std::string& arg, int depth, std::vector<std::string>* out);
+
+// The flags of `path`, one a line as on the command line (blank lines and lines starting with
+// '#' are skipped), appended in place of --flagfile=`path`.
+void ExpandFlagfile(const std::string& path, int depth, std::vector<std::string>* out) {
+  const std::string flag = absl::StrCat("--flagfile=", path);
+  if (depth >= kMaxFlagfileDepth) {
+    Refuse(absl::StrCat(flag, ": flags files name each other more than ", kMaxFlagfileDepth,
+                        " deep"));
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    Refuse(absl::StrCat(flag, ": cannot read it: ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode) || st.st_size > kMaxFlagfileBytes) {
+    Refuse(absl::StrCat(flag, ": not a regular file of at most ", kMaxFlagfileBytes, " bytes"));
+  }
+  std::ifstream in(path);
+  if (!in) Refuse(absl::StrCat(flag, ": cannot read it: ", std::strerror(errno)));
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    const std::string text(absl::StripAsciiWhitespace(line));
+    if (text.empty() || text[0] == '#') continue;
+    if (text.rfind("--", 0) != 0) {
+      Refuse(absl::StrCat(path, ":", number, ": \"", text,
+                          "\" is not a flag (one --name=value a line; # starts a comment)"));
+    }
+    Append(text, depth + 1, out);
+  }
+}
+
+void Append(const std::string& arg, int depth, std::vector<std::string>* out) {
+  const std::string a = Underscored(arg);
+  if (a.rfind("--flagfile=", 0) == 0) {
+    for (const absl::string_view path : absl::StrSplit(a.substr(11), ',', absl::SkipEmpty())) {
+      ExpandFlagfile(std::string(path), depth, out);
+    }
+    return;
+  }
+  out->push_back(a);
+}
+
+}  // namespace
 
 std::vector<std::string> ParseFlags(int argc, char** argv) {
   // --help lists the program's own flags: absl's default shows only flags defined in a file
@@ -17,14 +95,11 @@ std::vector<std::string> ParseFlags(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage);
   std::vector<std::string> normalized;
   for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    if (i > 0 && a.rfind("--", 0) == 0) {
-      const size_t end = std::min(a.find('='), a.size());
-      for (size_t k = 2; k < end; ++k) {
-        if (a[k] == '-') a[k] = '_';
-      }
+    if (i == 0) {
+      normalized.push_back(argv[0]);
+    } else {
+      Append(argv[i], 0, &normalized);
     }
-    normalized.push_back(std::move(a));
   }
   std::vector<char*> pointers;
   for (auto& a : normalized) pointers.push_back(a.data());

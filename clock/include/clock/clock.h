@@ -17,12 +17,13 @@
 #include <cstdint>
 
 #include "absl/time/time.h"
+#include "api/export.h"
 
 namespace fencelock {
 
 // A point in time on the boot-time monotonic clock, as nanoseconds since an arbitrary
 // origin. Value type; trivially copyable. Arithmetic saturates like absl::Duration.
-class MonoTime {
+class FENCELOCK_API MonoTime {
  public:
   constexpr MonoTime() = default;
   static constexpr MonoTime FromNanos(int64_t ns) { return MonoTime(ns); }
@@ -55,7 +56,7 @@ class MonoTime {
 
 // Where lease logic gets the time. Implementations are thread-safe; Now() never blocks,
 // never allocates, and never goes backwards.
-class Clock {
+class FENCELOCK_API Clock {
  public:
   virtual ~Clock() = default;
   virtual MonoTime Now() const = 0;
@@ -77,7 +78,7 @@ class Clock {
 
 // A clock that stands still until Advance() or Set() moves it. Starts at `start`.
 // Thread-safe: tests move it from one thread while the code under test reads it from another.
-class SimulatedClock : public Clock {
+class FENCELOCK_API SimulatedClock : public Clock {
  public:
   explicit SimulatedClock(MonoTime start = MonoTime::FromNanos(1'000'000'000'000))
       : now_ns_(start.nanos()) {}

@@ -21,12 +21,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "api/export.h"
 
 struct sqlite3;
 
 namespace fencelock::fence {
 
-class TokenFence {
+class FENCELOCK_API TokenFence {
  public:
   virtual ~TokenFence() = default;
 
@@ -59,11 +60,11 @@ class TokenFence {
 // change commit together or not at all. The table is created by CreateFenceTable(), which also
 // adds the write register to a table made before it existed (its keys then read as if every
 // token admitted had been a write, which is what they were).
-absl::Status CreateFenceTable(sqlite3* db);
-absl::Status AdmitInTransaction(sqlite3* db, std::string_view key, uint64_t token);
-absl::Status AdmitReadInTransaction(sqlite3* db, std::string_view key, uint64_t token);
-absl::StatusOr<uint64_t> HighestInTransaction(sqlite3* db, std::string_view key);
-absl::StatusOr<uint64_t> HighestWriteInTransaction(sqlite3* db, std::string_view key);
+FENCELOCK_API absl::Status CreateFenceTable(sqlite3* db);
+FENCELOCK_API absl::Status AdmitInTransaction(sqlite3* db, std::string_view key, uint64_t token);
+FENCELOCK_API absl::Status AdmitReadInTransaction(sqlite3* db, std::string_view key, uint64_t token);
+FENCELOCK_API absl::StatusOr<uint64_t> HighestInTransaction(sqlite3* db, std::string_view key);
+FENCELOCK_API absl::StatusOr<uint64_t> HighestWriteInTransaction(sqlite3* db, std::string_view key);
 
 }  // namespace fencelock::fence
 

@@ -36,10 +36,11 @@
 #include <vector>
 
 #include "lock-client/client.h"
+#include "api/export.h"
 
 namespace fencelock {
 
-class AsyncClient {
+class FENCELOCK_API AsyncClient {
  public:
   using executor_type = boost::asio::any_io_executor;
 

@@ -38,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "api/export.h"
 #include "clock/clock.h"
 #include "metrics/metrics.h"
 #include "protocol/defaults.h"
@@ -66,16 +67,16 @@ enum class LossReason : uint8_t {
 };
 
 // The name of a LossReason, for messages and logs ("deadline_passed", ...).
-const char* LossReasonName(LossReason reason);
+FENCELOCK_API const char* LossReasonName(LossReason reason);
 
 // The level of one of the client's log lines (ClientOptions::log).
 enum class LogLevel : uint8_t { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 // "debug", "info", "warning", "error".
-const char* LogLevelName(LogLevel level);
+FENCELOCK_API const char* LogLevelName(LogLevel level);
 
 // Thrown by Client::checkStillHeld when the caller may no longer hold the lock. Deliberately an
 // exception: losing the lock must unwind the critical section and must not be ignorable.
-class LockLostException : public std::runtime_error {
+class FENCELOCK_API LockLostException : public std::runtime_error {
  public:
   LockLostException(std::string lock, uint64_t token, LossReason reason,
                     const std::string& message)
@@ -91,7 +92,7 @@ class LockLostException : public std::runtime_error {
 };
 
 // The worst-case duration of one irreversible step, declared before the step starts (D4).
-struct StepCost {
+struct FENCELOCK_API StepCost {
   std::string name;           // for messages and the abandoned-step counter's label
   absl::Duration worst_case;  // how long the step can take, at most
 
@@ -108,7 +109,7 @@ struct StepCost {
 // Thrown by Client::beginIrreversibleStep when the lease left does not cover the step. It is a
 // LockLostException so that the same handler abandons the critical section; the lock itself
 // may still be held (reason() is kInsufficientLease) and is best released.
-class StepRefusedException : public LockLostException {
+class FENCELOCK_API StepRefusedException : public LockLostException {
  public:
   StepRefusedException(std::string lock, uint64_t token, const std::string& message,
                        std::string step, absl::Duration remaining, absl::Duration cost)
@@ -145,7 +146,7 @@ struct AcquireOptions {
 // A granted lock: its name, its fencing token, and the client's deadline for it. Copies share
 // the same lease (releasing through one ends them all). The deadline travels with the handle;
 // there is no thread-local or ambient "current lock". Thread-safe to read from any thread.
-class LockHandle {
+class FENCELOCK_API LockHandle {
  public:
   LockHandle() = default;  // holds nothing; checkStillHeld throws kEmptyHandle
   const std::string& lock() const;
@@ -161,7 +162,7 @@ class LockHandle {
   std::shared_ptr<client_internal::LeaseState> state_;
 };
 
-struct ClientOptions {
+struct FENCELOCK_API ClientOptions {
   // lockd's address: "host:port" for TCP or "unix:/path" for a Unix socket; or, for lockd
   // replicas on one etcd prefix (docs/high-availability.md), "a:7420,b:7420,c:7420": the
   // client connects to the one that serves and, when it is lost, to the next, where it resumes
@@ -233,7 +234,7 @@ class Client;
 
 // An acquire started with Client::acquireAsync. Thread-safe; may outlive the client (cancel()
 // then does nothing).
-class PendingAcquire {
+class FENCELOCK_API PendingAcquire {
  public:
   virtual ~PendingAcquire() = default;
   // Gives up the acquire. If it waits in the lock's queue, lockd takes it out (WithdrawAcquire;
@@ -251,7 +252,7 @@ class PendingAcquire {
 // client closed its session, and lockd released the lock with it): checkStillHeld throws
 // (kReleased), remaining() is zero, release() returns kFailedPrecondition saying so, and its
 // destruction does nothing. Get one from Client::acquireScoped or Client::tryAcquireScoped.
-class ScopedLock {
+class FENCELOCK_API ScopedLock {
  public:
   ScopedLock() = default;  // holds nothing
   ScopedLock(ScopedLock&& other) noexcept;
@@ -290,7 +291,7 @@ class ScopedLock {
 // thread only. The Clients of a process share one I/O thread, which also runs their
 // heartbeats, and per lockd replica one connection (up to 64 sessions each); a Client starts a
 // thread of its own only for onLost callbacks, and one for the asynchronous calls' callbacks.
-class Client {
+class FENCELOCK_API Client {
  public:
   // Connects, negotiates the protocol version and opens a session. Returns kInvalidArgument for
   // bad options (the message names the value), kUnavailable when lockd cannot be reached,

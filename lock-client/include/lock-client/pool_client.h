@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "api/export.h"
 #include "protocol/pool_view.h"
 
 namespace fencelock {
@@ -50,7 +51,7 @@ struct PoolClientOptions {
 
 // What a manager presents with every request for its profile: the epoch its claim opened and
 // the key that proves it. As text (lockctl's --owner): "<epoch>:<key in hex>".
-struct PoolOwnerId {
+struct FENCELOCK_API PoolOwnerId {
   uint64_t epoch = 0;
   std::string key;
   std::string ToString() const;
@@ -65,7 +66,7 @@ struct PoolLeaseGrant {
   std::string refusal;
 };
 
-class PoolClient {
+class FENCELOCK_API PoolClient {
  public:
   // Does not connect: the first call does, and a call after a broken connection reconnects.
   static absl::StatusOr<std::unique_ptr<PoolClient>> Create(const PoolClientOptions& options);

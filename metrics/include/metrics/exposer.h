@@ -10,12 +10,13 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "api/export.h"
 #include "metrics/metrics.h"
 
 namespace fencelock::metrics {
 
 // Destroying it closes the listener and its connections and ends its thread before returning.
-class Exposer {
+class FENCELOCK_API Exposer {
  public:
   // Listens on `host:port`, `host` an IPv4 address (port 0 picks a free one).
   // kInvalidArgument for another host or port, kUnavailable if it cannot bind.

@@ -17,11 +17,13 @@
 #include <utility>
 #include <vector>
 
+#include "api/export.h"
+
 namespace fencelock::metrics {
 
 using Labels = std::map<std::string, std::string>;
 
-class Counter {
+class FENCELOCK_API Counter {
  public:
   void Increment(double by = 1.0) { value_.fetch_add(by, std::memory_order_relaxed); }
   double value() const { return value_.load(std::memory_order_relaxed); }
@@ -30,7 +32,7 @@ class Counter {
   std::atomic<double> value_{0};
 };
 
-class Gauge {
+class FENCELOCK_API Gauge {
  public:
   void Set(double v) { value_.store(v, std::memory_order_relaxed); }
   double value() const { return value_.load(std::memory_order_relaxed); }
@@ -39,7 +41,7 @@ class Gauge {
   std::atomic<double> value_{0};
 };
 
-class Histogram {
+class FENCELOCK_API Histogram {
  public:
   // `bounds`: the buckets' upper bounds, ascending; a +Inf bucket is always added.
   explicit Histogram(std::vector<double> bounds);
@@ -73,7 +75,7 @@ struct FamilySnapshot {
   std::vector<Series> series;
 };
 
-class Registry {
+class FENCELOCK_API Registry {
  public:
   Registry();
   ~Registry();
@@ -98,7 +100,7 @@ class Registry {
 };
 
 // Seconds-scale latency buckets from 50 µs to 10 s.
-std::vector<double> LatencyBuckets();
+FENCELOCK_API std::vector<double> LatencyBuckets();
 
 }  // namespace fencelock::metrics
 

@@ -15,11 +15,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "api/export.h"
 
 namespace fencelock {
 
 // One profile of a pool's policy.
-struct PoolProfileDef {
+struct FENCELOCK_API PoolProfileDef {
   std::string id;          // stable identity, unique in the policy
   uint64_t cost = 1;       // units one slot of this profile takes
   uint64_t reserved = 0;   // units kept for this profile alone (or lent: `lendable`)
