@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -63,10 +64,13 @@ using fencelock::PoolWorkerState;
 std::string g_dir;
 std::mutex g_out;
 
-template <typename... Args>
-void Say(const char* format, Args... args) {
+// printf's `format` and arguments, as one line (the compiler checks them as printf's).
+__attribute__((format(printf, 1, 2))) void Say(const char* format, ...) {
   std::lock_guard<std::mutex> lock(g_out);
-  std::printf(format, args...);
+  va_list args;
+  va_start(args, format);
+  std::vprintf(format, args);
+  va_end(args);
   std::printf("\n");
   std::fflush(stdout);
 }
