@@ -278,9 +278,36 @@ absl::Status Cluster::Load(int64_t count, int64_t amount_cents) {
   return store_->Load(count, amount_cents).status();
 }
 
+namespace {
+
+// Whether `dir` holds the fencelock module (fencelock.cpython-*.so).
+bool HasPythonModule(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.path().filename().string().rfind("fencelock.", 0) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 absl::StatusOr<process::Child*> Cluster::StartWorker(const std::string& name,
                                                      const std::vector<std::string>& extra_args,
-                                                     const std::string& lockd_address) {
+                                                     const std::string& lockd_address,
+                                                     bool python) {
+  if (python && options_.python.empty()) {
+    return absl::FailedPreconditionError(
+        "no Python worker in this build (the fencelock module is built in plain trees only)");
+  }
+  if (python && options_.history) {
+    return absl::InvalidArgumentError(
+        "the Python worker keeps no event history, which this run checks");
+  }
+  if (python && !HasPythonModule(options_.python_module_dir)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the fencelock Python module is not built in ", options_.python_module_dir,
+        ": cmake --build build --target fencelock_python"));
+  }
   if (workers_.count(name) > 0) {
     return absl::AlreadyExistsError(absl::StrCat("worker ", name, " was already started"));
   }
@@ -293,15 +320,22 @@ absl::StatusOr<process::Child*> Cluster::StartWorker(const std::string& name,
       "--lock-ttl=" + absl::FormatDuration(options_.lock_ttl),
       absl::StrCat("--margin=", options_.margin)};
   if (options_.history) args.push_back("--history=" + HistoryPath(name));
+  std::string binary = options_.worker_binary;
+  std::vector<std::string> environment = options_.worker_environment;
+  if (python) {
+    binary = options_.python;
+    args.insert(args.begin(), options_.python_worker);
+    environment.push_back("PYTHONPATH=" + options_.python_module_dir);
+  }
   if (const std::string& tls = options_.tls_dir; !tls.empty()) {
     args.insert(args.end(), {"--tls-ca=" + tls + "/ca.crt", "--tls-cert=" + tls + "/worker.crt",
                              "--tls-key=" + tls + "/worker.key"});
   }
   args.insert(args.end(), extra_args.begin(), extra_args.end());
-  auto child = process::Child::Spawn(options_.worker_binary, args,
+  auto child = process::Child::Spawn(binary, args,
                                      {.stdout_file = Path("logs/" + name + ".log"),
                                       .stderr_file = Path("logs/" + name + ".log"),
-                                      .environment = options_.worker_environment});
+                                      .environment = environment});
   if (!child.ok()) return child.status();
   return &(workers_[name] = std::move(*child));
 }

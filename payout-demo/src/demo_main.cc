@@ -72,6 +72,15 @@ ABSL_FLAG(std::string, rail_binary, RAIL_BINARY, "the payout-rail executable");
 ABSL_FLAG(std::string, worker_binary, WORKER_BINARY,
           "the worker executable: payout-worker-faults, payout-worker with the fault points the "
           "freeze needs");
+ABSL_FLAG(int, python_workers, 0,
+          "how many of the --workers (the last ones) are the Python payout worker "
+          "(python/examples/payout_worker.py) on the fencelock module, paying from the same "
+          "store through the same rail");
+#ifndef FENCELOCK_PYTHON_BINARY  // a tree without the fencelock module (sanitized, fuzzing)
+#define FENCELOCK_PYTHON_BINARY ""
+#define PYTHON_WORKER_SCRIPT ""
+#define PYTHON_MODULE_DIR ""
+#endif
 
 namespace fencelock::payout {
 namespace {
@@ -148,6 +157,9 @@ class Demo {
                                    .lockd_binary = absl::GetFlag(FLAGS_lockd_binary),
                                    .rail_binary = absl::GetFlag(FLAGS_rail_binary),
                                    .worker_binary = absl::GetFlag(FLAGS_worker_binary),
+                                   .python = FENCELOCK_PYTHON_BINARY,
+                                   .python_worker = PYTHON_WORKER_SCRIPT,
+                                   .python_module_dir = PYTHON_MODULE_DIR,
                                    .rail_latency = absl::GetFlag(FLAGS_rail_latency),
                                    .rail_jitter = absl::GetFlag(FLAGS_rail_jitter),
                                    .rail_read_timeout = absl::GetFlag(FLAGS_rail_read_timeout),
@@ -190,6 +202,12 @@ class Demo {
            absl::GetFlag(FLAGS_freeze_at) == "claimed";
   }
 
+  // " (the last 2 in Python)" with --python-workers=2.
+  static std::string PythonWorkersNote() {
+    const int python = absl::GetFlag(FLAGS_python_workers);
+    return python == 0 ? "" : absl::StrCat(" (the last ", python, " in Python)");
+  }
+
   // Starts worker `i`; faults may strike it from `arm_at` on.
   absl::Status StartWorker(int i, absl::Time arm_at) {
     const std::string name = absl::StrCat("w", i + 1);
@@ -198,7 +216,8 @@ class Demo {
       extra.push_back("--stop-self-after-claim=" +
                       absl::FormatDuration(std::max(arm_at - absl::Now(), absl::ZeroDuration())));
     }
-    auto worker = cluster_->StartWorker(name, extra);
+    const bool python = i >= absl::GetFlag(FLAGS_workers) - absl::GetFlag(FLAGS_python_workers);
+    auto worker = cluster_->StartWorker(name, extra, "", python);
     if (!worker.ok()) return worker.status();
     names_.push_back(name);
     tails_.emplace_back(cluster_->Path("logs/" + name + ".log"));
@@ -215,7 +234,7 @@ class Demo {
     for (int i = 0; i < n; ++i) {
       if (absl::Status s = StartWorker(i, arm_at); !s.ok()) return s;
     }
-    Note(start, absl::StrCat("started ", n, " workers"));
+    Note(start, absl::StrCat("started ", n, " workers", PythonWorkersNote()));
     const absl::Duration freeze = absl::GetFlag(FLAGS_freeze);
     const std::string freeze_at = absl::GetFlag(FLAGS_freeze_at);
     bool want_freeze = freeze > absl::ZeroDuration(), frozen = false;
@@ -479,6 +498,20 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError(
         "with faults on, --workers must be at least 3 (one frozen, one killed, one to take over); "
         "or turn them off with --freeze=0 --nokill");
+  }
+  const int python = absl::GetFlag(FLAGS_python_workers);
+  if (python < 0 || python > workers) {
+    return absl::InvalidArgumentError("--python-workers must be 0 to --workers");
+  }
+  if (faults && python > workers - 2) {
+    return absl::InvalidArgumentError(
+        "with faults on, at most --workers minus 2 may be Python workers: w1 and w2, which the "
+        "faults strike, use payout-worker-faults' fault points");
+  }
+  if (python > 0 && absl::GetFlag(FLAGS_ha)) {
+    return absl::InvalidArgumentError(
+        "--python-workers does not run with --ha: the replicated run checks every worker's "
+        "event history, which the Python worker does not keep");
   }
   if (absl::GetFlag(FLAGS_payouts) < 1) return absl::InvalidArgumentError("--payouts must be >= 1");
   if (absl::GetFlag(FLAGS_ha) &&

@@ -91,6 +91,19 @@ struct ClientBox {
   }
 };
 
+// Runs `call` on `client` without the GIL. Should close() have dropped the client's other
+// references meanwhile, this last one is let go before the GIL is taken back: the client's
+// destructor may wait for one request timeout.
+template <typename Call>
+auto Unlocked(std::shared_ptr<Client> client, Call call) {
+  py::gil_scoped_release unlocked;
+  struct Drop {
+    std::shared_ptr<Client>& client;
+    ~Drop() { client.reset(); }
+  } drop{client};
+  return call(*client);
+}
+
 class Lock {
  public:
   Lock(std::shared_ptr<ClientBox> box, LockHandle handle)
@@ -102,25 +115,22 @@ class Lock {
   const LockHandle& handle() const { return handle_; }
 
   void CheckStillHeld(bool confirm_with_server) const {
-    std::shared_ptr<Client> client = box_->Get();
-    py::gil_scoped_release unlocked;  // a confirmation is a round trip to lockd
-    client->checkStillHeld(handle_,
-                          confirm_with_server ? Confirm::kWithServer : Confirm::kLocal);
+    // A confirmation is a round trip to lockd.
+    Unlocked(box_->Get(), [&](Client& client) {
+      client.checkStillHeld(handle_, confirm_with_server ? Confirm::kWithServer : Confirm::kLocal);
+    });
   }
   void BeginIrreversibleStep(const std::string& step, const py::handle& worst_case) const {
     const StepCost cost{step, DurationArg(worst_case, "worst_case")};
-    std::shared_ptr<Client> client = box_->Get();
-    py::gil_scoped_release unlocked;
-    client->beginIrreversibleStep(handle_, cost);
+    Unlocked(box_->Get(), [&](Client& client) { client.beginIrreversibleStep(handle_, cost); });
   }
-  double Remaining() const { return ToSeconds(box_->Get()->remaining(handle_)); }
+  double Remaining() const {
+    return ToSeconds(
+        Unlocked(box_->Get(), [&](Client& client) { return client.remaining(handle_); }));
+  }
   void Release() const {
-    std::shared_ptr<Client> client = box_->Get();
-    absl::Status released;
-    {
-      py::gil_scoped_release unlocked;
-      released = client->release(handle_);
-    }
+    const absl::Status released =
+        Unlocked(box_->Get(), [&](Client& client) { return client.release(handle_); });
     if (!released.ok()) RaiseStatus(released);
   }
   std::string Repr() const {
@@ -179,24 +189,16 @@ class PyClient {
                bool shared) {
     const absl::Duration w = DurationArg(wait, "wait");
     const AcquireOptions options = Options(ttl, shared);
-    std::shared_ptr<Client> client = box_->Get();
-    absl::StatusOr<LockHandle> granted;
-    {
-      py::gil_scoped_release unlocked;
-      granted = client->acquire(name, w, options);
-    }
+    absl::StatusOr<LockHandle> granted =
+        Unlocked(box_->Get(), [&](Client& client) { return client.acquire(name, w, options); });
     if (!granted.ok()) RaiseStatus(granted.status());
     return Lock(box_, *std::move(granted));
   }
 
   std::optional<Lock> TryAcquire(const std::string& name, const py::object& ttl, bool shared) {
     const AcquireOptions options = Options(ttl, shared);
-    std::shared_ptr<Client> client = box_->Get();
-    absl::StatusOr<std::optional<LockHandle>> granted;
-    {
-      py::gil_scoped_release unlocked;
-      granted = client->tryAcquire(name, options);
-    }
+    absl::StatusOr<std::optional<LockHandle>> granted =
+        Unlocked(box_->Get(), [&](Client& client) { return client.tryAcquire(name, options); });
     if (!granted.ok()) RaiseStatus(granted.status());
     if (!granted->has_value()) return std::nullopt;
     return Lock(box_, **std::move(granted));

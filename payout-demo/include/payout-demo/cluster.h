@@ -39,6 +39,10 @@ struct ClusterOptions {
   // gives a small --wal-segment-bytes). Default: none.
   std::vector<std::string> lockd_extra_args;
   std::string lockd_binary, rail_binary, worker_binary;
+  // The Python payout worker (python/examples/payout_worker.py), for StartWorker(..., python):
+  // the interpreter, the script and the directory of the fencelock module. Default: empty, no
+  // Python workers (a tree without the module).
+  std::string python, python_worker, python_module_dir;
   absl::Duration rail_latency = absl::Milliseconds(20);
   absl::Duration rail_jitter = absl::Milliseconds(10);
   absl::Duration rail_read_timeout = absl::Milliseconds(500);
@@ -159,10 +163,13 @@ class Cluster {
   // Loads `count` PENDING payouts (ids continue after any loaded before).
   absl::Status Load(int64_t count, int64_t amount_cents);
   // Starts worker `name` with the run's TTLs and margin, talking to `lockd_address` (empty:
-  // lockd itself; a fault proxy's address otherwise), with `extra_args` appended.
+  // lockd itself; a fault proxy's address otherwise), with `extra_args` appended; with
+  // `python`, the Python payout worker on the fencelock module instead of `worker_binary`
+  // (kFailedPrecondition without one; kInvalidArgument with `history`, which it does not keep).
   absl::StatusOr<process::Child*> StartWorker(const std::string& name,
                                               const std::vector<std::string>& extra_args = {},
-                                              const std::string& lockd_address = "");
+                                              const std::string& lockd_address = "",
+                                              bool python = false);
   process::Child* worker(const std::string& name);
   std::vector<std::string> worker_names() const;
 
