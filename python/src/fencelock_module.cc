@@ -36,6 +36,7 @@ PyObject* g_error = nullptr;            // fencelock.Error: a call that lockd or
 PyObject* g_timeout = nullptr;          // fencelock.AcquireTimeoutError: the wait ran out
 PyObject* g_lock_lost = nullptr;        // fencelock.LockLostError
 PyObject* g_step_refused = nullptr;     // fencelock.StepRefusedError (a LockLostError)
+PyObject* g_timedelta = nullptr;        // datetime.timedelta, looked up once
 
 // Raises `type(message)` with the given attributes set on the exception object.
 [[noreturn]] void Raise(PyObject* type, const std::string& message,
@@ -60,8 +61,7 @@ double ToSeconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 // finite, and a negative value, naming the argument.
 absl::Duration DurationArg(const py::handle& value, const char* name) {
   double seconds = 0;
-  py::module_ datetime = py::module_::import("datetime");
-  if (py::isinstance(value, datetime.attr("timedelta"))) {
+  if (PyObject_IsInstance(value.ptr(), g_timedelta) == 1) {
     seconds = value.attr("total_seconds")().cast<double>();
   } else if (PyFloat_Check(value.ptr()) || PyLong_Check(value.ptr())) {
     seconds = value.cast<double>();
@@ -115,19 +115,17 @@ class Lock {
   const LockHandle& handle() const { return handle_; }
 
   void CheckStillHeld(bool confirm_with_server) const {
-    // A confirmation is a round trip to lockd.
-    Unlocked(box_->Get(), [&](Client& client) {
-      client.checkStillHeld(handle_, confirm_with_server ? Confirm::kWithServer : Confirm::kLocal);
-    });
+    // The local check is a comparison with the deadline: it keeps the GIL (and close(), which
+    // needs it, cannot run meanwhile). A confirmation is a round trip to lockd.
+    if (!confirm_with_server) return box_->Get()->checkStillHeld(handle_);
+    Unlocked(box_->Get(),
+             [&](Client& client) { client.checkStillHeld(handle_, Confirm::kWithServer); });
   }
   void BeginIrreversibleStep(const std::string& step, const py::handle& worst_case) const {
     const StepCost cost{step, DurationArg(worst_case, "worst_case")};
-    Unlocked(box_->Get(), [&](Client& client) { client.beginIrreversibleStep(handle_, cost); });
+    box_->Get()->beginIrreversibleStep(handle_, cost);  // local, as the local check
   }
-  double Remaining() const {
-    return ToSeconds(
-        Unlocked(box_->Get(), [&](Client& client) { return client.remaining(handle_); }));
-  }
+  double Remaining() const { return ToSeconds(box_->Get()->remaining(handle_)); }
   void Release() const {
     const absl::Status released =
         Unlocked(box_->Get(), [&](Client& client) { return client.release(handle_); });
@@ -160,7 +158,12 @@ class PyClient {
     options.server = server;
     if (!session_ttl.is_none()) options.session_ttl = DurationArg(session_ttl, "session_ttl");
     if (!lock_ttl.is_none()) options.default_lock_ttl = DurationArg(lock_ttl, "lock_ttl");
-    if (!margin.is_none()) options.safety_margin = margin.cast<double>();
+    if (!margin.is_none()) {
+      if (!PyFloat_Check(margin.ptr()) && !PyLong_Check(margin.ptr())) {
+        throw py::type_error("margin must be a number in (0, 1)");
+      }
+      options.safety_margin = margin.cast<double>();
+    }
     if (!request_timeout.is_none()) {
       options.request_timeout = DurationArg(request_timeout, "request_timeout");
     }
@@ -266,6 +269,7 @@ PYBIND11_MODULE(fencelock, m) {
   using namespace fencelock;          // NOLINT: the module's body names the client's types
   using namespace fencelock::python;  // NOLINT
   m.doc() = "fencelock's client: locks with fencing tokens and a conservative lease (ADR-006).";
+  g_timedelta = py::object(py::module_::import("datetime").attr("timedelta")).release().ptr();
   g_error = NewException(m, "Error", PyExc_Exception,
                          "A call lockd or the client refused; .code names the status.");
   PyObject* timeout_bases = PyTuple_Pack(2, g_error, PyExc_TimeoutError);

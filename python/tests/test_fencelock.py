@@ -217,6 +217,9 @@ class BadInputTest(LockdTest):
         self.assertEqual(address.exception.code, "INVALID_ARGUMENT")
         with self.assertRaises(TypeError):
             fencelock.Client(self.lockd.address)  # keyword arguments only
+        with self.assertRaises(TypeError) as margin_type:
+            fencelock.Client(server=self.lockd.address, margin="0.3")
+        self.assertIn("margin must be a number", str(margin_type.exception))
 
     def test_a_lockd_out_of_reach_is_unavailable(self):
         with socket_bound_nowhere() as address:
