@@ -26,10 +26,13 @@ echo "== metadata"
 for deb in "$server" "$client" "$pymodule"; do
   depends="$(dpkg-deb -f "$deb" Depends)"
   # dpkg-shlibdeps found what the binaries load: Abseil and OpenSSL at least.
-  echo "$depends" | grep -q 'libabsl' || fail "$(basename "$deb") does not depend on Abseil: $depends"
-  echo "$depends" | grep -q 'libssl3' || fail "$(basename "$deb") does not depend on OpenSSL: $depends"
+  # (grep reads a string, never a pipe: with pipefail, grep -q leaving a pipe early fails the
+  # writer with SIGPIPE, and the check with it.)
+  grep -q 'libabsl' <<< "$depends" || fail "$(basename "$deb") does not depend on Abseil: $depends"
+  grep -q 'libssl3' <<< "$depends" || fail "$(basename "$deb") does not depend on OpenSSL: $depends"
 done
-dpkg-deb -f "$server" Depends | grep -q adduser || fail "the server package does not depend on adduser"
+grep -q adduser <<< "$(dpkg-deb -f "$server" Depends)" ||
+  fail "the server package does not depend on adduser"
 mkdir -p "$work/control"
 dpkg-deb -e "$server" "$work/control"
 for f in postinst prerm postrm conffiles; do
@@ -112,7 +115,7 @@ cmake --build "$work/consumer" > "$work/build.log" 2>&1 ||
   { cat "$work/build.log"; fail "building the consumer"; }
 LD_LIBRARY_PATH="$work/root/usr/lib" "$work/consumer/consumer" "127.0.0.1:$port" ||
   fail "the consumer failed its lock cycle"
-ldd "$work/consumer/consumer" | grep -q "$work/root/usr/lib/libfencelock-client" ||
+grep -q "$work/root/usr/lib/libfencelock-client" <<< "$(ldd "$work/consumer/consumer")" ||
   fail "the consumer did not load the packaged library"
 
 echo "== the Python module, from the package and from cmake --install"
