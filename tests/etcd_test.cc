@@ -419,7 +419,9 @@ TEST_F(EtcdTest, AStandbyThatWaitedLongKeepsEveryRestoredLeaseItsFullTtl) {
 // standby may find the lease gone and serve at once; the next test holds the other case.)
 // Issue 37: with no supervisor, the deposed replica stands by again in the same process (a
 // fresh lease; its port file gone until it serves) and serves again once the other replica
-// goes, with the deposition in its status.
+// goes, with the deposition in its status. Since stop 54 it campaigns only after its owner TTL
+// (its key was taken away): campaigning at once, it now and then re-took the prefix itself
+// before the waiting standby looked again, and the standby never served.
 TEST_F(EtcdTest, DeletingTheOwnerKeyEndsTheServingReplicaBeforeAnotherServes) {
   LockdProcess::Options options = Options("/fencelock/o");
   options.port = testing::FreeLoopbackPort();
@@ -468,6 +470,9 @@ TEST_F(EtcdTest, DeletingTheOwnerKeyEndsTheServingReplicaBeforeAnotherServes) {
   const std::string said = testing::ReadTextFile(first_err);
   EXPECT_THAT(said, HasSubstr("/fencelock/o/owner was deleted"));
   EXPECT_THAT(said, HasSubstr("deposed (1 time in this process)"));
+  // Its key was taken away: it campaigns only after its owner TTL, so that the standby that
+  // was waiting takes over (campaigning at once, it re-took the prefix first now and then).
+  EXPECT_THAT(said, HasSubstr("standing by: not taking etcd prefix /fencelock/o for 2s"));
   EXPECT_THAT(said, HasSubstr("standing by: etcd prefix /fencelock/o is served by"));
   EXPECT_FALSE(std::filesystem::exists(first.port_file())) << "a standby's port file says it serves";
   auto refused = net::BlockingConnection::Connect(

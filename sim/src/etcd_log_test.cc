@@ -10,6 +10,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -37,10 +38,12 @@ constexpr char kPrefix[] = "/fencelock/sim";
 class Replica : public server::CommitLogListener {
  public:
   Replica(SimEtcd& etcd, const std::string& name, absl::Duration owner_wait = absl::ZeroDuration(),
-          std::function<void(MonoTime sent, MonoTime until)> on_owned = nullptr) {
+          std::function<void(MonoTime sent, MonoTime until)> on_owned = nullptr,
+          absl::Duration hold_off = absl::ZeroDuration()) {
     EtcdCommitLogOptions o{.prefix = kPrefix,
                            .owner_ttl = absl::Seconds(2),
                            .owner_wait = owner_wait,
+                           .campaign_hold_off = hold_off,
                            .owner = name};
     o.log = [](const std::string&) {};
     o.on_owned = std::move(on_owned);
@@ -192,8 +195,40 @@ TEST_F(EtcdLogTest, ADeletedOwnerKeyEndsTheReplicaAndNothingMoreIsCommitted) {
   ASSERT_TRUE(etcd_.Delete(std::string(kPrefix) + "/owner"));
   const absl::Status fault = a.AwaitFault();
   EXPECT_FALSE(fault.ok());
+  // Taken away, not lapsed: lockd holds off before it campaigns again.
+  EXPECT_TRUE(server::OwnershipTakenAway(fault)) << fault;
   a.Take(2, "after-");
   EXPECT_FALSE(a.Durable());
+}
+
+// A replica standing by again after its ownership was taken away holds off its campaign: a
+// standby that starts after it, without one, takes the prefix first; it takes over only once
+// that one goes.
+TEST_F(EtcdLogTest, AStandbyThatHoldsOffLetsAnotherTakeOverFirst) {
+  std::unique_ptr<Replica> held_off;
+  std::atomic<bool> took{false};
+  std::thread waiting([&] {
+    held_off = std::make_unique<Replica>(etcd_, "held-off", absl::InfiniteDuration(), nullptr,
+                                         absl::Seconds(1));
+    took = true;
+  });
+  // Joined on every way out, an ASSERT's too (the held-off one takes the prefix by then).
+  absl::Cleanup join = [&] {
+    if (waiting.joinable()) waiting.join();
+  };
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto other = std::make_unique<Replica>(etcd_, "other", absl::Seconds(3));
+  ASSERT_TRUE(other->status().ok()) << other->status();
+  std::vector<FenceToken> tokens = other->Take(1, "held-");
+  ASSERT_TRUE(other->Durable());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // past the hold-off
+  EXPECT_FALSE(took) << "the replica holding off took the prefix while another served it";
+  other.reset();  // gives its lease back
+  std::move(join).Invoke();
+  ASSERT_TRUE(held_off->status().ok()) << held_off->status();
+  const server::HolderState* h = held_off->service().state().FindHolder("held-0");
+  ASSERT_NE(h, nullptr);
+  EXPECT_EQ(h->token, tokens[0]);
 }
 
 TEST_F(EtcdLogTest, AReplicaCutOffFromEtcdFaultsBeforeAStandbyTakesOver) {
@@ -214,6 +249,7 @@ TEST_F(EtcdLogTest, AReplicaCutOffFromEtcdFaultsBeforeAStandbyTakesOver) {
   const absl::Status fault = a->AwaitFault();
   EXPECT_FALSE(fault.ok());
   EXPECT_THAT(fault.message(), HasSubstr("ownership of etcd prefix"));
+  EXPECT_FALSE(server::OwnershipTakenAway(fault)) << fault;
   standby.join();
   ASSERT_TRUE(b->status().ok()) << b->status();
   // b serves only after a's own deadline has passed: never two owners at once.

@@ -210,12 +210,16 @@ std::optional<uint32_t> ResolveId(const std::string& text, bool group) {
   return std::nullopt;
 }
 
-// A lockd deposed because its ownership lapsed or was taken (an etcd election, a freeze, an
-// operator: kUnavailable, kFailedPrecondition) stands by again at once: that cannot come round
-// faster than its lease. One that etcd refused a commit (anything else) soon after it began
-// to serve, within its owner TTL, waits kFirstPause, doubling up to kLongestPause, so that a
-// request etcd always refuses never makes it spin through takeovers and restores. (A pause
-// after every early deposition left no replica standing by after a dozen elections.)
+// A lockd deposed because its ownership lapsed (an etcd election, a freeze: kUnavailable,
+// kFailedPrecondition) stands by again at once: that cannot come round faster than its lease.
+// One whose ownership was taken away (P/owner deleted or overwritten: an operator moving the
+// service) stands by at once too, on its port, but campaigns only after its owner TTL, so that
+// the replicas already standing by take over first; campaigning at once, it re-took the prefix
+// itself before they looked again (etcd_test, stop 54). One that etcd refused a commit
+// (anything else) soon after it began to serve, within its owner TTL, waits kFirstPause,
+// doubling up to kLongestPause, before it stands by, so that a request etcd always refuses
+// never makes it spin through takeovers and restores. (A pause after every early deposition
+// left no replica standing by after a dozen elections.)
 constexpr absl::Duration kFirstPause = absl::Seconds(1);
 constexpr absl::Duration kLongestPause = absl::Seconds(30);
 
@@ -435,6 +439,7 @@ int Serve() {
       // A standby took the prefix and lost it again before it served (an etcd election while
       // it restored): it stands by again, as after a deposition by time.
       pause = absl::ZeroDuration();
+      options.storage.etcd_campaign_hold_off = absl::ZeroDuration();
       Log().Warning(absl::StrCat(server.status().message(), "; standing by again"));
       continue;
     }
@@ -493,6 +498,9 @@ int Serve() {
     if ((*server)->metrics_port() > 0) options.metrics.port = (*server)->metrics_port();
     const absl::Duration served = Clock::Real()->Now() - serving_since;
     const bool lost_by_time = absl::IsUnavailable(ended) || absl::IsFailedPrecondition(ended);
+    options.storage.etcd_campaign_hold_off = fencelock::server::OwnershipTakenAway(ended)
+                                                 ? options.storage.etcd_owner_ttl
+                                                 : absl::ZeroDuration();
     pause = lost_by_time || served >= options.storage.etcd_owner_ttl
                 ? absl::ZeroDuration()
                 : std::clamp(pause * 2, kFirstPause, kLongestPause);

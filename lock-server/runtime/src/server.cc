@@ -222,6 +222,7 @@ absl::StatusOr<OpenedCommitLog> ServerImpl::OpenCommitLog() {
                               .owner_wait = options_.storage.etcd_standby
                                                 ? absl::InfiniteDuration()
                                                 : options_.storage.etcd_owner_ttl + absl::Seconds(2),
+                              .campaign_hold_off = options_.storage.etcd_campaign_hold_off,
                               .snapshot_min_bytes = options_.storage.etcd_snapshot_bytes,
                               .owner = owner};
     etcd.on_commit = [&commit_latency](int64_t ns) { commit_latency.Observe(ns / 1e9); };

@@ -51,6 +51,11 @@ absl::Status ValidateStorage(const StorageOptions& o) {
         absl::FormatDuration(o.etcd_owner_ttl), ") and not negative (0: a third of it), got ",
         absl::FormatDuration(o.etcd_request_timeout)));
   }
+  if (absl::Status s = InRange("etcd-campaign-hold-off (a library option)",
+                               o.etcd_campaign_hold_off, absl::ZeroDuration(), absl::Hours(1));
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = CheckSegmentBytes(o.wal_segment_bytes); !s.ok()) return s;
   return InRange("reservation-block (a library option)", o.reservation_block, 1,
                  uint64_t{1} << 40);

@@ -116,6 +116,7 @@ void EtcdCommitLog::SendCommit(std::shared_ptr<CommitTry> t) {
     refused = absl::UnavailableError(absl::StrCat(
         ownership_->why_lost().message(), "; nothing more is committed",
         t->last.ok() ? "" : absl::StrCat("; etcd: ", t->last.message())));
+    if (OwnershipTakenAway(ownership_->why_lost())) refused = TakenAway(std::move(refused));
   }
   if (!refused.ok()) {
     Later([t, refused] { t->done(refused); });
@@ -133,9 +134,9 @@ void EtcdCommitLog::SendCommit(std::shared_ptr<CommitTry> t) {
           return;
         }
         if (!r->succeeded()) {
-          return t->done(absl::FailedPreconditionError(absl::StrCat(
+          return t->done(TakenAway(absl::FailedPreconditionError(absl::StrCat(
               "etcd prefix ", options_.prefix, " is no longer this lockd's (", keys_.owner(),
-              " changed); nothing more is committed")));
+              " changed); nothing more is committed"))));
         }
         const int64_t ns = absl::ToInt64Nanoseconds(time_->Now() - t->start);
         ++stats_.commits;

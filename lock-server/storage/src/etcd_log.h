@@ -47,6 +47,7 @@ class EtcdCommitLog final : public CommitLog {
                                  .ttl = options.owner_ttl,
                                  .margin = options.owner_margin,
                                  .wait = options.owner_wait,
+                                 .hold_off = options.campaign_hold_off,
                                  .on_owned = options.on_owned,
                                  .on_standby = options.on_standby,
                                  .log = [this](const std::string& line) { Log(line); }},

@@ -18,7 +18,19 @@ using etcdserverpb::TxnResponse;
 // How soon a step that failed, or a standby's next look at P/owner, comes.
 constexpr absl::Duration kRetry = absl::Milliseconds(250);
 
+// Marks a Status as TakenAway(): a distinct signal, not a message to match.
+constexpr char kTakenAwayPayload[] = "fencelock.dev/ownership-taken-away";
+
 }  // namespace
+
+absl::Status TakenAway(absl::Status why) {
+  why.SetPayload(kTakenAwayPayload, absl::Cord("1"));
+  return why;
+}
+
+bool OwnershipTakenAway(const absl::Status& fault) {
+  return fault.GetPayload(kTakenAwayPayload).has_value();
+}
 
 EtcdOwnership::EtcdOwnership(EtcdOwnershipOptions options, TimeSource* time, EtcdCalls* etcd)
     : options_(std::move(options)),
@@ -55,11 +67,22 @@ void EtcdOwnership::Take(std::function<void(absl::Status)> taken,
   lost_ = std::move(lost);
   state_ = State::kTaking;
   give_up_ = forever_ ? MonoTime::Max() : time_->Now() + options_.wait;
+  hold_off_until_ = time_->Now() + options_.hold_off;
+  if (options_.hold_off > absl::ZeroDuration()) {
+    Log(absl::StrCat("standing by: not taking etcd prefix ", options_.prefix, " for ",
+                     absl::FormatDuration(options_.hold_off),
+                     " (its ownership was taken from this lockd: the replicas standing by take "
+                     "over first)"));
+  }
   StepTaking();
 }
 
 void EtcdOwnership::StepTaking() {
   if (state_ != State::kTaking) return;
+  if (time_->Now() < hold_off_until_) {
+    step_timer_->ArmAt(hold_off_until_, [this] { StepTaking(); });
+    return;
+  }
   if (lease_ == 0 || time_->Now() - lease_sent_ >= options_.ttl / 3) {
     RenewForTaking();
   } else {
@@ -377,7 +400,7 @@ void EtcdOwnership::Renew() {
                                           const absl::Status& owner_key) {
     if (!ttl.ok()) return RenewFailed(ttl.status());
     if (absl::IsFailedPrecondition(owner_key)) {
-      return Lose(absl::UnavailableError(owner_key.message()));
+      return Lose(TakenAway(absl::UnavailableError(owner_key.message())));
     }
     if (!owner_key.ok()) return RenewFailed(owner_key);
     const MonoTime until = sent + *ttl * (1 - options_.margin);
@@ -416,13 +439,13 @@ void EtcdOwnership::Watch(int64_t from) {
         }
         for (const auto& e : changes->events) {
           if (e.kv().key() != keys_.owner()) continue;
-          return Lose(absl::UnavailableError(absl::StrCat(
+          return Lose(TakenAway(absl::UnavailableError(absl::StrCat(
               "the ownership of etcd prefix ", options_.prefix, " was taken away: ",
               keys_.owner(),
               e.type() == etcdserverpb::Event::DELETE
                   ? " was deleted (by hand, or its lease was revoked)"
                   : absl::StrCat(" was overwritten with \"",
-                                 absl::CHexEscape(e.kv().value().substr(0, 128)), "\""))));
+                                 absl::CHexEscape(e.kv().value().substr(0, 128)), "\"")))));
         }
       });
 }
@@ -436,7 +459,9 @@ void EtcdOwnership::Rewatch() {
       [this](absl::StatusOr<RangeResponse> got) {
         if (state_ != State::kOwned) return;
         absl::Status mine = CheckOwnerKey(got);
-        if (absl::IsFailedPrecondition(mine)) return Lose(absl::UnavailableError(mine.message()));
+        if (absl::IsFailedPrecondition(mine)) {
+          return Lose(TakenAway(absl::UnavailableError(mine.message())));
+        }
         if (!mine.ok()) {
           watch_timer_->ArmAt(time_->Now() + kRetry, [this] { Rewatch(); });
           return;

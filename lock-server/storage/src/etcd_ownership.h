@@ -37,10 +37,16 @@ struct EtcdOwnershipOptions {
   double margin = 0.30;     // the part of the TTL never relied on
   // How long to wait for another lockd's P/owner to go away; InfiniteDuration(): stand by.
   absl::Duration wait;
+  // No create of P/owner before this long after Take() (EtcdCommitLogOptions::campaign_hold_off).
+  absl::Duration hold_off = absl::ZeroDuration();
   std::function<void(MonoTime sent, MonoTime until)> on_owned;
   std::function<void(const std::string& owner)> on_standby;
   std::function<void(const std::string&)> log;
 };
+
+// `why`, marked as a loss of the ownership that someone else caused (OwnershipTakenAway,
+// lock-server/etcd_commit_log.h).
+absl::Status TakenAway(absl::Status why);
 
 class EtcdOwnership {
  public:
@@ -125,6 +131,7 @@ class EtcdOwnership {
   State state_ = State::kIdle;
   std::function<void(absl::Status)> taken_, lost_;
   MonoTime give_up_;
+  MonoTime hold_off_until_;  // no create of P/owner before then
   int64_t lease_ = 0;
   MonoTime lease_sent_ = MonoTime::Min();  // send time of the lease's last grant or renewal
   int64_t revision_ = 0;

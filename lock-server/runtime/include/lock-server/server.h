@@ -48,6 +48,10 @@ struct StorageOptions {
   // ends and take over, instead of refusing after the TTL. Create() blocks until then.
   // Default: false.
   bool etcd_standby = false;
+  // With etcd_standby: no try to take the prefix sooner than this after Create() begins. lockd
+  // stands by again with its owner TTL here after its ownership was taken away (P/owner deleted
+  // or overwritten), so that the replicas already standing by take over first. Default: zero.
+  absl::Duration etcd_campaign_hold_off = absl::ZeroDuration();
   // With etcd: a snapshot once the log since the last one is this large. Default: 1 MiB.
   uint64_t etcd_snapshot_bytes = uint64_t{1} << 20;
   // With etcd: the longest one etcd request may take before the next endpoint is tried.

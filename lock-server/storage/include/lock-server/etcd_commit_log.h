@@ -81,6 +81,11 @@ struct EtcdCommitLogOptions {
   // lease runs out) before refusing; absl::InfiniteDuration() stands by until it does (a
   // standby replica). Default: owner_ttl + 2 s.
   absl::Duration owner_wait = absl::Seconds(12);
+  // No try to create P/owner comes sooner than this after the start. lockd stands by again with
+  // its owner TTL here after its ownership was taken away (OwnershipTakenAway below), so that
+  // the replicas that were standing by take over first: an operator who deletes P/owner means
+  // to move the service. Default: zero.
+  absl::Duration campaign_hold_off = absl::ZeroDuration();
   // A snapshot is taken once the log since the last one is at least this large (and as large
   // as that snapshot). Default: 1 MiB.
   uint64_t snapshot_min_bytes = uint64_t{1} << 20;
@@ -104,6 +109,11 @@ struct EtcdCommitLogOptions {
   // Where the log reports its fault state and ownership (once each). Default: standard error.
   std::function<void(const std::string&)> log;
 };
+
+// Whether `fault` (the log's fault, or why lockd stopped serving) says the ownership was taken
+// from this lockd: P/owner deleted (by hand, or its lease revoked) or overwritten, or a commit
+// refused because P/owner changed. False after a lapse, a failed renewal or any other fault.
+bool OwnershipTakenAway(const absl::Status& fault);
 
 // "a:2379,b:2379" (lockd's --etcd) to its endpoints; kInvalidArgument for an empty entry or
 // one without a port.
