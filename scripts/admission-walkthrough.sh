@@ -88,7 +88,7 @@ step "lockd on a Unix socket only: no TCP listener, no metrics port (ADR-0003: n
 start_lockd
 inodes="$(ls -l /proc/$lockd_pid/fd | sed -n 's/.*socket:\[\([0-9]*\)\]/\1/p' | sort -u)"
 for inode in $inodes; do
-  if awk -v i="$inode" '$10 == i && $4 == "0A"' /proc/net/tcp /proc/net/tcp6 | grep -q .; then
+  if [ -n "$(awk -v i="$inode" '$10 == i && $4 == "0A"' /proc/net/tcp /proc/net/tcp6)" ]; then
     fail "lockd listens on TCP (socket inode $inode)"
   fi
 done

@@ -17,10 +17,12 @@ DAYS=1 "$faketime" -f '-3d' "$make_certs" "$dir/a" lockd2 expired-worker
 openssl verify -CAfile "$dir/a/ca.crt" -purpose sslserver "$dir/a/lockd.crt" || fail "server certificate"
 openssl verify -CAfile "$dir/a/ca.crt" -purpose sslclient "$dir/a/worker-1.crt" "$dir/a/lockctl.crt" ||
   fail "client certificates"
-openssl x509 -in "$dir/a/lockd.crt" -noout -ext subjectAltName | grep -q "IP Address:127.0.0.1" ||
-  fail "the server certificate does not name 127.0.0.1"
-openssl x509 -in "$dir/a/worker-1.crt" -noout -subject | grep -q "CN = worker-1" ||
-  fail "the client certificate does not carry its name"
+# Read into a string, not piped: under pipefail a grep -q that exits at its match can fail the
+# pipeline with the writer's SIGPIPE.
+san="$(openssl x509 -in "$dir/a/lockd.crt" -noout -ext subjectAltName)"
+grep -q "IP Address:127.0.0.1" <<<"$san" || fail "the server certificate does not name 127.0.0.1"
+subject="$(openssl x509 -in "$dir/a/worker-1.crt" -noout -subject)"
+grep -q "CN = worker-1" <<<"$subject" || fail "the client certificate does not carry its name"
 if openssl verify -CAfile "$dir/a/ca.crt" "$dir/b/worker-1.crt" 2>/dev/null; then
   fail "a certificate from another CA was accepted"
 fi

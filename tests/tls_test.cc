@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "clock/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -40,6 +41,7 @@ namespace fencelock {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::LockdProcess;
 using testing::RawConnection;
 namespace request = testing::request;
@@ -501,8 +503,17 @@ TEST_F(TlsRotationTest, ACertificateRotatedUnderLoadDropsNoSession) {
   constexpr int kClients = 4;
   std::vector<std::unique_ptr<Client>> clients;
   std::vector<uint64_t> sessions;
+  // Every client's log: a connection lockd closed would show as a session resumed on a new
+  // one (the client resumes transparently, so unchanged session ids alone cannot tell).
+  absl::Mutex log_mu;
+  std::string said;
   for (int i = 0; i < kClients; ++i) {
-    auto client = Client::Create(ClientAs(ca_, i % 2 == 0 ? "client-a" : "client-b"));
+    ClientOptions options = ClientAs(ca_, i % 2 == 0 ? "client-a" : "client-b");
+    options.log = [&log_mu, &said, i](fencelock::LogLevel, const std::string& line) {
+      absl::MutexLock lock(&log_mu);
+      absl::StrAppend(&said, "client ", i, ": ", line, "\n");
+    };
+    auto client = Client::Create(std::move(options));
     ASSERT_TRUE(client.ok()) << client.status();
     sessions.push_back((*client)->sessionId());
     clients.push_back(std::move(*client));
@@ -544,6 +555,12 @@ TEST_F(TlsRotationTest, ACertificateRotatedUnderLoadDropsNoSession) {
     EXPECT_GT(cycles[i], 0) << "client " << i;
     EXPECT_EQ(clients[i]->sessionId(), sessions[i]) << "client " << i << " lost its session";
   }
+  clients.clear();
+  absl::MutexLock lock(&log_mu);
+  for (int i = 0; i < kClients; ++i) {
+    EXPECT_THAT(said, HasSubstr(absl::StrCat("client ", i, ": session ", sessions[i], " opened")));
+  }
+  EXPECT_THAT(said, Not(HasSubstr("resumed on a new connection"))) << said;
 }
 
 TEST_F(TlsRotationTest, FilesThatDoNotLoadLeaveTheCertificatesInForce) {
