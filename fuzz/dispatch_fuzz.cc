@@ -34,7 +34,7 @@ class Host : public DispatchHost {
   void CountProtocolError() override {}
   void FillStats(wire::StatsReply* stats) const override {
     stats->set_sessions(service_->state().session_count());
-    stats->set_last_token(service_->state().last_token());
+    stats->set_last_token(service_->state().last_token().value());
   }
   size_t max_sessions_per_connection() const override { return 4; }
   const Permissions& permissions() const override { return permissions_; }
@@ -74,10 +74,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   conns[0].state.caller = Caller{1, "uid:1"};
   conns[1].state.caller = Caller{2, ""};
   MonoTime now = MonoTime::FromNanos(1'000'000'000'000);
-  FenceToken last_token = 0;
+  FenceToken last_token;
   auto granted = [&](FenceToken token) {
     if (token <= last_token) {  // tokens only ever increase
-      Fail("token " + std::to_string(token) + " granted after " + std::to_string(last_token));
+      Fail("token " + std::to_string(token.value()) + " granted after " +
+           std::to_string(last_token.value()));
     }
     last_token = token;
   };
@@ -101,7 +102,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (o.status.ok()) granted(o.token);
       }
       const std::string before = service.state().DebugString();
-      const uint64_t tokens_before = service.state().last_token();
+      const FenceToken tokens_before = service.state().last_token();
       Dispatched d = Dispatch(payload, c.state, host, now);
       if (d.then != Dispatched::Then::kQueued && d.response.code() == wire::CODE_UNSPECIFIED) {
         Fail("answer without a code to: " + d.response.DebugString());
@@ -118,7 +119,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (o.status.ok()) granted(o.token);
       }
       if (d.response.has_acquire() && d.response.acquire().granted()) {
-        granted(d.response.acquire().token());
+        granted(FenceToken(d.response.acquire().token()));
       }
       if (d.then == Dispatched::Then::kReplyAndClose) {
         c.closed = true;

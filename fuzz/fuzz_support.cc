@@ -19,7 +19,8 @@ void WriteStateDir(server::MemEnv& env, const std::string& snapshot, const std::
   (void)env.CreateDir(dir);
   env.PutFile(dir + "/" + kFormatFile, kFormatContents);
   env.PutFile(dir + "/" + kSequencesFile,
-              EncodeSequences(Sequences{.token_hwm = 1'000'000, .session_hwm = 1'000'000}));
+              EncodeSequences(Sequences{.token_hwm = FenceToken(1'000'000),
+                                        .session_hwm = SessionId(1'000'000)}));
   env.PutFile(dir + "/" + SnapshotName(0), snapshot);
   // A preallocated segment: header, the records, then zeros to its allocated size.
   const uint64_t size = kSegmentHeaderBytes + records.size() + 64;

@@ -22,6 +22,7 @@ namespace {
 
 using namespace fencelock;
 using namespace fencelock::server;
+using namespace fencelock::id_literals;
 namespace request = fencelock::protocol::request;
 
 void Write(const std::filesystem::path& dir, const std::string& name, const std::string& bytes) {
@@ -199,21 +200,23 @@ int main(int argc, char** argv) {
   // wal_record_fuzz: even first byte, then [u16 length][LogRecord payload]...
   std::string records(1, '\0');
   for (const Record& r : std::vector<Record>{
-           record::SessionOpened{1, absl::Seconds(10)},
-           record::LockGranted{"a", 1, 1, absl::Seconds(10)},
-           record::LockReleased{"a", 1, ReleaseReason::kReleased},
-           record::LockGranted{"b", 1, 2, absl::Seconds(10)},
-           record::LockReleased{"b", 2, ReleaseReason::kReleased},
-           record::SessionEnded{1, EndReason::kExpired},
-           record::PoolPolicyPublished{"p", 1, 4, {{"a", 1, 0, false, true}, {"b", 2, 2, true, false}}, 1},
+           record::SessionOpened{1_session, absl::Seconds(10)},
+           record::LockGranted{"a", 1_session, 1_token, absl::Seconds(10)},
+           record::LockReleased{"a", 1_token, ReleaseReason::kReleased},
+           record::LockGranted{"b", 1_session, 2_token, absl::Seconds(10)},
+           record::LockReleased{"b", 2_token, ReleaseReason::kReleased},
+           record::SessionEnded{1_session, EndReason::kExpired},
+           record::PoolPolicyPublished{
+               "p", 1, 4, {{"a", 1, 0, false, true}, {"b", 2, 2, true, false}}, 1},
            record::PoolProfileClaimed{"p", "a", 1, "key", 1},
-           record::PoolLeaseGranted{"p", "a", "s1", 3, 1, 1, absl::Seconds(5), 2},
-           record::PoolLeaseActivated{"p", "a", "s1", 3, 3},
-           record::PoolLeaseRecovered{"p", "a", "s1", 3, "gone", 4},
+           record::PoolLeaseGranted{"p", "a", "s1", 3_token, 1, 1, absl::Seconds(5), 2},
+           record::PoolLeaseActivated{"p", "a", "s1", 3_token, 3},
+           record::PoolLeaseRecovered{"p", "a", "s1", 3_token, "gone", 4},
            record::PoolDrainSet{"p", true},
-           record::SessionOpened{2, absl::Seconds(10)},
-           record::LockGranted{"r", 2, 4, absl::Seconds(10), LockMode::kShared, absl::Seconds(1)},
-           record::LockReleased{"r", 4, ReleaseReason::kLeaseExpired}}) {
+           record::SessionOpened{2_session, absl::Seconds(10)},
+           record::LockGranted{"r", 2_session, 4_token, absl::Seconds(10), LockMode::kShared,
+                               absl::Seconds(1)},
+           record::LockReleased{"r", 4_token, ReleaseReason::kLeaseExpired}}) {
     const std::string p = RecordPayload(r);
     records += static_cast<char>(p.size() & 0xff);
     records += static_cast<char>(p.size() >> 8);
@@ -221,28 +224,29 @@ int main(int argc, char** argv) {
   }
   Write(root / "wal_record_fuzz", "records", records);
   std::string raw(1, '\x01');
-  raw += EncodeRecordFrame(1, record::SessionOpened{1, absl::Seconds(10)});
-  raw += EncodeRecordFrame(2, record::LockGranted{"a", 1, 1, absl::Seconds(10)});
+  raw += EncodeRecordFrame(1, record::SessionOpened{1_session, absl::Seconds(10)});
+  raw += EncodeRecordFrame(2, record::LockGranted{"a", 1_session, 1_token, absl::Seconds(10)});
   raw += EncodeSealFrame(2);
   Write(root / "wal_record_fuzz", "raw-sealed", raw);
 
   // snapshot_fuzz: a state with sessions and holders, wrapped and raw.
   StateMachine state;
-  state.Apply(record::SessionOpened{1, absl::Seconds(10)}, t0);
-  state.Apply(record::SessionOpened{2, absl::Seconds(5)}, t0);
-  state.Apply(record::LockGranted{"a", 1, 1, absl::Seconds(10)}, t0);
-  state.Apply(record::LockGranted{"b", 2, 2, absl::Seconds(3)}, t0);
+  state.Apply(record::SessionOpened{1_session, absl::Seconds(10)}, t0);
+  state.Apply(record::SessionOpened{2_session, absl::Seconds(5)}, t0);
+  state.Apply(record::LockGranted{"a", 1_session, 1_token, absl::Seconds(10)}, t0);
+  state.Apply(record::LockGranted{"b", 2_session, 2_token, absl::Seconds(3)}, t0);
 
   state.Apply(record::PoolPolicyPublished{"p", 1, 4, {{"a", 1, 0, false, true}}, 1}, t0);
   state.Apply(record::PoolProfileClaimed{"p", "a", 1, "key", 1}, t0);
-  state.Apply(record::PoolLeaseGranted{"p", "a", "s1", 3, 1, 1, absl::Seconds(5), 2}, t0);
-  state.Apply(record::PoolLeaseActivated{"p", "a", "s1", 3, 3}, t0);
-  state.Apply(record::PoolLeaseGranted{"p", "a", "s2", 4, 1, 1, absl::Seconds(5), 4}, t0);
-  state.Apply(record::LockGranted{"r", 1, 5, absl::Seconds(3), LockMode::kShared}, t0);
-  state.Apply(record::LockGranted{"r", 2, 6, absl::Seconds(3), LockMode::kShared,
+  state.Apply(record::PoolLeaseGranted{"p", "a", "s1", 3_token, 1, 1, absl::Seconds(5), 2}, t0);
+  state.Apply(record::PoolLeaseActivated{"p", "a", "s1", 3_token, 3}, t0);
+  state.Apply(record::PoolLeaseGranted{"p", "a", "s2", 4_token, 1, 1, absl::Seconds(5), 4}, t0);
+  state.Apply(record::LockGranted{"r", 1_session, 5_token, absl::Seconds(3), LockMode::kShared},
+              t0);
+  state.Apply(record::LockGranted{"r", 2_session, 6_token, absl::Seconds(3), LockMode::kShared,
                                   absl::Seconds(2)},
               t0);
-  state.Apply(record::LockReleased{"r", 6, ReleaseReason::kLeaseExpired}, t0);
+  state.Apply(record::LockReleased{"r", 6_token, ReleaseReason::kLeaseExpired}, t0);
   const std::string snapshot = EncodeSnapshot(state, 0);
   Write(root / "snapshot_fuzz", "payload", std::string(1, '\0') + snapshot.substr(24));
   Write(root / "snapshot_fuzz", "raw", std::string(1, '\x01') + snapshot);

@@ -616,8 +616,9 @@ TEST_F(EtcdTest, APrefixWithASecretInClearIsRewrittenWithItsDigest) {
       {"init", "--etcd=" + etcd_.endpoint(), "--etcd-prefix=/fencelock/u"});
   ASSERT_EQ(WEXITSTATUS(init_status), 0) << init_out;
   const std::string secret = "an-old-secret-16";
-  ASSERT_TRUE(etcd_.Put("/fencelock/u/snapshot/00000000000000000000/000000",
-                        server::SnapshotWithASecretInClear(1, absl::Minutes(5), secret)));
+  ASSERT_TRUE(
+      etcd_.Put("/fencelock/u/snapshot/00000000000000000000/000000",
+                server::SnapshotWithASecretInClear(SessionId(1), absl::Minutes(5), secret)));
   ASSERT_NE(etcd_.Dump("/fencelock/u").find(secret), std::string::npos);
   LockdProcess lockd(Options("/fencelock/u", /*init=*/false));
   std::string dump = etcd_.Dump("/fencelock/u");

@@ -13,7 +13,7 @@ void Simulation::CheckRecovered(const server::OpenedCommitLog& opened, MonoTime 
                       " was committed (acknowledged state lost)"));
   }
   appended_.erase(appended_.upper_bound(recovered_lsn), appended_.end());
-  max_token_appended_ = 0;
+  max_token_appended_ = FenceToken();
   committed_lsn_ = recovered_lsn;
   StateMachine replayed;
   for (const auto& [lsn, r] : appended_) replayed.Apply(r, now);
@@ -143,9 +143,11 @@ void Simulation::CheckReplyGate(int conn, std::string_view frames) {
     wire::Response r;
     if (!r.ParseFromString(payload)) continue;
     if (r.has_acquire() && r.acquire().granted()) {
-      max_token_sent_ = std::max(max_token_sent_, r.acquire().token());
+      max_token_sent_ = std::max(max_token_sent_, FenceToken(r.acquire().token()));
     }
-    for (const auto& l : r.list().locks()) max_token_sent_ = std::max(max_token_sent_, l.token());
+    for (const auto& l : r.list().locks()) {
+      max_token_sent_ = std::max(max_token_sent_, FenceToken(l.token()));
+    }
     if (r.code() != wire::OK) continue;
     // On etcd every act is checked again as it leaves the replica, whatever the core said.
     if (on_etcd() && conns_[conn]->client != env_node_) {
@@ -160,18 +162,21 @@ void Simulation::CheckReplyGate(int conn, std::string_view frames) {
     }
     // The lsns are the serving replica's; a deposed one's acts are CheckAct's.
     if (conns_[conn]->replica != current_) continue;
-    auto committed = [&](const std::map<uint64_t, uint64_t>& lsns, uint64_t key,
-                         const char* what) {
+    // `lsns`: grant_lsn_ or session_lsn_, by token or session id.
+    auto committed = [&](const auto& lsns, auto key, const char* what) {
       auto it = lsns.find(key);
       if (it != lsns.end() && it->second > current_committed_lsn_) {
         Fail(absl::StrCat("reply acknowledging ", what, " ", key, " left lockd before lsn ",
                           it->second, " was committed (committed: ", current_committed_lsn_, ")"));
       }
     };
-    if (r.has_acquire() && r.acquire().granted()) committed(grant_lsn_, r.acquire().token(), "grant of token");
+    if (r.has_acquire() && r.acquire().granted()) {
+      committed(grant_lsn_, FenceToken(r.acquire().token()), "grant of token");
+    }
     if (r.has_open_session()) {
-      committed(session_lsn_, r.open_session().session_id(), "session");
-      secrets_by_session_[r.open_session().session_id()] = {conn, r.open_session().secret()};
+      const SessionId session(r.open_session().session_id());
+      committed(session_lsn_, session, "session");
+      secrets_by_session_[session] = {conn, r.open_session().secret()};
     }
     if (r.has_keep_alive()) {
       // A renewal is answered without waiting for other batches; what it asserts (its session

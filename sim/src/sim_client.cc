@@ -37,7 +37,7 @@ void SimClient::Apply() {
       const wire::Request& r = out.request;
       if (r.has_acquire() && acquire_op_ != 0 && r.acquire().lock() == acquiring_) {
         acquire_rid_ = r.request_id();
-        acquire_session_ = r.acquire().session_id();
+        acquire_session_ = SessionId(r.acquire().session_id());
       }
       sent_[r.request_id()] = {conn, r};
       sim_->ClientSend(conn, r);
@@ -46,7 +46,8 @@ void SimClient::Apply() {
       auto it = held_.find(lease->lock());
       if (it == held_.end() || it->second.lease != lease) continue;
       if (lease->Check(MonoTime::Min()) == LossReason::kDeadlinePassed) {
-        GiveUp(lease->lock(), lease->token(), it->second.session, "its deadline passed");
+        GiveUp(lease->lock(), FenceToken(lease->token()), it->second.session,
+               "its deadline passed");
       }
       held_.erase(it);
     }
@@ -61,7 +62,7 @@ void SimClient::Apply() {
                                   " was handed over as granted (token ", c.lease->token(), ")"));
         }
         held_[c.lease->lock()] = Held{c.lease, acquire_session_};
-        orphans_.erase({c.lease->lock(), c.lease->token()});
+        orphans_.erase({c.lease->lock(), FenceToken(c.lease->token())});
       }
       acquire_op_ = 0;
       acquire_rid_ = 0;
@@ -133,13 +134,14 @@ void SimClient::OnResponse(int conn, const wire::Response& r) {
     return it != sent_.end() && it->second.second.has_resume_session() && r.code() == wire::OK;
   }();
   sent_.erase(r.request_id());
-  std::vector<std::pair<std::string, uint64_t>> owed;
+  std::vector<std::pair<std::string, FenceToken>> owed;
   if (resume_ok) {
     for (const auto& [key, session] : given_up_) owed.push_back(key);
   }
   core_->OnResponse(time_.Now(), static_cast<uint64_t>(conn) + 1, r);
   Apply();
-  if (resume_ok) resumed_[conn] = Resumed{next_request_, std::move(owed), core_->session_id()};
+  if (resume_ok)
+    resumed_[conn] = Resumed{next_request_, std::move(owed), SessionId(core_->session_id())};
 }
 
 void SimClient::Observe(int conn, const wire::Response& r) {
@@ -151,12 +153,12 @@ void SimClient::Observe(int conn, const wire::Response& r) {
     sim_->Fail(absl::StrCat("lockd refused client ", node_, "'s own request: ", r.message()));
   }
   if (r.code() == wire::SESSION_NOT_FOUND) {
-    SessionId s = 0;
+    uint64_t s = 0;
     if (q.has_keep_alive()) s = q.keep_alive().session_id();
     if (q.has_resume_session()) s = q.resume_session().session_id();
     if (q.has_acquire()) s = q.acquire().session_id();
     if (q.has_release()) s = q.release().session_id();
-    if (s != 0) gone_sessions_.insert(s);
+    if (s != 0) gone_sessions_.insert(SessionId(s));
   }
   // lockd read every request sent with a resume's handling: what the client owed it then
   // (relinquishes unanswered when the old connection broke) has been given back.
@@ -185,13 +187,13 @@ void SimClient::Observe(int conn, const wire::Response& r) {
                               " after it said it had withdrawn it"));
     }
     if (r.code() == wire::OK && r.acquire().granted()) {
-      sim_->CountGrant(r.acquire().token());
+      sim_->CountGrant(FenceToken(r.acquire().token()));
       // A grant nobody waits for any more (withdrawn, or its wait ran out) is given back.
       if (r.request_id() != acquire_rid_ || acquire_op_ == 0 || acquire_cancelled_) {
-        GiveUp(q.acquire().lock(), r.acquire().token(), q.acquire().session_id(),
-               withdrawn_acquires_.contains(r.request_id())
-                   ? "a grant that crossed its withdrawal"
-                   : "a grant nobody waited for any more");
+        GiveUp(q.acquire().lock(), FenceToken(r.acquire().token()),
+               SessionId(q.acquire().session_id()),
+               withdrawn_acquires_.contains(r.request_id()) ? "a grant that crossed its withdrawal"
+                                                            : "a grant nobody waited for any more");
       }
     }
   }
@@ -212,7 +214,7 @@ void SimClient::Observe(int conn, const wire::Response& r) {
                               q.release().token(), ", which was stale when it arrived"));
     }
     if (r.code() == wire::FENCED_OUT) sim_->CountFencedOut();
-    given_up_.erase({q.release().lock(), q.release().token()});  // answered: settled
+    given_up_.erase({q.release().lock(), FenceToken(q.release().token())});  // answered: settled
   }
   if (q.has_validate()) {
     if (r.code() == wire::OK && sim_->WasStale(conn, r.request_id(), q.validate().lock())) {
@@ -249,7 +251,7 @@ void SimClient::Work() {
                               held.lease->token(), ") after lockd told it that session ",
                               held.session, " is gone"));
     }
-    sim_->CheckHeld(node_, lock, held.lease->token(), held.session, held.lease->mode());
+    sim_->CheckHeld(node_, lock, FenceToken(held.lease->token()), held.session, held.lease->mode());
     // Now and then the check asks lockd too (checkStillHeld with Confirm::kWithServer).
     if (rng_->Chance(0.05)) core_->Validate(now, held.lease);
     if (rng_->Chance(0.1)) {
@@ -265,14 +267,14 @@ void SimClient::Work() {
   // Locks lockd keeps for this client's session that it neither holds a handle for nor is
   // acquiring (a grant handed to nobody, or one it gave up): lockd's own expiry ends one
   // within its TTL (4 s at most) unless the client keeps renewing it.
-  const SessionId session = core_->session_id();
-  if (session != 0) {
+  const SessionId session(core_->session_id());
+  if (session != SessionId()) {
     for (int l = 0; l < sim_->options().locks; ++l) {
       const std::string lock = absl::StrCat("lock-", l);
       const auto* h = sim_->HolderOf(lock, session);
       if (h == nullptr) continue;
       auto mine = held_.find(lock);
-      if ((mine != held_.end() && mine->second.lease->token() == h->token) ||
+      if ((mine != held_.end() && FenceToken(mine->second.lease->token()) == h->token) ||
           (acquire_op_ != 0 && acquiring_ == lock)) {
         orphans_.erase({lock, h->token});
         continue;
@@ -304,7 +306,7 @@ void SimClient::Work() {
     held_.erase(it);
     // Released; awaited, or sent with the next request (releaseWithNextRequest).
     const bool await = rng_->Chance(0.5);
-    GiveUp(lock, held.lease->token(), held.session,
+    GiveUp(lock, FenceToken(held.lease->token()), held.session,
            await ? "released" : "released with the next request");
     core_->Release(now, held.lease, await);
   } else if (held_.empty() && acquire_op_ == 0 && rng_->Chance(0.5)) {

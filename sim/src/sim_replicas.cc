@@ -197,7 +197,7 @@ void Simulation::CheckAct(int i, server::Act::Kind kind, const std::string& lock
                       r.owned_until.nanos()));
   }
   // A token is reserved in etcd before it is handed out.
-  if (leaving && kind == server::Act::kGrant && token > EtcdSequences().token_hwm) {
+  if (leaving && kind == server::Act::kGrant && token > EtcdSequences().token_hwm.value()) {
     Fail(absl::StrCat(what, " above the reservation in P/sequences (", EtcdSequences().token_hwm, ")"));
   }
   auto key = owner_keys_.find(r.owner);

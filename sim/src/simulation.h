@@ -138,13 +138,14 @@ class SimClient {
     if (it == held_.end() || it->second.lease->Check(time_.Now()) != LossReason::kNone) {
       return std::nullopt;
     }
-    return Belief{it->second.lease->token(), it->second.session, it->second.lease->mode()};
+    return Belief{FenceToken(it->second.lease->token()), it->second.session,
+                  it->second.lease->mode()};
   }
 
  private:
   struct Held {
     std::shared_ptr<LeaseState> lease;
-    SessionId session = 0;
+    SessionId session;
   };
   // Carries out what the core asked for, and arms its timer.
   void Apply();
@@ -156,8 +157,8 @@ class SimClient {
   // An irreversible step under `held`, taken after a check that may be long past: lockd's
   // fence (Validate) must refuse a stale token.
   void Step(const std::string& lock, Held held);
-  void GiveUp(const std::string& lock, uint64_t token, SessionId session, const char* why) {
-    if (session != 0) given_up_[{lock, token}] = GivenUp{session, why};
+  void GiveUp(const std::string& lock, FenceToken token, SessionId session, const char* why) {
+    if (session != SessionId()) given_up_[{lock, token}] = GivenUp{session, why};
   }
 
   Simulation* sim_;
@@ -177,7 +178,7 @@ class SimClient {
   uint64_t acquire_op_ = 0;
   std::string acquiring_;
   uint64_t acquire_rid_ = 0;
-  SessionId acquire_session_ = 0;
+  SessionId acquire_session_;
   bool acquire_cancelled_ = false;
   std::set<uint64_t> completed_;  // operations the core completed
   // Requests sent and not answered, by request id: the connection and the request.
@@ -194,18 +195,18 @@ class SimClient {
     SessionId session;
     const char* why;
   };
-  std::map<std::pair<std::string, uint64_t>, GivenUp> given_up_;
+  std::map<std::pair<std::string, FenceToken>, GivenUp> given_up_;
   // A session resumed on connection `conn`: what it owed lockd then, and the last request id
   // sent with the resume's handling. A reply to a later request shows lockd read them all.
   struct Resumed {
     uint64_t last_request = 0;
-    std::vector<std::pair<std::string, uint64_t>> owed;
-    SessionId session = 0;
+    std::vector<std::pair<std::string, FenceToken>> owed;
+    SessionId session;
   };
   std::map<int, Resumed> resumed_;
   // Locks lockd holds for this client's session with a token the client holds no handle for:
   // since when (true time).
-  std::map<std::pair<std::string, uint64_t>, int64_t> orphans_;
+  std::map<std::pair<std::string, FenceToken>, int64_t> orphans_;
 };
 class Simulation {
  public:
@@ -380,8 +381,8 @@ class Simulation {
   // What lockd appended, by lsn, across incarnations (lost records are cut off at recovery).
   std::map<uint64_t, Record> appended_;
   uint64_t committed_lsn_ = 0;
-  FenceToken max_token_appended_ = 0;  // in this run of lockd
-  FenceToken max_token_sent_ = 0;      // the highest token in any reply that left lockd
+  FenceToken max_token_appended_;                 // in this run of lockd
+  FenceToken max_token_sent_;                     // the highest token in any reply that left lockd
   std::map<FenceToken, uint64_t> grant_lsn_;      // token -> lsn of its grant
   std::map<SessionId, uint64_t> session_lsn_;     // session -> lsn of its opening
   // KeepAlives lockd received and has not answered, by (connection, request id): the session

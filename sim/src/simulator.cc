@@ -100,15 +100,15 @@ void Simulation::DeliverToLockd(int conn, std::string payload, wire::Request req
   };
   if (request.has_keep_alive()) {
     auto& renewal = renewals_[{conn, request.request_id()}];
-    renewal.first = request.keep_alive().session_id();
+    renewal.first = SessionId(request.keep_alive().session_id());
     for (const auto& l : request.keep_alive().locks()) {
-      note(l.lock(), l.token());
-      renewal.second.push_back(l.token());
+      note(l.lock(), FenceToken(l.token()));
+      renewal.second.push_back(FenceToken(l.token()));
     }
   } else if (request.has_release()) {
-    note(request.release().lock(), request.release().token());
+    note(request.release().lock(), FenceToken(request.release().token()));
   } else if (request.has_validate()) {
-    note(request.validate().lock(), request.validate().token());
+    note(request.validate().lock(), FenceToken(request.validate().token()));
   }
   core->Receive(c.server_id, std::span<const std::string>(&payload, 1));
 }
@@ -356,7 +356,7 @@ void Simulation::EndASession() {
   if (candidates.empty()) return;
   const SessionId session = candidates[rng_.Below(candidates.size())];
   ended_sessions_.insert(session);
-  world_.Mix(session | (uint64_t{0xE} << 56));
+  world_.Mix(session.value() | (uint64_t{0xE} << 56));
   const int client = conns_[secrets_by_session_.at(session).first]->client;
   for (size_t i = 0; i < conns_.size(); ++i) {
     if (conns_[i]->open && conns_[i]->client == client) CutConnection(static_cast<int>(i));
@@ -372,10 +372,10 @@ void Simulation::EndASession() {
   wire::Request r = protocol::HelloRequest("stranger");
   r.set_request_id(1);
   payloads.push_back(r.SerializeAsString());
-  r = protocol::request::Resume(session, secrets_by_session_.at(session).second);
+  r = protocol::request::Resume(session.value(), secrets_by_session_.at(session).second);
   r.set_request_id(2);
   payloads.push_back(r.SerializeAsString());
-  r = protocol::request::Close(session);
+  r = protocol::request::Close(session.value());
   r.set_request_id(3);
   payloads.push_back(r.SerializeAsString());
   world_.At(world_.now(), NodeOf(stranger), [this, stranger, payloads = std::move(payloads)] {

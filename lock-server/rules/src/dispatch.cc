@@ -89,7 +89,7 @@ void Call::OpenSession() {
                                     secret);
   if (opened.ok()) {
     conn.sessions.push_back(opened->first);
-    resp.mutable_open_session()->set_session_id(opened->first);
+    resp.mutable_open_session()->set_session_id(opened->first.value());
     resp.mutable_open_session()->set_ttl_ms(protocol::ToWireMillis(opened->second));
     resp.mutable_open_session()->set_secret(std::move(secret));
   }
@@ -98,19 +98,18 @@ void Call::OpenSession() {
 
 void Call::ResumeSession() {
   const auto& r = req.resume_session();
+  const SessionId session(r.session_id());
   service.Advance(now);
-  auto ttl = service.Resume(r.session_id(), r.secret(), conn.caller);
+  auto ttl = service.Resume(session, r.secret(), conn.caller);
   if (ttl.ok()) {
-    if (std::find(conn.sessions.begin(), conn.sessions.end(), r.session_id()) ==
-            conn.sessions.end() &&
-        std::find(conn.renewed.begin(), conn.renewed.end(), r.session_id()) ==
-            conn.renewed.end()) {
+    if (std::find(conn.sessions.begin(), conn.sessions.end(), session) == conn.sessions.end() &&
+        std::find(conn.renewed.begin(), conn.renewed.end(), session) == conn.renewed.end()) {
       std::erase_if(conn.renewed,
                     [&](SessionId id) { return service.state().FindSession(id) == nullptr; });
       if (conn.renewed.size() >= host.max_sessions_per_connection()) {
         conn.renewed.erase(conn.renewed.begin());
       }
-      conn.renewed.push_back(r.session_id());
+      conn.renewed.push_back(session);
     }
     resp.mutable_resume_session()->set_session_ttl_ms(protocol::ToWireMillis(*ttl));
   }
@@ -119,15 +118,16 @@ void Call::ResumeSession() {
 
 void Call::KeepAlive() {
   const auto& ka = req.keep_alive();
-  if (absl::Status s = Authorize(ka.session_id()); !s.ok()) return Finish(s);
+  const SessionId session(ka.session_id());
+  if (absl::Status s = Authorize(session); !s.ok()) return Finish(s);
   std::vector<LockRef> refs;
   refs.reserve(ka.locks_size());
-  for (const auto& l : ka.locks()) refs.push_back(LockRef{l.lock(), l.token()});
-  auto results = service.KeepAlive(ka.session_id(), refs, now);
+  for (const auto& l : ka.locks()) refs.push_back(LockRef{l.lock(), FenceToken(l.token())});
+  auto results = service.KeepAlive(session, refs, now);
   if (results.ok()) {
     auto* reply = resp.mutable_keep_alive();
-    reply->set_session_ttl_ms(protocol::ToWireMillis(service.state().FindSession(ka.session_id())->ttl));
-    Dispatched::Reflects reflects{.session = ka.session_id()};
+    reply->set_session_ttl_ms(protocol::ToWireMillis(service.state().FindSession(session)->ttl));
+    Dispatched::Reflects reflects{.session = session};
     bool all_renewed = true;
     for (size_t i = 0; i < results->size(); ++i) {
       reply->add_lock_codes(protocol::CodeFromStatus((*results)[i]));
@@ -142,14 +142,16 @@ void Call::KeepAlive() {
 }
 
 void Call::CloseSession() {
-  if (absl::Status s = Authorize(req.close_session().session_id()); !s.ok()) return Finish(s);
+  const SessionId session(req.close_session().session_id());
+  if (absl::Status s = Authorize(session); !s.ok()) return Finish(s);
   resp.mutable_close_session();
-  return Finish(service.CloseSession(req.close_session().session_id(), now));
+  return Finish(service.CloseSession(session, now));
 }
 
 void Call::Acquire() {
   const auto& a = req.acquire();
-  if (absl::Status s = Authorize(a.session_id()); !s.ok()) return Finish(s);
+  const SessionId session(a.session_id());
+  if (absl::Status s = Authorize(session); !s.ok()) return Finish(s);
   if (!host.permissions().MayAcquire(conn.caller.identity, a.lock())) {
     return Finish(service.Deny(absl::StrCat("may not acquire \"", a.lock(), "\": ",
                                             host.permissions().DescribeAcquire(conn.caller.identity))));
@@ -174,18 +176,18 @@ void Call::Acquire() {
   how.mode = a.mode() == wire::SHARED ? LockMode::kShared : LockMode::kExclusive;
   if (a.has_lock_delay_ms()) how.lock_delay = protocol::FromWireMillis(a.lock_delay_ms());
   const WaiterId waiter_id = host.NextWaiterId();
-  auto result = service.Acquire(a.session_id(), a.lock(), protocol::FromWireMillis(a.ttl_ms()),
+  auto result = service.Acquire(session, a.lock(), protocol::FromWireMillis(a.ttl_ms()),
                                 protocol::FromWireMillis(a.wait_timeout_ms()), waiter_id, now, how);
   if (!result.ok()) {
     // The session holds it already: the refusal names the grant (granted stays false), so
     // that a client whose earlier Acquire was granted but never answered (a replica
     // deposed as it committed) can release it rather than wait out its lease.
     const LockState* held = service.state().FindLock(a.lock());
-    const HolderState* holder = held == nullptr ? nullptr : held->FindSession(a.session_id());
+    const HolderState* holder = held == nullptr ? nullptr : held->FindSession(session);
     if (absl::IsInvalidArgument(result.status()) && holder != nullptr) {
       auto* held = resp.mutable_acquire();
       held->set_lock(a.lock());
-      held->set_token(holder->token);
+      held->set_token(holder->token.value());
       held->set_ttl_ms(protocol::ToWireMillis(holder->ttl));
     }
     return Finish(result.status());
@@ -201,7 +203,7 @@ void Call::Acquire() {
   reply->set_lock(a.lock());
   if (result->kind == AcquireResult::Kind::kGranted) {
     reply->set_granted(true);
-    reply->set_token(result->token);
+    reply->set_token(result->token.value());
     reply->set_ttl_ms(protocol::ToWireMillis(result->ttl));
   }
   return Finish(absl::OkStatus());
@@ -213,12 +215,12 @@ void Call::WithdrawAcquire() {
                       host, resp)) {
     return;
   }
-  if (absl::Status s = Authorize(w.session_id()); !s.ok()) return Finish(s);
+  if (absl::Status s = Authorize(SessionId(w.session_id())); !s.ok()) return Finish(s);
   // Only this connection's own Acquires can be named: request ids are the connection's.
   auto queued = conn.queued.find(w.acquire_request_id());
   absl::StatusOr<bool> withdrawn = false;
   if (queued != conn.queued.end()) {
-    withdrawn = service.Withdraw(queued->second, w.session_id(), now);
+    withdrawn = service.Withdraw(queued->second, SessionId(w.session_id()), now);
     if (withdrawn.ok()) conn.queued.erase(queued);
   }
   if (withdrawn.ok()) resp.mutable_withdraw_acquire()->set_withdrawn(*withdrawn);
@@ -227,16 +229,17 @@ void Call::WithdrawAcquire() {
 
 void Call::Release() {
   const auto& r = req.release();
-  if (absl::Status s = Authorize(r.session_id()); !s.ok()) return Finish(s);
+  const SessionId session(r.session_id());
+  const FenceToken token(r.token());
+  if (absl::Status s = Authorize(session); !s.ok()) return Finish(s);
   resp.mutable_release();
-  absl::Status released = service.Release(r.session_id(), r.lock(), r.token(), now,
-                                           r.relinquish(),
-                                           service.SentByItsDriver(r.session_id(), conn.caller));
+  absl::Status released = service.Release(session, r.lock(), token, now, r.relinquish(),
+                                           service.SentByItsDriver(session, conn.caller));
   // The releaser's own OK does not wait for its release to be durable (ADR 0003): it
   // reflects only the session and the grant it ended. Whatever shows the lock free to
   // anyone else (a grant, a push to a waiter, a FENCED_OUT, a listing) still waits.
   if (released.ok()) {
-    out.reflects = Dispatched::Reflects{.session = r.session_id(), .grants = {r.token()}};
+    out.reflects = Dispatched::Reflects{.session = session, .grants = {token}};
   }
   return Finish(released);
 }
@@ -245,8 +248,8 @@ void Call::Validate() {
   const auto& v = req.validate();
   std::optional<SessionId> holder;
   if (v.session_id() != 0) {
-    if (absl::Status s = Authorize(v.session_id()); !s.ok()) return Finish(s);
-    holder = v.session_id();
+    if (absl::Status s = Authorize(SessionId(v.session_id())); !s.ok()) return Finish(s);
+    holder = SessionId(v.session_id());
   } else if (!host.permissions().MayValidate(conn.caller.identity)) {
     // A resource's check: only for identities that check tokens, so that a stranger who
     // remembers old tokens cannot raise lock_fenced_out_total, whose healthy value is 0.
@@ -255,9 +258,9 @@ void Call::Validate() {
         Permissions::Name(conn.caller.identity), " has no validate right")));
   }
   resp.mutable_validate();
-  return Finish(service.Validate(
-      v.lock(), v.token(), now, holder,
-      !holder.has_value() || service.SentByItsDriver(*holder, conn.caller)));
+  return Finish(
+      service.Validate(v.lock(), FenceToken(v.token()), now, holder,
+                       !holder.has_value() || service.SentByItsDriver(*holder, conn.caller)));
 }
 
 void Call::GetStats() {
@@ -446,15 +449,15 @@ void FillList(const LockService& service, const wire::ListLocks& query, wire::Li
       for (const HolderState& h : state.holders) {
         if (info.holders_size() >= static_cast<int>(protocol::kMaxListedHolders)) break;
         auto* holder = info.add_holders();
-        holder->set_session_id(h.session);
-        holder->set_token(h.token);
+        holder->set_session_id(h.session.value());
+        holder->set_token(h.token.value());
         holder->set_ttl_ms(protocol::ToWireMillis(h.ttl));
         holder->set_expires_in_ms(left_ms(h.expires_at));
       }
       if (state.held()) {
         const HolderState& first = state.holders.front();
-        info.set_session_id(first.session);
-        info.set_token(first.token);
+        info.set_session_id(first.session.value());
+        info.set_token(first.token.value());
         info.set_ttl_ms(protocol::ToWireMillis(first.ttl));
         info.set_expires_in_ms(left_ms(first.expires_at));
       }
@@ -478,14 +481,15 @@ void FillList(const LockService& service, const wire::ListLocks& query, wire::Li
   }
   if (!query.include_sessions()) return;
   const auto& sessions = service.state().sessions();
-  for (auto it = sessions.upper_bound(query.sessions_after()); it != sessions.end(); ++it) {
+  for (auto it = sessions.upper_bound(SessionId(query.sessions_after())); it != sessions.end();
+       ++it) {
     if (entries_left == 0) {
       list->set_more_sessions(true);
       return;
     }
     const SessionState& st = it->second;
     wire::SessionInfo info;
-    info.set_session_id(it->first);
+    info.set_session_id(it->first.value());
     info.set_ttl_ms(protocol::ToWireMillis(st.ttl));
     info.set_expires_in_ms(left_ms(st.expires_at));
     info.set_locks_held(static_cast<uint32_t>(st.locks.size()));

@@ -149,7 +149,7 @@ void PoolCall::Acquire() {
     auto* reply = resp.mutable_pool_acquire();
     reply->set_granted(grant->granted);
     if (grant->granted) {
-      reply->set_token(grant->token);
+      reply->set_token(grant->token.value());
       reply->set_ttl_ms(protocol::ToWireMillis(grant->ttl));
       reply->set_decision(grant->decision);
     } else {
@@ -170,13 +170,14 @@ void PoolCall::LeaseOp() {
   const PoolOwner owner = OwnerOf(r.owner());
   auto* reply = resp.mutable_pool_lease();
   if (req.body_case() == wire::Request::kPoolRenew) {
-    auto ttl = pools.Renew(r.pool(), r.profile(), r.slot(), r.token(), owner, now);
+    auto ttl = pools.Renew(r.pool(), r.profile(), r.slot(), FenceToken(r.token()), owner, now);
     if (ttl.ok()) reply->set_ttl_ms(protocol::ToWireMillis(*ttl));
     return Finish(ttl.status());
   }
-  auto decision = req.body_case() == wire::Request::kPoolActivate
-                      ? pools.Activate(r.pool(), r.profile(), r.slot(), r.token(), owner, now)
-                      : pools.Release(r.pool(), r.profile(), r.slot(), r.token(), owner, now);
+  auto decision =
+      req.body_case() == wire::Request::kPoolActivate
+          ? pools.Activate(r.pool(), r.profile(), r.slot(), FenceToken(r.token()), owner, now)
+          : pools.Release(r.pool(), r.profile(), r.slot(), FenceToken(r.token()), owner, now);
   if (decision.ok()) reply->set_decision(*decision);
   return Finish(decision.status());
 }
@@ -184,7 +185,8 @@ void PoolCall::LeaseOp() {
 void PoolCall::Recover() {
   const auto& r = req.pool_recover();
   if (absl::Status s = OperatorOnly("recover pool leases"); !s.ok()) return Finish(s);
-  auto decision = pools.Recover(r.pool(), r.profile(), r.slot(), r.token(), r.evidence(), now);
+  auto decision =
+      pools.Recover(r.pool(), r.profile(), r.slot(), FenceToken(r.token()), r.evidence(), now);
   if (decision.ok()) resp.mutable_pool_lease()->set_decision(*decision);
   return Finish(decision.status());
 }

@@ -42,7 +42,7 @@ absl::StatusOr<std::pair<SessionId, absl::Duration>> LockService::OpenSession(
   Advance(now);
   auto resolved = ResolveTtl(ttl, options_.default_session_ttl);
   if (!resolved.ok()) return resolved.status();
-  const SessionId id = state_.last_session_id() + 1;
+  const SessionId id = state_.last_session_id().Next();
   // Only the digest is kept: whoever reads the log or etcd cannot resume the session.
   Commit(record::SessionOpened{id, *resolved, SessionSecretDigest(id, secret), caller.identity},
          now);
@@ -107,7 +107,7 @@ absl::StatusOr<absl::Duration> LockService::Resume(SessionId session, std::strin
 
 absl::Status LockService::CheckHolder(std::optional<SessionId> session, const std::string& lock,
                                       FenceToken token, bool count, bool from_driver) {
-  if (token == 0 || token > state_.last_token()) {
+  if (token.value() == 0 || token > state_.last_token()) {
     return absl::InvalidArgumentError(
         absl::StrCat("token ", token, " for lock \"", lock, "\" was never issued"));
   }
@@ -240,7 +240,7 @@ absl::StatusOr<AcquireResult> LockService::Acquire(SessionId session, const std:
         options_.max_locks_per_session, ")"));
   }
   if (grantable) {
-    const FenceToken token = state_.last_token() + 1;
+    const FenceToken token = state_.last_token().Next();
     Commit(record::LockGranted{lock, session, token, *resolved, how.mode, delay}, now);
     ++stats_.grants_total;
     if (how.mode == LockMode::kShared) ++stats_.shared_grants_total;
@@ -341,7 +341,7 @@ void LockService::HandOff(const std::string& lock, MonoTime now) {
     waiter_index_.erase(w.id);
     waiter_deadlines_.erase({w.give_up_at, w.id});
     Unqueued(w.session);
-    const FenceToken next = state_.last_token() + 1;
+    const FenceToken next = state_.last_token().Next();
     Commit(record::LockGranted{lock, w.session, next, w.ttl, w.mode, w.lock_delay}, now);
     ++stats_.grants_total;
     if (w.mode == LockMode::kShared) ++stats_.shared_grants_total;

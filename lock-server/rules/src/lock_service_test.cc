@@ -6,6 +6,7 @@
 namespace fencelock::server {
 namespace {
 
+using namespace ::fencelock::id_literals;
 using ::testing::HasSubstr;
 
 MonoTime At(int ms) { return MonoTime::FromNanos(int64_t{ms} * 1'000'000); }
@@ -218,7 +219,7 @@ TEST_F(LockServiceTest, OnlyTheNewestLeaseEndsAreRemembered) {
 }
 
 TEST_F(LockServiceTest, KeepAliveOfUnknownSessionIsNotFound) {
-  auto r = service_.KeepAlive(42, {}, At(0));
+  auto r = service_.KeepAlive(42_session, {}, At(0));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -343,7 +344,7 @@ TEST_F(LockServiceTest, BadInputIsInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(service_.Acquire(a, "x", {}, absl::Seconds(-1), 0, At(1)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(service_.Acquire(999, "x", {}, {}, 0, At(1)).status().code(),
+  EXPECT_EQ(service_.Acquire(999_session, "x", {}, {}, 0, At(1)).status().code(),
             absl::StatusCode::kNotFound);
 }
 

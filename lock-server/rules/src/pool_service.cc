@@ -384,7 +384,7 @@ absl::StatusOr<PoolGrant> PoolService::Acquire(const std::string& pool,
         " other contenders (fair share ", f.share, " of ", f.fair_units, " fair units)");
     return grant;
   }
-  const FenceToken token = state_->last_token() + 1;
+  const FenceToken token = state_->last_token().Next();
   const uint64_t decision = NextDecision(pool);
   commit_(record::PoolLeaseGranted{pool, profile, slot, token, spec.cost, owner.epoch, ttl,
                                    decision},
@@ -478,7 +478,7 @@ absl::StatusOr<uint64_t> PoolService::Recover(const std::string& pool,
         "a recovery records the evidence that the worker is gone: 1 to ",
         options_.max_evidence_bytes, " bytes (--evidence)"));
   }
-  if (const PoolTombstone* t = (*p)->FindTombstone(token); t != nullptr) {
+  if (const PoolTombstone* t = (*p)->FindTombstone(token.value()); t != nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "repeated recovery: token ", token, " of ", Lease(pool, t->profile, t->slot),
         " was recovered at decision ", t->decision));
@@ -568,7 +568,7 @@ absl::StatusOr<PoolView> PoolService::View(const std::string& pool, MonoTime now
     out.leases.push_back(PoolLeaseView{
         .profile = key.first,
         .slot = key.second,
-        .token = lease.token,
+        .token = lease.token.value(),
         .units = lease.units,
         .epoch = lease.epoch,
         .active = lease.active,

@@ -14,6 +14,7 @@
 namespace fencelock::server {
 namespace {
 
+using namespace ::fencelock::id_literals;
 using ::testing::HasSubstr;
 
 MonoTime At(double seconds) {
@@ -44,19 +45,19 @@ class PoolServiceTest : public ::testing::Test {
     EXPECT_TRUE(o.ok()) << o.status();
     return o.ok() ? *o : PoolOwner{};
   }
-  // A granted provisional lease's token, or 0 when refused.
+  // A granted provisional lease's token, or FenceToken() (0) when refused.
   FenceToken Acquire(const std::string& profile, const std::string& slot, const PoolOwner& o,
                      double at, absl::Duration ttl = absl::Seconds(10)) {
     auto g = pools().Acquire("p", profile, slot, o, ttl, At(at));
     EXPECT_TRUE(g.ok()) << g.status();
-    if (!g.ok() || !g->granted) return 0;
+    if (!g.ok() || !g->granted) return FenceToken();
     return g->token;
   }
   // Acquires slots s0, s1, ... until one is refused; returns how many were granted.
   int Fill(const std::string& profile, const PoolOwner& o, double at, int most = 100) {
     int n = 0;
-    while (n < most &&
-           Acquire(profile, profile + "-" + std::to_string(slot_++), o, at, absl::Hours(1)) != 0) {
+    while (n < most && Acquire(profile, profile + "-" + std::to_string(slot_++), o, at,
+                               absl::Hours(1)) != FenceToken()) {
       ++n;
     }
     return n;
@@ -138,8 +139,8 @@ TEST_F(PoolServiceTest, ReservationsAboveTheBudgetAreRefused) {
 TEST_F(PoolServiceTest, APolicyMayNotDropAProfileWithLeasesNorShrinkBelowThem) {
   Publish(8, {Profile("a", 2), Profile("b")});
   PoolOwner a = Claim("a");
-  ASSERT_NE(Acquire("a", "s1", a, 1), 0u);
-  ASSERT_NE(Acquire("a", "s2", a, 1), 0u);
+  ASSERT_NE(Acquire("a", "s1", a, 1), 0_token);
+  ASSERT_NE(Acquire("a", "s2", a, 1), 0_token);
   auto drop = pools().Publish("p", PoolPolicy{2, 8, {Profile("b")}}, At(2));
   EXPECT_THAT(drop.status().message(), HasSubstr("drops profile a"));
   auto shrink = pools().Publish("p", PoolPolicy{2, 3, {Profile("a", 1), Profile("b")}}, At(2));
@@ -155,7 +156,7 @@ TEST_F(PoolServiceTest, ManagersEnforceOnlyAnAcknowledgedGeneration) {
   EXPECT_THAT(g.status().message(), HasSubstr("acknowledge the new generation"));
   EXPECT_EQ(pools().Ack("p", "a", a, 1, At(2)).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(pools().Ack("p", "a", a, 2, At(2)).ok());
-  EXPECT_NE(Acquire("a", "s1", a, 3), 0u);
+  EXPECT_NE(Acquire("a", "s1", a, 3), 0_token);
 }
 
 // ADR-0003: mixed incompatible managers cannot claim a complete coordinated guarantee.
@@ -198,7 +199,7 @@ TEST_F(PoolServiceTest, ProvisionalLeaseExpiresAndCannotThenBeActivated) {
   Publish(2, {Profile("a", 2)});
   PoolOwner a = Claim("a");
   const FenceToken t = Acquire("a", "s1", a, 0, absl::Seconds(10));
-  ASSERT_NE(t, 0u);
+  ASSERT_NE(t, 0_token);
   EXPECT_EQ(Status(9.999).used_units, 2u);
   auto late = pools().Activate("p", "a", "s1", t, a, At(10));
   EXPECT_EQ(late.status().code(), absl::StatusCode::kNotFound);
@@ -234,7 +235,7 @@ TEST_F(PoolServiceTest, ActiveLeaseSurvivesItsOwnersSilenceForever) {
   PoolView s = Status(1e6);
   ASSERT_EQ(s.leases.size(), 1u);
   EXPECT_TRUE(s.leases[0].active);
-  EXPECT_EQ(s.leases[0].token, t);
+  EXPECT_EQ(s.leases[0].token, t.value());
   EXPECT_EQ(ProfileOf(s, "a").active_units, 1u);
 }
 
@@ -338,7 +339,7 @@ TEST_F(PoolServiceTest, RecoveryWritesATombstoneFirstAndIsRefusedRepeatedOrStale
   PoolView s = Status(2);
   EXPECT_EQ(s.used_units, 0u);
   ASSERT_EQ(s.tombstones.size(), 1u);
-  EXPECT_EQ(s.tombstones[0].token, t);
+  EXPECT_EQ(s.tombstones[0].token, t.value());
   EXPECT_EQ(s.tombstones[0].units, 2u);
   EXPECT_EQ(s.tombstones[0].decision, *d);
   auto repeated = pools().Recover("p", "a", "s1", t, "again", At(3));
@@ -422,9 +423,9 @@ TEST_F(PoolServiceTest, InterleavedAcquisitionNeverExceedsTheBudget) {
   PoolOwner a = Claim("a"), b = Claim("b"), c = Claim("c");
   int granted = 0;
   for (int round = 0; round < 20; ++round) {
-    granted += Acquire("a", "a" + std::to_string(round), a, round) != 0;
-    granted += Acquire("b", "b" + std::to_string(round), b, round) != 0;
-    granted += Acquire("c", "c" + std::to_string(round), c, round) != 0;
+    granted += Acquire("a", "a" + std::to_string(round), a, round) != FenceToken();
+    granted += Acquire("b", "b" + std::to_string(round), b, round) != FenceToken();
+    granted += Acquire("c", "c" + std::to_string(round), c, round) != FenceToken();
     ExpectWithinBudget();
   }
   EXPECT_GT(granted, 0);
@@ -485,7 +486,7 @@ TEST_F(PoolServiceTest, AnAcquireRefreshesItsProfilesDemand) {
   Claim("a");
   PoolOwner b = Claim("b");
   ASSERT_TRUE(pools().SetDemand("p", "b", b, 4, At(0)).ok());
-  EXPECT_NE(Acquire("b", "b1", b, 25), 0u);
+  EXPECT_NE(Acquire("b", "b1", b, 25), 0_token);
   PoolView s = Status(50);  // 25 s after the Acquire: still current
   EXPECT_EQ(ProfileOf(s, "b").pending_units, 3u);
   EXPECT_EQ(*ProfileOf(s, "b").demand_expires_in, absl::Seconds(5));
@@ -566,7 +567,7 @@ TEST_F(PoolServiceTest, DemandExpiryNeverTouchesALease) {
   EXPECT_EQ(s.leases.size(), 2u);
   EXPECT_EQ(ProfileOf(s, "a").active_units, 1u);
   EXPECT_EQ(ProfileOf(s, "a").provisional_units, 1u);
-  EXPECT_NE(u, 0u);
+  EXPECT_NE(u, 0_token);
 }
 
 TEST_F(PoolServiceTest, PolicyReplacementClearsAllDemand) {
@@ -601,17 +602,17 @@ TEST_F(PoolServiceTest, LentUnitsAreNeverTakenBackFromAnActiveLease) {
   for (int i = 0; i < 4; ++i) {
     const std::string slot = "b" + std::to_string(i);
     tokens.push_back(Acquire("b", slot, b, 0));
-    ASSERT_NE(tokens.back(), 0u);
+    ASSERT_NE(tokens.back(), 0_token);
     ASSERT_TRUE(pools().Activate("p", "b", slot, tokens.back(), b, At(0)).ok());
   }
   // r now wants its reservation: it is refused, and b's leases stay.
   ASSERT_TRUE(pools().SetDemand("p", "r", r, 2, At(1)).ok());
-  EXPECT_EQ(Acquire("r", "r1", r, 1), 0u);
+  EXPECT_EQ(Acquire("r", "r1", r, 1), 0_token);
   EXPECT_EQ(Status(1).leases.size(), 4u);
   // Once b releases one, it goes to r's reservation, not back to b.
   ASSERT_TRUE(pools().Release("p", "b", "b0", tokens[0], b, At(2)).ok());
-  EXPECT_EQ(Acquire("b", "b9", b, 2), 0u);
-  EXPECT_NE(Acquire("r", "r1", r, 2), 0u);
+  EXPECT_EQ(Acquire("b", "b9", b, 2), 0_token);
+  EXPECT_NE(Acquire("r", "r1", r, 2), 0_token);
 }
 
 TEST_F(PoolServiceTest, ReservationIsUsableWithoutCompetingForFairUnits) {
@@ -628,7 +629,7 @@ TEST_F(PoolServiceTest, ReservationIsUsableWithoutCompetingForFairUnits) {
 TEST_F(PoolServiceTest, RefusalNamesTheFigures) {
   Publish(2, {Profile("a", 2), Profile("b", 2)});
   PoolOwner a = Claim("a"), b = Claim("b");
-  ASSERT_NE(Acquire("a", "a1", a, 0), 0u);
+  ASSERT_NE(Acquire("a", "a1", a, 0), 0_token);
   auto g = pools().Acquire("p", "b", "b1", b, absl::ZeroDuration(), At(0));
   ASSERT_TRUE(g.ok());
   EXPECT_FALSE(g->granted);
@@ -702,7 +703,7 @@ TEST_F(PoolServiceTest, RestartRestoresPolicyLeasesEpochsTombstonesAndDecisions)
     EXPECT_EQ(s->generation, 1u);
     EXPECT_EQ(s->decision, Status(2).decision);
     ASSERT_EQ(s->tombstones.size(), 1u);
-    EXPECT_EQ(s->tombstones[0].token, t2);
+    EXPECT_EQ(s->tombstones[0].token, t2.value());
     ASSERT_EQ(s->leases.size(), 2u);
     EXPECT_TRUE(s->leases[0].active);                    // a/s1 survived
     EXPECT_FALSE(s->leases[1].active);                   // b/s1, provisional: full TTL again
@@ -748,16 +749,19 @@ TEST(PoolStateTest, EveryDecisionAdvancesTheSequenceByExactlyOne) {
   step([](uint64_t d) { return Record(record::PoolPolicyPublished{"p", 1, 4, {Profile("a")}, d}); });
   apply(record::PoolProfileClaimed{"p", "a", 1, "k", 1});  // not a decision
   step([](uint64_t d) {
-    return Record(record::PoolLeaseGranted{"p", "a", "s1", 10, 1, 1, absl::Seconds(1), d});
+    return Record(record::PoolLeaseGranted{"p", "a", "s1", 10_token, 1, 1, absl::Seconds(1), d});
   });
-  step([](uint64_t d) { return Record(record::PoolLeaseActivated{"p", "a", "s1", 10, d}); });
+  step([](uint64_t d) { return Record(record::PoolLeaseActivated{"p", "a", "s1", 10_token, d}); });
   step([](uint64_t d) {
-    return Record(record::PoolLeaseGranted{"p", "a", "s2", 11, 1, 1, absl::Seconds(1), d});
+    return Record(record::PoolLeaseGranted{"p", "a", "s2", 11_token, 1, 1, absl::Seconds(1), d});
   });
   step([](uint64_t d) {
-    return Record(record::PoolLeaseReleased{"p", "a", "s2", 11, PoolReleaseReason::kReleased, d});
+    return Record(
+        record::PoolLeaseReleased{"p", "a", "s2", 11_token, PoolReleaseReason::kReleased, d});
   });
-  step([](uint64_t d) { return Record(record::PoolLeaseRecovered{"p", "a", "s1", 10, "gone", d}); });
+  step([](uint64_t d) {
+    return Record(record::PoolLeaseRecovered{"p", "a", "s1", 10_token, "gone", d});
+  });
   step([](uint64_t d) { return Record(record::PoolPolicyPublished{"p", 2, 4, {Profile("a")}, d}); });
   EXPECT_EQ(state.FindPool("p")->decision, 7u);
 }
@@ -766,9 +770,9 @@ TEST(PoolStateTest, AReplayedGrantAboveTheBudgetIsRefused) {
   StateMachine state;
   state.Apply(record::PoolPolicyPublished{"p", 1, 2, {Profile("a", 2)}, 1}, At(0));
   state.Apply(record::PoolProfileClaimed{"p", "a", 1, "k", 1}, At(0));
-  state.Apply(record::PoolLeaseGranted{"p", "a", "s1", 1, 2, 1, absl::Seconds(1), 2}, At(0));
+  state.Apply(record::PoolLeaseGranted{"p", "a", "s1", 1_token, 2, 1, absl::Seconds(1), 2}, At(0));
   absl::Status s =
-      state.Check(record::PoolLeaseGranted{"p", "a", "s2", 2, 2, 1, absl::Seconds(1), 3});
+      state.Check(record::PoolLeaseGranted{"p", "a", "s2", 2_token, 2, 1, absl::Seconds(1), 3});
   EXPECT_THAT(s.message(), HasSubstr("0 of 2 free"));
 }
 
@@ -776,12 +780,13 @@ TEST(PoolStateTest, AnActiveLeaseCannotBeExpired) {
   StateMachine state;
   state.Apply(record::PoolPolicyPublished{"p", 1, 2, {Profile("a")}, 1}, At(0));
   state.Apply(record::PoolProfileClaimed{"p", "a", 1, "k", 1}, At(0));
-  state.Apply(record::PoolLeaseGranted{"p", "a", "s1", 1, 1, 1, absl::Seconds(1), 2}, At(0));
-  state.Apply(record::PoolLeaseActivated{"p", "a", "s1", 1, 3}, At(0));
-  EXPECT_THAT(state.Check(record::PoolLeaseReleased{"p", "a", "s1", 1,
-                                                    PoolReleaseReason::kExpired, 4})
-                  .message(),
-              HasSubstr("expiry of active lease"));
+  state.Apply(record::PoolLeaseGranted{"p", "a", "s1", 1_token, 1, 1, absl::Seconds(1), 2}, At(0));
+  state.Apply(record::PoolLeaseActivated{"p", "a", "s1", 1_token, 3}, At(0));
+  EXPECT_THAT(
+      state
+          .Check(record::PoolLeaseReleased{"p", "a", "s1", 1_token, PoolReleaseReason::kExpired, 4})
+          .message(),
+      HasSubstr("expiry of active lease"));
   EXPECT_FALSE(state.ExpiredPoolLease(At(1e9)).has_value());
 }
 
@@ -790,9 +795,10 @@ TEST(PoolStateTest, ACorruptSnapshotPoolFailsClosed) {
   state.Apply(record::PoolPolicyPublished{"p", 1, 2, {Profile("a")}, 1}, At(0));
   PoolState bad = *state.FindPool("p");
   bad.owners["a"] = PoolOwnerState{1, "k", 1};
-  bad.leases[{"a", "s1"}] = PoolLeaseState{.token = 1, .units = 3, .epoch = 1, .active = true};
+  bad.leases[{"a", "s1"}] =
+      PoolLeaseState{.token = 1_token, .units = 3, .epoch = 1, .active = true};
   StateMachine fresh;
-  fresh.RaiseFloors(5, 0);
+  fresh.RaiseFloors(5_token, 0_session);
   EXPECT_THAT(fresh.RestorePool("p", bad, At(0)).message(), HasSubstr("budget of 2"));
 }
 

@@ -7,6 +7,7 @@
 namespace fencelock::server {
 namespace {
 
+using namespace ::fencelock::id_literals;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -26,12 +27,12 @@ class SharedLockTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.status();
     return s->first;
   }
-  // A grant at once; 0 when the answer is anything else.
+  // A grant at once; FenceToken() (0) when the answer is anything else.
   FenceToken Grant(SessionId s, const std::string& lock, int at_ms, const AcquireMode& how,
                    absl::Duration ttl = absl::Seconds(30)) {
     auto r = service_.Acquire(s, lock, ttl, absl::ZeroDuration(), 0, At(at_ms), how);
     EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() && r->kind == AcquireResult::Kind::kGranted ? r->token : 0;
+    return r.ok() && r->kind == AcquireResult::Kind::kGranted ? r->token : FenceToken();
   }
   AcquireResult::Kind Try(SessionId s, const std::string& lock, int at_ms, const AcquireMode& how) {
     auto r = service_.Acquire(s, lock, absl::Seconds(30), absl::ZeroDuration(), 0, At(at_ms), how);
@@ -66,7 +67,7 @@ TEST_F(SharedLockTest, EightReadersHoldAtOnceWhileAWriterWaitsThenTheWriterIsGra
   for (int i = 0; i < 8; ++i) {
     readers.push_back(Open(0));
     tokens.push_back(Grant(readers.back(), "r", 1 + i, kShared));
-    ASSERT_NE(tokens.back(), 0u) << "reader " << i;
+    ASSERT_NE(tokens.back(), 0_token) << "reader " << i;
   }
   EXPECT_EQ(Holders("r"), 8u);
   EXPECT_EQ(service_.state().FindLock("r")->mode(), LockMode::kShared);
@@ -250,7 +251,7 @@ TEST_F(LockDelayTest, ACleanReleaseStartsNoDelay) {
   const SessionId a = Open(0), b = Open(0);
   const FenceToken ta = Grant(a, "x", 0, kExclusive);
   ASSERT_TRUE(service_.Release(a, "x", ta, At(10)).ok());
-  EXPECT_NE(Grant(b, "x", 11, kExclusive), 0u);
+  EXPECT_NE(Grant(b, "x", 11, kExclusive), 0_token);
   EXPECT_EQ(service_.stats().lock_delays_started_total, 0u);
 }
 
@@ -261,7 +262,7 @@ TEST_F(LockDelayTest, ASessionThatEndsIsALossAndDelays) {
   EXPECT_EQ(Try(b, "x", 101, kShared), AcquireResult::Kind::kBusy);
   EXPECT_EQ(service_.stats().lock_delay_blocked_acquires_total, 1u);
   EXPECT_EQ(Try(b, "x", 2099, kExclusive), AcquireResult::Kind::kBusy);
-  EXPECT_NE(Grant(b, "x", 2100, kExclusive), 0u);
+  EXPECT_NE(Grant(b, "x", 2100, kExclusive), 0_token);
 }
 
 TEST_F(LockDelayTest, ALostReaderDelaysWritersOnly) {
@@ -273,7 +274,7 @@ TEST_F(LockDelayTest, ALostReaderDelaysWritersOnly) {
   // Readers are still granted; a writer waits for the end of r1's delay (6 s).
   EXPECT_EQ(Try(w, "x", 1600, kExclusive), AcquireResult::Kind::kBusy);
   const FenceToken t3 = Grant(r3, "x", 1700, kShared);
-  ASSERT_NE(t3, 0u);
+  ASSERT_NE(t3, 0_token);
   ASSERT_TRUE(service_.Release(r3, "x", t3, At(1800)).ok());
   Queue(w, "x", 5, 1900, kExclusive);
   service_.Advance(At(5999));
@@ -310,7 +311,7 @@ TEST_F(LockDelayTest, AZeroDelayOnTheAcquireOverridesTheDefault) {
   const SessionId a = Open(0), b = Open(0);
   Grant(a, "x", 0, WithDelay(LockMode::kExclusive, absl::ZeroDuration()), absl::Seconds(1));
   service_.Advance(At(1000));
-  EXPECT_NE(Grant(b, "x", 1000, kExclusive), 0u);
+  EXPECT_NE(Grant(b, "x", 1000, kExclusive), 0_token);
   EXPECT_EQ(service_.stats().lock_delays_started_total, 0u);
 }
 

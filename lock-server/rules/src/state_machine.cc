@@ -42,7 +42,7 @@ std::string Digest(std::string_view label, std::string_view salt, std::string_vi
 
 std::string SessionSecretDigest(SessionId session, std::string_view secret) {
   char id[8];
-  for (int i = 0; i < 8; ++i) id[i] = static_cast<char>(session >> (56 - 8 * i));
+  for (int i = 0; i < 8; ++i) id[i] = static_cast<char>(session.value() >> (56 - 8 * i));
   return Digest("fencelock session secret v1", std::string_view(id, sizeof(id)), secret);
 }
 

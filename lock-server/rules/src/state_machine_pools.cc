@@ -293,8 +293,8 @@ void StateMachine::ApplyOne(const record::PoolLeaseReleased& r, MonoTime) {
 void StateMachine::ApplyOne(const record::PoolLeaseRecovered& r, MonoTime) {
   PoolState& p = pools_.at(r.pool);
   const PoolLeaseState& lease = p.leases.at({r.profile, r.slot});
-  p.tombstones.push_back(PoolTombstone{r.profile, r.slot, r.token, lease.units, r.decision,
-                                       r.evidence});
+  p.tombstones.push_back(
+      PoolTombstone{r.profile, r.slot, r.token.value(), lease.units, r.decision, r.evidence});
   while (p.tombstones.size() > kPoolTombstonesKept) p.tombstones.pop_front();
   RemoveLease(p, r.pool, {r.profile, r.slot});
   p.decision = r.decision;
@@ -346,7 +346,7 @@ absl::Status StateMachine::RestorePool(const std::string& name, PoolState pool, 
     if (pool.FindProfile(key.first) == nullptr) {
       return bad(absl::StrCat("lease of unknown profile ", key.first));
     }
-    if (lease.token == 0 || lease.token > last_token_) {
+    if (lease.token.value() == 0 || lease.token > last_token_) {
       return bad(absl::StrCat("lease token ", lease.token, " above the token sequence ", last_token_));
     }
     if (lease.units == 0 || lease.decision > pool.decision) {

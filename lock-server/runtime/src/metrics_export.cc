@@ -65,7 +65,7 @@ void MetricsExport::ExportNow() {
       .Set(static_cast<double>(service.state().held_lock_count()));
   m.GetGauge("lockd_waiters", "Queued acquires").Set(static_cast<double>(service.waiter_count()));
   m.GetGauge("lockd_last_token", "The newest fencing token issued")
-      .Set(static_cast<double>(service.state().last_token()));
+      .Set(static_cast<double>(service.state().last_token().value()));
 }
 
 void MetricsExport::ExportPools() {

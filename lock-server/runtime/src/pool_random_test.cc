@@ -36,6 +36,7 @@
 namespace fencelock::server {
 namespace {
 
+using namespace ::fencelock::id_literals;
 namespace req = protocol::request;
 
 constexpr char kDir[] = "/state";
@@ -242,12 +243,12 @@ class AdmissionRun {
         using T = std::decay_t<decltype(rec)>;
         if constexpr (requires { rec.token; rec.slot; }) {
           std::printf("  record %s slot %s token %lu\n", typeid(T).name(), rec.slot.c_str(),
-                      static_cast<unsigned long>(rec.token));
+                      static_cast<unsigned long>(rec.token.value()));
         }
       }, r);
     }
-    auto running = [&](uint64_t token) {
-      auto w = workers_.find(token);
+    auto running = [&](FenceToken token) {
+      auto w = workers_.find(token.value());
       return w != workers_.end() && w->second == Worker::kRunning;
     };
     if (const auto* g = std::get_if<record::PoolLeaseGranted>(&r)) {
@@ -342,7 +343,7 @@ class AdmissionRun {
     ASSERT_NE(p, nullptr);
     std::set<uint64_t> active;
     for (const auto& [key, lease] : p->leases) {
-      if (lease.active) active.insert(lease.token);
+      if (lease.active) active.insert(lease.token.value());
     }
     for (const auto& [token, w] : workers_) {
       if (w == Worker::kRunning) {
@@ -381,17 +382,19 @@ class AdmissionRun {
     std::vector<wire::Request> releases;  // sent after the listing: each changes the leases
     for (const auto& [key, lease] : p->leases) {
       if (key.first != profiles_[m.profile]) continue;
-      listed[key.second] = lease.token;
-      const Worker w = workers_.contains(lease.token) ? workers_[lease.token] : Worker::kExited;
+      listed[key.second] = lease.token.value();
+      const Worker w =
+          workers_.contains(lease.token.value()) ? workers_[lease.token.value()] : Worker::kExited;
       if (w == Worker::kRunning) continue;
       if (w == Worker::kCreated && lease.active) {
-        workers_[lease.token] = Worker::kRunning;  // a created worker with a valid active lease
+        workers_[lease.token.value()] =
+            Worker::kRunning;  // a created worker with a valid active lease
         continue;
       }
       if (!replacement && w == Worker::kCreated) continue;  // still before its activation
-      workers_[lease.token] = Worker::kExited;  // removed, exactly, before the release
-      releases.push_back(
-          req::PoolRelease(kPool, profiles_[m.profile], key.second, lease.token, OwnerRef(m)));
+      workers_[lease.token.value()] = Worker::kExited;      // removed, exactly, before the release
+      releases.push_back(req::PoolRelease(kPool, profiles_[m.profile], key.second,
+                                          lease.token.value(), OwnerRef(m)));
     }
     for (wire::Request& release : releases) Call(mi, std::move(release));
     for (auto& [slot, token] : m.leases) {
@@ -493,9 +496,10 @@ class AdmissionRun {
       const PoolState* p = core_->service().state().FindPool(kPool);
       if (p != nullptr) {
         for (const auto& [key, lease] : p->leases) {
-          auto w = workers_.find(lease.token);
+          auto w = workers_.find(lease.token.value());
           if (lease.active && (w == workers_.end() || w->second == Worker::kExited)) {
-            Call(-1, req::PoolRecover(kPool, key.first, key.second, lease.token, "worker absent"));
+            Call(-1, req::PoolRecover(kPool, key.first, key.second, lease.token.value(),
+                                      "worker absent"));
             break;
           }
         }
@@ -542,7 +546,7 @@ class AdmissionRun {
   std::vector<std::string> profiles_;
   std::vector<Manager> managers_;
   std::map<uint64_t, Worker> workers_;
-  std::map<uint64_t, LedgerLease> ledger_;
+  std::map<FenceToken, LedgerLease> ledger_;
   uint64_t slots_ = 0;
   const bool trace_ = std::getenv("FENCELOCK_POOL_TRACE") != nullptr;
 };

@@ -487,7 +487,7 @@ void ServerCore::Impl::AfterRequest() {
     if (o.status.ok()) {
       auto* reply = resp.mutable_acquire();
       reply->set_granted(true);
-      reply->set_token(o.token);
+      reply->set_token(o.token.value());
       reply->set_ttl_ms(ToMillis(o.ttl));
       reply->set_lock(o.lock);
     } else {
@@ -615,7 +615,7 @@ void ServerCore::Impl::FillStats(wire::StatsReply* stats) const {
     stats->set_sessions(service_.state().session_count());
     stats->set_locks_held(service_.state().held_lock_count());
     stats->set_waiters(service_.waiter_count());
-    stats->set_last_token(service_.state().last_token());
+    stats->set_last_token(service_.state().last_token().value());
     stats->set_last_lsn(log_->last_lsn());
   }
   stats->set_storage(log_->Describe());

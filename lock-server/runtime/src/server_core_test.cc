@@ -22,6 +22,7 @@
 namespace fencelock::server {
 namespace {
 
+using namespace ::fencelock::id_literals;
 namespace req = protocol::request;
 
 constexpr char kDir[] = "/state";
@@ -269,8 +270,8 @@ TEST_F(ServerCoreTest, AReleaseIsAcknowledgedAtOnceAndTheLockShownFreeOnlyOnceDu
     ASSERT_TRUE(recovered.ok()) << recovered.status();
     const HolderState* holder = recovered->state.FindHolder("payout/1");
     ASSERT_NE(holder, nullptr);
-    EXPECT_EQ(holder->session, sa);
-    EXPECT_EQ(holder->token, token);
+    EXPECT_EQ(holder->session, SessionId(sa));
+    EXPECT_EQ(holder->token, FenceToken(token));
   }
 
   // A release of a lock the session does not hold (here, the same one again) is refused, and
@@ -365,10 +366,10 @@ TEST_F(ServerCoreTest, RestoredLeasesRunTheirFullTtlFromWhenTheCoreBeginsToServe
   EXPECT_FALSE(refused[0].acquire().granted()) << "a held lock was granted to another";
   // Held until 6 s after the core began to serve (the session's last renewal), not before.
   time_.Advance(absl::Seconds(6) - kSyncTime * 4 * 2 - absl::Milliseconds(1));
-  EXPECT_NE(core_->service().state().FindSession(session), nullptr);
+  EXPECT_NE(core_->service().state().FindSession(SessionId(session)), nullptr);
   EXPECT_NE(core_->service().state().FindHolder("payout/1"), nullptr);
   time_.Advance(absl::Milliseconds(2));
-  EXPECT_EQ(core_->service().state().FindSession(session), nullptr);
+  EXPECT_EQ(core_->service().state().FindSession(SessionId(session)), nullptr);
   EXPECT_EQ(core_->service().state().FindHolder("payout/1"), nullptr);
 }
 
@@ -388,8 +389,8 @@ TEST_F(ServerCoreTest, NoSessionSecretIsKeptInClear) {
   const std::string secret = replies[1].open_session().secret();
   ASSERT_EQ(secret.size(), 16u);
   EXPECT_EQ(FilesHolding(secret), std::vector<std::string>{});
-  EXPECT_EQ(core_->service().state().FindSession(session)->secret_digest,
-            SessionSecretDigest(session, secret));
+  EXPECT_EQ(core_->service().state().FindSession(SessionId(session))->secret_digest,
+            SessionSecretDigest(SessionId(session), secret));
 
   Restart(absl::ZeroDuration());
   Sink again_sink;
@@ -411,7 +412,7 @@ TEST_F(ServerCoreTest, AStateWithASecretInClearIsRewrittenWithItsDigest) {
   ASSERT_TRUE(InitDataDir(&mem_, kDir, 1 << 20).ok());
   const std::string secret = "an-old-secret-16";
   mem_.PutFile(absl::StrCat(kDir, "/", SnapshotName(0)),
-               SnapshotWithASecretInClear(1, absl::Seconds(60), secret));
+               SnapshotWithASecretInClear(1_session, absl::Seconds(60), secret));
   ASSERT_EQ(FilesHolding(secret).size(), 1u);
   Open(&mem_, CoreOptions{}, absl::ZeroDuration());
   time_.Advance(kSyncTime * 4);
@@ -494,7 +495,7 @@ TEST_F(ServerCoreTest, AFreezeOfTheCoreExtendsLeasesButBusyTimeDoesNot) {
   time_.RunDue();
   EXPECT_EQ(core_->stats().stalls_total, 1u);
   EXPECT_EQ(core_->stats().service.session_expiries_total, 0u);
-  ASSERT_NE(core_->service().state().FindSession(session), nullptr);
+  ASSERT_NE(core_->service().state().FindSession(SessionId(session)), nullptr);
   ASSERT_EQ(log_.size(), 1u);
   EXPECT_NE(log_[0].find("did not run for 5"), std::string::npos) << log_[0];
   // Running normally, the session then expires about its TTL after the stall.
@@ -513,7 +514,7 @@ TEST_F(ServerCoreTest, TimeTheCoreSpentServingIsNotAStall) {
   time_.Busy(absl::Seconds(5));
   time_.RunDue();
   EXPECT_EQ(core_->stats().stalls_total, 0u);
-  EXPECT_EQ(core_->service().state().FindSession(session), nullptr);
+  EXPECT_EQ(core_->service().state().FindSession(SessionId(session)), nullptr);
   EXPECT_EQ(core_->stats().service.session_expiries_total, 1u);
   // Busy for 2 s, then frozen for 3 s: only the 3 s not run are owed.
   const uint64_t second = Session(&sink, &c, absl::Seconds(10));
@@ -523,7 +524,7 @@ TEST_F(ServerCoreTest, TimeTheCoreSpentServingIsNotAStall) {
   EXPECT_EQ(core_->stats().stalls_total, 1u);
   ASSERT_FALSE(log_.empty());
   EXPECT_NE(log_.back().find("did not run for 3"), std::string::npos) << log_.back();
-  EXPECT_NE(core_->service().state().FindSession(second), nullptr);
+  EXPECT_NE(core_->service().state().FindSession(SessionId(second)), nullptr);
 }
 
 TEST_F(ServerCoreTest, NoHelloWithinTheTimeoutClosesTheConnection) {

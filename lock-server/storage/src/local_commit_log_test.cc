@@ -19,6 +19,7 @@
 namespace fencelock::server {
 namespace {
 
+using namespace ::fencelock::id_literals;
 using ::testing::HasSubstr;
 
 constexpr char kDir[] = "/state";
@@ -146,7 +147,7 @@ TEST_F(DurableLogTest, WhatIsDurableRecoversExactly) {
   // Same sessions and holders. The floors come from SEQUENCES, reserved a block (100) ahead
   // when the log was opened, so they are above every token the log holds.
   EXPECT_EQ(r->state.DebugString(), before);
-  EXPECT_EQ(r->report.token_floor, 100u);
+  EXPECT_EQ(r->report.token_floor, 100_token);
   EXPECT_EQ(r->report.records_replayed, 17u);  // 1 session, 10 grants, 6 releases
 }
 
@@ -375,8 +376,8 @@ TEST_F(DurableLogTest, ReservationIsDurableBeforeTheGrantItCovers) {
   EXPECT_GE(checks, 6);
   auto r = Recover(&mem_, kDir, kNow);
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->report.logged_token, 24u);
-  EXPECT_GE(r->report.reserved.token_hwm, 24u);
+  EXPECT_EQ(r->report.logged_token, 24_token);
+  EXPECT_GE(r->report.reserved.token_hwm, 24_token);
 }
 
 TEST_F(DurableLogTest, TornTailIsZeroedSoNewAppendsRecover) {

@@ -53,25 +53,25 @@ state::LogRecord ToProto(uint64_t lsn, const Record& r) {
       [&](const auto& rec) {
         using T = std::decay_t<decltype(rec)>;
         if constexpr (std::is_same_v<T, record::SessionOpened>) {
-          p.mutable_session_opened()->set_session_id(rec.session);
+          p.mutable_session_opened()->set_session_id(rec.session.value());
           p.mutable_session_opened()->set_ttl_ns(Nanos(rec.ttl));
           p.mutable_session_opened()->set_secret_digest(rec.secret_digest);
           p.mutable_session_opened()->set_owner(rec.owner);
         } else if constexpr (std::is_same_v<T, record::SessionEnded>) {
-          p.mutable_session_ended()->set_session_id(rec.session);
+          p.mutable_session_ended()->set_session_id(rec.session.value());
           p.mutable_session_ended()->set_reason(rec.reason == EndReason::kExpired ? 1 : 0);
         } else if constexpr (std::is_same_v<T, record::LockGranted>) {
           auto* g = p.mutable_lock_granted();
           g->set_lock(rec.lock);
-          g->set_session_id(rec.session);
-          g->set_token(rec.token);
+          g->set_session_id(rec.session.value());
+          g->set_token(rec.token.value());
           g->set_ttl_ns(Nanos(rec.ttl));
           g->set_mode(ModeToProto(rec.mode));
           g->set_lock_delay_ns(Nanos(rec.lock_delay));
         } else if constexpr (std::is_same_v<T, record::LockReleased>) {
           auto* l = p.mutable_lock_released();
           l->set_lock(rec.lock);
-          l->set_token(rec.token);
+          l->set_token(rec.token.value());
           l->set_reason(static_cast<uint32_t>(rec.reason));
         } else if constexpr (std::is_same_v<T, record::PoolPolicyPublished>) {
           auto* o = p.mutable_pool_policy_published();
@@ -99,7 +99,7 @@ state::LogRecord ToProto(uint64_t lsn, const Record& r) {
           o->set_pool(rec.pool);
           o->set_profile(rec.profile);
           o->set_slot(rec.slot);
-          o->set_token(rec.token);
+          o->set_token(rec.token.value());
           o->set_units(rec.units);
           o->set_epoch(rec.epoch);
           o->set_ttl_ns(Nanos(rec.ttl));
@@ -109,14 +109,14 @@ state::LogRecord ToProto(uint64_t lsn, const Record& r) {
           o->set_pool(rec.pool);
           o->set_profile(rec.profile);
           o->set_slot(rec.slot);
-          o->set_token(rec.token);
+          o->set_token(rec.token.value());
           o->set_decision(rec.decision);
         } else if constexpr (std::is_same_v<T, record::PoolLeaseReleased>) {
           auto* o = p.mutable_pool_lease_released();
           o->set_pool(rec.pool);
           o->set_profile(rec.profile);
           o->set_slot(rec.slot);
-          o->set_token(rec.token);
+          o->set_token(rec.token.value());
           o->set_reason(static_cast<uint32_t>(rec.reason));
           o->set_decision(rec.decision);
         } else if constexpr (std::is_same_v<T, record::PoolLeaseRecovered>) {
@@ -124,7 +124,7 @@ state::LogRecord ToProto(uint64_t lsn, const Record& r) {
           o->set_pool(rec.pool);
           o->set_profile(rec.profile);
           o->set_slot(rec.slot);
-          o->set_token(rec.token);
+          o->set_token(rec.token.value());
           o->set_evidence(rec.evidence);
           o->set_decision(rec.decision);
         } else if constexpr (std::is_same_v<T, record::PoolDrainSet>) {
@@ -146,10 +146,10 @@ state::LogRecord ToProto(uint64_t lsn, const Record& r) {
 // the secret itself: its digest is computed here, and the record says so.
 template <typename SessionProto>
 record::SessionOpened SessionFromProto(const SessionProto& p) {
-  record::SessionOpened r{p.session_id(), absl::Nanoseconds(p.ttl_ns()), p.secret_digest(),
-                          p.owner()};
+  record::SessionOpened r{SessionId(p.session_id()), absl::Nanoseconds(p.ttl_ns()),
+                          p.secret_digest(), p.owner()};
   if (r.secret_digest.empty() && !p.secret().empty()) {
-    r.secret_digest = SessionSecretDigest(p.session_id(), p.secret());
+    r.secret_digest = SessionSecretDigest(SessionId(p.session_id()), p.secret());
     r.read_in_clear = true;
   }
   return r;
@@ -162,21 +162,21 @@ absl::StatusOr<Record> FromProto(const state::LogRecord& p) {
     case state::LogRecord::kSessionEnded:
       if (p.session_ended().reason() > 1) return absl::InvalidArgumentError("bad end reason");
       return Record(record::SessionEnded{
-          p.session_ended().session_id(),
+          SessionId(p.session_ended().session_id()),
           p.session_ended().reason() == 1 ? EndReason::kExpired : EndReason::kClosed});
     case state::LogRecord::kLockGranted: {
       const auto& g = p.lock_granted();
       auto mode = ModeFromProto(g.mode());
       if (!mode.ok()) return mode.status();
-      return Record(record::LockGranted{g.lock(), g.session_id(), g.token(),
+      return Record(record::LockGranted{g.lock(), SessionId(g.session_id()), FenceToken(g.token()),
                                         absl::Nanoseconds(g.ttl_ns()), *mode,
                                         absl::Nanoseconds(g.lock_delay_ns())});
     }
     case state::LogRecord::kLockReleased: {
       const auto& l = p.lock_released();
       if (l.reason() > 2) return absl::InvalidArgumentError("bad release reason");
-      return Record(
-          record::LockReleased{l.lock(), l.token(), static_cast<ReleaseReason>(l.reason())});
+      return Record(record::LockReleased{l.lock(), FenceToken(l.token()),
+                                         static_cast<ReleaseReason>(l.reason())});
     }
     case state::LogRecord::kPoolPolicyPublished: {
       const auto& o = p.pool_policy_published();
@@ -200,26 +200,26 @@ absl::StatusOr<Record> FromProto(const state::LogRecord& p) {
     }
     case state::LogRecord::kPoolLeaseGranted: {
       const auto& o = p.pool_lease_granted();
-      return Record(record::PoolLeaseGranted{o.pool(), o.profile(), o.slot(), o.token(),
+      return Record(record::PoolLeaseGranted{o.pool(), o.profile(), o.slot(), FenceToken(o.token()),
                                              o.units(), o.epoch(), absl::Nanoseconds(o.ttl_ns()),
                                              o.decision()});
     }
     case state::LogRecord::kPoolLeaseActivated: {
       const auto& o = p.pool_lease_activated();
-      return Record(
-          record::PoolLeaseActivated{o.pool(), o.profile(), o.slot(), o.token(), o.decision()});
+      return Record(record::PoolLeaseActivated{o.pool(), o.profile(), o.slot(),
+                                               FenceToken(o.token()), o.decision()});
     }
     case state::LogRecord::kPoolLeaseReleased: {
       const auto& o = p.pool_lease_released();
       if (o.reason() > 2) return absl::InvalidArgumentError("bad pool release reason");
-      return Record(record::PoolLeaseReleased{o.pool(), o.profile(), o.slot(), o.token(),
-                                              static_cast<PoolReleaseReason>(o.reason()),
-                                              o.decision()});
+      return Record(
+          record::PoolLeaseReleased{o.pool(), o.profile(), o.slot(), FenceToken(o.token()),
+                                    static_cast<PoolReleaseReason>(o.reason()), o.decision()});
     }
     case state::LogRecord::kPoolLeaseRecovered: {
       const auto& o = p.pool_lease_recovered();
-      return Record(record::PoolLeaseRecovered{o.pool(), o.profile(), o.slot(), o.token(),
-                                               o.evidence(), o.decision()});
+      return Record(record::PoolLeaseRecovered{o.pool(), o.profile(), o.slot(),
+                                               FenceToken(o.token()), o.evidence(), o.decision()});
     }
     case state::LogRecord::kPoolDrainSet:
       return Record(
@@ -305,9 +305,9 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
     if (!mode.ok()) {
       return Damaged(path, absl::StrCat("lock ", h.lock(), ": ", mode.status().message()));
     }
-    if (absl::Status st = apply(record::LockGranted{h.lock(), h.session_id(), h.token(),
-                                                    absl::Nanoseconds(h.ttl_ns()), *mode,
-                                                    absl::Nanoseconds(h.lock_delay_ns())});
+    if (absl::Status st = apply(record::LockGranted{
+            h.lock(), SessionId(h.session_id()), FenceToken(h.token()),
+            absl::Nanoseconds(h.ttl_ns()), *mode, absl::Nanoseconds(h.lock_delay_ns())});
         !st.ok()) {
       return st;
     }
@@ -319,10 +319,11 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
                                 : lost.status();
     if (!st.ok()) return Damaged(path, absl::StrCat("inconsistent snapshot: ", st.message()));
   }
-  if (snap.last_token() < state.last_token() || snap.last_session_id() < state.last_session_id()) {
+  if (FenceToken(snap.last_token()) < state.last_token() ||
+      SessionId(snap.last_session_id()) < state.last_session_id()) {
     return Damaged(path, "sequence marks below the ids it contains");
   }
-  state.RaiseFloors(snap.last_token(), snap.last_session_id());
+  state.RaiseFloors(FenceToken(snap.last_token()), SessionId(snap.last_session_id()));
   uint64_t keys_in_clear = 0;  // pool owner keys an older lockd wrote in clear
   for (const auto& sp : snap.pools()) {
     PoolState pool;
@@ -343,7 +344,7 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
       }
     }
     for (const auto& l : sp.leases()) {
-      PoolLeaseState lease{.token = l.token(),
+      PoolLeaseState lease{.token = FenceToken(l.token()),
                            .units = l.units(),
                            .epoch = l.epoch(),
                            .active = l.active(),
@@ -422,11 +423,11 @@ std::string EncodeSealFrame(uint64_t next_segment) {
 std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
   state::Snapshot snap;
   snap.set_last_lsn(last_lsn);
-  snap.set_last_token(state.last_token());
-  snap.set_last_session_id(state.last_session_id());
+  snap.set_last_token(state.last_token().value());
+  snap.set_last_session_id(state.last_session_id().value());
   for (const auto& [id, session] : state.sessions()) {  // ascending id
     auto* s = snap.add_sessions();
-    s->set_session_id(id);
+    s->set_session_id(id.value());
     s->set_ttl_ns(Nanos(session.ttl));
     s->set_secret_digest(session.secret_digest);
     s->set_owner(session.owner);
@@ -448,8 +449,8 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
   for (const auto& [lock, h] : holders) {
     auto* out = snap.add_holders();
     out->set_lock(lock);
-    out->set_session_id(h.session);
-    out->set_token(h.token);
+    out->set_session_id(h.session.value());
+    out->set_token(h.token.value());
     out->set_ttl_ns(Nanos(h.ttl));
     out->set_mode(ModeToProto(h.mode));
     out->set_lock_delay_ns(Nanos(h.lock_delay));
@@ -464,7 +465,7 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
       auto* l = out->add_leases();
       l->set_profile(key.first);
       l->set_slot(key.second);
-      l->set_token(lease.token);
+      l->set_token(lease.token.value());
       l->set_units(lease.units);
       l->set_epoch(lease.epoch);
       l->set_active(lease.active);

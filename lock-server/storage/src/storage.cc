@@ -77,7 +77,7 @@ absl::StatusOr<Sequences> DecodeSequences(const std::string& path, std::string_v
     return absl::FailedPreconditionError(
         absl::StrCat(path, ": unsupported version ", GetU32(data, 4)));
   }
-  return Sequences{GetU64(data, 8), GetU64(data, 16)};
+  return Sequences{FenceToken(GetU64(data, 8)), SessionId(GetU64(data, 16))};
 }
 
 std::string SnapshotName(uint64_t lsn) {
@@ -95,8 +95,8 @@ std::string SegmentName(uint64_t number) {
 std::string EncodeSequences(const Sequences& s) {
   std::string out(kSequencesMagic, 4);
   PutU32(&out, kFileVersion);
-  PutU64(&out, s.token_hwm);
-  PutU64(&out, s.session_hwm);
+  PutU64(&out, s.token_hwm.value());
+  PutU64(&out, s.session_hwm.value());
   PutU32(&out, Crc32c(out));
   return out;
 }

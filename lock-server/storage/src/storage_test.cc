@@ -12,6 +12,7 @@
 namespace fencelock::server {
 namespace {
 
+using namespace ::fencelock::id_literals;
 using ::testing::HasSubstr;
 
 constexpr char kDir[] = "/state";
@@ -20,9 +21,10 @@ const MonoTime kNow = MonoTime::FromNanos(500'000'000'000);
 
 std::string P(const std::string& name) { return std::string(kDir) + "/" + name; }
 
-record::SessionOpened Open(SessionId id) { return {id, absl::Seconds(10)}; }
-record::LockGranted Grant(const std::string& lock, SessionId s, FenceToken t) {
-  return {lock, s, t, absl::Seconds(30)};
+// Plain numbers, for brevity: session `id`, token `t`.
+record::SessionOpened Open(uint64_t id) { return {SessionId(id), absl::Seconds(10)}; }
+record::LockGranted Grant(const std::string& lock, uint64_t s, uint64_t t) {
+  return {lock, SessionId(s), FenceToken(t), absl::Seconds(30)};
 }
 
 class StorageTest : public ::testing::Test {
@@ -66,12 +68,15 @@ class StorageTest : public ::testing::Test {
 TEST(SharedStateCodecTest, ModesAndDelaysSurviveRecordsAndSnapshots) {
   const absl::Duration delay = absl::Seconds(4);
   const std::vector<Record> records = {
-      Open(1), Open(2), Open(3),
-      record::LockGranted{"r", 1, 1, absl::Seconds(30), LockMode::kShared, delay},
-      record::LockGranted{"r", 2, 2, absl::Seconds(30), LockMode::kShared, absl::ZeroDuration()},
-      record::LockGranted{"w", 3, 3, absl::Seconds(1), LockMode::kExclusive, delay},
-      record::LockReleased{"w", 3, ReleaseReason::kLeaseExpired},
-      record::LockReleased{"r", 1, ReleaseReason::kSessionEnded}};
+      Open(1),
+      Open(2),
+      Open(3),
+      record::LockGranted{"r", 1_session, 1_token, absl::Seconds(30), LockMode::kShared, delay},
+      record::LockGranted{"r", 2_session, 2_token, absl::Seconds(30), LockMode::kShared,
+                          absl::ZeroDuration()},
+      record::LockGranted{"w", 3_session, 3_token, absl::Seconds(1), LockMode::kExclusive, delay},
+      record::LockReleased{"w", 3_token, ReleaseReason::kLeaseExpired},
+      record::LockReleased{"r", 1_token, ReleaseReason::kSessionEnded}};
   std::string frames;
   for (size_t i = 0; i < records.size(); ++i) frames += EncodeRecordFrame(i + 1, records[i]);
   StateMachine replayed;
@@ -91,7 +96,7 @@ TEST(SharedStateCodecTest, ModesAndDelaysSurviveRecordsAndSnapshots) {
   EXPECT_EQ(restored->FindLock("w")->DelayedUntil(LockMode::kShared), later + delay);
   EXPECT_EQ(restored->FindLock("r")->DelayedUntil(LockMode::kExclusive), later + delay);
   EXPECT_EQ(restored->FindLock("r")->DelayedUntil(LockMode::kShared), MonoTime::Min());
-  EXPECT_EQ(restored->last_token(), 3u);
+  EXPECT_EQ(restored->last_token(), 3_token);
 }
 
 // A snapshot of a version this lockd does not know is refused by name, not read.
@@ -147,7 +152,7 @@ TEST_F(StorageTest, FreshDirectoryRecoversEmpty) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->state.session_count(), 0u);
   EXPECT_EQ(r->report.last_lsn, 0u);
-  EXPECT_EQ(r->report.token_floor, 0u);
+  EXPECT_EQ(r->report.token_floor, 0_token);
   EXPECT_EQ(r->report.append_offset, kSegmentHeaderBytes);
   EXPECT_TRUE(r->report.warnings.empty());
 }
@@ -225,20 +230,20 @@ TEST_F(StorageTest, ReplaysRecordsAndGivesEveryLeaseItsFullTtlFromNow) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->report.records_replayed, 3u);
   EXPECT_EQ(r->report.last_lsn, 3u);
-  EXPECT_EQ(r->state.FindSession(1)->expires_at, kNow + absl::Seconds(10));
+  EXPECT_EQ(r->state.FindSession(1_session)->expires_at, kNow + absl::Seconds(10));
   EXPECT_EQ(r->state.FindHolder("x")->expires_at, kNow + absl::Seconds(30));
-  EXPECT_EQ(r->state.FindHolder("y")->token, 2u);
-  EXPECT_EQ(r->report.token_floor, 2u);
+  EXPECT_EQ(r->state.FindHolder("y")->token, 2_token);
+  EXPECT_EQ(r->report.token_floor, 2_token);
 }
 
 TEST_F(StorageTest, ReservedSequencesRaiseTheFloorsAboveTheLog) {
   WriteSegment(1, ThreeRecords());
-  env_.PutFile(P(kSequencesFile), EncodeSequences(Sequences{500, 70}));
+  env_.PutFile(P(kSequencesFile), EncodeSequences(Sequences{500_token, 70_session}));
   auto r = Recover(&env_, kDir, kNow);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->report.token_floor, 500u);
-  EXPECT_EQ(r->report.session_floor, 70u);
-  EXPECT_EQ(r->state.last_token(), 500u);
+  EXPECT_EQ(r->report.token_floor, 500_token);
+  EXPECT_EQ(r->report.session_floor, 70_session);
+  EXPECT_EQ(r->state.last_token(), 500_token);
 }
 
 TEST_F(StorageTest, MissingOrUninitializedDirectoryIsRefusedWithAHint) {
@@ -432,21 +437,22 @@ TEST_F(StorageTest, SnapshotPlusNewerRecordsRecover) {
 // A session's secret digest and owner resume it after a restart, from the log and from a
 // snapshot.
 TEST_F(StorageTest, SessionSecretsAndOwnersSurviveTheLogAndTheSnapshot) {
-  const record::SessionOpened snapshotted{1, absl::Seconds(10), "secret-number-01", "uid:1000"};
-  const record::SessionOpened logged{2, absl::Seconds(10), "secret-number-02", ""};
+  const record::SessionOpened snapshotted{1_session, absl::Seconds(10), "secret-number-01",
+                                          "uid:1000"};
+  const record::SessionOpened logged{2_session, absl::Seconds(10), "secret-number-02", ""};
   StateMachine s;
   s.Apply(snapshotted, kNow);
   env_.PutFile(P(SnapshotName(1)), EncodeSnapshot(s, 1));
   WriteSegment(1, {EncodeRecordFrame(1, snapshotted), EncodeRecordFrame(2, logged)});
   auto r = Recover(&env_, kDir, kNow);
   ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_NE(r->state.FindSession(1), nullptr);
-  ASSERT_NE(r->state.FindSession(2), nullptr);
-  EXPECT_EQ(r->state.FindSession(1)->secret_digest, "secret-number-01");
-  EXPECT_EQ(r->state.FindSession(1)->owner, "uid:1000");
-  EXPECT_EQ(r->state.FindSession(2)->secret_digest, "secret-number-02");
+  ASSERT_NE(r->state.FindSession(1_session), nullptr);
+  ASSERT_NE(r->state.FindSession(2_session), nullptr);
+  EXPECT_EQ(r->state.FindSession(1_session)->secret_digest, "secret-number-01");
+  EXPECT_EQ(r->state.FindSession(1_session)->owner, "uid:1000");
+  EXPECT_EQ(r->state.FindSession(2_session)->secret_digest, "secret-number-02");
   EXPECT_EQ(r->state.secrets_read_in_clear(), 0u);
-  EXPECT_EQ(r->state.FindSession(2)->owner, "");
+  EXPECT_EQ(r->state.FindSession(2_session)->owner, "");
 }
 
 TEST_F(StorageTest, DamagedSnapshotIsRefused) {

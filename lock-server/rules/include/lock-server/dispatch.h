@@ -86,7 +86,7 @@ struct Dispatched {
   // committed, not every record applied before it (docs/durability.md, "What a reply waits
   // for").
   struct Reflects {
-    SessionId session = 0;
+    SessionId session;
     std::vector<FenceToken> grants;
   };
   std::optional<Reflects> reflects;

@@ -68,7 +68,7 @@ struct LockRef {
 struct AcquireResult {
   enum class Kind { kGranted, kQueued, kBusy };
   Kind kind;
-  FenceToken token = 0;      // kGranted only
+  FenceToken token;                           // kGranted only
   absl::Duration ttl = absl::ZeroDuration();  // kGranted only
 };
 
@@ -76,7 +76,7 @@ struct WaiterOutcome {
   WaiterId waiter;
   std::string lock;
   absl::Status status;       // OK: granted
-  FenceToken token = 0;
+  FenceToken token;
   absl::Duration ttl = absl::ZeroDuration();
 };
 

@@ -61,7 +61,7 @@ struct PoolPolicy {
 
 struct PoolGrant {
   bool granted = false;
-  FenceToken token = 0;             // granted only
+  FenceToken token;                 // granted only
   absl::Duration ttl;               // granted only
   uint64_t decision = 0;            // granted only
   std::string refusal;              // not granted: why, with the figures

@@ -21,6 +21,7 @@
 #include "absl/container/btree_map.h"
 #include "absl/time/time.h"
 #include "clock/clock.h"
+#include "protocol/ids.h"
 #include "protocol/pool_view.h"
 
 namespace fencelock::server {
@@ -35,7 +36,7 @@ enum class PoolReleaseReason {
 inline constexpr size_t kPoolTombstonesKept = 1024;
 
 struct PoolLeaseState {
-  uint64_t token = 0;
+  FenceToken token;
   uint64_t units = 0;
   uint64_t epoch = 0;             // the owner epoch that acquired it
   bool active = false;

@@ -27,11 +27,12 @@
 #include "absl/time/time.h"
 #include "clock/clock.h"
 #include "lock-server/pool_state.h"
+#include "protocol/ids.h"
 
 namespace fencelock::server {
 
-using SessionId = uint64_t;
-using FenceToken = uint64_t;
+using ::fencelock::FenceToken;
+using ::fencelock::SessionId;
 
 enum class EndReason { kClosed, kExpired };
 // ADR 0006: shared holders coexist; an exclusive holder excludes every other holder.
@@ -384,8 +385,8 @@ class StateMachine {
   absl::btree_map<std::string, PoolState> pools_;
   // Provisional pool leases by expiry: (expires_at, pool, profile, slot).
   std::set<std::tuple<MonoTime, std::string, std::string, std::string>> pool_expiry_;
-  FenceToken last_token_ = 0;
-  SessionId last_session_id_ = 0;
+  FenceToken last_token_;
+  SessionId last_session_id_;
   uint64_t secrets_read_in_clear_ = 0;
 };
 

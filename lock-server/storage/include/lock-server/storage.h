@@ -48,8 +48,8 @@ std::string SnapshotName(uint64_t lsn);
 std::string SegmentName(uint64_t number);
 
 struct Sequences {
-  FenceToken token_hwm = 0;    // no token above this has been handed out
-  SessionId session_hwm = 0;   // no session id above this has been handed out
+  FenceToken token_hwm;   // no token above this has been handed out
+  SessionId session_hwm;  // no session id above this has been handed out
 };
 std::string EncodeSequences(const Sequences& s);
 // The COMMITTED file: every record up to `lsn` was committed (synced) when it was written.
@@ -97,9 +97,9 @@ struct RecoveryReport {
   uint64_t segments = 0;
   Sequences reserved;              // as read from SEQUENCES
   uint64_t committed_mark = 0;     // as read from COMMITTED (0: none)
-  FenceToken logged_token = 0;     // the highest token in the snapshot and replayed records
-  FenceToken token_floor = 0;      // restart issues tokens above this
-  SessionId session_floor = 0;     // and session ids above this
+  FenceToken logged_token;         // the highest token in the snapshot and replayed records
+  FenceToken token_floor;          // restart issues tokens above this
+  SessionId session_floor;         // and session ids above this
   // A damaged tail of the final segment that was dropped (never acknowledged).
   uint64_t torn_tail_bytes = 0;
   uint64_t torn_tail_offset = 0;

@@ -52,7 +52,7 @@ std::string SnapshotWithASecretInClear(SessionId session, absl::Duration ttl,
                                        const std::string& secret) {
   std::string entry;  // SnapshotSession
   entry.push_back(0x08);  // session_id
-  Varint(&entry, session);
+  Varint(&entry, session.value());
   entry.push_back(0x10);  // ttl_ns
   Varint(&entry, static_cast<uint64_t>(absl::ToInt64Nanoseconds(ttl)));
   entry.push_back(0x1a);  // secret, in clear
@@ -60,7 +60,7 @@ std::string SnapshotWithASecretInClear(SessionId session, absl::Duration ttl,
   entry += secret;
   std::string snapshot;  // Snapshot (last_lsn 0 is the default, left out)
   snapshot.push_back(0x18);  // last_session_id
-  Varint(&snapshot, session);
+  Varint(&snapshot, session.value());
   snapshot.push_back(0x22);  // sessions
   Varint(&snapshot, entry.size());
   snapshot += entry;
