@@ -42,7 +42,7 @@ set_target_properties(fencelock_fence PROPERTIES OUTPUT_NAME fencelock-fence EXP
 # client's Registry (Client::metrics()). It is built from its own source here, on the client
 # library's exported metrics, so the process has one copy of the registry's code.
 add_library(fencelock_metrics_http SHARED metrics/src/exposer.cc)
-target_include_directories(fencelock_metrics_http PRIVATE metrics/include
+target_include_directories(fencelock_metrics_http PRIVATE metrics/include clock/include
     INTERFACE $<INSTALL_INTERFACE:${FENCELOCK_INSTALL_INCLUDEDIR}>)
 target_link_libraries(fencelock_metrics_http PUBLIC fencelock_client absl::statusor
                       PRIVATE api_export absl::strings Threads::Threads)
@@ -63,7 +63,7 @@ install(TARGETS fencelock_client fencelock_fence fencelock_metrics_http EXPORT f
 install(FILES lock-client/include/lock-client/client.h lock-client/include/lock-client/pool_client.h
               lock-client/include/lock-client/async.h
         DESTINATION ${FENCELOCK_INSTALL_INCLUDEDIR}/lock-client COMPONENT client)
-install(FILES clock/include/clock/clock.h
+install(FILES clock/include/clock/clock.h clock/include/clock/std_mutex.h
         DESTINATION ${FENCELOCK_INSTALL_INCLUDEDIR}/clock COMPONENT client)
 install(FILES metrics/include/metrics/metrics.h metrics/include/metrics/exposer.h
         DESTINATION ${FENCELOCK_INSTALL_INCLUDEDIR}/metrics COMPONENT client)

@@ -45,19 +45,19 @@ void SimulatedClock::Set(MonoTime t) {
 }
 
 uint64_t SimulatedClock::Subscribe(std::function<void()> moved) {
-  std::lock_guard<std::mutex> lock(subscribers_mu_);
+  StdMutexLock lock(&subscribers_mu_);
   const uint64_t id = next_subscriber_++;
   subscribers_.emplace(id, std::move(moved));
   return id;
 }
 
 void SimulatedClock::Unsubscribe(uint64_t id) {
-  std::lock_guard<std::mutex> lock(subscribers_mu_);
+  StdMutexLock lock(&subscribers_mu_);
   subscribers_.erase(id);
 }
 
 void SimulatedClock::Moved() {
-  std::lock_guard<std::mutex> lock(subscribers_mu_);
+  StdMutexLock lock(&subscribers_mu_);
   for (const auto& [id, moved] : subscribers_) moved();
 }
 

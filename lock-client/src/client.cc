@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "clock/std_mutex.h"
 #include "lock-client/core/client_core.h"
 #include "lock-client/core/lease.h"
 #include "logging/logging.h"
@@ -50,17 +50,17 @@ class ClientAnchor {
   // Runs fn(client) with the client alive, or fn(nullptr) once it is destroyed.
   template <typename F>
   auto With(F fn) {
-    std::lock_guard<std::mutex> lock(mu_);
+    StdMutexLock lock(&mu_);
     return fn(client_);
   }
   void Forget() {
-    std::lock_guard<std::mutex> lock(mu_);
+    StdMutexLock lock(&mu_);
     client_ = nullptr;
   }
 
  private:
-  std::mutex mu_;
-  Client* client_;
+  StdMutex mu_;
+  Client* client_ ABSL_GUARDED_BY(mu_);
 };
 }  // namespace client_internal
 
@@ -380,7 +380,7 @@ class ClientImpl final : public Client {
   // there), made on first use, so that an inherited Client's refusals reach their callbacks.
   TaskThread& Callbacks() {
     if (!Inherited()) return *callbacks_;
-    std::lock_guard<std::mutex> lock(child_mu_);  // never taken in the parent
+    StdMutexLock lock(&child_mu_);  // never taken in the parent
     if (child_callbacks_ == nullptr) child_callbacks_ = std::make_unique<TaskThread>();
     return *child_callbacks_;
   }
@@ -400,8 +400,8 @@ class ClientImpl final : public Client {
   // (TaskThread::StopFromItsThread).
   std::unique_ptr<TaskThread> callbacks_ = std::make_unique<TaskThread>();
   const uint64_t generation_ = client_internal::ForkGeneration();
-  std::mutex child_mu_;
-  std::unique_ptr<TaskThread> child_callbacks_;  // guarded by child_mu_
+  StdMutex child_mu_;
+  std::unique_ptr<TaskThread> child_callbacks_ ABSL_GUARDED_BY(child_mu_);
   // Behind onLost and whenLost; stopped first in the destructor, so that no callback runs
   // while the client is taken apart. Made before the driver, which pokes it.
   std::unique_ptr<LossWatcher> watcher_ = std::make_unique<LossWatcher>(clock_, callbacks_.get());

@@ -25,6 +25,7 @@ Completion DriverImpl::Run(const Call& call) {
   std::shared_ptr<Conn> lead;
   if (!Process(
           [&](ClientCore& core, MonoTime now) {
+            mu_.AssertHeld();  // Process calls it under the lock (so for each one below)
             handlers_[call(core, now)] = Handler{.waiter = waiter};
           },
           &lead)) {
@@ -38,6 +39,7 @@ Completion DriverImpl::Run(const Call& call) {
 void DriverImpl::Start(const Call& call, Done done) {
   if (Inherited()) return done(Completion{.status = InheritedError()});
   if (!Process([&](ClientCore& core, MonoTime now) {
+        mu_.AssertHeld();
         handlers_[call(core, now)] = Handler{.done = done};
       })) {
     done(Completion{.status = absl::CancelledError("the client was destroyed")});
@@ -50,21 +52,24 @@ void DriverImpl::Do(const std::function<void(ClientCore&, MonoTime)>& call) {
 
 void DriverImpl::Read(const std::function<void(const ClientCore&)>& read) const {
   if (Inherited()) return;  // its lock may be held by a thread the child lacks
-  std::lock_guard<std::mutex> lock(mu_);
+  StdMutexLock lock(&mu_);
   read(core_);
 }
 
 void DriverImpl::Shutdown() {
   if (Inherited()) return;  // the parent's: nothing of it is this process's to close
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    StdMutexLock lock(&mu_);
     shut_ = true;
-    carried_.wait(lock, [&] { return carrying_ == 0; });
+    lock.Wait(carried_, [&] {
+      mu_.AssertHeld();
+      return carrying_ == 0;
+    });
   }
   clock_->Unsubscribe(subscription_);
   std::shared_ptr<Conn> conn;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    StdMutexLock lock(&mu_);
     conn = std::move(attached_);
   }
   // A connection this driver was the last on closes on the I/O thread; it is waited for
@@ -103,6 +108,7 @@ void DriverImpl::Dialed(size_t replica, const std::shared_ptr<Conn>& conn, uint3
   auto self = shared_from_this();
   std::optional<client_core::Dial> again;
   Process([&](ClientCore& core, MonoTime now) {
+    mu_.AssertHeld();
     if (!Runtime::Get().Attach(conn, self)) {
       // It closed in between (its last Client left, or lockd ended it): dial again, which
       // finds another connection or makes one, rather than fail the core's dial.
@@ -126,6 +132,7 @@ void DriverImpl::DialFailed(size_t replica, const absl::Status& status, const st
 
 void DriverImpl::Disconnected(uint64_t conn) {
   Process([&](ClientCore& core, MonoTime now) {
+    mu_.AssertHeld();
     if (attached_ != nullptr && attached_->id == conn) attached_ = nullptr;
     core.OnDisconnected(now, conn);
   });
@@ -139,6 +146,7 @@ void DriverImpl::Responses(uint64_t conn, const std::vector<wire::Response>& res
 
 void DriverImpl::Tick() {
   Process([&](ClientCore& core, MonoTime now) {
+    mu_.AssertHeld();
     armed_at_ = MonoTime::Max();
     core.OnTick(now);
   });
@@ -154,7 +162,7 @@ bool DriverImpl::Process(F&& f, std::shared_ptr<Conn>* lead) {
   if (Inherited()) return false;
   Batch batch;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    StdMutexLock lock(&mu_);
     if (shut_) return false;
     f(core_, clock_->Now());
     Collect(batch);
@@ -162,7 +170,7 @@ bool DriverImpl::Process(F&& f, std::shared_ptr<Conn>* lead) {
   }
   Carry(batch, lead);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    StdMutexLock lock(&mu_);
     if (--carrying_ == 0) carried_.notify_all();
   }
   return true;
@@ -257,7 +265,7 @@ void DriverImpl::Arm() {
   MonoTime wake;
   MonoTime now;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    StdMutexLock lock(&mu_);
     if (shut_) return;
     wake = core_.NextWakeup();
     armed_at_ = wake;

@@ -14,7 +14,7 @@ LossWatcher::~LossWatcher() {
   // owner may be destroyed from that very callback (whose thread then no longer says so).
   std::vector<Entry> dropped;
   {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    StdMutexLock lock(&shared_->mu);
     shared_->stop = true;
     dropped.swap(shared_->entries);
   }
@@ -24,10 +24,13 @@ LossWatcher::~LossWatcher() {
 void LossWatcher::Stop() {
   std::vector<Entry> dropped;
   {
-    std::unique_lock<std::mutex> lock(shared_->mu);
+    StdMutexLock lock(&shared_->mu);
     shared_->stop = true;
     if (!callbacks_->OnItsThread()) {
-      shared_->idle.wait(lock, [&] { return !shared_->running; });
+      lock.Wait(shared_->idle, [&] {
+        shared_->mu.AssertHeld();
+        return !shared_->running;
+      });
     }
     dropped.swap(shared_->entries);
   }
@@ -48,7 +51,7 @@ void LossWatcher::Watch(std::shared_ptr<LeaseState> state,
                         std::function<void(LossReason)> on_lost) {
   bool post = false;
   {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    StdMutexLock lock(&shared_->mu);
     if (shared_->stop) return;  // stopped: dropped without a call
     shared_->entries.push_back({std::move(state), std::move(on_lost)});
     post = NeedsLook(*shared_);
@@ -59,19 +62,19 @@ void LossWatcher::Watch(std::shared_ptr<LeaseState> state,
 void LossWatcher::Poke() {
   bool post = false;
   {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    StdMutexLock lock(&shared_->mu);
     post = NeedsLook(*shared_);
   }
   if (post) PostLook();
 }
 
 size_t LossWatcher::pending() const {
-  std::lock_guard<std::mutex> lock(shared_->mu);
+  StdMutexLock lock(&shared_->mu);
   return shared_->entries.size();
 }
 
 void LossWatcher::Look(const std::shared_ptr<Shared>& s) {
-  std::unique_lock<std::mutex> lock(s->mu);
+  StdMutexLock lock(&s->mu);
   s->posted = false;
   if (s->stop) return;
   const MonoTime now = s->clock->Now();
@@ -94,9 +97,9 @@ void LossWatcher::Look(const std::shared_ptr<Shared>& s) {
   s->running = true;
   for (auto& [on_lost, reason] : due) {
     if (s->stop) break;  // a callback destroyed the client: the others are dropped
-    lock.unlock();
+    lock.Unlock();
     on_lost(reason);
-    lock.lock();
+    lock.Lock();
   }
   s->running = false;
   s->idle.notify_all();

@@ -13,10 +13,10 @@
 #include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "clock/clock.h"
+#include "clock/std_mutex.h"
 #include "lock-client/core/lease.h"
 #include "task_thread.h"
 
@@ -55,15 +55,15 @@ class LossWatcher {
   struct Shared {
     explicit Shared(Clock* c) : clock(c) {}
     Clock* const clock;
-    std::mutex mu;
+    StdMutex mu;
     std::condition_variable idle;
-    std::vector<Entry> entries;  // guarded by mu
-    bool stop = false;           // guarded by mu
-    bool posted = false;         // guarded by mu: a look is on its way
-    bool running = false;        // guarded by mu: callbacks are being called
+    std::vector<Entry> entries ABSL_GUARDED_BY(mu);
+    bool stop ABSL_GUARDED_BY(mu) = false;
+    bool posted ABSL_GUARDED_BY(mu) = false;   // a look is on its way
+    bool running ABSL_GUARDED_BY(mu) = false;  // callbacks are being called
   };
-  // Posts a look unless one is on its way (mu held); returns whether the caller must post.
-  static bool NeedsLook(Shared& s);
+  // Posts a look unless one is on its way; returns whether the caller must post.
+  static bool NeedsLook(Shared& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void PostLook();
   static void Look(const std::shared_ptr<Shared>& s);
 

@@ -52,7 +52,9 @@ std::string KeyOf(const std::string& address, const std::shared_ptr<net::TlsCont
 
 std::atomic<uint64_t> g_fork_generation{0};
 std::atomic<Runtime*> g_runtime{nullptr};
-// Taken around fork() (pthread_atfork), so that no thread the child lacks can hold it there.
+// Taken around fork() (pthread_atfork), so that no thread the child lacks can hold it there. A
+// std::mutex, not a StdMutex: the fork handlers take it in one function and let go in another,
+// and it guards no field (g_runtime is atomic).
 std::mutex g_runtime_mu;
 
 }  // namespace
@@ -65,7 +67,7 @@ void Runtime::Dial(const std::shared_ptr<DriverImpl>& driver, const client_core:
   std::shared_ptr<Conn> up;
   uint32_t version = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    StdMutexLock lock(&mu_);
     for (auto& [id, conn] : conns_) {
       if (conn->key != key || conn->retired || conn->state == Conn::State::kClosed ||
           conn->Load() >= kSessionsPerConnection) {
@@ -98,7 +100,7 @@ void Runtime::Dial(const std::shared_ptr<DriverImpl>& driver, const client_core:
 
 bool Runtime::Attach(const std::shared_ptr<Conn>& conn,
                      const std::shared_ptr<DriverImpl>& driver) {
-  std::lock_guard<std::mutex> lock(mu_);
+  StdMutexLock lock(&mu_);
   if (conn->state != Conn::State::kUp) return false;
   conn->attached.push_back(driver);
   return true;
@@ -107,7 +109,7 @@ bool Runtime::Attach(const std::shared_ptr<Conn>& conn,
 bool Runtime::Leave(const DriverImpl* driver, uint64_t id, bool retire) {
   std::shared_ptr<Conn> idle;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    StdMutexLock lock(&mu_);
     auto it = conns_.find(id);
     if (it == conns_.end()) return false;
     Conn& conn = *it->second;
@@ -124,7 +126,7 @@ bool Runtime::Leave(const DriverImpl* driver, uint64_t id, bool retire) {
   }
   if (idle != nullptr) {
     {
-      std::lock_guard<std::mutex> lock(idle->wmu);
+      StdMutexLock lock(&idle->wmu);
       idle->closed = true;
     }
     asio::post(io_, [this, idle] { CloseSocket(idle); });
@@ -136,7 +138,7 @@ bool Runtime::Append(Write& write, const wire::Request& request,
                      const std::weak_ptr<DriverImpl>& driver, bool last) {
   Conn& conn = *write.conn;
   const size_t size = request.ByteSizeLong();
-  std::lock_guard<std::mutex> lock(conn.wmu);
+  StdMutexLock lock(&conn.wmu);
   if (conn.closed) return false;
   const size_t at = conn.out.size();
   conn.out.resize(at + protocol::kFrameHeaderBytes + size);
@@ -186,7 +188,7 @@ void Runtime::Flush(Write& write) {
 void Runtime::WritePlain(const std::shared_ptr<Conn>& conn, std::string chunk) {
   for (;;) {
     if (chunk.empty()) {
-      std::lock_guard<std::mutex> lock(conn->wmu);
+      StdMutexLock lock(&conn->wmu);
       if (conn->closed || conn->out.empty()) {
         conn->writing = false;
         return;
@@ -197,7 +199,7 @@ void Runtime::WritePlain(const std::shared_ptr<Conn>& conn, std::string chunk) {
     size_t sent = 0;
     int error = 0;
     {
-      std::lock_guard<std::mutex> lock(conn->fd_mu);
+      StdMutexLock lock(&conn->fd_mu);
       while (sent < chunk.size() && conn->fd >= 0) {
         // send() with MSG_NOSIGNAL: a peer that closed gives EPIPE, not a SIGPIPE.
         const ssize_t n = ::send(conn->fd, chunk.data() + sent, chunk.size() - sent,
@@ -218,7 +220,7 @@ void Runtime::WritePlain(const std::shared_ptr<Conn>& conn, std::string chunk) {
       continue;
     }
     if (error == EAGAIN || error == EWOULDBLOCK) {
-      std::lock_guard<std::mutex> lock(conn->wmu);
+      StdMutexLock lock(&conn->wmu);
       conn->out.insert(0, chunk, sent);
       conn->write_blocked = true;
       Rearm(*conn);
@@ -234,7 +236,7 @@ void Runtime::WritePlain(const std::shared_ptr<Conn>& conn, std::string chunk) {
 
 void Runtime::WriteTls(const std::shared_ptr<Conn>& conn) {
   {
-    std::lock_guard<std::mutex> lock(conn->wmu);
+    StdMutexLock lock(&conn->wmu);
     if (conn->closed || conn->out.empty() || conn->tls == nullptr) {
       conn->writing = false;
       return;
@@ -332,7 +334,7 @@ void Runtime::Connected(const std::shared_ptr<Conn>& conn) {
     return hello();
   }
   {
-    std::lock_guard<std::mutex> lock(conn->wmu);
+    StdMutexLock lock(&conn->wmu);
     conn->reader = Conn::Reader::kIo;
   }
   SSL_CTX_up_ref(conn->tls_context->native());  // Asio's context holds a reference of its own
@@ -360,7 +362,7 @@ void Runtime::Fail(const std::shared_ptr<Conn>& conn, const absl::Status& status
   std::vector<std::pair<std::weak_ptr<DriverImpl>, size_t>> dialers;
   std::vector<std::weak_ptr<DriverImpl>> attached;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    StdMutexLock lock(&mu_);
     if (conn->state != Conn::State::kClosed) {
       conn->state = Conn::State::kClosed;
       conns_.erase(conn->id);
@@ -369,7 +371,7 @@ void Runtime::Fail(const std::shared_ptr<Conn>& conn, const absl::Status& status
     attached.swap(conn->attached);
   }
   {
-    std::lock_guard<std::mutex> lock(conn->wmu);
+    StdMutexLock lock(&conn->wmu);
     conn->closed = true;
     conn->out.clear();
     conn->routes.clear();
@@ -391,8 +393,8 @@ void Runtime::CloseSocket(const std::shared_ptr<Conn>& conn) {
   boost::system::error_code ec;
   conn->timer.cancel();
   conn->resolver.cancel();
-  std::lock_guard<std::mutex> lock(conn->wmu);
-  std::lock_guard<std::mutex> fd_lock(conn->fd_mu);
+  StdMutexLock lock(&conn->wmu);
+  StdMutexLock fd_lock(&conn->fd_mu);
   if (conn->reader == Conn::Reader::kCaller) {
     // Its poll() wakes; the descriptor stays its until it stops reading (see Lead).
     conn->close_after_lead = true;

@@ -22,13 +22,13 @@
 #include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "clock/std_mutex.h"
 #include "protocol/frame.h"
 #include "runtime.h"
 
@@ -58,7 +58,7 @@ struct Conn {
   std::string client_name;
   std::shared_ptr<net::TlsContext> tls_context;
 
-  // ---- guarded by Runtime::mu_ ----
+  // ---- guarded by Runtime::mu_ (a lock of another object, which the analysis cannot name) ----
   enum class State { kDialing, kUp, kClosed };
   State state = State::kDialing;
   bool retired = false;  // a Client gave up on it: no new Client joins it
@@ -66,27 +66,31 @@ struct Conn {
   std::vector<std::pair<std::weak_ptr<DriverImpl>, size_t>> dialers;  // with their replica
   std::vector<std::weak_ptr<DriverImpl>> attached;
 
-  // ---- the write side and who reads, guarded by wmu ----
-  std::mutex wmu;
-  std::string out;       // frames not written yet
-  bool writing = false;  // a thread (or the I/O thread's wait) is writing `out`
+  // ---- the write side and who reads ----
+  StdMutex wmu;
+  std::string out ABSL_GUARDED_BY(wmu);       // frames not written yet
+  bool writing ABSL_GUARDED_BY(wmu) = false;  // a thread (or the I/O thread's wait) writes `out`
   // Plaintext: the I/O thread is handing over the replies of one read. What is appended
   // meanwhile (the next requests of the callers it wakes) waits for the end of that pass and
   // leaves in one write with the rest, instead of a send() each.
-  bool delivering = false;
-  bool closed = false;
-  std::unordered_map<uint64_t, std::weak_ptr<DriverImpl>> routes;  // request id to its driver
+  bool delivering ABSL_GUARDED_BY(wmu) = false;
+  bool closed ABSL_GUARDED_BY(wmu) = false;
+  // Request id to its driver.
+  std::unordered_map<uint64_t, std::weak_ptr<DriverImpl>> routes ABSL_GUARDED_BY(wmu);
   // Who reads the socket: the I/O thread, a caller waiting for its own reply (plaintext only,
   // see Runtime::Lead), or nobody (plaintext, nothing awaited). The holder owns `decoder` and
   // `in`. Over TLS the I/O thread always reads.
   enum class Reader { kNone, kIo, kCaller };
-  Reader reader = Reader::kNone;
-  bool close_after_lead = false;  // the socket was to close while a caller read it
-  bool write_blocked = false;     // plaintext: the socket is full; the I/O thread writes on
-  uint32_t events = 0;            // plaintext: what the runtime's epoll set watches it for
+  Reader reader ABSL_GUARDED_BY(wmu) = Reader::kNone;
+  // The socket was to close while a caller read it.
+  bool close_after_lead ABSL_GUARDED_BY(wmu) = false;
+  // Plaintext: the socket is full; the I/O thread writes on.
+  bool write_blocked ABSL_GUARDED_BY(wmu) = false;
+  // Plaintext: what the runtime's epoll set watches it for.
+  uint32_t events ABSL_GUARDED_BY(wmu) = 0;
   // Held around send() and the socket's close, so that a send never reaches a descriptor
   // number that was closed and reused.
-  std::mutex fd_mu;
+  StdMutex fd_mu;
   int fd = -1;  // plaintext, once connected: the runtime's (not Asio's); -1 once closed
   // Wakes the caller reading the socket when its call completed otherwise (plaintext; -1 if it
   // could not be made: then callers never read).
@@ -120,8 +124,8 @@ struct Waiter {
   std::atomic<uint32_t> done{0};
   Completion result;
   const std::thread::id owner = std::this_thread::get_id();
-  std::mutex mu;
-  int polling = -1;  // guarded by mu: the wake_fd its thread polls, or -1
+  StdMutex mu;
+  int polling ABSL_GUARDED_BY(mu) = -1;  // the wake_fd its thread polls, or -1
 
   void Wait() {
     while (done.load(std::memory_order_acquire) == 0) {
@@ -133,7 +137,7 @@ struct Waiter {
     done.store(1, std::memory_order_release);
     if (std::this_thread::get_id() == owner) return;  // completed by its own thread, awake
     {
-      std::lock_guard<std::mutex> lock(mu);
+      StdMutexLock lock(&mu);
       if (polling >= 0) {
         const uint64_t one = 1;
         (void)!::write(polling, &one, sizeof(one));
@@ -166,7 +170,7 @@ class Runtime {
   // last: the connection closes (on the I/O thread).
   bool Leave(const DriverImpl* driver, uint64_t conn, bool retire);
   std::shared_ptr<Conn> Find(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
+    StdMutexLock lock(&mu_);
     auto it = conns_.find(id);
     return it == conns_.end() ? nullptr : it->second;
   }
@@ -218,8 +222,8 @@ class Runtime {
   // and EPOLLOUT only while its writing is blocked; always for EPOLLRDHUP, so that lockd
   // closing a connection nobody reads is noticed at once. Asio waits on the set's descriptor.
   absl::Status Register(const std::shared_ptr<Conn>& conn);
-  // Brings the set's watch of `conn` in line with its state (its wmu held).
-  void Rearm(Conn& conn);
+  // Brings the set's watch of `conn` in line with its state.
+  void Rearm(Conn& conn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(conn.wmu);
   void WatchSet();  // I/O thread
   void OnEvents(const std::shared_ptr<Conn>& conn, uint32_t events);  // I/O thread
   // The I/O thread reads `conn` dry (its reader), then hands the replies over.
@@ -231,9 +235,9 @@ class Runtime {
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::atomic<uint64_t> next_request_{0};
-  std::mutex mu_;
-  std::map<uint64_t, std::shared_ptr<Conn>> conns_;  // open and dialing
-  uint64_t next_conn_ = 0;
+  StdMutex mu_;
+  std::map<uint64_t, std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);  // open and dialing
+  uint64_t next_conn_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
   std::thread::id thread_id_;
   // ---- the I/O thread's ----
@@ -293,8 +297,7 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
   // connection its requests went to, if so, is left for the caller to read (Runtime::Lead).
   template <typename F>
   bool Process(F&& f, std::shared_ptr<Conn>* lead = nullptr);
-  // mu_ held.
-  void Collect(Batch& batch);
+  void Collect(Batch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Carry(Batch& batch, std::shared_ptr<Conn>* lead);
   // Sets the timer for the core's next wakeup (I/O thread).
   void Arm();
@@ -305,15 +308,15 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
   const Options options_;
   Clock* const clock_;
   const uint64_t generation_ = ForkGeneration();
-  mutable std::mutex mu_;
+  mutable StdMutex mu_;
   std::condition_variable carried_;
-  ClientCore core_;                      // guarded by mu_
-  std::map<uint64_t, Handler> handlers_; // guarded by mu_
-  std::shared_ptr<Conn> attached_;       // guarded by mu_: the connection the core is on
-  std::optional<client_core::Dial> last_dial_;  // guarded by mu_: the core's last dial
-  MonoTime armed_at_ = MonoTime::Max();  // guarded by mu_
-  bool shut_ = false;                    // guarded by mu_
-  int carrying_ = 0;                     // guarded by mu_: passes carrying out actions
+  ClientCore core_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Handler> handlers_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Conn> attached_ ABSL_GUARDED_BY(mu_);  // the connection the core is on
+  std::optional<client_core::Dial> last_dial_ ABSL_GUARDED_BY(mu_);  // the core's last dial
+  MonoTime armed_at_ ABSL_GUARDED_BY(mu_) = MonoTime::Max();
+  bool shut_ ABSL_GUARDED_BY(mu_) = false;
+  int carrying_ ABSL_GUARDED_BY(mu_) = 0;  // passes carrying out actions
   uint64_t subscription_ = 0;
   asio::steady_timer timer_;  // the I/O thread's
 };

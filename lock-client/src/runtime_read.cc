@@ -48,9 +48,9 @@ absl::Status Runtime::Register(const std::shared_ptr<Conn>& conn) {
   boost::system::error_code ec;
   const int fd = conn->socket.release(ec);
   if (ec) return absl::UnavailableError(ec.message());
-  std::lock_guard<std::mutex> lock(conn->wmu);
+  StdMutexLock lock(&conn->wmu);
   {
-    std::lock_guard<std::mutex> fd_lock(conn->fd_mu);
+    StdMutexLock fd_lock(&conn->fd_mu);
     conn->fd = fd;
   }
   conn->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);  // -1: callers never read it
@@ -108,7 +108,7 @@ void Runtime::OnEvents(const std::shared_ptr<Conn>& conn, uint32_t events) {
   if ((events & EPOLLOUT) != 0) {
     bool write = false;
     {
-      std::lock_guard<std::mutex> lock(conn->wmu);
+      StdMutexLock lock(&conn->wmu);
       write = std::exchange(conn->write_blocked, false);
       Rearm(*conn);
     }
@@ -116,7 +116,7 @@ void Runtime::OnEvents(const std::shared_ptr<Conn>& conn, uint32_t events) {
   }
   if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0) return;
   {
-    std::lock_guard<std::mutex> lock(conn->wmu);
+    StdMutexLock lock(&conn->wmu);
     // A caller reading it sees for itself; nobody reading it: lockd closed it (or wrote what
     // nobody awaits), which the read finds out.
     if (conn->closed || conn->reader == Conn::Reader::kCaller) return;
@@ -128,7 +128,7 @@ void Runtime::OnEvents(const std::shared_ptr<Conn>& conn, uint32_t events) {
 void Runtime::ReadPlain(const std::shared_ptr<Conn>& conn) {
   int fd = -1;
   {
-    std::lock_guard<std::mutex> lock(conn->wmu);
+    StdMutexLock lock(&conn->wmu);
     if (conn->closed) return;
     fd = conn->fd;
   }
@@ -150,7 +150,7 @@ void Runtime::ReadPlain(const std::shared_ptr<Conn>& conn) {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(conn->wmu);
+    StdMutexLock lock(&conn->wmu);
     conn->delivering = !conn->closed;
   }
   Deliver(conn);
@@ -158,7 +158,7 @@ void Runtime::ReadPlain(const std::shared_ptr<Conn>& conn) {
   {
     // Reads on while a reply is awaited; else nobody reads until a request is sent again, so
     // that its caller may read its reply itself.
-    std::lock_guard<std::mutex> lock(conn->wmu);
+    StdMutexLock lock(&conn->wmu);
     conn->delivering = false;
     if (conn->closed) return;
     if (!conn->writing && !conn->out.empty()) {
@@ -196,7 +196,7 @@ void Runtime::Deliver(const std::shared_ptr<Conn>& conn) {
         (response.request_id() == conn->hello_id || response.request_id() == 0)) {
       conn->hello_id = 0;
       HelloAnswered(conn, response);
-      std::lock_guard<std::mutex> lock(conn->wmu);
+      StdMutexLock lock(&conn->wmu);
       if (conn->closed) return;
       continue;
     }
@@ -208,7 +208,7 @@ void Runtime::Deliver(const std::shared_ptr<Conn>& conn) {
   std::vector<std::pair<std::shared_ptr<DriverImpl>, std::vector<wire::Response>>> batches;
   std::vector<std::weak_ptr<DriverImpl>> owners(responses.size());
   {
-    std::lock_guard<std::mutex> lock(conn->wmu);
+    StdMutexLock lock(&conn->wmu);
     for (size_t i = 0; i < responses.size(); ++i) {
       auto it = conn->routes.find(responses[i].request_id());
       if (it == conn->routes.end()) continue;
@@ -237,7 +237,7 @@ void Runtime::HelloAnswered(const std::shared_ptr<Conn>& conn, const wire::Respo
   conn->timer.cancel();
   std::vector<std::pair<std::weak_ptr<DriverImpl>, size_t>> dialers;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    StdMutexLock lock(&mu_);
     if (conn->state != Conn::State::kDialing) return;
     conn->state = Conn::State::kUp;
     conn->version = *version;
@@ -249,7 +249,7 @@ void Runtime::HelloAnswered(const std::shared_ptr<Conn>& conn, const wire::Respo
   // Nobody stayed: the connection is idle.
   bool idle = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    StdMutexLock lock(&mu_);
     if (conn->state == Conn::State::kUp && conn->attached.empty()) {
       conn->state = Conn::State::kClosed;
       conns_.erase(conn->id);
@@ -258,7 +258,7 @@ void Runtime::HelloAnswered(const std::shared_ptr<Conn>& conn, const wire::Respo
   }
   if (idle) {
     {
-      std::lock_guard<std::mutex> lock(conn->wmu);
+      StdMutexLock lock(&conn->wmu);
       conn->closed = true;
     }
     CloseSocket(conn);
@@ -266,7 +266,7 @@ void Runtime::HelloAnswered(const std::shared_ptr<Conn>& conn, const wire::Respo
 }
 
 void Runtime::EnsureReader(const std::shared_ptr<Conn>& conn) {
-  std::lock_guard<std::mutex> lock(conn->wmu);
+  StdMutexLock lock(&conn->wmu);
   if (conn->closed || conn->reader != Conn::Reader::kNone || conn->routes.empty()) return;
   conn->reader = Conn::Reader::kIo;
   Rearm(*conn);
@@ -275,7 +275,7 @@ void Runtime::EnsureReader(const std::shared_ptr<Conn>& conn) {
 void Runtime::Lead(const std::shared_ptr<Conn>& conn, Waiter& waiter) {
   int fd = -1;
   {
-    std::lock_guard<std::mutex> lock(conn->wmu);
+    StdMutexLock lock(&conn->wmu);
     if (conn->closed || conn->reader != Conn::Reader::kNone) return;
     if (waiter.done.load(std::memory_order_acquire) != 0 || conn->wake_fd < 0) {
       if (!conn->routes.empty()) {
@@ -285,16 +285,16 @@ void Runtime::Lead(const std::shared_ptr<Conn>& conn, Waiter& waiter) {
       return;
     }
     conn->reader = Conn::Reader::kCaller;
-    std::lock_guard<std::mutex> fd_lock(conn->fd_mu);
+    StdMutexLock fd_lock(&conn->fd_mu);
     fd = conn->fd;
   }
   {
-    std::lock_guard<std::mutex> lock(waiter.mu);
+    StdMutexLock lock(&waiter.mu);
     waiter.polling = conn->wake_fd;
   }
   while (fd >= 0 && waiter.done.load(std::memory_order_acquire) == 0) {
     {
-      std::lock_guard<std::mutex> lock(conn->wmu);
+      StdMutexLock lock(&conn->wmu);
       if (conn->closed) break;
     }
     pollfd fds[2] = {{.fd = fd, .events = POLLIN, .revents = 0},
@@ -320,12 +320,12 @@ void Runtime::Lead(const std::shared_ptr<Conn>& conn, Waiter& waiter) {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(waiter.mu);
+    StdMutexLock lock(&waiter.mu);
     waiter.polling = -1;
   }
   bool close = false;
   {
-    std::lock_guard<std::mutex> lock(conn->wmu);
+    StdMutexLock lock(&conn->wmu);
     close = std::exchange(conn->close_after_lead, false);
     conn->reader = !close && !conn->closed && !conn->routes.empty() ? Conn::Reader::kIo
                                                                      : Conn::Reader::kNone;

@@ -6,7 +6,7 @@ namespace fencelock::client_internal {
 
 void TaskThread::Post(std::function<void()> task) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    StdMutexLock lock(&mu_);
     if (!stopped_ && !stopping_) {
       tasks_.push_back(std::move(task));
       if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
@@ -20,41 +20,44 @@ void TaskThread::Post(std::function<void()> task) {
 void TaskThread::Stop() {
   std::thread thread;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    StdMutexLock lock(&mu_);
     if (stopped_) return;
     stopping_ = true;
     wake_.notify_one();
     thread = std::move(thread_);
   }
   if (thread.joinable()) thread.join();
-  std::lock_guard<std::mutex> lock(mu_);
+  StdMutexLock lock(&mu_);
   stopped_ = true;
 }
 
 void TaskThread::StopFromItsThread() {
-  std::lock_guard<std::mutex> lock(mu_);
+  StdMutexLock lock(&mu_);
   stopping_ = true;
   delete_on_exit_ = true;
   thread_.detach();
 }
 
 void TaskThread::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
+  StdMutexLock lock(&mu_);
   for (;;) {
-    wake_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+    lock.Wait(wake_, [this] {
+      mu_.AssertHeld();
+      return stopping_ || !tasks_.empty();
+    });
     if (tasks_.empty()) {  // stopping, and everything posted has run
       if (delete_on_exit_) {
         stopped_ = true;
-        lock.unlock();
+        lock.Unlock();
         delete this;
       }
       return;
     }
     std::function<void()> task = std::move(tasks_.front());
     tasks_.pop_front();
-    lock.unlock();
+    lock.Unlock();
     task();
-    lock.lock();
+    lock.Lock();
   }
 }
 

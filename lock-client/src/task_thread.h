@@ -9,8 +9,9 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
+
+#include "clock/std_mutex.h"
 
 namespace fencelock::client_internal {
 
@@ -38,12 +39,12 @@ class TaskThread {
  private:
   void Run();
 
-  std::mutex mu_;
+  StdMutex mu_;
   std::condition_variable wake_;
-  std::deque<std::function<void()>> tasks_;
-  bool stopping_ = false;
-  bool stopped_ = false;
-  bool delete_on_exit_ = false;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool delete_on_exit_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

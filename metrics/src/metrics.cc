@@ -14,14 +14,14 @@ Histogram::Histogram(std::vector<double> bounds)
 void Histogram::Observe(double v) {
   const size_t i = static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) -
                                        bounds_.begin());
-  std::lock_guard<std::mutex> lock(mu_);
+  StdMutexLock lock(&mu_);
   ++counts_[i];
   sum_ += v;
 }
 
 Histogram::Snapshot Histogram::Read() const {
   Snapshot s;
-  std::lock_guard<std::mutex> lock(mu_);
+  StdMutexLock lock(&mu_);
   uint64_t running = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     running += counts_[i];
@@ -86,10 +86,11 @@ std::string LabelText(const Labels& labels, const std::string& extra_name = "",
 }  // namespace
 
 struct Registry::Impl {
-  mutable std::mutex mu;
-  std::map<std::string, Family> families;  // guarded by mu, by name
+  mutable StdMutex mu;
+  std::map<std::string, Family> families ABSL_GUARDED_BY(mu);  // by name
 
-  Family& FamilyFor(const std::string& name, const std::string& help, Kind kind) {
+  Family& FamilyFor(const std::string& name, const std::string& help, Kind kind)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto [it, inserted] = families.try_emplace(name);
     if (inserted) {
       it->second.help = help;
@@ -104,7 +105,7 @@ Registry::~Registry() = default;
 
 Counter& Registry::GetCounter(const std::string& name, const std::string& help,
                               const Labels& labels) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  StdMutexLock lock(&impl_->mu);
   auto& slot = impl_->FamilyFor(name, help, Kind::kCounter).counters[labels];
   if (slot == nullptr) slot = std::make_unique<Counter>();
   return *slot;
@@ -112,7 +113,7 @@ Counter& Registry::GetCounter(const std::string& name, const std::string& help,
 
 Gauge& Registry::GetGauge(const std::string& name, const std::string& help,
                           const Labels& labels) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  StdMutexLock lock(&impl_->mu);
   auto& slot = impl_->FamilyFor(name, help, Kind::kGauge).gauges[labels];
   if (slot == nullptr) slot = std::make_unique<Gauge>();
   return *slot;
@@ -120,7 +121,7 @@ Gauge& Registry::GetGauge(const std::string& name, const std::string& help,
 
 Histogram& Registry::GetHistogram(const std::string& name, const std::string& help,
                                   const std::vector<double>& bounds, const Labels& labels) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  StdMutexLock lock(&impl_->mu);
   auto& slot = impl_->FamilyFor(name, help, Kind::kHistogram).histograms[labels];
   if (slot == nullptr) slot = std::make_unique<Histogram>(bounds);
   return *slot;
@@ -128,7 +129,7 @@ Histogram& Registry::GetHistogram(const std::string& name, const std::string& he
 
 std::vector<FamilySnapshot> Registry::Collect() const {
   std::vector<FamilySnapshot> out;
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  StdMutexLock lock(&impl_->mu);
   for (const auto& [name, family] : impl_->families) {
     FamilySnapshot f;
     f.name = name;

@@ -13,11 +13,10 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
-#include <cstdint>
 
 #include "absl/time/time.h"
 #include "api/export.h"
+#include "clock/std_mutex.h"
 
 namespace fencelock {
 
@@ -97,9 +96,9 @@ class FENCELOCK_API SimulatedClock : public Clock {
   void Moved();
 
   std::atomic<int64_t> now_ns_;
-  std::mutex subscribers_mu_;
-  std::map<uint64_t, std::function<void()>> subscribers_;  // guarded by subscribers_mu_
-  uint64_t next_subscriber_ = 1;                           // guarded by subscribers_mu_
+  StdMutex subscribers_mu_;
+  std::map<uint64_t, std::function<void()>> subscribers_ ABSL_GUARDED_BY(subscribers_mu_);
+  uint64_t next_subscriber_ ABSL_GUARDED_BY(subscribers_mu_) = 1;
 };
 
 }  // namespace fencelock

@@ -13,9 +13,9 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 
 #include "absl/time/time.h"
+#include "clock/std_mutex.h"
 
 namespace fencelock {
 
@@ -24,7 +24,7 @@ class MonotonicEvent {
   // Sets the flag and wakes every waiter.
   void Notify() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      StdMutexLock lock(&mu_);
       set_ = true;
     }
     cv_.notify_all();
@@ -32,16 +32,19 @@ class MonotonicEvent {
   // Waits until the flag is set or `timeout` has passed on the monotonic clock. Returns whether
   // the flag is set. Does not clear it.
   bool WaitFor(absl::Duration timeout) {
-    std::unique_lock<std::mutex> lock(mu_);
     const auto deadline = std::chrono::steady_clock::now() +
                           absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration()));
-    return cv_.wait_until(lock, deadline, [this] { return set_; });
+    StdMutexLock lock(&mu_);
+    return lock.WaitUntil(cv_, deadline, [this] {
+      mu_.AssertHeld();
+      return set_;
+    });
   }
 
  private:
-  std::mutex mu_;
+  StdMutex mu_;
   std::condition_variable cv_;
-  bool set_ = false;
+  bool set_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace fencelock

@@ -29,7 +29,6 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -37,6 +36,7 @@
 
 #include "lock-client/client.h"
 #include "api/export.h"
+#include "clock/std_mutex.h"
 
 namespace fencelock {
 
@@ -70,7 +70,7 @@ class FENCELOCK_API AsyncClient {
           // Started and tracked under one lock: a cancel() from another thread that sees the
           // acquire's effect (its waiter on lockd) finds it tracked. acquireAsync never calls
           // back from within itself, so nothing here waits for this lock.
-          std::lock_guard<std::mutex> lock(mu_);
+          StdMutexLock lock(&mu_);
           auto pending = client_->acquireAsync(name, w, o, Completion(std::move(handler)));
           Track(std::move(pending));
         },
@@ -113,7 +113,7 @@ class FENCELOCK_API AsyncClient {
   size_t cancel() {
     std::vector<std::weak_ptr<PendingAcquire>> pending;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      StdMutexLock lock(&mu_);
       pending.swap(pending_);
     }
     size_t cancelled = 0;
@@ -149,16 +149,16 @@ class FENCELOCK_API AsyncClient {
     };
   }
 
-  void Track(std::shared_ptr<PendingAcquire> op) {  // mu_ held
+  void Track(std::shared_ptr<PendingAcquire> op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::erase_if(pending_, [](const std::weak_ptr<PendingAcquire>& w) { return w.expired(); });
     pending_.push_back(std::move(op));
   }
 
   executor_type executor_;
   Client* client_;
-  std::mutex mu_;
+  StdMutex mu_;
   // Acquires started here, for cancel(). The client drops its reference when one completes.
-  std::vector<std::weak_ptr<PendingAcquire>> pending_;
+  std::vector<std::weak_ptr<PendingAcquire>> pending_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fencelock

@@ -8,10 +8,10 @@
 
 #include <fstream>
 #include <iterator>
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "clock/std_mutex.h"
 
 namespace fencelock::server {
 namespace {
@@ -399,7 +399,7 @@ class GrpcWatch final : public EtcdWatch {
   }
 
   void Cancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    StdMutexLock lock(&mu_);
     if (cancelled_) return;
     cancelled_ = true;
     context_.TryCancel();
@@ -412,7 +412,7 @@ class GrpcWatch final : public EtcdWatch {
       finish_ = stream_->Finish();
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      StdMutexLock lock(&mu_);
       if (cancelled_) return absl::CancelledError("the watch was cancelled");
     }
     absl::Status s = FromGrpc(what, endpoint_, finish_);
@@ -432,8 +432,8 @@ class GrpcWatch final : public EtcdWatch {
       stream_;
   bool finished_ = false;  // Finish() was called (by the thread that reads)
   grpc::Status finish_;
-  std::mutex mu_;
-  bool cancelled_ = false;  // guarded by mu_
+  StdMutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

@@ -65,7 +65,7 @@ void EtcdCommitLog::Probe() {
           }
           if (--probes_left_ > 0) return;
           {
-            std::lock_guard<std::mutex> lock(members_mu_);
+            StdMutexLock lock(&members_mu_);
             members_ = probing_;
           }
           probe_timer_->ArmAt(time_->Now() + options_.member_probe, [this] { Probe(); });

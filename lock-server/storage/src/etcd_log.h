@@ -9,7 +9,6 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "clock/std_mutex.h"
 #include "etcd_keys.h"
 #include "etcd_ownership.h"
 #include "lock-server/etcd_commit_log.h"
@@ -96,7 +96,7 @@ class EtcdCommitLog final : public CommitLog {
   // For its leadership (EtcdLeadership, in etcd_commit_log.cc).
   MonoTime OwnedUntil() const { return stopped_ ? MonoTime::Min() : ownership_->until(); }
   std::vector<StoreMember> Members() const {
-    std::lock_guard<std::mutex> lock(members_mu_);
+    StdMutexLock lock(&members_mu_);
     return members_;
   }
 
@@ -229,8 +229,8 @@ class EtcdCommitLog final : public CommitLog {
 
   CommitLogStats stats_;
   uint64_t term_ = 0;
-  mutable std::mutex members_mu_;
-  std::vector<StoreMember> members_;  // guarded by members_mu_
+  mutable StdMutex members_mu_;
+  std::vector<StoreMember> members_ ABSL_GUARDED_BY(members_mu_);
   std::vector<StoreMember> probing_;  // the round under way
   size_t probes_left_ = 0;
 };

@@ -12,12 +12,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "api/export.h"
+#include "clock/std_mutex.h"
 
 namespace fencelock::metrics {
 
@@ -57,9 +57,9 @@ class FENCELOCK_API Histogram {
 
  private:
   const std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::vector<uint64_t> counts_;  // guarded by mu_; one per bound, then +Inf
-  double sum_ = 0;                // guarded by mu_
+  mutable StdMutex mu_;
+  std::vector<uint64_t> counts_ ABSL_GUARDED_BY(mu_);  // one per bound, then +Inf
+  double sum_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A metric family as read at one moment, for an exposer.
