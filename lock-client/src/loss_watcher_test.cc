@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -184,6 +185,37 @@ TEST(LossWatcherStopTest, AfterStopPokesAndWatchesAreHarmlessAndCallNothing) {
   EXPECT_EQ(calls.load(), 0);
   EXPECT_EQ(watcher.pending(), 0u);
   watcher.Stop();  // twice is fine
+}
+
+}  // namespace
+}  // namespace fencelock::client_internal
+
+namespace fencelock::client_internal {
+namespace {
+
+// LossWatcher::Stop asks OnItsThread while another thread's Post may be starting the thread
+// (the first callback of a client being destroyed): the answer must not race that start (TSan
+// saw none only because the window is short; this widens it), must be true on the thread
+// alone, and must not stay true for a later thread given the joined thread's id.
+TEST(TaskThreadTest, OnItsThreadWhileAnotherThreadStartsIt) {
+  for (int round = 0; round < 200; ++round) {
+    TaskThread tasks;
+    std::atomic<bool> go{false};
+    std::atomic<bool> on_its_thread{false};
+    std::thread poster([&] {
+      while (!go.load()) {
+      }
+      tasks.Post([&] { on_its_thread = tasks.OnItsThread(); });
+    });
+    go = true;
+    for (int i = 0; i < 100; ++i) ASSERT_FALSE(tasks.OnItsThread());
+    poster.join();
+    tasks.Stop();
+    EXPECT_TRUE(on_its_thread.load()) << "round " << round;
+    EXPECT_FALSE(tasks.OnItsThread());
+    std::thread later([&] { EXPECT_FALSE(tasks.OnItsThread()) << "round " << round; });
+    later.join();
+  }
 }
 
 }  // namespace

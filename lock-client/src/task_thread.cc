@@ -9,7 +9,10 @@ void TaskThread::Post(std::function<void()> task) {
     StdMutexLock lock(&mu_);
     if (!stopped_ && !stopping_) {
       tasks_.push_back(std::move(task));
-      if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+      if (!thread_.joinable()) {
+        thread_ = std::thread([this] { Run(); });
+        id_.store(thread_.get_id(), std::memory_order_release);
+      }
       wake_.notify_one();
       return;
     }
@@ -27,6 +30,7 @@ void TaskThread::Stop() {
     thread = std::move(thread_);
   }
   if (thread.joinable()) thread.join();
+  id_.store(std::thread::id(), std::memory_order_release);
   StdMutexLock lock(&mu_);
   stopped_ = true;
 }

@@ -6,6 +6,7 @@
 #ifndef FENCELOCK_LOCK_CLIENT_TASK_THREAD_H_
 #define FENCELOCK_LOCK_CLIENT_TASK_THREAD_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -30,7 +31,9 @@ class TaskThread {
   void Stop();
 
   // Whether the calling thread is this object's thread (a task is calling).
-  bool OnItsThread() const { return thread_.get_id() == std::this_thread::get_id(); }
+  bool OnItsThread() const {
+    return id_.load(std::memory_order_acquire) == std::this_thread::get_id();
+  }
   // Stop() for a task that destroys the owner (a user's callback destroying the client): the
   // thread runs what is posted and then deletes this object itself. The owner must not delete
   // it; nothing may be posted after.
@@ -45,7 +48,10 @@ class TaskThread {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   bool delete_on_exit_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  std::thread thread_ ABSL_GUARDED_BY(mu_);
+  // thread_'s id, for OnItsThread, which any thread may call without the lock (while Post
+  // starts the thread, say); cleared once Stop has joined it, for ids are reused.
+  std::atomic<std::thread::id> id_;
 };
 
 }  // namespace fencelock::client_internal
