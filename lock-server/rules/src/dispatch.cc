@@ -215,12 +215,13 @@ void Call::WithdrawAcquire() {
                       host, resp)) {
     return;
   }
-  if (absl::Status s = Authorize(SessionId(w.session_id())); !s.ok()) return Finish(s);
+  const SessionId session(w.session_id());
+  if (absl::Status s = Authorize(session); !s.ok()) return Finish(s);
   // Only this connection's own Acquires can be named: request ids are the connection's.
   auto queued = conn.queued.find(w.acquire_request_id());
   absl::StatusOr<bool> withdrawn = false;
   if (queued != conn.queued.end()) {
-    withdrawn = service.Withdraw(queued->second, SessionId(w.session_id()), now);
+    withdrawn = service.Withdraw(queued->second, session, now);
     if (withdrawn.ok()) conn.queued.erase(queued);
   }
   if (withdrawn.ok()) resp.mutable_withdraw_acquire()->set_withdrawn(*withdrawn);
@@ -247,9 +248,9 @@ void Call::Release() {
 void Call::Validate() {
   const auto& v = req.validate();
   std::optional<SessionId> holder;
-  if (v.session_id() != 0) {
-    if (absl::Status s = Authorize(SessionId(v.session_id())); !s.ok()) return Finish(s);
-    holder = SessionId(v.session_id());
+  if (const SessionId session(v.session_id()); session != SessionId()) {
+    if (absl::Status s = Authorize(session); !s.ok()) return Finish(s);
+    holder = session;
   } else if (!host.permissions().MayValidate(conn.caller.identity)) {
     // A resource's check: only for identities that check tokens, so that a stranger who
     // remembers old tokens cannot raise lock_fenced_out_total, whose healthy value is 0.

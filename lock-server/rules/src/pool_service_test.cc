@@ -798,7 +798,7 @@ TEST(PoolStateTest, ACorruptSnapshotPoolFailsClosed) {
   bad.leases[{"a", "s1"}] =
       PoolLeaseState{.token = 1_token, .units = 3, .epoch = 1, .active = true};
   StateMachine fresh;
-  fresh.RaiseFloors(5_token, 0_session);
+  ASSERT_TRUE(fresh.RaiseFloors(5_token, 0_session).ok());
   EXPECT_THAT(fresh.RestorePool("p", bad, At(0)).message(), HasSubstr("budget of 2"));
 }
 

@@ -72,9 +72,18 @@ void StateMachine::Apply(const Record& r, MonoTime now) {
   std::visit([&](const auto& rec) { ApplyOne(rec, now); }, r);
 }
 
-void StateMachine::RaiseFloors(FenceToken token_floor, SessionId session_floor) {
-  last_token_ = std::max(last_token_, token_floor);
-  last_session_id_ = std::max(last_session_id_, session_floor);
+absl::Status StateMachine::RaiseFloors(FenceToken token_floor, SessionId session_floor) {
+  const FenceToken token = std::max(last_token_, token_floor);
+  const SessionId session = std::max(last_session_id_, session_floor);
+  if (token.value() > FenceToken::kMaxInState || session.value() > SessionId::kMaxInState) {
+    return absl::DataLossError(absl::StrCat(
+        "the next fencing token would be above ", token, " and the next session id above ", session,
+        ": beyond 2^63, which no lockd reaches, so the state is damaged or hand-made; "
+        "lockd does not serve it, for its ids would wrap to 0"));
+  }
+  last_token_ = token;
+  last_session_id_ = session;
+  return absl::OkStatus();
 }
 
 absl::Status StateMachine::CheckOne(const record::SessionOpened& r) const {

@@ -174,7 +174,10 @@ void EtcdCommitLog::RestoreTerm() {
   Restoring& r = *restoring_;
   const FenceToken token_floor = std::max(r.state->last_token(), r.sequences.token_hwm);
   const SessionId session_floor = std::max(r.state->last_session_id(), r.sequences.session_hwm);
-  r.state->RaiseFloors(token_floor, session_floor);
+  if (absl::Status s = r.state->RaiseFloors(token_floor, session_floor); !s.ok()) {
+    return FinishStart(
+        absl::DataLossError(absl::StrCat("etcd prefix ", options_.prefix, ": ", s.message())));
+  }
   next_lsn_ = r.last + 1;
   r.summary.push_back(absl::StrCat("restored ", r.state->session_count(), " sessions and ",
                                    r.state->held_lock_count(),

@@ -323,7 +323,11 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
       SessionId(snap.last_session_id()) < state.last_session_id()) {
     return Damaged(path, "sequence marks below the ids it contains");
   }
-  state.RaiseFloors(FenceToken(snap.last_token()), SessionId(snap.last_session_id()));
+  if (absl::Status s =
+          state.RaiseFloors(FenceToken(snap.last_token()), SessionId(snap.last_session_id()));
+      !s.ok()) {
+    return Damaged(path, std::string(s.message()));
+  }
   uint64_t keys_in_clear = 0;  // pool owner keys an older lockd wrote in clear
   for (const auto& sp : snap.pools()) {
     PoolState pool;

@@ -421,7 +421,9 @@ absl::StatusOr<Recovered> internal::RecoverThrough(Env* env, const std::string& 
   report.logged_token = out.state.last_token();
   report.token_floor = std::max(out.state.last_token(), report.reserved.token_hwm);
   report.session_floor = std::max(out.state.last_session_id(), report.reserved.session_hwm);
-  out.state.RaiseFloors(report.token_floor, report.session_floor);
+  if (absl::Status s = out.state.RaiseFloors(report.token_floor, report.session_floor); !s.ok()) {
+    return Damaged(dir, std::string(s.message()));
+  }
   return out;
 }
 

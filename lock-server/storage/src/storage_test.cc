@@ -246,6 +246,27 @@ TEST_F(StorageTest, ReservedSequencesRaiseTheFloorsAboveTheLog) {
   EXPECT_EQ(r->state.last_token(), 500_token);
 }
 
+// A sequence mark near 2^64 (a hand-made or damaged file whose checksum still holds) would
+// make the reservation ahead of it, and soon the next token, wrap to 0: fencing tokens would
+// go back. Recovery refuses it, naming the directory; 2^63 itself is still served.
+TEST_F(StorageTest, SequenceMarksThatWouldWrapAreRefused) {
+  WriteSegment(1, ThreeRecords());
+  env_.PutFile(P(kSequencesFile),
+               EncodeSequences(Sequences{FenceToken(~uint64_t{0} - 5), 70_session}));
+  auto tokens = Recover(&env_, kDir, kNow);
+  EXPECT_EQ(tokens.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(tokens.status().message(),
+              HasSubstr("/state: the next fencing token would be above 18446744073709551610"));
+  env_.PutFile(P(kSequencesFile),
+               EncodeSequences(Sequences{500_token, SessionId(FenceToken::kMaxInState + 1)}));
+  EXPECT_EQ(Recover(&env_, kDir, kNow).status().code(), absl::StatusCode::kDataLoss);
+  env_.PutFile(P(kSequencesFile),
+               EncodeSequences(Sequences{FenceToken(FenceToken::kMaxInState), 70_session}));
+  auto edge = Recover(&env_, kDir, kNow);
+  ASSERT_TRUE(edge.ok()) << edge.status();
+  EXPECT_EQ(edge->state.last_token().value(), uint64_t{1} << 63);
+}
+
 TEST_F(StorageTest, MissingOrUninitializedDirectoryIsRefusedWithAHint) {
   auto missing = Recover(&env_, "/nowhere", kNow);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);

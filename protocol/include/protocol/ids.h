@@ -21,6 +21,11 @@ namespace fencelock {
 template <typename Tag>
 class Id {
  public:
+  // The largest a state may hold: lockd does not start from a state above it (a damaged or
+  // hand-made one; no lockd hands out 2^63 ids). The room above keeps Next() and every
+  // reservation (a block of at most 2^40 ahead) from wrapping past zero.
+  static constexpr uint64_t kMaxInState = uint64_t{1} << 63;
+
   constexpr Id() = default;
   constexpr explicit Id(uint64_t value) : value_(value) {}
   constexpr uint64_t value() const { return value_; }

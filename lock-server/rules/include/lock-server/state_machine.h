@@ -250,7 +250,8 @@ class StateMachine {
 
   // Raises the token and session-id sequences to at least these values (never lowers them),
   // so that the next grant or session is above every value that may have been handed out.
-  void RaiseFloors(FenceToken token_floor, SessionId session_floor);
+  // Refuses (changing nothing) if either would then be above kMaxInState: ids would wrap.
+  absl::Status RaiseFloors(FenceToken token_floor, SessionId session_floor);
 
   // Moves every session and lock lease expiry, and every lock delay's end, `d` later. Not a
   // record: expiry times are never logged (a restart gives every lease its full TTL again),
