@@ -18,6 +18,7 @@
 #include "lock-server/etcd_commit_log.h"
 #include "lock-server/etcd_store.h"
 #include "lock-server/lock_service.h"
+#include "lock-server/storage.h"
 #include "net/asio.h"
 #include "net/asio_time_source.h"
 #include "sim/sim_etcd.h"
@@ -293,6 +294,18 @@ TEST_F(EtcdLogTest, AStartingReplicaWaitsOutAnElectionButNotForever) {
       << b.status();
   EXPECT_GE(absl::Now() - before, absl::Seconds(1));
   etcd_.SetUnavailable(false);
+}
+
+// A prefix whose reserved token mark is above 2^63 (damaged, or written by hand) is refused by
+// name before the replica serves: its tokens would wrap to 0 within a few grants.
+TEST_F(EtcdLogTest, APrefixWhoseTokenMarkWouldWrapIsRefused) {
+  etcd_.Put(absl::StrCat(kPrefix, "/sequences"),
+            server::EncodeSequences({FenceToken(~uint64_t{0} - 2), server::SessionId(4)}));
+  Replica a(etcd_, "a");
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(a.status().message(),
+              HasSubstr("etcd prefix /fencelock/sim: the next fencing token would be above "
+                        "18446744073709551613"));
 }
 
 // The ownership's deadline counts from a lease renewal sent after P/owner-lease was recorded,

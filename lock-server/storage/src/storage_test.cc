@@ -267,6 +267,29 @@ TEST_F(StorageTest, SequenceMarksThatWouldWrapAreRefused) {
   EXPECT_EQ(edge->state.last_token().value(), uint64_t{1} << 63);
 }
 
+// The same refusal when the id comes from a snapshot (its marks, or a lock it holds) or from a
+// logged record: every path into the state raises the floors through the one check.
+TEST_F(StorageTest, IdsAboveTwoToTheSixtyThirdInASnapshotOrTheLogAreRefused) {
+  const uint64_t high = ~uint64_t{0} - 2;
+  StateMachine s;
+  s.Apply(Open(1), kNow);
+  s.Apply(Grant("x", 1, high), kNow);
+  ASSERT_EQ(s.last_token().value(), high);
+  auto from_snapshot = DecodeSnapshot("/state/snapshot-2", EncodeSnapshot(s, 2), 2, kNow);
+  EXPECT_EQ(from_snapshot.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(from_snapshot.status().message(),
+              HasSubstr("/state/snapshot-2: the next fencing token would be "
+                        "above 18446744073709551613"));
+  env_.PutFile(P(SnapshotName(2)), EncodeSnapshot(s, 2));
+  EXPECT_EQ(Recover(&env_, kDir, kNow).status().code(), absl::StatusCode::kDataLoss);
+
+  ASSERT_TRUE(env_.RemoveFile(P(SnapshotName(2))).ok());
+  WriteSegment(1, {EncodeRecordFrame(1, Open(1)), EncodeRecordFrame(2, Grant("x", 1, high))});
+  auto from_log = Recover(&env_, kDir, kNow);
+  EXPECT_EQ(from_log.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(from_log.status().message(), HasSubstr("beyond 2^63"));
+}
+
 TEST_F(StorageTest, MissingOrUninitializedDirectoryIsRefusedWithAHint) {
   auto missing = Recover(&env_, "/nowhere", kNow);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
