@@ -184,7 +184,11 @@ TEST(LockctlTest, UnreachableServerAndBadUsageAreClearErrors) {
   EXPECT_THAT(out, HasSubstr("cannot connect to lockd at 127.0.0.1:1"));
   auto [usage_rc, usage] = Lockctl("--server=127.0.0.1:1 frobnicate");
   EXPECT_EQ(usage_rc, 2);
-  EXPECT_THAT(usage, HasSubstr("unknown command \"frobnicate\""));
+  EXPECT_THAT(usage, HasSubstr("unknown command \"frobnicate\"; use status, sessions, locks, "
+                               "waiters or pool"));
+  auto [extra_rc, extra] = Lockctl("--server=127.0.0.1:1 pool status stray --pool=p");
+  EXPECT_EQ(extra_rc, 2);
+  EXPECT_THAT(extra, HasSubstr("unexpected argument \"stray\" after pool status"));
   // A diagnostic is a log line on standard error; standard output (a script's capture) stays
   // empty.
   auto [stdout_rc, stdout_only] = LockctlRaw("--server=127.0.0.1:1 status 2>/dev/null");

@@ -49,6 +49,12 @@ namespace {
 using net::BlockingConnection;
 namespace req = protocol::request;
 
+int UnknownCommand(const std::string& command) {
+  logging::Program().Error(absl::StrFormat(
+      "unknown command \"%s\"; use status, sessions, locks, waiters or pool", command.c_str()));
+  return 2;
+}
+
 std::string Json(const google::protobuf::Message& m) {
   std::string out;
   google::protobuf::util::JsonPrintOptions options;
@@ -299,9 +305,7 @@ int Main(const std::string& command) {
   if (command == "sessions" || command == "locks" || command == "waiters") {
     return PrintList(conn, command, json);
   }
-  logging::Program().Error(absl::StrFormat(
-      "unknown command \"%s\"; use status, sessions, locks or waiters", command.c_str()));
-  return 2;
+  return UnknownCommand(command);
 }
 
 }  // namespace
@@ -330,7 +334,14 @@ int main(int argc, char** argv) {
       "  TLS: --tls-ca=PEM --tls-cert=PEM --tls-key=PEM [--tls-server-name=NAME]");
   const std::vector<std::string> args = fencelock::process::ParseFlags(argc, argv);
   if (args.size() >= 2 && args[1] == "pool") {
-    if (args.size() < 3 || (args.size() > 3 && args[2] != "run")) {
+    if (args.size() > 3 && args[2] != "run") {
+      fencelock::logging::Program().Error(absl::StrFormat(
+          "unexpected argument \"%s\" after pool %s; a pool command takes only flags (lockctl "
+          "--help lists them), and only pool run a command after --",
+          args[3].c_str(), args[2].c_str()));
+      return 2;
+    }
+    if (args.size() < 3) {
       std::fprintf(stderr, "usage: lockctl [--server=ADDR] [--json] pool <command> [flags]; "
                            "lockctl --help lists them\n");
       return 2;
@@ -358,9 +369,7 @@ int main(int argc, char** argv) {
   }
   const std::string command = args[1];
   if (command != "status" && command != "sessions" && command != "locks" && command != "waiters") {
-    fencelock::logging::Program().Error(absl::StrFormat(
-        "unknown command \"%s\"; use status, sessions, locks or waiters", command.c_str()));
-    return 2;
+    return fencelock::UnknownCommand(command);
   }
   return fencelock::Main(command);
 }
