@@ -6,9 +6,10 @@
 source "$(dirname "$0")/lib.sh"
 
 ensure_packages
-# Only the demo's programs (payout-demo, lockd, payout-rail, payout-worker-faults) and the
-# libraries they link: the tests, fuzz tools and benchmarks are the test command's to build.
-FENCELOCK_TARGETS=payout-demo build_tree build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+# Only the demo's programs (payout-demo, lockd, payout-rail, payout-worker-faults), the
+# README's C++ quickstart and the libraries they link: the tests, fuzz tools and benchmarks are
+# the test command's to build.
+FENCELOCK_TARGETS="payout-demo fencelock-quickstart" build_tree build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
 say "running the payout demo: build/payout-demo/payout-demo $*"
 exec "$FENCELOCK_ROOT/build/payout-demo/payout-demo" "$@"

@@ -209,6 +209,26 @@ TEST_F(EtcdTest, DestroyDeletesExactlyThePrefixOnceNoLeaseRemains) {
   EXPECT_THAT(again_err, HasSubstr("holds no lockd state"));
 }
 
+// Issue 59: `lockd init` refuses a prefix inside or around an initialized one, in either
+// order, on a real etcd: destroying the outer one would have deleted the inner one's state, and
+// its tokens would have started again at 1.
+TEST_F(EtcdTest, InitRefusesNestedPrefixesInEitherOrder) {
+  auto init = [&](const std::string& prefix) {
+    return testing::RunLockdToExit({"init", "--etcd=" + etcd_.endpoint(), "--etcd-prefix=" + prefix});
+  };
+  ASSERT_EQ(init("/fencelock/nx").first, 0);
+  auto [inside, inside_err] = init("/fencelock/nx/y");
+  EXPECT_EQ(WEXITSTATUS(inside), 1);
+  EXPECT_THAT(inside_err,
+              HasSubstr("etcd prefix /fencelock/nx/y lies inside etcd prefix /fencelock/nx"));
+  EXPECT_TRUE(etcd_.Keys("/fencelock/nx/y/").empty());
+  ASSERT_EQ(init("/fencelock/ny/a/b").first, 0);
+  auto [around, around_err] = init("/fencelock/ny");
+  EXPECT_EQ(WEXITSTATUS(around), 1);
+  EXPECT_THAT(around_err,
+              HasSubstr("etcd prefix /fencelock/ny/a/b lies inside etcd prefix /fencelock/ny"));
+}
+
 TEST_F(EtcdTest, ASecondLockdOnThePrefixIsRefusedNamingTheFirst) {
   LockdProcess first(Options("/fencelock/b"));
   auto [status, err] = testing::RunLockdToExit(

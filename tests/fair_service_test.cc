@@ -37,6 +37,7 @@ using testing::LockdProcess;
 using testing::RawConnection;
 using testing::ReadTextFile;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr uid_t kNobody = 65534;
 constexpr gid_t kNogroup = 65534;
@@ -391,9 +392,14 @@ TEST(FairServiceTest, RunningOutOfDescriptorsNeitherSpinsNorLeavesPeersHanging) 
   EXPECT_EQ(code, wire::OK);
 }
 
-TEST(FairServiceTest, OnePeerCannotTakeTheConnectionsOfOthers) {
-  if (geteuid() != 0) GTEST_SKIP() << "acting as another user needs root";
-  LockdProcess lockd({.extra_args = {"--max-connections=8", "--max-connections-per-peer=4"}});
+// User nobody's loopback connections beyond the per-peer budget are refused while root's are
+// not: lockd counts loopback TCP peers by user. `launcher` runs lockd (see LockdProcess), whose
+// standard output and error go to `log`.out and `log`.err.
+void ExpectPeersCountedByUser(const std::vector<std::string>& launcher, const std::string& log) {
+  LockdProcess lockd({.extra_args = {"--max-connections=8", "--max-connections-per-peer=4"},
+                      .stderr_file = log + ".err",
+                      .stdout_file = log + ".out",
+                      .launcher = launcher});
   // User nobody opens 10 loopback TCP connections and keeps them.
   int report[2], hold[2];
   ASSERT_EQ(pipe(report), 0);
@@ -439,6 +445,27 @@ TEST(FairServiceTest, OnePeerCannotTakeTheConnectionsOfOthers) {
   int status = 0;
   waitpid(child, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+TEST(FairServiceTest, OnePeerCannotTakeTheConnectionsOfOthers) {
+  if (geteuid() != 0) GTEST_SKIP() << "acting as another user needs root";
+  testing::TempDir logs;
+  ExpectPeersCountedByUser({}, logs.path() + "/lockd");
+  EXPECT_THAT(ReadTextFile(logs.path() + "/lockd.err"), Not(HasSubstr("cannot tell")));
+  EXPECT_THAT(ReadTextFile(logs.path() + "/lockd.out"), Not(HasSubstr("/proc/net/tcp")));
+}
+
+// Issue 59: the packaged units refused netlink sockets, through which lockd asked the kernel
+// who a loopback peer is, and lockd then silently counted every local user as one peer (its
+// address): nobody's 256 connections locked root out. With netlink refused as the units did,
+// the users are still told apart (through /proc/net/tcp).
+TEST(FairServiceTest, UsersAreToldApartWithNetlinkSocketsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "acting as another user needs root";
+  testing::TempDir logs;
+  ExpectPeersCountedByUser({NO_NETLINK_BINARY}, logs.path() + "/lockd");
+  EXPECT_THAT(ReadTextFile(logs.path() + "/lockd.out"),
+              HasSubstr("loopback TCP peers are told apart by user through /proc/net/tcp "
+                        "(netlink sockets refused"));
 }
 
 }  // namespace

@@ -44,6 +44,20 @@ TEST(HelpTest, EveryProgramListsItsFlags) {
     const std::string help = Help(binary);
     EXPECT_THAT(help, HasSubstr(flag));
     EXPECT_THAT(help, Not(HasSubstr("No flags matched")));
+    // Issue 59: help is an answer, not an error (it exited 1), and names no file of the
+    // checkout the program was built from ("Flags from /home/.../lockd_main.cc:").
+    for (const char* asked : {" --help", " -help", " --helpfull"}) {
+      auto [status, out] = RunShell(binary + std::string(asked));
+      EXPECT_EQ(status, 0) << asked;
+      EXPECT_THAT(out, HasSubstr(flag)) << asked;
+      EXPECT_THAT(out, Not(HasSubstr("Flags from"))) << asked;
+      EXPECT_THAT(out, Not(HasSubstr(".cc"))) << asked;
+      // The programs a package installs name nothing of the build (the demo's tools default
+      // to their siblings in the build tree, which is what their help should say).
+      if (binary == std::string(LOCKD_BINARY) || binary == std::string(LOCKCTL_BINARY)) {
+        EXPECT_THAT(out, Not(HasSubstr(SOURCE_DIR))) << asked;
+      }
+    }
   }
 }
 

@@ -81,6 +81,16 @@ for unit in lockd.service lockd@.service; do
     grep -q "^$option" "$work/root/usr/lib/systemd/system/$unit" || fail "$unit has no $option"
   done
 done
+# Issue 59: the socket's directory exists under ProtectSystem=strict (the flags file puts the
+# socket there), and netlink (who a loopback peer is) is allowed.
+for unit in lockd.service lockd@.service; do
+  grep -q '^RuntimeDirectory=fencelock' "$work/root/usr/lib/systemd/system/$unit" ||
+    fail "$unit has no RuntimeDirectory=fencelock"
+  grep -q '^RestrictAddressFamilies=.*AF_NETLINK' "$work/root/usr/lib/systemd/system/$unit" ||
+    fail "$unit refuses AF_NETLINK: lockd could not tell local users apart"
+done
+grep -qx -- '--unix-socket=/run/fencelock/lockd.sock' "$work/root/etc/fencelock/lockd.flags" ||
+  fail "the flags file's socket is not in lockd.service's RuntimeDirectory"
 grep -q -- '--exit-on-depose' "$work/root/usr/lib/systemd/system/lockd@.service" ||
   fail "lockd@.service does not exit on depose (its restart is what stands a replica by again)"
 # verify checks that ExecStart= names an executable: the copies it reads name the unpacked
@@ -98,13 +108,23 @@ if ! SYSTEMD_LOG_LEVEL=notice systemd-analyze verify "$work/units/lockd.service"
 fi
 if [ -s "$work/verify.log" ]; then cat "$work/verify.log"; fail "systemd-analyze verify printed warnings"; fi
 echo "systemd-analyze verify: both units clean"
+# The hardening may not weaken: systemd's own exposure score, at most 1.7 (issue 59's figure).
+for unit in lockd.service lockd@replica1.service; do
+  exposure="$(systemd-analyze security --offline=yes --no-pager "$work/units/$unit" 2>&1 |
+              sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')"
+  [ -n "$exposure" ] || fail "systemd-analyze security gave no exposure for $unit"
+  awk -v e="$exposure" 'BEGIN { exit !(e <= 1.7) }' ||
+    fail "$unit: systemd-analyze security exposure $exposure, above 1.7"
+  echo "systemd-analyze security: $unit exposure $exposure"
+done
 
 echo "== the packaged lockd, with the packaged flags file"
 "$work/root/usr/bin/lockd" init --flagfile="$work/root/etc/fencelock/lockd.flags" \
   --data-dir="$work/state" > "$work/init.log" 2>&1 || { cat "$work/init.log"; fail "lockd init"; }
 # The flags after --flagfile move what a test cannot use (the state directory, the ports).
 start_lockd "$work/root/usr/bin/lockd" --flagfile="$work/root/etc/fencelock/lockd.flags" \
-  --data-dir="$work/state" --metrics-port=0 --admission-lock="$work/admission.lock"
+  --data-dir="$work/state" --metrics-port=0 --admission-lock="$work/admission.lock" \
+  --unix-socket="$work/lockd.sock"
 "$work/root/usr/bin/lockctl" --server="127.0.0.1:$port" status > "$work/status.txt" 2>&1 ||
   { cat "$work/status.txt"; fail "the packaged lockctl could not read lockd's status"; }
 
@@ -123,6 +143,12 @@ PYTHONPATH="$work/root/usr/lib/python3/dist-packages" "$python" -c \
   "import sys, fencelock; c = fencelock.Client(server=sys.argv[1]); l = c.acquire('py', wait=5); print('python3-fencelock: token', l.token); l.release()" \
   "127.0.0.1:$port" || fail "the packaged Python module did not take a lock"
 cmake --install "$build" --prefix "$work/prefix" --component python > "$work/install.log"
+# Issue 59: an install under a prefix keeps the configuration under it (GNUInstallDirs).
+cmake --install "$build" --prefix "$work/prefix" --component server > "$work/install-server.log" ||
+  { cat "$work/install-server.log"; fail "cmake --install --prefix --component server"; }
+[ -f "$work/prefix/etc/fencelock/lockd.flags" ] ||
+  fail "cmake --install --prefix P put the flags files outside P/etc"
+[ -f "$work/root/etc/fencelock/lockd.flags" ] || fail "the package's flags file is not in /etc"
 PYTHONPATH="$work/prefix/lib/python3/dist-packages" "$python" -c 'import fencelock' ||
   fail "import fencelock after cmake --install --component python"
 echo "PASS: the packages built, their contents and units checked, a lockd served from them, the consumer built and the Python module imported from them"

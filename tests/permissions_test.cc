@@ -72,6 +72,15 @@ TEST_F(PermissionsTest, AnIdentityAcquiresOnlyUnderItsPrefixesAndListsOnlyIfAllo
   const wire::StatsReply stats = root.Call(request::GetStats()).stats();
   EXPECT_EQ(stats.permission_denied_total(), 3u);
   EXPECT_EQ(stats.locks_held(), 2u);
+  // Issue 59: the newest token (which a stranger could present at a resource that checks
+  // tokens alone) is shown only to an identity that may list; the counts stay.
+  EXPECT_EQ(stats.last_token(), 0u);
+  Write("uid:0     acquire payout/\n"
+        "uid:0     list\n"
+        "anonymous acquire public/\n");
+  Reload("SIGHUP: permissions from " + path_ + ": 3 rules", 1);
+  EXPECT_EQ(root.Call(request::GetStats()).stats().last_token(), 2u);
+  EXPECT_EQ(tcp.Call(request::GetStats()).stats().last_token(), 0u);
 }
 
 TEST_F(PermissionsTest, SighupReloadsKeepingSessionsAndABadFileChangesNothing) {

@@ -418,6 +418,48 @@ TEST(AdmissionNamespaceTest, ASecondCoordinatorOnTheHostIsRefusedNamingTheFirst)
   EXPECT_TRUE(taken.ok()) << taken.status();
 }
 
+// Issue 59: the admission lock lives in a world-writable directory (/run/lock). A symbolic link
+// put there (by another user, with fs.protected_symlinks off) made lockd truncate and write
+// into the file it pointed at. lockd now locks only a regular file of its own, with one link,
+// and writes nothing before the lock is held; whatever else is at the path is refused by name
+// and left as it was.
+TEST(AdmissionNamespaceTest, AnAdmissionLockThatIsNotLockdsOwnFileIsRefused) {
+  testing::TempDir tmp;
+  const std::string path = tmp.path() + "/admission.lock";
+  const std::string victim = tmp.path() + "/precious";
+  std::ofstream(victim) << "do not touch\n";
+  auto publish_refused = [&](const std::string& why) {
+    LockdProcess lockd(LockdProcess::Options{.unix_socket = true,
+                                             .extra_args = {"--admission-lock=" + path}});
+    auto refused = Client("unix:" + lockd.unix_path())->publish("p", 1, 4, {{.id = "a"}});
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << why;
+    EXPECT_THAT(refused.status().message(), HasSubstr(path)) << why;
+    EXPECT_THAT(refused.status().message(), HasSubstr(why));
+    EXPECT_EQ(testing::ReadTextFile(victim), "do not touch\n") << why;
+  };
+  ASSERT_EQ(symlink(victim.c_str(), path.c_str()), 0);
+  publish_refused("is a symbolic link");
+  ASSERT_EQ(unlink(path.c_str()), 0);
+  ASSERT_EQ(link(victim.c_str(), path.c_str()), 0);
+  publish_refused("has 2 hard links");
+  ASSERT_EQ(unlink(path.c_str()), 0);
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  publish_refused("is not a regular file");
+  ASSERT_EQ(unlink(path.c_str()), 0);
+  if (geteuid() == 0) {
+    std::ofstream(path) << "someone's\n";
+    ASSERT_EQ(chown(path.c_str(), 65534, 65534), 0);
+    publish_refused("belongs to uid 65534");
+    EXPECT_EQ(testing::ReadTextFile(path), "someone's\n");
+    ASSERT_EQ(unlink(path.c_str()), 0);
+  }
+  // Its own file: taken, and it names the holder.
+  LockdProcess lockd(LockdProcess::Options{.unix_socket = true,
+                                           .extra_args = {"--admission-lock=" + path}});
+  EXPECT_TRUE(Client("unix:" + lockd.unix_path())->publish("p", 1, 4, {{.id = "a"}}).ok());
+  EXPECT_THAT(testing::ReadTextFile(path), HasSubstr("lockd pid " + std::to_string(lockd.pid())));
+}
+
 // Runs `body` in a child process as user `uid` (group `uid` too) and returns what it wrote;
 // "" when the child failed to drop its privileges or died.
 std::string RunAs(uid_t uid, const std::function<std::string()>& body) {

@@ -24,11 +24,13 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "clock/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "metrics/http_get.h"
 #include "lock-client/client.h"
 #include "lock-client/pool_client.h"
 #include "lockd_process.h"
@@ -602,6 +604,34 @@ TEST_F(TlsRotationTest, ARevokedClientCertificateIsRefused) {
   lockd_->Restart();
   EXPECT_THAT(handshake("client-b"), HasSubstr("certificate revoked"));
   EXPECT_EQ(handshake("client-a"), "");
+}
+
+// Issue 59: a CRL that expires refuses every new TLS client at that moment. lockd logs its next
+// update at every load, exports the time left, and warns from a day before it.
+TEST_F(TlsRotationTest, ACrlDueWithinADayIsWarnedOfAndItsNextUpdateExported) {
+  StartLockd();  // the fixture's list is valid for weeks
+  EXPECT_THAT(testing::ReadTextFile(out_), HasSubstr("revoked by the CRL, whose next update is due"));
+  auto left = metrics::ScrapeSample("127.0.0.1", lockd_->metrics_port(),
+                                    "lockd_tls_crl_next_update_seconds");
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_GT(*left, 86400);
+  EXPECT_THAT(testing::ReadTextFile(err_), Not(HasSubstr("is due for its next update")));
+  // A list of a day, made twelve hours ago: due in about twelve hours.
+  Shell(absl::StrCat("CRL_DAYS=1 ", FAKETIME_BINARY, " -f -12h ", REVOKE_CERT_SCRIPT, " ", ca_,
+                     " > /dev/null"));
+  EXPECT_THAT(Hup(), HasSubstr("whose next update is due"));
+  std::string warned;
+  for (int i = 0; i < 100 && !absl::StrContains(warned, "is due for its next update in"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    warned = testing::ReadTextFile(err_);
+  }
+  EXPECT_THAT(warned, HasSubstr("the CRL (--tls-crl) is due for its next update in"));
+  EXPECT_THAT(warned, HasSubstr("once it passes, lockd refuses every new TLS client"));
+  left = metrics::ScrapeSample("127.0.0.1", lockd_->metrics_port(),
+                               "lockd_tls_crl_next_update_seconds");
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_GT(*left, 0);
+  EXPECT_LT(*left, 86400);
 }
 
 TEST_F(TlsRotationTest, ACrlThatIsNotCurrentOrNotTheCasKeepsLockdFromStarting) {

@@ -10,6 +10,7 @@
 #include <openssl/x509v3.h>
 
 #include <cstdio>
+#include <ctime>
 
 #include "absl/strings/str_cat.h"
 
@@ -80,10 +81,24 @@ std::string TimeText(const ASN1_TIME* time) {
   return text;
 }
 
+// An ASN.1 time as an absl::Time; nullopt if OpenSSL cannot read it.
+std::optional<absl::Time> ToTime(const ASN1_TIME* time) {
+  struct tm tm {};
+  if (time == nullptr || ASN1_TIME_to_tm(time, &tm) != 1) return std::nullopt;
+  return absl::FromTimeT(timegm(&tm));
+}
+
+struct LoadedCrls {
+  int revoked = 0;                        // certificates the CRLs revoke
+  std::optional<absl::Time> next_update;  // the earliest next update of any of them
+  std::string next_update_text;
+};
+
 // Loads every CRL in `path` into `ctx`'s store and turns revocation checks on for the peer's
 // certificate. Each CRL must be issued and signed by a certificate of the CA file already in
-// the store, and current. Returns the number of certificates the CRLs revoke.
-absl::StatusOr<int> LoadCrls(SSL_CTX* ctx, const TlsFiles& files, const std::string& flag_prefix) {
+// the store, and current.
+absl::StatusOr<LoadedCrls> LoadCrls(SSL_CTX* ctx, const TlsFiles& files,
+                                    const std::string& flag_prefix) {
   const std::string& path = files.crl_file;
   const std::string flag = absl::StrCat(" (", flag_prefix, "crl)");
   BIO* bio = BIO_new_file(path.c_str(), "r");
@@ -95,7 +110,7 @@ absl::StatusOr<int> LoadCrls(SSL_CTX* ctx, const TlsFiles& files, const std::str
   STACK_OF(X509_OBJECT)* trusted = X509_STORE_get0_objects(store);
   absl::Status refused;
   int crls = 0;
-  int revoked = 0;
+  LoadedCrls loaded;
   while (X509_CRL* crl = PEM_read_bio_X509_CRL(bio, nullptr, nullptr, nullptr)) {
     ++crls;
     X509* issuer = nullptr;
@@ -123,8 +138,15 @@ absl::StatusOr<int> LoadCrls(SSL_CTX* ctx, const TlsFiles& files, const std::str
     } else if (X509_STORE_add_crl(store, crl) != 1) {
       refused = absl::InvalidArgumentError(
           absl::StrCat("cannot use the CRL ", path, flag, ": ", TakeTlsErrors("?")));
-    } else if (STACK_OF(X509_REVOKED)* list = X509_CRL_get_REVOKED(crl)) {
-      revoked += sk_X509_REVOKED_num(list);
+    } else {
+      if (STACK_OF(X509_REVOKED)* list = X509_CRL_get_REVOKED(crl)) {
+        loaded.revoked += sk_X509_REVOKED_num(list);
+      }
+      const std::optional<absl::Time> due = ToTime(next);
+      if (due.has_value() && (!loaded.next_update.has_value() || *due < *loaded.next_update)) {
+        loaded.next_update = due;
+        loaded.next_update_text = TimeText(next);
+      }
     }
     X509_CRL_free(crl);
     if (!refused.ok()) break;
@@ -136,7 +158,7 @@ absl::StatusOr<int> LoadCrls(SSL_CTX* ctx, const TlsFiles& files, const std::str
     return absl::InvalidArgumentError(absl::StrCat("no CRL in ", path, flag));
   }
   X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
-  return revoked;
+  return loaded;
 }
 
 }  // namespace
@@ -216,13 +238,18 @@ absl::StatusOr<std::shared_ptr<TlsContext>> TlsContext::Create(const TlsFiles& f
   }
   std::string summary = absl::StrCat(CertificateIdentity(own), ", valid until ",
                                      TimeText(X509_get0_notAfter(own)));
+  std::optional<absl::Time> crl_next_update;
   if (!files.crl_file.empty()) {
-    absl::StatusOr<int> revoked = LoadCrls(ctx, files, flag_prefix);
-    if (!revoked.ok()) {
+    absl::StatusOr<LoadedCrls> crls = LoadCrls(ctx, files, flag_prefix);
+    if (!crls.ok()) {
       SSL_CTX_free(ctx);
-      return revoked.status();
+      return crls.status();
     }
-    absl::StrAppend(&summary, ", ", *revoked, " revoked by the CRL");
+    absl::StrAppend(&summary, ", ", crls->revoked, " revoked by the CRL");
+    if (crls->next_update.has_value()) {
+      absl::StrAppend(&summary, ", whose next update is due ", crls->next_update_text);
+      crl_next_update = crls->next_update;
+    }
   }
   if (role == TlsRole::kServer) {
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
@@ -238,8 +265,10 @@ absl::StatusOr<std::shared_ptr<TlsContext>> TlsContext::Create(const TlsFiles& f
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
   }
   ERR_clear_error();
-  return std::shared_ptr<TlsContext>(
+  auto context = std::shared_ptr<TlsContext>(
       new TlsContext(ctx, role, CertificateIdentity(own), std::move(summary)));
+  context->crl_next_update_ = crl_next_update;
+  return context;
 }
 
 absl::StatusOr<std::shared_ptr<ReloadingTlsContext>> ReloadingTlsContext::Create(
@@ -283,6 +312,11 @@ std::shared_ptr<TlsContext> ReloadingTlsContext::Current(std::string* refused) {
     return current_;
   }
   current_ = std::move(*loaded);
+  return current_;
+}
+
+std::shared_ptr<TlsContext> ReloadingTlsContext::InForce() const {
+  absl::MutexLock lock(&mu_);
   return current_;
 }
 

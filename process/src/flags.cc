@@ -7,13 +7,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <string_view>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage_config.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace fencelock::process {
 namespace {
@@ -82,17 +87,41 @@ void Append(const std::string& arg, int depth, std::vector<std::string>* out) {
   out->push_back(a);
 }
 
+// Whether `arg` asks for help rather than to run: what absl's own --help answers (with exit
+// status 1, and headings that name the source file of each flag, a path in the checkout the
+// program was built from).
+bool AsksForHelp(absl::string_view arg) {
+  absl::ConsumePrefix(&arg, "-");
+  absl::ConsumePrefix(&arg, "-");
+  return arg == "help" || arg == "helpfull" || arg == "helpshort" || arg == "h" ||
+         absl::StartsWith(arg, "help=") || arg == "helppackage";
+}
+
+// Prints the usage message and every flag of the program (not absl's own), with its help and
+// default, sorted by name, on standard output; then exits 0.
+[[noreturn]] void PrintHelp() {
+  std::map<std::string, const absl::CommandLineFlag*> flags;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (absl::StrContains(flag->Filename(), "absl/")) continue;
+    flags.emplace(std::string(name), flag);
+  }
+  std::string text = absl::StrCat(absl::ProgramUsageMessage(), "\n\n  Flags (--name or --name=value; dashes or underscores):\n");
+  for (const auto& [name, flag] : flags) {
+    absl::StrAppend(&text, "    --", name, " (", flag->Help(), "); default: ",
+                    flag->DefaultValue().empty() ? "\"\"" : flag->DefaultValue(), ";\n");
+  }
+  absl::StrAppend(&text, "    --flagfile (files of flags, one a line; # starts a comment); default: \"\";\n");
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+  std::exit(0);
+}
+
 }  // namespace
 
 std::vector<std::string> ParseFlags(int argc, char** argv) {
-  // --help lists the program's own flags: absl's default shows only flags defined in a file
-  // named after the program, which matches none of ours ("No flags matched").
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return !absl::StrContains(file, "absl/");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
+  for (int i = 1; i < argc && std::string_view(argv[i]) != "--"; ++i) {
+    if (AsksForHelp(argv[i])) PrintHelp();
+  }
   std::vector<std::string> normalized;
   for (int i = 0; i < argc; ++i) {
     if (i == 0) {

@@ -54,11 +54,16 @@ TEST(PoolWireTest, AProfileDefinitionComesBackFromTheWire) {
   EXPECT_EQ(FromWire(ToWire(def)), def);
 }
 
-// What a peer may send at the edges: a negative duration goes as 0, and a count no deadline
-// could hold comes back capped instead of overflowing.
+// What a peer may send at the edges: a negative duration goes as 0, a part of a millisecond as
+// a whole one, and a count no deadline could hold comes back capped instead of overflowing.
 TEST(PoolWireTest, DurationsAtTheEdges) {
   EXPECT_EQ(ToWireMillis(absl::Milliseconds(-5)), 0u);
   EXPECT_EQ(ToWireMillis(absl::Milliseconds(1500)), 1500u);
+  // Issue 59: a part of a millisecond is a whole one, never 0 ("lockd's default" in a TTL).
+  EXPECT_EQ(ToWireMillis(absl::Microseconds(500)), 1u);
+  EXPECT_EQ(ToWireMillis(absl::Nanoseconds(1)), 1u);
+  EXPECT_EQ(ToWireMillis(absl::Microseconds(1500)), 2u);
+  EXPECT_EQ(ToWireMillis(absl::ZeroDuration()), 0u);
   EXPECT_EQ(FromWireMillis(1500), absl::Milliseconds(1500));
   const absl::Duration huge = FromWireMillis(UINT64_MAX);
   EXPECT_LT(huge, absl::InfiniteDuration());

@@ -14,8 +14,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -146,6 +149,16 @@ AcquireOptions Options(const py::object& ttl, bool shared) {
                         .ttl = OptionalDuration(ttl, "ttl")};
 }
 
+// How often a blocking acquire looks for signals (Ctrl-C) while it waits.
+constexpr std::chrono::milliseconds kSignalCheck(20);
+
+// An asynchronous acquire's result, handed from the client's callback thread to the waiter.
+struct Outcome {
+  std::mutex mu;
+  std::condition_variable done;
+  std::optional<absl::StatusOr<LockHandle>> result;
+};
+
 class PyClient {
  public:
   PyClient(const std::string& server, const py::object& session_ttl, const py::object& lock_ttl,
@@ -188,12 +201,53 @@ class PyClient {
     box_->client = std::move(*created);
   }
 
+  // Waits for the grant in slices of kSignalCheck without the GIL, checking for signals
+  // between them: Ctrl-C (KeyboardInterrupt) ends the wait within one slice. The acquire is
+  // then withdrawn, and a grant that got here first is released at once: a caller that never
+  // got the lock must not go on holding it.
   Lock Acquire(const std::string& name, const py::handle& wait, const py::object& ttl,
                bool shared) {
     const absl::Duration w = DurationArg(wait, "wait");
     const AcquireOptions options = Options(ttl, shared);
-    absl::StatusOr<LockHandle> granted =
-        Unlocked(box_->Get(), [&](Client& client) { return client.acquire(name, w, options); });
+    if (w == absl::ZeroDuration()) {  // no wait to interrupt (acquireAsync needs one)
+      absl::StatusOr<LockHandle> now =
+          Unlocked(box_->Get(), [&](Client& client) { return client.acquire(name, w, options); });
+      if (!now.ok()) RaiseStatus(now.status());
+      return Lock(box_, *std::move(now));
+    }
+    std::shared_ptr<Client> client = box_->Get();
+    auto outcome = std::make_shared<Outcome>();
+    std::shared_ptr<PendingAcquire> pending =
+        client->acquireAsync(name, w, options, [outcome](absl::StatusOr<LockHandle> r) {
+          std::lock_guard<std::mutex> lock(outcome->mu);
+          outcome->result = std::move(r);
+          outcome->done.notify_all();
+        });
+    for (;;) {
+      bool done = false;
+      {
+        py::gil_scoped_release unlocked;
+        std::unique_lock<std::mutex> lock(outcome->mu);
+        // A steady-clock wait: a wall-clock step changes nothing here.
+        done = outcome->done.wait_for(lock, kSignalCheck,
+                                      [&] { return outcome->result.has_value(); });
+      }
+      if (done) break;
+      if (PyErr_CheckSignals() != 0) {  // the handler raised (KeyboardInterrupt)
+        pending->cancel();
+        {
+          py::gil_scoped_release unlocked;
+          std::unique_lock<std::mutex> lock(outcome->mu);
+          outcome->done.wait(lock, [&] { return outcome->result.has_value(); });
+        }
+        if (outcome->result->ok()) {
+          py::gil_scoped_release unlocked;
+          (void)client->release(**outcome->result);
+        }
+        throw py::error_already_set();
+      }
+    }
+    absl::StatusOr<LockHandle> granted = std::move(*outcome->result);
     if (!granted.ok()) RaiseStatus(granted.status());
     return Lock(box_, *std::move(granted));
   }

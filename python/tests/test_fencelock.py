@@ -198,6 +198,48 @@ class LockTest(LockdTest):
         self.assertEqual(outcome, ["granted"])
 
 
+class InterruptTest(LockdTest):
+    """Issue 59: Ctrl-C during an acquire's wait, and a grant that crosses it."""
+
+    def interrupt_after(self, seconds):
+        timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        self.addCleanup(timer.cancel)
+
+    def test_ctrl_c_ends_a_wait_and_leaves_the_queue(self):
+        holder, waiter, third = self.client(), self.client(), self.client()
+        held = holder.acquire("interrupted", wait=5)
+        self.interrupt_after(0.5)
+        start = time.monotonic()
+        with self.assertRaises(KeyboardInterrupt):
+            waiter.acquire("interrupted", wait=30)
+        # Raised while the wait had most of its 30 s to go (it used to end only with the wait).
+        self.assertLess(time.monotonic() - start, 10)
+        held.release()
+        after = third.acquire("interrupted", wait=5)  # the waiter left the queue: not granted
+        self.assertEqual(after.token, held.token + 1)
+
+    def test_a_grant_that_crosses_ctrl_c_is_released_at_once(self):
+        holder, waiter, third = self.client(), self.client(), self.client()
+        held = holder.acquire("crossed", wait=5)
+
+        def on_interrupt(signum, frame):
+            held.release()  # lockd grants the waiter now...
+            time.sleep(0.5)  # ...and the grant is in before the handler ends the wait
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGINT, on_interrupt)
+        self.addCleanup(signal.signal, signal.SIGINT, previous)
+        self.interrupt_after(0.3)
+        with self.assertRaises(KeyboardInterrupt):
+            waiter.acquire("crossed", wait=30, ttl=3)
+        # The caller never got the grant, so it was given back: free now, not held by the
+        # waiter's session for as long as it lives.
+        after = third.try_acquire("crossed")
+        self.assertIsNotNone(after)
+        self.assertEqual(after.token, held.token + 2)  # the waiter's grant came in between
+
+
 class BadInputTest(LockdTest):
     def test_bad_arguments_are_refused_with_a_clear_error(self):
         client = self.client()
@@ -220,6 +262,22 @@ class BadInputTest(LockdTest):
         with self.assertRaises(TypeError) as margin_type:
             fencelock.Client(server=self.lockd.address, margin="0.3")
         self.assertIn("margin must be a number", str(margin_type.exception))
+
+    def test_a_ttl_under_a_millisecond_is_refused_as_one_under_the_minimum(self):
+        # Issue 59: 0.5 ms went on the wire as 0, lockd's "use the default" (30 s, 15 s).
+        client = self.client()
+        refused = {}
+        for ttl in (0.005, 0.0005):
+            with self.assertRaises(fencelock.Error) as bad:
+                client.acquire("tiny-ttl", wait=1, ttl=ttl)
+            refused[ttl] = bad.exception
+        self.assertEqual(refused[0.0005].code, refused[0.005].code)
+        self.assertIn("outside", str(refused[0.0005]))
+        for ttl in (0.005, 1e-6):
+            with self.assertRaises(fencelock.Error) as bad:
+                fencelock.Client(server=self.lockd.address, session_ttl=ttl)
+            self.assertEqual(bad.exception.code, refused[0.005].code)
+            self.assertIn("outside", str(bad.exception))
 
     def test_a_lockd_out_of_reach_is_unavailable(self):
         with socket_bound_nowhere() as address:

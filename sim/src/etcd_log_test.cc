@@ -308,6 +308,81 @@ TEST_F(EtcdLogTest, APrefixWhoseTokenMarkWouldWrapIsRefused) {
                         "18446744073709551613"));
 }
 
+// A prefix inside or around an initialized one is refused, in either order, naming it: their
+// key ranges overlap, so destroying the outer one would delete the inner one's state (a token
+// sequence started again). A sibling whose name merely begins the same way is not nested.
+TEST_F(EtcdLogTest, InitRefusesAPrefixInsideOrAroundAnInitializedOne) {
+  auto c = etcd_.Connect("init");
+  absl::Status inside = server::InitEtcdPrefixOn({.prefix = "/fencelock/sim/inner"}, *c);
+  EXPECT_EQ(inside.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(inside.message(), HasSubstr("etcd prefix /fencelock/sim/inner lies inside etcd "
+                                          "prefix /fencelock/sim"));
+  absl::Status around = server::InitEtcdPrefixOn({.prefix = "/fencelock"}, *c);
+  EXPECT_EQ(around.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(around.message(),
+              HasSubstr("etcd prefix /fencelock/sim lies inside etcd prefix /fencelock"));
+  EXPECT_FALSE(etcd_.Get("/fencelock/sim/inner/format").has_value());
+  EXPECT_FALSE(etcd_.Get("/fencelock/format").has_value());
+  EXPECT_TRUE(server::InitEtcdPrefixOn({.prefix = "/fencelock/sim2"}, *c).ok());
+  EXPECT_EQ(server::InitEtcdPrefixOn({.prefix = "/fencelock//x"}, *c).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A nested layout made before init refused it (or by hand) is refused by the start of either
+// prefix, naming the other: the outer one's range holds the inner one's keys.
+TEST_F(EtcdLogTest, AReplicaRefusesToServeANestedLayout) {
+  for (const auto& [key, value] : etcd_.Dump(std::string(kPrefix) + "/")) {
+    etcd_.Put(absl::StrCat(kPrefix, "/log", key.substr(std::string(kPrefix).size())), value);
+  }
+  Replica outer(etcd_, "outer");
+  EXPECT_EQ(outer.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(outer.status().message(),
+              HasSubstr("etcd prefix /fencelock/sim/log lies inside etcd prefix /fencelock/sim"));
+  EXPECT_FALSE(etcd_.Get(absl::StrCat(kPrefix, "/owner")).has_value());
+}
+
+// lockd destroy deletes the keys lockd wrote and leaves (and lists) what someone else put under
+// the prefix; it refuses, deleting nothing, while a state is nested inside.
+TEST_F(EtcdLogTest, DestroyDeletesExactlyLockdsOwnKeys) {
+  {
+    Replica a(etcd_, "a");
+    ASSERT_TRUE(a.status().ok()) << a.status();
+    a.Take(3, "x");
+    ASSERT_TRUE(a.Durable());
+  }
+  etcd_.Put(absl::StrCat(kPrefix, "/notes"), "the operator's");
+  etcd_.Put(absl::StrCat(kPrefix, "/inner/format"), "somebody's state");
+  auto destroy = [&] {
+    asio::io_context io(1);
+    AsioTimeSource time(io, Clock::Real());
+    auto work = asio::make_work_guard(io);
+    std::optional<absl::StatusOr<server::EtcdDestroyOutcome>> outcome;
+    auto destroying = server::DestroyEtcdPrefixOn(
+        {.prefix = kPrefix, .owner_ttl = absl::Seconds(2), .owner_wait = absl::Seconds(5)}, &time,
+        server::CallOnThreads(etcd_.Connect("destroy"), &time),
+        [](const server::StateMachine&) { return std::vector<std::string>(); },
+        [&](absl::StatusOr<server::EtcdDestroyOutcome> out) { outcome = std::move(out); });
+    while (!outcome.has_value()) io.run_one();
+    destroying.reset();
+    io.poll();
+    return std::move(*outcome);
+  };
+  const size_t before = etcd_.Dump(std::string(kPrefix) + "/").size();
+  auto refused = destroy();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("/fencelock/sim/inner lies inside"));
+  EXPECT_EQ(etcd_.Dump(std::string(kPrefix) + "/").size(), before);
+
+  ASSERT_TRUE(etcd_.Delete(absl::StrCat(kPrefix, "/inner/format")));
+  auto out = destroy();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(out->left, ::testing::ElementsAre("/fencelock/sim/notes"));
+  EXPECT_GE(out->deleted, static_cast<int64_t>(before) - 2);  // and the destroy's own P/owner
+  std::vector<std::string> remaining;
+  for (const auto& kv : etcd_.Dump(std::string(kPrefix) + "/")) remaining.push_back(kv.first);
+  EXPECT_THAT(remaining, ::testing::ElementsAre("/fencelock/sim/notes"));
+}
+
 // The ownership's deadline counts from a lease renewal sent after P/owner-lease was recorded,
 // not from the renewal before the take: that one may be most of the deadline ago once the take's
 // four round trips are done on a slow etcd (CI, stop 51: a lockd that took over lapsed 50 ms

@@ -64,6 +64,12 @@ absl::StatusOr<std::unique_ptr<server::SegmentFile>> SimDisk::OpenSegment(const 
   return std::make_unique<SimSegment>(this, path);
 }
 
+absl::StatusOr<server::Env::Kind> SimDisk::KindOf(const std::string& path) {
+  if (files_.contains(path)) return Kind::kFile;
+  if (dirs_.contains(path)) return Kind::kDirectory;
+  return absl::NotFoundError(absl::StrCat("lstat ", path));
+}
+
 absl::StatusOr<std::vector<std::string>> SimDisk::ListDir(const std::string& dir) {
   if (!dirs_.contains(dir)) return absl::NotFoundError(absl::StrCat("opendir ", dir));
   std::vector<std::string> names;

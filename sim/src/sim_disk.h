@@ -27,6 +27,7 @@ class SimDisk final : public server::Env {
                                                                      uint64_t size) override;
   absl::StatusOr<std::unique_ptr<server::SegmentFile>> OpenSegment(
       const std::string& path) override;
+  absl::StatusOr<Kind> KindOf(const std::string& path) override;
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override;
   absl::Status RemoveFile(const std::string& path) override;
   absl::Status RemoveDir(const std::string& dir) override;

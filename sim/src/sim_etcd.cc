@@ -140,10 +140,24 @@ struct SimEtcd::Core {
     NotifyLocked(nullptr);
   }
 
+  // As etcd: a compare on a range holds if it holds for every key in it; an empty range
+  // compares as one absent key (and never by value).
   bool Matches(const Compare& c) const {
-    auto it = kvs.find(c.key());
-    const KeyValue none;
-    const KeyValue& kv = it == kvs.end() ? none : it->second;
+    if (c.range_end().empty()) {
+      auto it = kvs.find(c.key());
+      return MatchesKv(c, it == kvs.end() ? KeyValue() : it->second);
+    }
+    bool any = false;
+    for (auto it = kvs.lower_bound(c.key());
+         it != kvs.end() && InRange(it->first, c.key(), c.range_end()); ++it) {
+      any = true;
+      if (!MatchesKv(c, it->second)) return false;
+    }
+    if (any) return true;
+    return c.target() != Compare::VALUE && MatchesKv(c, KeyValue());
+  }
+
+  static bool MatchesKv(const Compare& c, const KeyValue& kv) {
     int cmp = 0;
     auto order = [](auto a, auto b) { return a < b ? -1 : a > b ? 1 : 0; };
     switch (c.target()) {
@@ -277,7 +291,6 @@ class SimClient final : public server::EtcdClient {
     core_->ExpireLocked();
     bool ok = true;
     for (const Compare& c : request.compare()) {
-      if (!c.range_end().empty()) return absl::UnimplementedError("sim etcd: compare on a range");
       ok = ok && core_->Matches(c);
     }
     const auto& ops = ok ? request.success() : request.failure();

@@ -123,8 +123,14 @@ void LockdProcess::Start(int port) {
     args.push_back("--admission-lock=" + dir_.path() + "/admission.lock");
   }
   for (const auto& a : options_.extra_args) args.push_back(a);
+  std::string binary = LOCKD_BINARY;
+  if (!options_.launcher.empty()) {  // it execs lockd in its own process
+    args.insert(args.begin(), binary);
+    args.insert(args.begin(), options_.launcher.begin() + 1, options_.launcher.end());
+    binary = options_.launcher.front();
+  }
   auto child = process::Child::Spawn(
-      LOCKD_BINARY, args,
+      binary, args,
       {.stdout_file = options_.stdout_file, .stderr_file = options_.stderr_file});
   if (!child.ok()) {
     std::fprintf(stderr, "%s\n", child.status().ToString().c_str());

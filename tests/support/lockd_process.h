@@ -65,6 +65,9 @@ class LockdProcess {
     std::vector<std::string> etcd_args;
     // The TCP port; 0 picks a free one.
     int port = 0;
+    // A program (and its arguments) that execs lockd's command line given after them, in the
+    // same process: e.g. tests' no_netlink, which refuses netlink sockets first. Empty: none.
+    std::vector<std::string> launcher;
   };
   // Starts lockd and waits until it listens; aborts the test binary if it cannot start.
   explicit LockdProcess(Options options);

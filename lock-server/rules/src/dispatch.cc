@@ -266,6 +266,12 @@ void Call::Validate() {
 
 void Call::GetStats() {
   host.FillStats(resp.mutable_stats());
+  // Counts are anyone's; the newest token is shown only to whoever may see the tokens of the
+  // locks themselves (ListLocks).
+  const Permissions& permissions = host.permissions();
+  if (!permissions.MayList(conn.caller.identity) && !permissions.MayInspect(conn.caller.identity)) {
+    resp.mutable_stats()->clear_last_token();
+  }
   return Finish(absl::OkStatus());
 }
 

@@ -205,7 +205,9 @@ absl::StatusOr<uint64_t> PoolService::Publish(const std::string& pool, PoolPolic
   const PoolState* current = state_->FindPool(pool);
   if (current == nullptr && state_->pools().size() >= options_.max_pools) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "lockd already coordinates ", state_->pools().size(), " pools, the most it may"));
+        "lockd already coordinates ", state_->pools().size(),
+        " pools, the most it may; delete one no longer used (lockctl pool delete --pool=NAME) "
+        "to make room"));
   }
   if (current != nullptr) {
     if (policy.generation == current->generation && policy.budget == current->budget &&

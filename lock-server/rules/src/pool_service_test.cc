@@ -403,7 +403,11 @@ TEST_F(PoolServiceTest, ADrainedPoolWithoutLeasesIsDeletedAndItsPlaceIsFree) {
   for (int i = 1; i < 64; ++i) {
     ASSERT_TRUE(pools().Publish(absl::StrCat("q", i), PoolPolicy{1, 1, {Profile("a")}}, At(13)).ok());
   }
-  EXPECT_FALSE(pools().Publish("one-too-many", PoolPolicy{1, 1, {Profile("a")}}, At(13)).ok());
+  const absl::Status full =
+      pools().Publish("one-too-many", PoolPolicy{1, 1, {Profile("a")}}, At(13)).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  // Issue 59: the refusal says how to make room.
+  EXPECT_THAT(full.message(), HasSubstr("lockctl pool delete --pool=NAME"));
   ASSERT_TRUE(pools().SetDrain("q1", true, At(13)).ok());
   ASSERT_TRUE(pools().Delete("q1", At(13)).ok());
   EXPECT_TRUE(pools().Publish("one-too-many", PoolPolicy{1, 1, {Profile("a")}}, At(13)).ok());

@@ -1,9 +1,6 @@
 #include "listener.h"
 
 #include <fcntl.h>
-#include <linux/inet_diag.h>
-#include <linux/netlink.h>
-#include <linux/sock_diag.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -20,6 +17,7 @@
 #include <vector>
 
 #include "logging/logging.h"
+#include "peer_uid.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "fencelock/wire.pb.h"
@@ -54,58 +52,6 @@ std::string ErrorFrame(const absl::Status& status) {
   std::string frame;
   (void)protocol::AppendFrame(r.SerializeAsString(), &frame);
   return frame;
-}
-
-// The owner of the TCP socket at the other end of a loopback connection, asked of the kernel
-// through sock_diag (the socket at `peer` connected to `local`). nullopt if it cannot tell.
-std::optional<uid_t> LoopbackPeerUid(const asio::ip::tcp::endpoint& local,
-                                     const asio::ip::tcp::endpoint& peer) {
-  const int fd = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
-  if (fd < 0) return std::nullopt;
-  struct {
-    nlmsghdr header;
-    inet_diag_req_v2 request;
-  } query{};
-  query.header.nlmsg_len = sizeof(query);
-  query.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
-  query.header.nlmsg_flags = NLM_F_REQUEST;
-  inet_diag_req_v2& r = query.request;
-  r.sdiag_family = peer.address().is_v4() ? AF_INET : AF_INET6;
-  r.sdiag_protocol = IPPROTO_TCP;
-  r.idiag_states = ~0U;
-  // The peer's socket: its own address is our remote end, its remote is our local end.
-  r.id.idiag_sport = htons(peer.port());
-  r.id.idiag_dport = htons(local.port());
-  if (peer.address().is_v4()) {
-    const auto a = peer.address().to_v4().to_bytes();
-    const auto b = local.address().to_v4().to_bytes();
-    std::memcpy(r.id.idiag_src, a.data(), a.size());
-    std::memcpy(r.id.idiag_dst, b.data(), b.size());
-  } else {
-    const auto a = peer.address().to_v6().to_bytes();
-    const auto b = local.address().to_v6().to_bytes();
-    std::memcpy(r.id.idiag_src, a.data(), a.size());
-    std::memcpy(r.id.idiag_dst, b.data(), b.size());
-  }
-  r.id.idiag_cookie[0] = INET_DIAG_NOCOOKIE;
-  r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
-  sockaddr_nl kernel{};
-  kernel.nl_family = AF_NETLINK;
-  std::optional<uid_t> uid;
-  if (::sendto(fd, &query, sizeof(query), 0, reinterpret_cast<sockaddr*>(&kernel),
-               sizeof(kernel)) == static_cast<ssize_t>(sizeof(query))) {
-    alignas(nlmsghdr) char buffer[8192];
-    // The kernel answers within sendto(): never wait for it on the event loop.
-    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
-    auto* h = reinterpret_cast<nlmsghdr*>(buffer);
-    if (n >= static_cast<ssize_t>(sizeof(nlmsghdr)) && NLMSG_OK(h, static_cast<unsigned>(n)) &&
-        h->nlmsg_type == SOCK_DIAG_BY_FAMILY &&
-        h->nlmsg_len >= NLMSG_LENGTH(sizeof(inet_diag_msg))) {
-      uid = static_cast<const inet_diag_msg*>(NLMSG_DATA(h))->idiag_uid;
-    }
-  }
-  ::close(fd);
-  return uid;
 }
 
 }  // namespace
@@ -205,6 +151,21 @@ absl::Status Listener::Bind() {
                                                options_.listen.tcp_port, ": ", ec.message()));
   }
   tcp_port_ = tcp_acceptor_.local_endpoint().port();
+  if (address.is_loopback()) {
+    // Loopback peers are told apart by user; say so when the kernel cannot tell them.
+    auto source = LoopbackPeerUidSource();
+    if (!source.ok()) {
+      logging::Lockd().Warning(absl::StrCat(
+          "lockd cannot tell local users apart on loopback TCP: ", source.status().message(),
+          "; every loopback peer counts as one (its address) against "
+          "--max-connections-per-peer=", options_.connections.max_connections_per_peer,
+          ". Allow AF_NETLINK (systemd: RestrictAddressFamilies=) or serve local users on the "
+          "Unix socket"));
+    } else if (*source != "netlink sock_diag") {
+      logging::Lockd().Info(absl::StrCat("loopback TCP peers are told apart by user through ",
+                                         *source));
+    }
+  }
   if (options_.listen.unix_socket_path.empty()) return absl::OkStatus();
   return BindUnixSocket();
 }

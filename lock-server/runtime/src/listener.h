@@ -56,7 +56,7 @@ class Listener {
   // The Unix-socket peer's credentials (SO_PEERCRED), if they can be read.
   static std::optional<ucred> PeerCredentials(int fd);
   // Who a TCP peer is, for the per-peer budget: for a loopback peer the user id that owns its
-  // socket, asked of the kernel (sock_diag); otherwise, or if the kernel cannot tell, its
+  // socket, asked of the kernel (peer_uid.h); otherwise, or if the kernel cannot tell, its
   // address.
   static std::string TcpPeerIdentity(const asio::ip::tcp::endpoint& local,
                                      const asio::ip::tcp::endpoint& peer);

@@ -559,7 +559,8 @@ int StillHeld(const std::string& where, const std::vector<std::string>& held) {
   return 4;
 }
 
-// `lockd destroy --etcd=... --etcd-prefix=P`: every key under P/, once it holds nothing.
+// `lockd destroy --etcd=... --etcd-prefix=P`: every key lockd wrote under P/, once it holds
+// nothing.
 int DestroyEtcd(const std::string& etcd) {
   auto endpoints = fencelock::server::ParseEtcdEndpoints(etcd);
   if (!endpoints.ok()) {
@@ -587,7 +588,15 @@ int DestroyEtcd(const std::string& etcd) {
   }
   if (!out->held.empty()) return StillHeld("etcd prefix " + prefix, out->held);
   Log().Info(absl::StrCat("destroyed the state under etcd prefix ", prefix, ": deleted ",
-                          out->deleted, " keys under ", prefix, "/"));
+                          out->deleted, " keys lockd wrote under ", prefix, "/"));
+  if (!out->left.empty()) {
+    Log().Warning(absl::StrCat("left ", out->left.size(), " keys under ", prefix,
+                               "/ that lockd did not write: ",
+                               absl::StrJoin(out->left.begin(),
+                                             out->left.begin() + std::min<size_t>(out->left.size(), 20),
+                                             ", "),
+                               out->left.size() > 20 ? ", ..." : ""));
+  }
   return 0;
 }
 
@@ -603,13 +612,13 @@ int Destroy() {
   if (!etcd.empty()) return DestroyEtcd(etcd);
   auto out = fencelock::server::DestroyStateDir(fencelock::server::Env::Posix(), dir,
                                                 absl::StrCat("lockd destroy pid ", ::getpid()));
-  if (!out.ok()) {
-    Log().Error(absl::StrCat("destroy: ", out.status().ToString(), "; nothing removed"));
+  if (!out.ok()) {  // the message says what was removed
+    Log().Error(absl::StrCat("destroy: ", out.status().ToString()));
     return 1;
   }
   if (!out->held.empty()) return StillHeld(dir, out->held);
   Log().Info(absl::StrCat("destroyed the state in ", dir, ": removed ",
-                          absl::StrJoin(out->removed, ", ")));
+                          out->removed.empty() ? "no file" : absl::StrJoin(out->removed, ", ")));
   if (out->removed_dir) {
     Log().Info(absl::StrCat("removed ", dir));
   } else {

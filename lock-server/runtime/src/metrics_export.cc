@@ -4,7 +4,17 @@
 #include <limits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "logging/logging.h"
+
 namespace fencelock::server {
+namespace {
+
+// From how long before a CRL's next update lockd warns.
+constexpr absl::Duration kCrlWarning = absl::Hours(24);
+
+}  // namespace
 
 void MetricsExport::Start() {
   ExportNow();
@@ -52,6 +62,7 @@ void MetricsExport::ExportNow() {
                                                [](const StoreMember& s) { return s.reachable; })));
   }
   ExportPools();
+  ExportCrl();
   m.GetGauge("lockd_disk_fault",
              "1 after a failed write or sync: lockd refuses mutations until restarted")
       .Set(log.fault() != nullptr ? 1.0 : 0.0);
@@ -66,6 +77,32 @@ void MetricsExport::ExportNow() {
   m.GetGauge("lockd_waiters", "Queued acquires").Set(static_cast<double>(service.waiter_count()));
   m.GetGauge("lockd_last_token", "The newest fencing token issued")
       .Set(static_cast<double>(service.state().last_token().value()));
+}
+
+void MetricsExport::ExportCrl() {
+  if (tls_ == nullptr) return;
+  const std::optional<absl::Time> due = tls_->InForce()->crl_next_update();
+  if (!due.has_value()) return;
+  // A CRL's validity is a wall-clock date, as OpenSSL reads it at each handshake: this is the
+  // one comparison lockd makes with the wall clock, and it decides only a gauge and a warning.
+  const absl::Duration left = *due - absl::Now();
+  registry_->GetGauge("lockd_tls_crl_next_update_seconds",
+                      "With --tls-crl: seconds until the CRL's next update is due (negative once "
+                      "past: every new TLS client is then refused until a new CRL is loaded)")
+      .Set(absl::ToDoubleSeconds(left));
+  const MonoTime now = time_->Now();
+  if (left > kCrlWarning || now - crl_warned_ < absl::Hours(1)) return;
+  crl_warned_ = now;
+  logging::Lockd().Warning(absl::StrCat(
+      "the CRL (--tls-crl) ", left > absl::ZeroDuration() ? "is due for its next update in "
+                                                           : "passed its next update ",
+      absl::FormatDuration(absl::Trunc(left > absl::ZeroDuration() ? left : -left,
+                                       absl::Seconds(1))),
+      left > absl::ZeroDuration() ? "" : " ago",
+      ", at ", absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", *due, absl::UTCTimeZone()),
+      left > absl::ZeroDuration() ? ": once it passes, lockd refuses every new TLS client"
+                                  : ": lockd refuses every new TLS client",
+      "; put a new list in place and reload lockd (SIGHUP)"));
 }
 
 void MetricsExport::ExportPools() {

@@ -361,7 +361,7 @@ absl::Status ServerImpl::Init() {
   listener_ = std::make_unique<Listener>(io_, core_.get(), &time_, listen_options_,
                                          tls_ ? tls_->Current() : nullptr);
   if (absl::Status s = listener_->Bind(); !s.ok()) return s;
-  exporter_ = std::make_unique<MetricsExport>(core_.get(), &time_, metrics_.get());
+  exporter_ = std::make_unique<MetricsExport>(core_.get(), &time_, metrics_.get(), tls_);
   if (exposer_) exporter_->ExportNow();
   return absl::OkStatus();
 }

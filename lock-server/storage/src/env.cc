@@ -86,17 +86,44 @@ class PosixFileLock final : public FileLock {
 };
 
 // Opens `path` (made with `mode` if missing) and holds an exclusive flock on it, its content
-// then `owner`. Held elsewhere: kFailedPrecondition naming the holder (the file's content) and
-// ending in `rule`. Returns the descriptor, whose closing lets go.
+// then `owner`. Never follows a symbolic link, and refuses anything but a regular file with one
+// link owned by this process's user or root: in a world-writable directory (/run/lock) another
+// user could otherwise point the name at a file of ours, which the owner's line would then
+// overwrite. Nothing is written before the lock is held. Held elsewhere: kFailedPrecondition
+// naming the holder (the file's content) and ending in `rule`. Returns the descriptor, whose
+// closing lets go.
 absl::StatusOr<int> LockOneFile(const std::string& path, const std::string& owner, mode_t mode,
                                 const std::string& rule) {
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, mode);
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, mode);
   bool writable = true;
   if (fd < 0 && errno == EACCES) {  // another user's file: a lock needs no write access
-    fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     writable = false;
   }
+  if (fd < 0 && errno == ELOOP) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " is a symbolic link; lockd locks only a regular file of its own (remove it)"));
+  }
   if (fd < 0) return ErrnoStatus("open", path, errno);
+  struct stat st {};
+  absl::Status refused;
+  if (fstat(fd, &st) != 0) {
+    refused = ErrnoStatus("fstat", path, errno);
+  } else if (!S_ISREG(st.st_mode)) {
+    refused = absl::FailedPreconditionError(
+        absl::StrCat(path, " is not a regular file; lockd locks only a regular file of its own"));
+  } else if (st.st_uid != geteuid() && st.st_uid != 0) {
+    refused = absl::FailedPreconditionError(absl::StrCat(
+        path, " belongs to uid ", st.st_uid, ", neither lockd's user (uid ", geteuid(),
+        ") nor root; lockd will not lock (or write into) another user's file"));
+  } else if (st.st_nlink != 1) {
+    refused = absl::FailedPreconditionError(absl::StrCat(
+        path, " has ", st.st_nlink, " hard links; lockd locks only a file with one name"));
+  }
+  if (!refused.ok()) {
+    close(fd);
+    return refused;
+  }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     std::string holder(256, '\0');
@@ -109,6 +136,7 @@ absl::StatusOr<int> LockOneFile(const std::string& path, const std::string& owne
         path, " is locked by ", holder.empty() ? "another process" : holder, ": ", rule));
   }
   if (!writable) return fd;  // held, though it cannot say by whom
+  // Held: only now is the previous holder's line replaced.
   absl::Status s;
   if (ftruncate(fd, 0) != 0) s = ErrnoStatus("ftruncate", path, errno);
   if (s.ok()) s = WriteAll(fd, path, owner + "\n", 0);
@@ -185,6 +213,15 @@ class PosixEnv final : public Env {
     const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0) return ErrnoStatus("open", path, errno);
     return std::make_unique<PosixSegment>(fd, path);
+  }
+
+  absl::StatusOr<Kind> KindOf(const std::string& path) override {
+    struct stat st {};
+    if (lstat(path.c_str(), &st) != 0) return ErrnoStatus("lstat", path, errno);
+    if (S_ISREG(st.st_mode)) return Kind::kFile;
+    if (S_ISDIR(st.st_mode)) return Kind::kDirectory;
+    if (S_ISLNK(st.st_mode)) return Kind::kSymlink;
+    return Kind::kOther;
   }
 
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {

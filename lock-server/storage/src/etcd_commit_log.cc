@@ -317,24 +317,37 @@ void EtcdCommitLog::Fail(const absl::Status& s) {
   if (listener_ != nullptr) listener_->OnCommitFault(fault_);
 }
 
-void EtcdCommitLog::DeleteEverything(std::function<void(absl::StatusOr<int64_t>)> done) {
-  RangeRequest count;
-  count.set_key(options_.prefix + "/");
-  count.set_range_end(PrefixEnd(options_.prefix + "/"));
-  count.set_count_only(true);
-  Ask<absl::StatusOr<RangeResponse>>(
-      [count = std::move(count)](EtcdClient& c) { return c.Range(count); },
-      [this, done = std::move(done)](absl::StatusOr<RangeResponse> before) {
-        if (!before.ok()) return done(before.status());
-        Enqueue(Job{[this](std::function<void(absl::Status)> finish) {
-                      Commit({DeleteRange(options_.prefix + "/", PrefixEnd(options_.prefix + "/"))},
-                             [finish](absl::StatusOr<int64_t> r) { finish(r.status()); });
-                    },
-                    [done, n = before->count()](const absl::Status& s) {
-                      if (!s.ok()) return done(s);
-                      done(n);
-                    }});
-      });
+void EtcdCommitLog::DeleteEverything(std::function<void(absl::StatusOr<Deleted>)> done) {
+  ListKeys(options_.prefix + "/", PrefixEnd(options_.prefix + "/"),
+           [this, done = std::move(done)](absl::StatusOr<std::vector<std::string>> keys) {
+             if (!keys.ok()) return done(keys.status());
+             Deleted out;
+             for (std::string& key : *keys) {
+               if (keys_.IsOwn(key)) {
+                 ++out.deleted;
+               } else {
+                 out.left.push_back(std::move(key));
+               }
+             }
+             Enqueue(Job{[this](std::function<void(absl::Status)> finish) {
+                           // Exactly lockd's keys: named ones and its two folders.
+                           std::vector<RequestOp> ops;
+                           for (const std::string& key :
+                                {keys_.format(), keys_.sequences(), keys_.owner_lease(),
+                                 keys_.term(), keys_.head(), keys_.owner()}) {
+                             ops.push_back(DeleteRange(key, ""));
+                           }
+                           ops.push_back(DeleteRange(keys_.log_dir(), PrefixEnd(keys_.log_dir())));
+                           ops.push_back(
+                               DeleteRange(keys_.snapshots(), PrefixEnd(keys_.snapshots())));
+                           Commit(std::move(ops),
+                                  [finish](absl::StatusOr<int64_t> r) { finish(r.status()); });
+                         },
+                         [done, out = std::move(out)](const absl::Status& s) {
+                           if (!s.ok()) return done(s);
+                           done(out);
+                         }});
+           });
 }
 
 // An open under way: holds the log until it is handed over.
@@ -368,9 +381,10 @@ using etcdserverpb::TxnRequest;
 
 // (The endpoints are the client's: GrpcEtcdClient::Create refuses an empty list.)
 absl::Status CheckOptions(const EtcdCommitLogOptions& o) {
-  if (o.prefix.size() < 2 || o.prefix.front() != '/' || o.prefix.back() == '/') {
+  if (o.prefix.size() < 2 || o.prefix.front() != '/' || o.prefix.back() == '/' ||
+      absl::StrContains(o.prefix, "//")) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--etcd-prefix=\"", o.prefix, "\" must start with / and not end with one"));
+        "--etcd-prefix=\"", o.prefix, "\" must start with /, not end with one and have no //"));
   }
   if (o.reservation_block == 0) return absl::InvalidArgumentError("the reservation block must be positive");
   if (o.owner_ttl < absl::Seconds(2) || o.owner_ttl > absl::Hours(1)) {
@@ -405,13 +419,29 @@ absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(const std::string& l
 absl::Status InitEtcdPrefixOn(const EtcdCommitLogOptions& options, EtcdClient& etcd) {
   if (absl::Status s = CheckOptions(options); !s.ok()) return s;
   const Keys keys(options.prefix);
+  // No state around the prefix: its range would hold this one's keys.
+  for (const std::string& around : etcd_keys::Ancestors(options.prefix)) {
+    RangeRequest get;
+    get.set_key(Keys(around).format());
+    get.set_count_only(true);
+    auto found = etcd.Range(get);
+    if (!found.ok()) return found.status();
+    if (found->count() > 0) return absl::FailedPreconditionError(etcd_keys::Nested(around, options.prefix));
+  }
   // Nothing may be under the prefix yet: never mix with another lockd's (or anyone's) keys.
   RangeRequest any;
   any.set_key(options.prefix + "/");
   any.set_range_end(PrefixEnd(options.prefix + "/"));
-  any.set_count_only(true);
+  any.set_keys_only(true);
+  any.set_limit(1000);
   auto existing = etcd.Range(any);
   if (!existing.ok()) return existing.status();
+  for (const auto& kv : existing->kvs()) {
+    if (etcd_keys::IsNestedFormat(options.prefix, kv.key())) {
+      return absl::FailedPreconditionError(
+          etcd_keys::Nested(options.prefix, etcd_keys::StateOf(kv.key())));
+    }
+  }
   if (existing->count() > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "etcd prefix ", options.prefix, " already holds ", existing->count(),
@@ -419,7 +449,12 @@ absl::Status InitEtcdPrefixOn(const EtcdCommitLogOptions& options, EtcdClient& e
   }
   StateMachine empty;
   TxnRequest txn;
-  *txn.add_compare() = NotPresent(keys.format());
+  // The checks above again, in the transaction: two inits of nested prefixes at once cannot
+  // both succeed.
+  *txn.add_compare() = etcd_keys::NothingIn(options.prefix + "/", PrefixEnd(options.prefix + "/"));
+  for (const std::string& around : etcd_keys::Ancestors(options.prefix)) {
+    *txn.add_compare() = NotPresent(Keys(around).format());
+  }
   *txn.add_success() = Put(keys.format(), kEtcdFormat);
   *txn.add_success() = Put(keys.sequences(), EncodeSequences({}));
   *txn.add_success() = Put(keys.chunk(0, 0), EncodeSnapshot(empty, 0));
@@ -427,8 +462,9 @@ absl::Status InitEtcdPrefixOn(const EtcdCommitLogOptions& options, EtcdClient& e
   auto r = etcd.Txn(txn);
   if (!r.ok()) return r.status();
   if (!r->succeeded()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("etcd prefix ", options.prefix, " was initialized meanwhile"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "etcd prefix ", options.prefix,
+        " (or a prefix around or inside it) was initialized meanwhile; nothing was written"));
   }
   return absl::OkStatus();
 }
@@ -491,15 +527,17 @@ std::unique_ptr<EtcdLogOpening> DestroyEtcdPrefixOn(
     out.held = held(*state);
     if (!out.held.empty()) return done(out);
     *deleted = true;
-    op->log()->DeleteEverything([alive, done, deleted, out](absl::StatusOr<int64_t> n) mutable {
-      if (!*alive) return;
-      if (!n.ok()) {
-        *deleted = false;
-        return done(n.status());
-      }
-      out.deleted = *n;
-      done(out);
-    });
+    op->log()->DeleteEverything(
+        [alive, done, deleted, out](absl::StatusOr<EtcdCommitLog::Deleted> n) mutable {
+          if (!*alive) return;
+          if (!n.ok()) {
+            *deleted = false;
+            return done(n.status());
+          }
+          out.deleted = n->deleted;
+          out.left = std::move(n->left);
+          done(out);
+        });
   });
   return opening;
 }

@@ -5,7 +5,10 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "etcd/etcd_kv.pb.h"
 
@@ -34,8 +37,46 @@ struct Keys {
   std::string chunk(uint64_t lsn, uint64_t i) const {
     return chunk_dir(lsn) + absl::StrFormat("%06u", i);
   }
+  // Whether `key` is one lockd writes under this prefix. Everything else under P/ is someone
+  // else's: a nested prefix's state (init and serve refuse those) or keys put there by hand.
+  bool IsOwn(const std::string& key) const {
+    for (const std::string& k : {format(), sequences(), owner(), owner_lease(), term(), head()}) {
+      if (key == k) return true;
+    }
+    return key.starts_with(log_dir()) || key.starts_with(snapshots());
+  }
   std::string prefix;
 };
+
+// The prefixes that contain `prefix`, shortest first: "/a" and "/a/b" for "/a/b/c". Their
+// ranges hold `prefix`'s keys, so none of them may hold a lockd state beside it.
+inline std::vector<std::string> Ancestors(const std::string& prefix) {
+  std::vector<std::string> out;
+  for (size_t i = 1; i < prefix.size(); ++i) {
+    if (prefix[i] == '/') out.push_back(prefix.substr(0, i));
+  }
+  return out;
+}
+
+// Whether `key`, a key under `prefix`/, is the format key of a lockd state nested inside it
+// ("/a/b/format" under "/a"). None of lockd's own keys ends in "/format" but P/format.
+inline bool IsNestedFormat(const std::string& prefix, const std::string& key) {
+  static constexpr std::string_view kFormat = "/format";
+  return key.size() > prefix.size() + 1 + kFormat.size() && key.starts_with(prefix + "/") &&
+         key.ends_with(kFormat);
+}
+// The prefix whose format key `key` is.
+inline std::string StateOf(const std::string& format_key) {
+  return format_key.substr(0, format_key.size() - std::string_view("/format").size());
+}
+
+// Why `outer` and `inner` (inside it) cannot both hold a lockd state.
+inline std::string Nested(const std::string& outer, const std::string& inner) {
+  return absl::StrCat("etcd prefix ", inner, " lies inside etcd prefix ", outer,
+                      " and both would hold a lockd state: ", outer,
+                      "'s keys include every key of ", inner,
+                      ", so destroying one would delete the other's; use prefixes that do not nest");
+}
 
 inline etcdserverpb::RequestOp Put(const std::string& key, std::string value, int64_t lease = 0) {
   etcdserverpb::RequestOp op;
@@ -59,6 +100,14 @@ inline etcdserverpb::Compare NotPresent(const std::string& key) {
   c.set_target(etcdserverpb::Compare::VERSION);
   c.set_result(etcdserverpb::Compare::EQUAL);
   c.set_version(0);
+  return c;
+}
+
+// No key in [key, end) exists (etcd compares every key of a range; an empty range compares as
+// one absent key).
+inline etcdserverpb::Compare NothingIn(const std::string& key, const std::string& end) {
+  etcdserverpb::Compare c = NotPresent(key);
+  c.set_range_end(end);
   return c;
 }
 

@@ -61,9 +61,14 @@ class EtcdCommitLog final : public CommitLog {
   // what recovery found, or why not (posted, never inside this call). Called once.
   using Started = std::function<void(absl::StatusOr<StateMachine>, std::vector<std::string>)>;
   void Start(Started started);
-  // lockd destroy: deletes every key under P/, P/owner included, in one transaction guarded by
-  // the ownership, after what is queued; `done` with how many. Nothing may be appended after.
-  void DeleteEverything(std::function<void(absl::StatusOr<int64_t>)> done);
+  // lockd destroy: deletes every key lockd wrote under P/ (Keys::IsOwn), P/owner included, in
+  // one transaction guarded by the ownership, after what is queued; `done` with how many and
+  // the keys under P/ that are not lockd's, which it leaves. Nothing may be appended after.
+  struct Deleted {
+    int64_t deleted = 0;
+    std::vector<std::string> left;
+  };
+  void DeleteEverything(std::function<void(absl::StatusOr<Deleted>)> done);
 
   void SetListener(CommitLogListener* listener) override { listener_ = listener; }
   void ReserveFor(FenceToken token, SessionId session) override;
@@ -125,6 +130,14 @@ class EtcdCommitLog final : public CommitLog {
   void RangeAll(std::string key, std::string end,
                 std::function<void(absl::StatusOr<std::vector<etcdserverpb::KeyValue>>)> reply,
                 std::vector<etcdserverpb::KeyValue> so_far = {});
+
+  // Every key in [key, end), without values, in key order, a thousand at a time.
+  void ListKeys(std::string key, std::string end,
+                std::function<void(absl::StatusOr<std::vector<std::string>>)> reply,
+                std::vector<std::string> so_far = {});
+  // kFailedPrecondition, naming it, if a prefix `around` this one or one inside it holds a
+  // lockd state (its P/format): their key ranges overlap, so neither may be served.
+  void CheckNotNested(std::vector<std::string> around, std::function<void(absl::Status)> done);
 
   // The start, step by step.
   void Restore();

@@ -86,16 +86,69 @@ void EtcdCommitLog::Start(Started started) {
           absl::StrCat(keys_.format(), " is not a lockd state this lockd can read: \"",
                        absl::CHexEscape((*format)->substr(0, 64)), "\"")));
     }
-    // Ownership: P/owner on a lease of ours, waiting out a dead owner's lease. Renewals go on
-    // from then, also while the state is read: a large state must not cost the ownership
-    // before lockd serves.
-    ownership_->Take(
-        [this](absl::Status taken) {
-          if (!taken.ok()) return FinishStart(taken);
-          Restore();
-        },
-        [this](absl::Status lost) { Fail(lost); });
+    CheckNotNested(etcd_keys::Ancestors(options_.prefix), [this](absl::Status alone) {
+      if (!alone.ok()) return FinishStart(alone);
+      // Ownership: P/owner on a lease of ours, waiting out a dead owner's lease. Renewals go
+      // on from then, also while the state is read: a large state must not cost the ownership
+      // before lockd serves.
+      ownership_->Take(
+          [this](absl::Status taken) {
+            if (!taken.ok()) return FinishStart(taken);
+            Restore();
+          },
+          [this](absl::Status lost) { Fail(lost); });
+    });
   });
+}
+
+void EtcdCommitLog::CheckNotNested(std::vector<std::string> around,
+                                   std::function<void(absl::Status)> done) {
+  if (!around.empty()) {
+    const std::string outer = around.front();
+    around.erase(around.begin());
+    return Get(etcd_keys::Keys(outer).format(),
+               [this, outer, around = std::move(around), done = std::move(done)](
+                   absl::StatusOr<std::optional<std::string>> format) mutable {
+                 if (!format.ok()) return done(format.status());
+                 if (format->has_value()) {
+                   return done(absl::FailedPreconditionError(
+                       etcd_keys::Nested(outer, options_.prefix)));
+                 }
+                 CheckNotNested(std::move(around), std::move(done));
+               });
+  }
+  ListKeys(options_.prefix + "/", PrefixEnd(options_.prefix + "/"),
+           [this, done = std::move(done)](absl::StatusOr<std::vector<std::string>> keys) {
+             if (!keys.ok()) return done(keys.status());
+             for (const std::string& key : *keys) {
+               if (etcd_keys::IsNestedFormat(options_.prefix, key)) {
+                 return done(absl::FailedPreconditionError(
+                     etcd_keys::Nested(options_.prefix, etcd_keys::StateOf(key))));
+               }
+             }
+             done(absl::OkStatus());
+           });
+}
+
+void EtcdCommitLog::ListKeys(std::string key, std::string end,
+                             std::function<void(absl::StatusOr<std::vector<std::string>>)> reply,
+                             std::vector<std::string> so_far) {
+  RangeRequest r;
+  r.set_key(key);
+  r.set_range_end(end);
+  r.set_keys_only(true);
+  r.set_limit(1000);
+  r.set_sort_order(RangeRequest::ASCEND);
+  r.set_sort_target(RangeRequest::KEY);
+  Read(std::move(r),
+       [this, end = std::move(end), so_far = std::move(so_far), reply = std::move(reply)](
+           absl::StatusOr<RangeResponse> got) mutable {
+         if (!got.ok()) return reply(got.status());
+         for (auto& kv : *got->mutable_kvs()) so_far.push_back(std::move(*kv.mutable_key()));
+         if (!got->more() || got->kvs_size() == 0) return reply(std::move(so_far));
+         std::string from = so_far.back() + std::string(1, '\0');
+         ListKeys(std::move(from), std::move(end), std::move(reply), std::move(so_far));
+       });
 }
 
 void EtcdCommitLog::Restore() {

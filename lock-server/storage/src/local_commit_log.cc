@@ -618,6 +618,13 @@ absl::StatusOr<OpenedCommitLog> OpenLocalCommitLog(const LocalCommitLogOptions& 
     if (!locked.ok()) return locked.status();
     dir_lock = std::move(*locked);
   }
+  // A destroy that was interrupted meant this state to go: it is finished, not served.
+  if (options.env->ReadFile(Path(options.dir, kDestroyMarkerFile)).ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        options.dir, " is being destroyed (", kDestroyMarkerFile,
+        "): lockd destroy was interrupted; run lockd destroy --data-dir=", options.dir,
+        " to finish it"));
+  }
   // Restore before anything is written: a directory we cannot trust is never appended to.
   auto recovered = Recover(options.env, options.dir, now);
   if (!recovered.ok()) return recovered.status();

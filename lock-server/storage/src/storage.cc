@@ -86,6 +86,13 @@ std::string SnapshotName(uint64_t lsn) {
   return buf;
 }
 
+bool IsLockdFileName(std::string_view name) {
+  if (name.ends_with(".tmp")) name.remove_suffix(4);
+  const std::string n(name);
+  return n == kFormatFile || n == kSequencesFile || n == kLockFile || n == kCommittedFile ||
+         n == kDestroyMarkerFile || ParseNumbered(n, "wal-") || ParseNumbered(n, "snapshot-");
+}
+
 std::string SegmentName(uint64_t number) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "wal-%020lu", static_cast<unsigned long>(number));
@@ -271,8 +278,7 @@ void ListStateFiles(const std::vector<std::string>& names, const std::string& di
       segments->push_back(*n);
     } else if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
       report.stale_temp_files.push_back(name);
-    } else if (name != kFormatFile && name != kSequencesFile && name != kLockFile &&
-               name != kCommittedFile) {
+    } else if (!IsLockdFileName(name)) {
       report.warnings.push_back(absl::StrCat("ignoring unexpected file ", Path(dir, name)));
     }
   }

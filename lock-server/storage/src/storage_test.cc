@@ -3,6 +3,7 @@
 #include "lock-server/storage.h"
 #include "crc32c.h"
 #include "lock-server/destroy.h"
+#include "lock-server/local_commit_log.h"
 #include "lock-server/testing/recovery.h"
 #include "lock-server/testing/test_envs.h"
 
@@ -556,14 +557,48 @@ TEST_F(StorageTest, DestroyIsRefusedWhileTheDirectoryIsHeldAndForAnythingButASta
   EXPECT_TRUE(env_.ReadFile(P(kFormatFile)).ok());
 }
 
-// A destroy interrupted after FORMAT went (only lockd's files left) is finished by the next.
+// A destroy interrupted after FORMAT went says what it removed, leaves DESTROYING, which no
+// lockd serves, and the next destroy finishes it (issue 59: without the marker, a directory
+// without FORMAT is nobody's to remove).
 TEST_F(StorageTest, AnInterruptedDestroyIsFinishedByTheNext) {
-  ASSERT_TRUE(env_.RemoveFile(P(kFormatFile)).ok());
-  auto done = DestroyStateDir(&env_, kDir, "test");
+  class FailsOneRemove : public MemEnv {
+   public:
+    absl::Status RemoveFile(const std::string& path) override {
+      if (path == fail_ && !failed_) {
+        failed_ = true;
+        return absl::InternalError(absl::StrCat("unlink ", path, ": Input/output error"));
+      }
+      return MemEnv::RemoveFile(path);
+    }
+    std::string fail_ = P(kSequencesFile);
+    bool failed_ = false;
+  } env;
+  ASSERT_TRUE(InitDataDir(&env, kDir, kSegment).ok());
+  auto stopped = DestroyStateDir(&env, kDir, "test");
+  EXPECT_EQ(stopped.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(stopped.status().message(),
+              HasSubstr("removed so far from /state: FORMAT; run lockd destroy again to finish"));
+  EXPECT_TRUE(env.ReadFile(P(kDestroyMarkerFile)).ok());
+  auto served = OpenLocalCommitLog({.env = &env, .dir = kDir}, kNow, nullptr);
+  EXPECT_EQ(served.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(served.status().message(), HasSubstr("lockd destroy was interrupted"));
+
+  auto done = DestroyStateDir(&env, kDir, "test");
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_TRUE(done->removed_dir);
-  EXPECT_TRUE(env_.Files().empty());
-  EXPECT_EQ(env_.ListDir(kDir).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(env.Files().empty());
+  EXPECT_EQ(env.ListDir(kDir).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Without FORMAT and without the marker, the names alone prove nothing: a directory of files
+// that merely look like lockd's is not removed.
+TEST_F(StorageTest, DestroyRemovesNothingFromADirectoryWithoutFormatOrMarker) {
+  ASSERT_TRUE(env_.RemoveFile(P(kFormatFile)).ok());
+  const auto before = env_.Files();
+  auto refused = DestroyStateDir(&env_, kDir, "test");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(refused.status().message(), HasSubstr("nothing removed"));
+  EXPECT_EQ(env_.Files(), before);
 }
 
 }  // namespace

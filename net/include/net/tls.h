@@ -5,11 +5,13 @@
 #define FENCELOCK_NET_TLS_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 struct ssl_ctx_st;  // OpenSSL's SSL_CTX
 struct ssl_st;      // OpenSSL's SSL
@@ -53,9 +55,13 @@ class TlsContext {
   TlsRole role() const { return role_; }
   // This end's own identity ("cn:lockd"), for logs.
   const std::string& identity() const { return identity_; }
-  // What was loaded, for a log line: the identity, the certificate's expiry and the number of
-  // certificates revoked by the CRLs ("cn:lockd, valid until 2027-12-06 10:00:00 UTC, 2 revoked").
+  // What was loaded, for a log line: the identity, the certificate's expiry, the number of
+  // certificates revoked by the CRLs and when their next update is due ("cn:lockd, valid until
+  // Dec  6 10:00:00 2027 GMT, 2 revoked by the CRL, whose next update is due Dec  8 ...").
   const std::string& summary() const { return summary_; }
+  // With CRLs: the earliest next update any of them names (a wall-clock time). Once it passes,
+  // OpenSSL refuses every peer's certificate ("CRL has expired") until a new list is loaded.
+  std::optional<absl::Time> crl_next_update() const { return crl_next_update_; }
 
  private:
   TlsContext(ssl_ctx_st* ctx, TlsRole role, std::string identity, std::string summary)
@@ -64,6 +70,7 @@ class TlsContext {
   TlsRole role_;
   std::string identity_;
   std::string summary_;
+  std::optional<absl::Time> crl_next_update_;
 };
 
 // A TlsContext that follows its files (certificate rotation): Reload() loads them again, and
@@ -83,6 +90,8 @@ class ReloadingTlsContext {
   // Loads the files now (lockd's SIGHUP): the new context's summary, or why the one in force
   // stays.
   absl::StatusOr<std::string> Reload();
+  // The context in force, without looking at the files.
+  std::shared_ptr<TlsContext> InForce() const;
 
  private:
   ReloadingTlsContext(TlsFiles files, TlsRole role, std::string flag_prefix)
@@ -92,7 +101,7 @@ class ReloadingTlsContext {
   const TlsFiles files_;
   const TlsRole role_;
   const std::string flag_prefix_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::shared_ptr<TlsContext> current_ ABSL_GUARDED_BY(mu_);
   std::string stamp_ ABSL_GUARDED_BY(mu_);  // of the files last tried, loaded or not
 };

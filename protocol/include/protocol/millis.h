@@ -10,9 +10,13 @@
 
 namespace fencelock::protocol {
 
-// A negative duration goes as 0; an infinite one as the largest count.
+// A negative duration goes as 0; an infinite one as the largest count. A part of a millisecond
+// counts as a whole one: 0 means "lockd's default" in a TTL, so a positive duration, however
+// small, must never become it (a 0.5 ms TTL is refused by --min-ttl as 5 ms is, not granted as
+// 30 s).
 inline uint64_t ToWireMillis(absl::Duration d) {
-  return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(d)));
+  if (d <= absl::ZeroDuration()) return 0;
+  return static_cast<uint64_t>(absl::ToInt64Milliseconds(absl::Ceil(d, absl::Milliseconds(1))));
 }
 
 // Capped where a count of nanoseconds still fits an int64 (about 292 years), so that no

@@ -27,11 +27,16 @@ struct DestroyOutcome {
 std::vector<std::string> HeldInState(const StateMachine& state);
 
 // Removes the state directory `dir` that `lockd init` made, if it holds nothing (see above).
-// Errors, with nothing removed: kFailedPrecondition when a process holds the directory (naming
-// it, as `lockd serve` would), kNotFound for a directory that is not a state directory, and
-// recovery's errors for a damaged one (it is never removed by this: an operator looks first).
-// A destroy interrupted after it began removing (FORMAT gone, only lockd's files left) is
-// finished by running it again.
+// Removes only the names lockd writes (FORMAT, SEQUENCES, COMMITTED, LOCK, DESTROYING,
+// wal-<20 digits>, snapshot-<20 digits>, and each with ".tmp"), and only regular files; never
+// follows a symbolic link, `dir` included. Before FORMAT goes, it writes DESTROYING; a destroy
+// interrupted at any point after that is finished by running it again. Errors (each message
+// ends with what was removed: "nothing removed", or the list and how to finish):
+// kFailedPrecondition when a process holds the directory (naming it, as `lockd serve` would),
+// for a symbolic link, and for one of lockd's names that is not a regular file; kNotFound for
+// a directory that is not a state directory (no FORMAT and no DESTROYING; an empty directory
+// is simply removed); recovery's errors for a damaged one (it is never removed by this: an
+// operator looks first).
 absl::StatusOr<DestroyOutcome> DestroyStateDir(Env* env, const std::string& dir,
                                                const std::string& owner);
 

@@ -41,7 +41,9 @@ class FileLock {
 // An exclusive flock on `path` on the real file system (created 0644 if missing; another
 // user's file is locked read-only), whose content then names `owner`: for a lock of the whole
 // host, such as the admission namespace's. Held elsewhere: kFailedPrecondition naming the
-// holder and ending in `rule`.
+// holder and ending in `rule`. Never follows a symbolic link: kFailedPrecondition for one, and
+// for anything but a regular file with one link owned by this process's user or root (the
+// path may be in a world-writable directory such as /run/lock).
 absl::StatusOr<std::unique_ptr<FileLock>> LockHostFile(const std::string& path,
                                                        const std::string& owner,
                                                        const std::string& rule);
@@ -70,6 +72,9 @@ class Env {
                                                                      uint64_t size) = 0;
   // Opens an existing segment for writing in place.
   virtual absl::StatusOr<std::unique_ptr<SegmentFile>> OpenSegment(const std::string& path) = 0;
+  // What `path` itself is, never following a symbolic link (lstat). kNotFound if missing.
+  enum class Kind { kFile, kDirectory, kSymlink, kOther };
+  virtual absl::StatusOr<Kind> KindOf(const std::string& path) = 0;
   // Names (not paths) of the entries in `dir`. kNotFound if `dir` does not exist.
   virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) = 0;
   // Removes a file; durable once the directory is synced by a later atomic write or SyncDir.

@@ -152,14 +152,17 @@ std::unique_ptr<EtcdLogOpening> OpenEtcdCommitLog(const EtcdCommitLogOptions& op
 struct EtcdDestroyOutcome {
   std::vector<std::string> held;  // what `held` found: not empty, nothing was deleted
   int64_t deleted = 0;            // the keys deleted under the prefix
+  std::vector<std::string> left;  // keys under the prefix lockd did not write, left in place
 };
 using EtcdDestroyed = std::function<void(absl::StatusOr<EtcdDestroyOutcome>)>;
 
 // `lockd destroy --etcd`: the exact cleanup of a prefix. Takes the prefix's ownership as a
 // serving lockd does (refused while one serves it, naming it, after owner_wait; and no lockd
 // can start on it meanwhile), restores the state, and asks `held` what it holds. Only if
-// nothing, it deletes every key under `prefix/` (and nothing else) in one transaction guarded
-// by that ownership. Errors, with nothing deleted: OpenEtcdCommitLogOn's, and etcd's.
+// nothing, it deletes every key lockd wrote under `prefix/` (and nothing else: keys put there
+// by hand are left and listed) in one transaction guarded by that ownership. Refused, like a
+// start, while a prefix around or inside this one holds a lockd state. Errors, with nothing
+// deleted: OpenEtcdCommitLogOn's, and etcd's.
 std::unique_ptr<EtcdLogOpening> DestroyEtcdPrefixOn(
     const EtcdCommitLogOptions& options, TimeSource* time, std::unique_ptr<EtcdCalls> etcd,
     std::function<std::vector<std::string>(const StateMachine&)> held, EtcdDestroyed done);

@@ -33,6 +33,9 @@ inline constexpr char kSequencesFile[] = "SEQUENCES";
 // Held (flock) by the one server of a state directory for its whole life; names that server.
 inline constexpr char kLockFile[] = "LOCK";
 inline constexpr char kCommittedFile[] = "COMMITTED";
+// Written by `lockd destroy` before it removes FORMAT: the directory is a state being removed,
+// and the next destroy finishes it.
+inline constexpr char kDestroyMarkerFile[] = "DESTROYING";
 inline constexpr uint64_t kSegmentHeaderBytes = 32;
 inline constexpr uint64_t kRecordHeaderBytes = 16;
 inline constexpr uint64_t kDefaultSegmentBytes = uint64_t{64} << 20;
@@ -46,6 +49,10 @@ absl::Status CheckSegmentBytes(uint64_t segment_bytes);
 
 std::string SnapshotName(uint64_t lsn);
 std::string SegmentName(uint64_t number);
+// Whether lockd writes files named `name` in a state directory, exactly: its fixed files, its
+// numbered segments and snapshots, and the temporary name of any of them (".tmp": an atomic
+// write that a crash interrupted). Anything else, however it is named, is someone else's.
+bool IsLockdFileName(std::string_view name);
 
 struct Sequences {
   FenceToken token_hwm;   // no token above this has been handed out

@@ -55,6 +55,15 @@ absl::StatusOr<std::unique_ptr<SegmentFile>> MemEnv::OpenSegment(const std::stri
   return std::make_unique<MemSegment>(this, path);
 }
 
+absl::StatusOr<Env::Kind> MemEnv::KindOf(const std::string& path) {
+  absl::MutexLock lock(&mu_);
+  if (files_.contains(path)) return Kind::kFile;
+  if (dirs_.contains(path)) return Kind::kDirectory;
+  auto next = files_.lower_bound(path + "/");
+  if (next != files_.end() && next->first.rfind(path + "/", 0) == 0) return Kind::kDirectory;
+  return absl::NotFoundError(absl::StrCat("lstat ", path, ": no such file or directory"));
+}
+
 absl::StatusOr<std::vector<std::string>> MemEnv::ListDir(const std::string& dir) {
   absl::MutexLock lock(&mu_);
   const std::string prefix = dir + "/";

@@ -28,6 +28,8 @@ class MemEnv : public Env {
                                                              std::string_view header,
                                                              uint64_t size) override;
   absl::StatusOr<std::unique_ptr<SegmentFile>> OpenSegment(const std::string& path) override;
+  // Only files and directories: a path with files under it, or made by CreateDir, is one.
+  absl::StatusOr<Kind> KindOf(const std::string& path) override;
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override;
   absl::Status RemoveFile(const std::string& path) override;
   absl::Status RemoveDir(const std::string& dir) override;
@@ -71,6 +73,7 @@ class FaultInjectingEnv : public Env {
                                                              std::string_view header,
                                                              uint64_t size) override;
   absl::StatusOr<std::unique_ptr<SegmentFile>> OpenSegment(const std::string& path) override;
+  absl::StatusOr<Kind> KindOf(const std::string& path) override { return base_->KindOf(path); }
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
     return base_->ListDir(dir);
   }
