@@ -105,12 +105,15 @@ bool AsksForHelp(absl::string_view arg) {
     if (absl::StrContains(flag->Filename(), "absl/")) continue;
     flags.emplace(std::string(name), flag);
   }
-  std::string text = absl::StrCat(absl::ProgramUsageMessage(), "\n\n  Flags (--name or --name=value; dashes or underscores):\n");
+  std::string text = absl::StrCat(absl::ProgramUsageMessage(),
+                                  "\n\n  Flags (--name or --name=value; dashes or underscores):\n");
   for (const auto& [name, flag] : flags) {
     absl::StrAppend(&text, "    --", name, " (", flag->Help(), "); default: ",
                     flag->DefaultValue().empty() ? "\"\"" : flag->DefaultValue(), ";\n");
   }
-  absl::StrAppend(&text, "    --flagfile (files of flags, one a line; # starts a comment); default: \"\";\n");
+  absl::StrAppend(&text,
+                  "    --flagfile (files of flags, one a line; # starts a comment); default: "
+                  "\"\";\n");
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
   std::exit(0);

@@ -590,12 +590,11 @@ int DestroyEtcd(const std::string& etcd) {
   Log().Info(absl::StrCat("destroyed the state under etcd prefix ", prefix, ": deleted ",
                           out->deleted, " keys lockd wrote under ", prefix, "/"));
   if (!out->left.empty()) {
+    const size_t shown = std::min<size_t>(out->left.size(), 20);
     Log().Warning(absl::StrCat("left ", out->left.size(), " keys under ", prefix,
                                "/ that lockd did not write: ",
-                               absl::StrJoin(out->left.begin(),
-                                             out->left.begin() + std::min<size_t>(out->left.size(), 20),
-                                             ", "),
-                               out->left.size() > 20 ? ", ..." : ""));
+                               absl::StrJoin(out->left.begin(), out->left.begin() + shown, ", "),
+                               out->left.size() > shown ? ", ..." : ""));
   }
   return 0;
 }

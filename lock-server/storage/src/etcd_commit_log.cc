@@ -426,7 +426,9 @@ absl::Status InitEtcdPrefixOn(const EtcdCommitLogOptions& options, EtcdClient& e
     get.set_count_only(true);
     auto found = etcd.Range(get);
     if (!found.ok()) return found.status();
-    if (found->count() > 0) return absl::FailedPreconditionError(etcd_keys::Nested(around, options.prefix));
+    if (found->count() > 0) {
+      return absl::FailedPreconditionError(etcd_keys::Nested(around, options.prefix));
+    }
   }
   // Nothing may be under the prefix yet: never mix with another lockd's (or anyone's) keys.
   RangeRequest any;

@@ -75,7 +75,8 @@ inline std::string Nested(const std::string& outer, const std::string& inner) {
   return absl::StrCat("etcd prefix ", inner, " lies inside etcd prefix ", outer,
                       " and both would hold a lockd state: ", outer,
                       "'s keys include every key of ", inner,
-                      ", so destroying one would delete the other's; use prefixes that do not nest");
+                      ", so destroying one would delete the other's; use prefixes that do not "
+                      "nest");
 }
 
 inline etcdserverpb::RequestOp Put(const std::string& key, std::string value, int64_t lease = 0) {
