@@ -419,16 +419,31 @@ absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(const std::string& l
 absl::Status InitEtcdPrefixOn(const EtcdCommitLogOptions& options, EtcdClient& etcd) {
   if (absl::Status s = CheckOptions(options); !s.ok()) return s;
   const Keys keys(options.prefix);
-  // No state around the prefix: its range would hold this one's keys.
+  // No state around the prefix: its range would hold this one's keys. A user whose role
+  // reaches only its own prefix cannot look there: those prefixes go unchecked (and are said
+  // to), and one initialized there refuses to serve once it sees this one inside it.
+  std::vector<std::string> checked;
   for (const std::string& around : etcd_keys::Ancestors(options.prefix)) {
     RangeRequest get;
     get.set_key(Keys(around).format());
     get.set_count_only(true);
     auto found = etcd.Range(get);
+    if (absl::IsPermissionDenied(found.status())) {
+      const std::string line = absl::StrCat(
+          "lockd init: cannot tell whether etcd prefix ", around, " (around ", options.prefix,
+          ") holds a lockd state: etcd refused the read (", found.status().message(), ")");
+      if (options.log) {
+        options.log(line);
+      } else {
+        logging::Lockd().Warning(line);
+      }
+      continue;
+    }
     if (!found.ok()) return found.status();
     if (found->count() > 0) {
       return absl::FailedPreconditionError(etcd_keys::Nested(around, options.prefix));
     }
+    checked.push_back(around);
   }
   // Nothing may be under the prefix yet: never mix with another lockd's (or anyone's) keys.
   RangeRequest any;
@@ -454,9 +469,7 @@ absl::Status InitEtcdPrefixOn(const EtcdCommitLogOptions& options, EtcdClient& e
   // The checks above again, in the transaction: two inits of nested prefixes at once cannot
   // both succeed.
   *txn.add_compare() = etcd_keys::NothingIn(options.prefix + "/", PrefixEnd(options.prefix + "/"));
-  for (const std::string& around : etcd_keys::Ancestors(options.prefix)) {
-    *txn.add_compare() = NotPresent(Keys(around).format());
-  }
+  for (const std::string& around : checked) *txn.add_compare() = NotPresent(Keys(around).format());
   *txn.add_success() = Put(keys.format(), kEtcdFormat);
   *txn.add_success() = Put(keys.sequences(), EncodeSequences({}));
   *txn.add_success() = Put(keys.chunk(0, 0), EncodeSnapshot(empty, 0));
