@@ -125,6 +125,9 @@ std::string HeartbeatPlot(const std::vector<HeartbeatVariant>& variants, double 
 std::string CyclesPlot(const std::vector<System>& systems, const std::vector<int>& clients,
                        const std::vector<std::vector<Runs>>& runs, const std::string& data_path);
 std::string MarginPlot(const std::vector<MarginPoint>& points, const std::string& data_path);
+// The scale workload's points (results.json's scale.held_locks): the cycle rate and the client's
+// CPU per cycle against the locks held, on a log scale.
+std::string ScalePlot(const Json& points, const std::string& data_path);
 // Runs `body` through `gnuplot` into DIR/NAME.png.
 absl::Status Gnuplot(const std::string& gnuplot, const std::string& dir, const std::string& name,
                      const std::string& body);
@@ -151,6 +154,9 @@ struct Settings {
   int library_sessions;
   std::string redis_binary, etcd_binary;
   double threshold_ms;  // ADR-006 6.5: lease x margin / 3
+  bool run_heartbeat = true, run_cycles = true, run_margin = true, run_payout = true;  // --workloads
+  std::vector<size_t> scale_held;  // --scale-held (empty: no scale workload)
+  double scale_seconds = 5;
   std::string root;     // where the servers' data goes, under $TMPDIR
 };
 
@@ -158,7 +164,8 @@ struct Settings {
 // plots' data, and whether any figure is not to be trusted.
 struct Report {
   Json json = Json::object();
-  std::string table, library_table, cycles_table, margin_table, scaling_table;
+  std::string table, library_table, cycles_table, margin_table, scaling_table, scale_table;
+  Json scale_points = Json::array();  // results.json's scale.held_locks
   std::vector<HeartbeatVariant> variants;
   std::vector<System> systems;
   std::vector<std::vector<Runs>> runs;  // [system][client count]
@@ -176,6 +183,8 @@ absl::Status RunCycleWorkloads(const Settings& s, Report& report);
 void RunMarginSweepWorkload(const Settings& s, Report& report);
 // payout_scaling.cc, with --demo.
 void RunPayoutScaling(const Settings& s, Report& report);
+// scale.cc: the cost at each size of the work (--scale-held).
+absl::Status RunScaleWorkloads(const Settings& s, Report& report);
 // report.cc: prints the summary; with --out, writes results.json, summary.md and the plots.
 void WriteReport(const Settings& s, const Percentiles& fsync, const Percentiles& loopback,
                  Report& report);

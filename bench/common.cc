@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -72,6 +73,13 @@ void Report(const CycleResult& r, const std::string& label) {
 
 }  // namespace
 
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
+
 CycleResult RunCycles(const CyclerFactory& make, int clients, double seconds,
                       const std::string& label) {
   std::atomic<bool> go{false}, stop{false};
@@ -106,6 +114,7 @@ CycleResult RunCycles(const CyclerFactory& make, int clients, double seconds,
     });
   }
   while (ready.load() < static_cast<size_t>(clients)) absl::SleepFor(absl::Milliseconds(5));
+  const double cpu_start = ProcessCpuSeconds();
   const MonoTime start = Now();
   const MonoTime end = start + absl::Seconds(seconds);
   go = true;
@@ -122,6 +131,7 @@ CycleResult RunCycles(const CyclerFactory& make, int clients, double seconds,
   }
   const uint64_t counted = cycles.load();
   const double elapsed = absl::ToDoubleSeconds(Now() - start);
+  r.process_cpu_seconds = ProcessCpuSeconds() - cpu_start;
   stop = true;
   for (std::thread& t : threads) t.join();
   EndProgress();

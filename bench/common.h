@@ -44,9 +44,13 @@ class Cycler {
 // before its first cycle. Not timed.
 using CyclerFactory = std::function<absl::StatusOr<std::unique_ptr<Cycler>>(int client)>;
 
+// The CPU time (user + system) this process has used so far.
+double ProcessCpuSeconds();
+
 struct CycleResult {
   double cycles_per_second = 0;
   std::vector<int64_t> acquire_ns;  // every cycle's acquire
+  double process_cpu_seconds = 0;   // the whole process's CPU while the cycles were counted
   size_t errors = 0;
   std::string first_error;
 };

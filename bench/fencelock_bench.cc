@@ -21,7 +21,9 @@
 //     figure is the min / median / max over --rounds;
 //   - margin sweep: the payout demo's processes at each margin and TTL (margin_sweep.h);
 //   - payout scaling (--demo): the payout demo without faults at each of --scaling-workers,
-//     interleaved rounds, with its reconciliation (paid once, the must-be-zero counters).
+//     interleaved rounds, with its reconciliation (paid once, the must-be-zero counters);
+//   - scale: how the cost grows with the size of the work (scale.cc), at each of --scale-held.
+// --workloads picks some of them.
 // Progress goes to stderr (workload, elapsed, current rate). With --out, DIR gets results.json,
 // summary.md and the PNG plots (gnuplot); the summary also goes to stdout.
 //
@@ -95,6 +97,12 @@ ABSL_FLAG(std::string, demo, "",
           "and --worker)");
 ABSL_FLAG(std::string, scaling_workers, "1,4,8", "worker counts of the payout scaling workload");
 ABSL_FLAG(int, scaling_payouts, 300, "payouts each payout scaling run pays");
+ABSL_FLAG(std::string, workloads, "heartbeat,cycles,margin,payout,scale",
+          "the workloads to run, of heartbeat, cycles, margin (with --rail), payout (with --demo), "
+          "scale");
+ABSL_FLAG(std::string, scale_held, "1000,10000,100000",
+          "the scale workload: locks held by the benchmark's process at each point");
+ABSL_FLAG(double, scale_seconds, 5.0, "the scale workload: measuring time of each point");
 
 namespace fencelock::bench {
 namespace {
@@ -301,6 +309,29 @@ absl::StatusOr<Settings> ReadSettings() {
     }
     only.emplace_back(key);
   }
+  std::vector<size_t> scale_held;
+  if (!ParseList<size_t>("scale-held", absl::GetFlag(FLAGS_scale_held), 1, 10'000'000,
+                         &scale_held, &error)) {
+    return absl::InvalidArgumentError(error);
+  }
+  const double scale_seconds = absl::GetFlag(FLAGS_scale_seconds);
+  if (!(scale_seconds > 0 && scale_seconds <= 600)) {
+    return absl::InvalidArgumentError("--scale-seconds must be in (0, 600]");
+  }
+  std::vector<std::string> workloads;
+  for (absl::string_view w : absl::StrSplit(absl::GetFlag(FLAGS_workloads), ',', absl::SkipEmpty())) {
+    static const std::vector<std::string> kKnown = {"heartbeat", "cycles", "margin", "payout",
+                                                    "scale"};
+    if (std::find(kKnown.begin(), kKnown.end(), w) == kKnown.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("--workloads: no workload \"", std::string(w),
+                                                     "\"; the workloads are ",
+                                                     absl::StrJoin(kKnown, ", ")));
+    }
+    workloads.emplace_back(w);
+  }
+  auto wants = [&](const char* w) {
+    return std::find(workloads.begin(), workloads.end(), w) != workloads.end();
+  };
   const std::string rail = absl::GetFlag(FLAGS_rail), worker = absl::GetFlag(FLAGS_worker);
   if (rail.empty() != worker.empty()) return absl::InvalidArgumentError("--rail and --worker go together (the margin sweep)");
   const std::string demo = absl::GetFlag(FLAGS_demo);
@@ -317,7 +348,11 @@ absl::StatusOr<Settings> ReadSettings() {
                   .heartbeat = absl::GetFlag(FLAGS_heartbeat),
                   .library_sessions = absl::GetFlag(FLAGS_library_sessions),
                   .redis_binary = absl::GetFlag(FLAGS_redis), .etcd_binary = absl::GetFlag(FLAGS_etcd),
-                  .threshold_ms = absl::ToDoubleMilliseconds(ttl) * margin / 3};
+                  .threshold_ms = absl::ToDoubleMilliseconds(ttl) * margin / 3,
+                  .run_heartbeat = wants("heartbeat"), .run_cycles = wants("cycles"),
+                  .run_margin = wants("margin"), .run_payout = wants("payout"),
+                  .scale_held = wants("scale") ? scale_held : std::vector<size_t>(),
+                  .scale_seconds = scale_seconds};
 }
 
 int Main() {
@@ -335,10 +370,15 @@ int Main() {
   const Percentiles loopback = LoopbackFloor();
   Report report;
   report.json["floors"] = {{"fdatasync_4k", ToJson(fsync)}, {"loopback_rtt", ToJson(loopback)}};
-  if (absl::Status st = RunHeartbeatWorkloads(s, report); !st.ok()) return Fail(std::string(st.message()));
-  if (absl::Status st = RunCycleWorkloads(s, report); !st.ok()) return Fail(std::string(st.message()));
-  RunMarginSweepWorkload(s, report);
-  RunPayoutScaling(s, report);
+  if (s.run_heartbeat) {
+    if (absl::Status st = RunHeartbeatWorkloads(s, report); !st.ok()) return Fail(std::string(st.message()));
+  }
+  if (s.run_cycles) {
+    if (absl::Status st = RunCycleWorkloads(s, report); !st.ok()) return Fail(std::string(st.message()));
+  }
+  if (s.run_margin) RunMarginSweepWorkload(s, report);
+  if (s.run_payout) RunPayoutScaling(s, report);
+  if (absl::Status st = RunScaleWorkloads(s, report); !st.ok()) return Fail(std::string(st.message()));
   report.json["versions"] = report.versions;
   report.json["total_seconds"] = absl::ToDoubleSeconds(Now() - run_start);
   WriteReport(s, fsync, loopback, report);

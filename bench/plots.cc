@@ -164,4 +164,23 @@ std::string MarginPlot(const std::vector<MarginPoint>& points, const std::string
   return plot + "unset multiplot\n";
 }
 
+std::string ScalePlot(const Json& points, const std::string& data_path) {
+  std::ofstream data(data_path);
+  data << "# held cycles_per_second acquire_p99_ms client_cpu_us_per_cycle\n";
+  for (const Json& p : points) {
+    data << p["held"].get<size_t>() << " " << p["cycles_per_second"].get<double>() << " "
+         << p["acquire"]["p99_ms"].get<double>() << " "
+         << p["client_cpu_us_per_cycle"].get<double>() << "\n";
+  }
+  return absl::StrCat(
+      "set multiplot layout 2,1\nset logscale x\nset xlabel 'locks held by the process'\n"
+      "set title 'Lock cycles of 8 Clients beside the locks the process holds'\n"
+      "set ylabel 'cycles per second'\nset yrange [0:*]\n"
+      "plot '", data_path, "' using 1:2 with linespoints lw 2 title 'cycles/s'\n"
+      "set title 'CPU of the process per cycle (its heartbeats included)'\n"
+      "set ylabel 'microseconds'\nset yrange [0:*]\n"
+      "plot '", data_path, "' using 1:4 with linespoints lw 2 title 'CPU per cycle'\n"
+      "unset multiplot\n");
+}
+
 }  // namespace fencelock::bench

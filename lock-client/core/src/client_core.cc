@@ -166,7 +166,7 @@ uint64_t ClientCore::Release(MonoTime now, const std::shared_ptr<LeaseState>& le
   }
   bool was_held = false;
   if (auto it = held_.find(lease->lock()); it != held_.end() && it->second.state == lease) {
-    held_.erase(it);
+    held_.Erase(it);
     was_held = true;
   }
   if (const LossReason lost = lease->Check(now); lost != LossReason::kNone) {
@@ -243,7 +243,7 @@ uint64_t ClientCore::Validate(MonoTime now, const std::shared_ptr<LeaseState>& l
 uint64_t ClientCore::Close(MonoTime now) {
   const uint64_t id = NewOp(OpKind::kClose);
   for (auto& [name, held] : held_) held.state->MarkLost(LossReason::kReleased);
-  held_.clear();
+  held_.Clear();
   std::vector<uint64_t> others;
   for (const auto& [op, o] : ops_) {
     if (op != id) others.push_back(op);
@@ -280,7 +280,7 @@ uint64_t ClientCore::Send(MonoTime now, wire::Request request, Pending pending) 
   for (wire::Request& release : deferred_) {
     const uint64_t rid = next_id();
     release.set_request_id(rid);
-    pending_.emplace(rid, Pending{.kind = Kind::kUnawaitedRelease, .t_send = now,
+    pending_.Emplace(rid, Pending{.kind = Kind::kUnawaitedRelease, .t_send = now,
                                   .session = release.release().session_id(),
                                   .lock = release.release().lock(),
                                   .token = release.release().token()});
@@ -290,15 +290,15 @@ uint64_t ClientCore::Send(MonoTime now, wire::Request request, Pending pending) 
   const uint64_t rid = next_id();
   request.set_request_id(rid);
   pending.t_send = now;  // D2: the request is written after this call, never before
-  pending_.emplace(rid, std::move(pending));
+  pending_.Emplace(rid, std::move(pending));
   actions_.sends.push_back(Outgoing{conn_, std::move(request)});
   return rid;
 }
 
 absl::Duration ClientCore::HeartbeatIntervalWith(absl::Duration ttl) const {
   if (options_.heartbeat_interval > absl::ZeroDuration()) return options_.heartbeat_interval;
-  absl::Duration shortest = std::min(ttl, session_id_ != 0 ? session_ttl_ : options_.session_ttl);
-  for (const auto& [name, held] : held_) shortest = std::min(shortest, held.state->ttl());
+  const absl::Duration shortest = std::min(
+      {ttl, session_id_ != 0 ? session_ttl_ : options_.session_ttl, held_.ShortestTtl()});
   absl::Duration interval = shortest / 3;
   // Right before a heartbeat a lease has usable − interval left. Keep that above the costliest
   // declared step, with room for one more interval, so that D4 does not refuse a step on a
@@ -473,7 +473,7 @@ void ClientCore::Publish(MonoTime now, uint64_t id, Op& op, uint64_t token,
                      "lock \"", op.lock, "\" was granted, but its lease ran out before use")));
     return;
   }
-  held_[op.lock] = Held{state, lock_deadline};
+  held_.Put(op.lock, Held{state, lock_deadline});
   // A lock with a shorter TTL than those held so far shortens the period from now on.
   if (!beat_in_flight_) next_beat_ = std::min(next_beat_, now + HeartbeatInterval());
   Complete(id, absl::OkStatus(), std::move(state));

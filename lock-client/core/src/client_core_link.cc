@@ -137,7 +137,7 @@ void ClientCore::LinkLost(MonoTime now) {
   }
   deferred_.clear();
   // Every request in flight failed: none of them extends anything (D5).
-  std::map<uint64_t, Pending> pending = std::exchange(pending_, {});
+  std::map<uint64_t, Pending> pending = pending_.TakeAll();
   bool beat_failed = false;
   for (auto& [rid, p] : pending) {
     auto op = ops_.find(p.op);
@@ -236,7 +236,7 @@ void ClientCore::LoseSession(MonoTime now, LossReason reason) {
     if (held.state->Check(now) == LossReason::kNone) CountLoss(reason);
     LoseLease(held.state, reason);
   }
-  held_.clear();
+  held_.Clear();
   unsettled_.clear();  // the session's locks went with it
   recent_releases_.clear();
   session_id_ = 0;

@@ -36,7 +36,7 @@ void ClientCore::OnResponse(MonoTime now, uint64_t conn, const wire::Response& r
     return;
   }
   Pending p = std::move(it->second);
-  pending_.erase(it);
+  pending_.Erase(it);
   if (r.code() == wire::SESSION_NOT_FOUND && p.session != 0 && p.session == session_id_ &&
       p.kind != Kind::kResume) {
     // lockd no longer has the session: every lock it held is gone.
@@ -98,7 +98,7 @@ void ClientCore::OnResponse(MonoTime now, uint64_t conn, const wire::Response& r
         const std::shared_ptr<LeaseState> lease = op->second.lease;
         if (lease->Check(now) == LossReason::kNone) CountLoss(LossReason::kFencedOut);
         if (auto h = held_.find(lease->lock()); h != held_.end() && h->second.state == lease) {
-          held_.erase(h);
+          held_.Erase(h);
         }
         LoseLease(lease, LossReason::kFencedOut);
       }
@@ -204,7 +204,7 @@ void ClientCore::OnKeepAliveReply(MonoTime now, Pending& p, const wire::Response
         fenced_out_.Increment();
         if (ours) {
           if (state->Check(now) == LossReason::kNone) CountLoss(LossReason::kFencedOut);
-          held_.erase(it);
+          held_.Erase(it);
         }
         LoseLease(state, LossReason::kFencedOut);
         status = absl::AbortedError(absl::StrCat(LeaseName(*state), " was fenced out"));
@@ -218,13 +218,12 @@ void ClientCore::OnKeepAliveReply(MonoTime now, Pending& p, const wire::Response
           held.lock_deadline, UsableDeadline(p.t_send, state->ttl(), options_.safety_margin));
       // Refused (and left to the sweep) if the deadline had already passed: a lease that ran
       // out stays lost even if a renewal sent before that moment succeeds afterwards.
-      state->Extend(std::min(held.lock_deadline, session_deadline_), now);
+      if (state->Extend(std::min(held.lock_deadline, session_deadline_), now)) held_.Touch(state);
     }
-    absl::Duration least = absl::InfiniteDuration();
-    for (const auto& [name, held] : held_) least = std::min(least, held.state->deadline() - now);
+    Sweep(now);
+    const absl::Duration least = held_.EarliestDeadline() - now;
     remaining_gauge_.Set(held_.empty() ? 0.0
                                        : absl::ToDoubleSeconds(std::max(least, absl::ZeroDuration())));
-    Sweep(now);
   }
   if (p.background) HeartbeatDone(now, answered);
   if (p.op != 0) Complete(p.op, status);
@@ -288,7 +287,7 @@ void ClientCore::OnAcquireReply(MonoTime now, Pending& p, const wire::Response& 
                               "; retry to open a new one")));
   }
   if (r.code() == wire::INVALID_ARGUMENT && r.acquire().token() != 0 &&
-      r.acquire().lock() == op.lock && p.session == session_id_ && held_.count(op.lock) == 0 &&
+      r.acquire().lock() == op.lock && p.session == session_id_ && !held_.contains(op.lock) &&
       unsettled_.count(op.lock) == 0 && !op.released_orphan) {
     // lockd says this session holds the lock already, yet this client holds no lease of it:
     // an earlier Acquire was granted and committed while its answer was lost (its replica was
@@ -344,14 +343,10 @@ void ClientCore::OnGrantRenewalReply(MonoTime now, Pending& p, const wire::Respo
 // ---- time ----
 
 void ClientCore::Sweep(MonoTime now) {
-  for (auto it = held_.begin(); it != held_.end();) {
-    const LossReason reason = it->second.state->Check(now);
-    if (reason == LossReason::kNone) {
-      ++it;
-      continue;
-    }
-    const std::shared_ptr<LeaseState> state = it->second.state;
-    it = held_.erase(it);
+  while (std::shared_ptr<LeaseState> state = held_.NextDue(now)) {
+    const LossReason reason = state->Check(now);
+    if (reason == LossReason::kNone) continue;  // (not due: NextDue says only what is)
+    held_.Erase(held_.find(state->lock()));
     if (reason != LossReason::kDeadlinePassed) continue;  // told elsewhere
     CountLoss(reason);
     LoseLease(state, reason);
@@ -365,11 +360,7 @@ void ClientCore::Sweep(MonoTime now) {
 
 void ClientCore::OnTick(MonoTime now) {
   // Requests that ran out of time.
-  std::vector<uint64_t> due;
-  for (const auto& [rid, p] : pending_) {
-    if (p.timeout_at <= now) due.push_back(rid);
-  }
-  for (uint64_t rid : due) {
+  for (uint64_t rid : pending_.Due(now)) {
     auto it = pending_.find(rid);
     if (it == pending_.end()) continue;  // the link went with an earlier one
     Pending& p = it->second;
@@ -381,7 +372,7 @@ void ClientCore::OnTick(MonoTime now) {
         RecordRtt(std::max(p.timeout_at - p.t_send, now - p.t_send));
         heartbeat_failures_.Increment();
         Pending copy = std::move(p);
-        pending_.erase(it);
+        pending_.Erase(it);
         RememberLate(rid, copy.session);
         if (alive) {
           Complete(copy.op, absl::DeadlineExceededError(absl::StrCat(
@@ -417,11 +408,11 @@ void ClientCore::OnTick(MonoTime now) {
         }
         // Kept without an operation: a grant that comes after all is given back.
         p.op = 0;
-        p.timeout_at = MonoTime::Max();
+        pending_.SetTimeout(it, MonoTime::Max());
         break;
       case Kind::kGrantRenewal: {
         Pending copy = std::move(p);
-        pending_.erase(it);
+        pending_.Erase(it);
         RememberLate(rid, copy.session);
         OnGrantRenewalReply(now, copy, nullptr);
         break;
@@ -444,14 +435,14 @@ void ClientCore::OnTick(MonoTime now) {
         }
         p.kind = Kind::kRelinquish;
         p.op = 0;
-        p.timeout_at = MonoTime::Max();
+        pending_.SetTimeout(it, MonoTime::Max());
         break;
       case Kind::kValidate:
       case Kind::kClose: {
         const uint64_t op = p.op;
         const Kind kind = p.kind;
         RememberLate(rid, p.session);
-        pending_.erase(it);
+        pending_.Erase(it);
         if (alive) {
           Complete(op, kind == Kind::kClose
                            ? absl::OkStatus()
@@ -485,8 +476,7 @@ void ClientCore::OnTick(MonoTime now) {
 
 MonoTime ClientCore::NextWakeup() const {
   MonoTime next = MonoTime::Max();
-  for (const auto& [rid, p] : pending_) next = std::min(next, p.timeout_at);
-  for (const auto& [name, held] : held_) next = std::min(next, held.state->deadline());
+  next = std::min({next, pending_.NextTimeout(), held_.EarliestDeadline()});
   if (Ready() && !beat_in_flight_) next = std::min(next, next_beat_);
   if (link_ == Link::kDown && (want_session_ || session_id_ != 0 || !waiting_.empty())) {
     next = std::min(next, redial_at_);

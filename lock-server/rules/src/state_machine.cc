@@ -306,7 +306,7 @@ void StateMachine::PostponeExpiries(absl::Duration d) {
   for (auto& [lock, state] : locks_) {
     for (HolderState& h : state.holders) {
       h.expires_at = h.expires_at + d;
-      lock_expiry_.emplace(h.expires_at, lock, h.token);
+      lock_expiry_.emplace(std::make_pair(h.expires_at, h.token), lock);
     }
     if (state.delay_all.has_value()) {
       state.delay_all->until = state.delay_all->until + d;
@@ -339,7 +339,7 @@ void StateMachine::RestartLeases(MonoTime now) {
   for (auto& [lock, state] : locks_) {
     for (HolderState& h : state.holders) {
       h.expires_at = std::max(h.expires_at, now + h.ttl);
-      lock_expiry_.emplace(h.expires_at, lock, h.token);
+      lock_expiry_.emplace(std::make_pair(h.expires_at, h.token), lock);
     }
     if (state.delay_all.has_value()) {
       state.delay_all->until = std::max(state.delay_all->until, now + state.delay_all->length);
@@ -363,7 +363,7 @@ void StateMachine::RestartLeases(MonoTime now) {
 MonoTime StateMachine::NextExpiry() const {
   MonoTime next = MonoTime::Max();
   if (!session_expiry_.empty()) next = std::min(next, session_expiry_.begin()->first);
-  if (!lock_expiry_.empty()) next = std::min(next, std::get<0>(*lock_expiry_.begin()));
+  if (!lock_expiry_.empty()) next = std::min(next, lock_expiry_.begin()->first.first);
   if (!pool_expiry_.empty()) next = std::min(next, std::get<0>(*pool_expiry_.begin()));
   if (!delay_ends_.empty()) next = std::min(next, std::get<0>(*delay_ends_.begin()));
   return next;
@@ -375,9 +375,9 @@ std::optional<SessionId> StateMachine::ExpiredSession(MonoTime now) const {
 }
 
 std::optional<std::pair<std::string, FenceToken>> StateMachine::ExpiredLock(MonoTime now) const {
-  if (lock_expiry_.empty() || std::get<0>(*lock_expiry_.begin()) > now) return std::nullopt;
-  const auto& [at, lock, token] = *lock_expiry_.begin();
-  return std::make_pair(lock, token);
+  if (lock_expiry_.empty() || lock_expiry_.begin()->first.first > now) return std::nullopt;
+  const auto& [key, lock] = *lock_expiry_.begin();
+  return std::make_pair(lock, key.second);
 }
 
 void StateMachine::ApplyOne(const record::SessionOpened& r, MonoTime now) {
@@ -416,22 +416,23 @@ void StateMachine::ApplyOne(const record::LockGranted& r, MonoTime now) {
   // Tokens only rise, so the new holder goes last and the holders stay in token order.
   state.holders.push_back(
       HolderState{r.session, r.token, r.ttl, now + r.ttl, r.mode, r.lock_delay});
-  lock_expiry_.emplace(now + r.ttl, r.lock, r.token);
+  lock_expiry_.emplace(std::make_pair(now + r.ttl, r.token), r.lock);
   session->second.locks.insert(r.lock);
 }
 
 void StateMachine::ApplyOne(const record::LockRenewed& r, MonoTime now) {
   HolderState& h = *locks_.at(r.lock).FindToken(r.token);
-  lock_expiry_.erase({h.expires_at, r.lock, r.token});
+  auto indexed = lock_expiry_.extract({h.expires_at, r.token});
   h.expires_at = now + h.ttl;
-  lock_expiry_.emplace(h.expires_at, r.lock, r.token);
+  indexed.key() = {h.expires_at, r.token};
+  lock_expiry_.insert(std::move(indexed));
 }
 
 void StateMachine::ApplyOne(const record::LockReleased& r, MonoTime now) {
   auto it = locks_.find(r.lock);
   LockState& state = it->second;
   auto h = state.holders.begin() + (state.FindToken(r.token) - state.holders.data());
-  lock_expiry_.erase({h->expires_at, r.lock, r.token});
+  lock_expiry_.erase({h->expires_at, r.token});
   auto session = sessions_.find(h->session);
   if (session != sessions_.end()) session->second.locks.erase(r.lock);
   const LockMode mode = h->mode;

@@ -12,6 +12,7 @@
 #define FENCELOCK_LOCK_SERVER_STATE_MACHINE_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -380,7 +381,9 @@ class StateMachine {
   size_t held_locks_ = 0;
   // Expiry indexes, kept in step with the maps above.
   std::set<std::pair<MonoTime, SessionId>> session_expiry_;
-  std::set<std::tuple<MonoTime, std::string, FenceToken>> lock_expiry_;
+  // Lock leases by (expiry, token) with the lock's name: tokens are unique, so the order
+  // compares integers only (a KeepAlive's renewals share one expiry).
+  std::map<std::pair<MonoTime, FenceToken>, std::string> lock_expiry_;
   // (until, lock, mode of the lost holder that started it) of every pending delay.
   std::set<std::tuple<MonoTime, std::string, LockMode>> delay_ends_;
   absl::btree_map<std::string, PoolState> pools_;

@@ -39,6 +39,7 @@
 #include "absl/time/time.h"
 #include "clock/clock.h"
 #include "fencelock/wire.pb.h"
+#include "lock-client/core/indices.h"
 #include "lock-client/core/lease.h"
 #include "metrics/metrics.h"
 #include "protocol/defaults.h"
@@ -175,6 +176,10 @@ class ClientCore {
   // The 99th percentile of the last 128 heartbeat round trips (zero before the first).
   absl::Duration RttP99() const;
   size_t held() const { return held_.size(); }
+  // Entries of held leases and requests in flight looked at so far to find the next deadline,
+  // timeout and heartbeat period (indices.h): what a test watches to see that the work of one
+  // call does not grow with how much is held.
+  uint64_t index_visits() const { return held_.visits() + pending_.visits(); }
   // Operations not completed yet.
   size_t pending_ops() const { return ops_.size(); }
   // Locks given up whose release lockd has not confirmed.
@@ -225,10 +230,7 @@ class ClientCore {
     std::vector<std::shared_ptr<LeaseState>> renewed;  // kKeepAlive: the leases it names
     bool background = false;   // kKeepAlive: the regular heartbeat
   };
-  struct Held {
-    std::shared_ptr<LeaseState> state;
-    MonoTime lock_deadline;  // D1 for the lock's own lease
-  };
+  using Held = HeldLeases::Held;
   struct Unsettled {
     uint64_t session;
     uint64_t token;
@@ -309,10 +311,10 @@ class ClientCore {
   MonoTime session_deadline_ = MonoTime::Min();
   bool want_session_ = false;  // Start() or an operation asked for one
 
-  std::map<std::string, Held> held_;
+  HeldLeases held_;
   std::map<uint64_t, Op> ops_;
   std::deque<uint64_t> waiting_;  // ops waiting for the link and session, in call order
-  std::map<uint64_t, Pending> pending_;  // by request id, on conn_
+  TimedRequests<Pending> pending_;  // by request id, on conn_
   std::map<std::string, Unsettled> unsettled_;
   static constexpr size_t kMaxUnsettled = 4096;
   // The session's last releases that lockd answered OK: lockd answers a release before it is
