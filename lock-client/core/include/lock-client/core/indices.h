@@ -121,9 +121,11 @@ class TimedRequests {
   size_t size() const { return map_.size(); }
   bool empty() const { return map_.empty(); }
 
+  // Adds request `id` (replacing one of the same id, which request ids never are).
   void Emplace(uint64_t id, P request) {
+    if (auto it = map_.find(id); it != map_.end()) Erase(it);
     if (request.timeout_at != MonoTime::Max()) timeouts_.emplace(request.timeout_at, id);
-    map_.insert_or_assign(id, std::move(request));
+    map_.emplace(id, std::move(request));
   }
   iterator Erase(iterator it) {
     timeouts_.erase({it->second.timeout_at, it->first});
