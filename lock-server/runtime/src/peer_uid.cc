@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -20,11 +21,10 @@ namespace {
 int OpenSockDiag() { return ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG); }
 
 // Through sock_diag: the peer's socket is the one whose own address is our remote end and
-// whose remote is our local end. nullopt if netlink is refused or the kernel does not answer.
-std::optional<uid_t> SockDiagUid(const asio::ip::tcp::endpoint& local,
+// whose remote is our local end, asked on the sock_diag socket `fd` (closed here). nullopt if
+// the kernel does not answer.
+std::optional<uid_t> SockDiagUid(int fd, const asio::ip::tcp::endpoint& local,
                                  const asio::ip::tcp::endpoint& peer) {
-  const int fd = OpenSockDiag();
-  if (fd < 0) return std::nullopt;
   struct {
     nlmsghdr header;
     inet_diag_req_v2 request;
@@ -127,7 +127,16 @@ std::optional<uid_t> ProcNetUid(const asio::ip::tcp::endpoint& local,
 
 std::optional<uid_t> LoopbackPeerUid(const asio::ip::tcp::endpoint& local,
                                      const asio::ip::tcp::endpoint& peer) {
-  if (auto uid = SockDiagUid(local, peer)) return uid;
+  // /proc/net/tcp lists every TCP socket of the host: read it only where netlink is refused,
+  // never as a second try after sock_diag did not find the peer (gone already), and once
+  // netlink was refused, stop asking for it at every connection.
+  static std::atomic<bool> netlink_refused{false};
+  if (!netlink_refused.load(std::memory_order_relaxed)) {
+    const int fd = OpenSockDiag();
+    if (fd >= 0) return SockDiagUid(fd, local, peer);
+    if (errno != EAFNOSUPPORT && errno != EPERM && errno != EACCES) return std::nullopt;
+    netlink_refused.store(true, std::memory_order_relaxed);
+  }
   return ProcNetUid(local, peer);
 }
 
