@@ -102,7 +102,9 @@ ABSL_FLAG(std::string, workloads, "heartbeat,cycles,margin,payout,scale",
           "scale");
 ABSL_FLAG(std::string, scale_held, "1000,10000,100000",
           "the scale workload: locks held by the benchmark's process at each point");
-ABSL_FLAG(double, scale_seconds, 5.0, "the scale workload: measuring time of each point");
+ABSL_FLAG(double, scale_seconds, 15.0,
+          "the scale workload: measuring time of each point (at least three heartbeat periods of "
+          "the default 15 s session, so that what holding costs is in every point)");
 
 namespace fencelock::bench {
 namespace {

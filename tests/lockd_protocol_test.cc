@@ -134,6 +134,52 @@ TEST_F(ProtocolErrorTest, BadArgumentsAreErrorsThatKeepTheConnection) {
   ExpectBystanderStillWorks();
 }
 
+TEST_F(ProtocolErrorTest, RenewIsRefusedOnAnOlderConnectionAndBoundedOnANewOne) {
+  RawConnection old = RawConnection::Tcp(lockd_.port());
+  ASSERT_EQ(old.Call(protocol::HelloRequest("raw-test", {.min = 1, .max = 5})).code(), wire::OK);
+  wire::Response opened = old.Call(testing::request::OpenSession(absl::Seconds(10)));
+  ASSERT_EQ(opened.code(), wire::OK);
+  const uint64_t old_session = opened.open_session().session_id();
+  wire::Response reply = old.Call(testing::request::Renew({old_session}));
+  EXPECT_EQ(reply.code(), wire::UNSUPPORTED_VERSION);
+  EXPECT_THAT(reply.message(), HasSubstr("Renew needs protocol version 6"));
+  EXPECT_FALSE(old.ClosedByPeer());
+
+  RawConnection conn = RawConnection::Tcp(lockd_.port());
+  const uint64_t session = conn.HelloAndOpenSession(absl::Seconds(10));
+  // No session, or another connection's: refused per session, the others renewed.
+  reply = conn.Call(testing::request::Renew({session, old_session, session + 1000}));
+  ASSERT_EQ(reply.code(), wire::OK);
+  ASSERT_EQ(reply.renew().sessions_size(), 3);
+  EXPECT_EQ(reply.renew().sessions(0).code(), wire::OK);
+  EXPECT_EQ(reply.renew().sessions(0).session_ttl_ms(), 10'000u);
+  EXPECT_EQ(reply.renew().sessions(1).code(), wire::PERMISSION_DENIED);
+  EXPECT_EQ(reply.renew().sessions(2).code(), wire::SESSION_NOT_FOUND);
+  wire::Request empty;
+  empty.mutable_renew();
+  reply = conn.Call(empty);
+  EXPECT_EQ(reply.code(), wire::INVALID_ARGUMENT);
+  EXPECT_THAT(reply.message(), HasSubstr("a Renew names 1 to"));
+  wire::Request many;
+  for (int i = 0; i < 100'000; ++i) many.mutable_renew()->add_sessions()->set_session_id(session);
+  reply = conn.Call(many);
+  EXPECT_EQ(reply.code(), wire::INVALID_ARGUMENT);
+  EXPECT_THAT(reply.message(), HasSubstr("--max-sessions-per-connection"));
+  // A grant named in `confirm` is renewed with its session from then on.
+  reply = conn.Call(testing::request::Acquire(session, "confirmed"));
+  ASSERT_TRUE(reply.acquire().granted());
+  wire::Request confirm = testing::request::Renew({session});
+  auto* ref = confirm.mutable_renew()->mutable_sessions(0)->add_confirm();
+  ref->set_lock("confirmed");
+  ref->set_token(reply.acquire().token());
+  reply = conn.Call(confirm);
+  EXPECT_EQ(reply.renew().sessions(0).held(), 1u);
+  EXPECT_EQ(reply.renew().sessions(0).renewed(), 1u);
+  reply = conn.Call(testing::request::Renew({session}));
+  EXPECT_EQ(reply.renew().sessions(0).renewed(), 1u);
+  ExpectBystanderStillWorks();
+}
+
 TEST(ClientCreateTest, RefusesBadOptionsAndUnreachableServer) {
   ClientOptions bad_margin;
   bad_margin.safety_margin = 1.0;

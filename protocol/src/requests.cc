@@ -35,6 +35,13 @@ wire::Request KeepAlive(uint64_t session, const std::string& lock, uint64_t toke
   return r;
 }
 
+wire::Request Renew(std::initializer_list<uint64_t> sessions) {
+  wire::Request r;
+  auto* renew = r.mutable_renew();
+  for (uint64_t session : sessions) renew->add_sessions()->set_session_id(session);
+  return r;
+}
+
 wire::Request Acquire(uint64_t session, const std::string& lock, absl::Duration wait,
                       absl::Duration ttl, wire::LockMode mode,
                       std::optional<absl::Duration> lock_delay) {

@@ -154,7 +154,7 @@ void Simulation::CheckReplyGate(int conn, std::string_view frames) {
       if (r.has_acquire() && r.acquire().granted()) {
         CheckAct(conns_[conn]->replica, server::Act::kGrant, r.acquire().lock(), r.acquire().token(),
                  true);
-      } else if (r.has_keep_alive()) {
+      } else if (r.has_keep_alive() || r.has_renew()) {
         CheckAct(conns_[conn]->replica, server::Act::kRenew, "-", 0, true);
       } else if (r.has_validate()) {
         CheckAct(conns_[conn]->replica, server::Act::kValidate, "-", 0, true);
@@ -178,14 +178,18 @@ void Simulation::CheckReplyGate(int conn, std::string_view frames) {
       committed(session_lsn_, session, "session");
       secrets_by_session_[session] = {conn, r.open_session().secret()};
     }
-    if (r.has_keep_alive()) {
+    if (r.has_keep_alive() || r.has_renew()) {
       // A renewal is answered without waiting for other batches; what it asserts (its session
       // and tokens) must be committed all the same.
       auto renewal = renewals_.find({conn, r.request_id()});
       if (renewal == renewals_.end()) continue;
-      const bool all_ok = std::all_of(r.keep_alive().lock_codes().begin(),
-                                      r.keep_alive().lock_codes().end(),
-                                      [](int code) { return code == wire::OK; });
+      const bool all_ok =
+          r.has_renew()
+              ? std::all_of(r.renew().sessions().begin(), r.renew().sessions().end(),
+                            [](const wire::RenewedSession& s) { return s.code() == wire::OK; })
+              : std::all_of(r.keep_alive().lock_codes().begin(),
+                            r.keep_alive().lock_codes().end(),
+                            [](int code) { return code == wire::OK; });
       if (all_ok) {
         committed(session_lsn_, renewal->second.first, "renewal of session");
         for (FenceToken token : renewal->second.second) {

@@ -105,6 +105,13 @@ void Simulation::DeliverToLockd(int conn, std::string payload, wire::Request req
       note(l.lock(), FenceToken(l.token()));
       renewal.second.push_back(FenceToken(l.token()));
     }
+  } else if (request.has_renew() && request.renew().sessions_size() > 0) {
+    // A Renew names no lock but those it confirms: what its answer asserts is the session's.
+    auto& renewal = renewals_[{conn, request.request_id()}];
+    renewal.first = SessionId(request.renew().sessions(0).session_id());
+    for (const auto& l : request.renew().sessions(0).confirm()) {
+      renewal.second.push_back(FenceToken(l.token()));
+    }
   } else if (request.has_release()) {
     note(request.release().lock(), FenceToken(request.release().token()));
   } else if (request.has_validate()) {

@@ -416,12 +416,35 @@ void ClientCore::SendAcquire(MonoTime now, uint64_t id, Op& op) {
 
 void ClientCore::SendKeepAlive(MonoTime now, uint64_t op, bool background) {
   Sweep(now);
-  wire::Request request = req::KeepAlive(session_id_);
   Pending p{.kind = Kind::kKeepAlive, .op = op, .timeout_at = now + KeepAliveTimeout(),
             .session = session_id_, .background = background};
-  for (const auto& [name, held] : held_) {
-    req::AddLock(request, name, held.state->token());
-    p.renewed.push_back(held.state);
+  wire::Request request;
+  if (op == 0 && renew_synced_ && version_ >= protocol::kRenewProtocolVersion) {
+    // ADR 0014: the session and all its confirmed locks, naming only the grants it confirms
+    // (those published since the last answered renewal). A caller's Renew() names every lock,
+    // so that its answer says which (if any) was fenced out.
+    request = req::Renew({session_id_});
+    auto* renewal = request.mutable_renew()->mutable_sessions(0);
+    for (auto it = unconfirmed_.begin(); it != unconfirmed_.end();) {
+      auto h = held_.find(it->second);
+      if (h == held_.end() || h->second.state->token() != it->first) {
+        it = unconfirmed_.erase(it);  // released or lost: nothing to confirm
+        continue;
+      }
+      auto* ref = renewal->add_confirm();
+      ref->set_lock(it->second);
+      ref->set_token(it->first);
+      p.confirms.emplace_back(it->first, it->second);
+      ++it;
+    }
+    p.renew_all = true;
+  } else {
+    request = req::KeepAlive(session_id_);
+    p.full = true;
+    for (const auto& [name, held] : held_) {
+      req::AddLock(request, name, held.state->token());
+      p.renewed.push_back(held.state);
+    }
   }
   if (background) beat_in_flight_ = true;
   if (op != 0) {
@@ -462,9 +485,10 @@ void ClientCore::Publish(MonoTime now, uint64_t id, Op& op, uint64_t token,
                      "the session was lost while \"", op.lock, "\" was being acquired")));
     return;
   }
-  auto state = std::make_shared<LeaseState>(op.lock, token, op.granted_ttl,
-                                            std::min(lock_deadline, session_deadline_), id_,
-                                            op.mode);
+  // A Renew covers it once one sent from now on has confirmed it to lockd.
+  auto state = std::make_shared<LeaseState>(
+      op.lock, token, op.granted_ttl, std::min(lock_deadline, session_deadline_), id_, op.mode,
+      renewal_, op.granted_ttl * (1.0 - options_.safety_margin), now);
   if (state->Check(now) != LossReason::kNone) {
     // Its lease ran out before it could be handed over (a renewal that took longer than the
     // usable lease): nobody may use it.
@@ -474,6 +498,7 @@ void ClientCore::Publish(MonoTime now, uint64_t id, Op& op, uint64_t token,
     return;
   }
   held_.Put(op.lock, Held{state, lock_deadline});
+  unconfirmed_.emplace(token, op.lock);
   // A lock with a shorter TTL than those held so far shortens the period from now on.
   if (!beat_in_flight_) next_beat_ = std::min(next_beat_, now + HeartbeatInterval());
   Complete(id, absl::OkStatus(), std::move(state));

@@ -215,12 +215,15 @@ void ClientCore::StartSession(MonoTime now) {
     // lockd lets only the connection a session is bound to drive it: a session that may have
     // survived on the server is resumed here, with its secret, before anything else is sent.
     session_state_ = SessionState::kResuming;
+    // Its losses are learned again on this connection (a lockd that restarted counts anew).
+    renew_synced_ = false;
     Send(now, req::Resume(session_id_, secret_),
          Pending{.kind = Kind::kResume, .timeout_at = now + options_.request_timeout,
                  .session = session_id_});
     return;
   }
   if (!want_session_ && waiting_.empty()) return;
+  renew_synced_ = false;
   session_state_ = SessionState::kOpening;
   Send(now, req::OpenSession(options_.session_ttl),
        Pending{.kind = Kind::kOpen, .timeout_at = now + options_.request_timeout});
@@ -242,6 +245,9 @@ void ClientCore::LoseSession(MonoTime now, LossReason reason) {
   session_id_ = 0;
   secret_.clear();
   session_deadline_ = MonoTime::Min();
+  renewal_.reset();
+  renew_synced_ = false;
+  unconfirmed_.clear();
   next_beat_ = MonoTime::Max();
   if (session_state_ != SessionState::kOpening) session_state_ = SessionState::kNone;
 }

@@ -52,7 +52,11 @@ void ClientCore::OnResponse(MonoTime now, uint64_t conn, const wire::Response& r
       OnResumeReply(now, p, r);
       break;
     case Kind::kKeepAlive:
-      OnKeepAliveReply(now, p, r);
+      if (p.renew_all) {
+        OnRenewReply(now, p, r);
+      } else {
+        OnKeepAliveReply(now, p, r);
+      }
       break;
     case Kind::kAcquire:
       OnAcquireReply(now, p, r);
@@ -126,6 +130,10 @@ void ClientCore::OnOpenReply(MonoTime now, const Pending& p, const wire::Respons
   session_ttl_ = absl::Milliseconds(r.open_session().ttl_ms());
   session_deadline_ = UsableDeadline(p.t_send, session_ttl_, options_.safety_margin);
   session_state_ = SessionState::kOpen;
+  renewal_ = std::make_shared<SessionRenewal>();
+  // A session opened just now has lost nothing yet.
+  renew_synced_ = version_ >= protocol::kRenewProtocolVersion;
+  losses_ = 0;
   redial_backoff_ = absl::ZeroDuration();
   next_beat_ = now + HeartbeatInterval();
   Log(LogLevel::kInfo,
@@ -220,11 +228,92 @@ void ClientCore::OnKeepAliveReply(MonoTime now, Pending& p, const wire::Response
       // out stays lost even if a renewal sent before that moment succeeds afterwards.
       if (state->Extend(std::min(held.lock_deadline, session_deadline_), now)) held_.Touch(state);
     }
+    // Every lease held when it was sent was named, and each one lockd had taken is lost now:
+    // its count of losses is what later Renews are compared with.
+    if (p.full && r.keep_alive().has_losses()) {
+      renew_synced_ = true;
+      losses_ = r.keep_alive().losses();
+    }
+    // What it named (and lockd renewed) is confirmed.
+    for (const std::shared_ptr<LeaseState>& state : p.renewed) unconfirmed_.erase(state->token());
     Sweep(now);
-    const absl::Duration least = held_.EarliestDeadline() - now;
-    remaining_gauge_.Set(held_.empty() ? 0.0
-                                       : absl::ToDoubleSeconds(std::max(least, absl::ZeroDuration())));
+    SetRemainingGauge(now);
   }
+  AfterRenewal(now, p, status, answered);
+}
+
+void ClientCore::OnRenewReply(MonoTime now, Pending& p, const wire::Response& r) {
+  RecordRtt(now - p.t_send);
+  absl::Status status = absl::OkStatus();
+  bool answered = true;
+  const wire::RenewedSession* renewed =
+      r.code() == wire::OK && r.renew().sessions_size() == 1 &&
+              r.renew().sessions(0).session_id() == p.session
+          ? &r.renew().sessions(0)
+          : nullptr;
+  if (r.code() != wire::OK) {
+    // D5: a failed exchange changes no deadline; they keep running out.
+    heartbeat_failures_.Increment();
+    status = protocol::StatusFromCode(r.code(), r.message());
+    answered = false;
+  } else if (renewed == nullptr) {
+    heartbeat_failures_.Increment();
+    status = absl::UnavailableError("lockd answered Renew for other sessions than it named");
+    answered = false;
+  } else if (renewed->code() == wire::SESSION_NOT_FOUND) {
+    status = protocol::StatusFromCode(renewed->code(), renewed->message());
+    if (p.session == session_id_) LoseSession(now, LossReason::kSessionLost);
+  } else if (renewed->code() != wire::OK) {
+    heartbeat_failures_.Increment();
+    status = protocol::StatusFromCode(renewed->code(), renewed->message());
+    answered = false;
+  } else if (p.session == session_id_) {
+    session_deadline_ = std::max(session_deadline_,
+                                 UsableDeadline(p.t_send, session_ttl_, options_.safety_margin));
+    // A lease whose deadline has passed is lost before anything is credited: one that ran out
+    // stays lost, whatever a renewal sent before that moment says.
+    Sweep(now);
+    for (const auto& [token, lock] : p.confirms) unconfirmed_.erase(token);
+    // Leases published after it was sent are not covered by it, but their session is renewed:
+    // their own deadlines are no longer cut short by its old one.
+    for (const auto& [token, lock] : unconfirmed_) {
+      auto h = held_.find(lock);
+      if (h == held_.end() || h->second.state->token() != token) continue;
+      if (h->second.state->Extend(std::min(h->second.lock_deadline, session_deadline_), now)) {
+        held_.Touch(h->second.state);
+      }
+    }
+    if (renewed->losses() == losses_) {
+      // lockd took none of the session's locks since the last count this client learned: every
+      // lease published before it was sent was held, and confirmed, by the session when the
+      // Renew arrived, so lockd renewed it then.
+      renewal_->Advance(p.t_send, session_deadline_);
+    } else {
+      // lockd took some: which ones, a KeepAlive naming every lease tells (at once).
+      Log(LogLevel::kInfo,
+          absl::StrCat("lockd counts ", renewed->losses(), " lock(s) of session ", session_id_,
+                       " lost as their leases ran out, this client knew of ", losses_,
+                       ": renewing every lock by name to learn which"));
+      renew_synced_ = false;
+    }
+    Sweep(now);
+    SetRemainingGauge(now);
+  }
+  AfterRenewal(now, p, status, answered);
+  if (!renew_synced_ && session_id_ != 0 && p.session == session_id_ && !beat_in_flight_) {
+    next_beat_ = now;
+    OnTick(now);
+  }
+}
+
+void ClientCore::SetRemainingGauge(MonoTime now) {
+  const absl::Duration least = held_.EarliestDeadline() - now;
+  remaining_gauge_.Set(
+      held_.empty() ? 0.0 : absl::ToDoubleSeconds(std::max(least, absl::ZeroDuration())));
+}
+
+void ClientCore::AfterRenewal(MonoTime now, const Pending& p, const absl::Status& status,
+                              bool answered) {
   if (p.background) HeartbeatDone(now, answered);
   if (p.op != 0) Complete(p.op, status);
   // Acquires that waited for their session's renewal go on, or learn it could not be renewed.

@@ -92,6 +92,29 @@ class ClientCoreTest : public ::testing::Test {
     }
     Reply(request, r);
   }
+  // Answers a Renew: its one session renewed, with `losses` counted by lockd.
+  void ReplyRenew(const wire::Request& request, uint64_t losses = 0,
+                  wire::Code code = wire::OK) {
+    wire::Response r;
+    r.set_code(wire::OK);
+    auto* s = r.mutable_renew()->add_sessions();
+    s->set_session_id(request.renew().sessions(0).session_id());
+    s->set_code(code);
+    s->set_session_ttl_ms(30'000);
+    s->set_losses(losses);
+    Reply(request, r);
+  }
+  // Answers a KeepAlive (protocol 6): every named lock `lock_code`, `losses` counted by lockd.
+  void ReplyKeepAlive6(const wire::Request& request, uint64_t losses,
+                       wire::Code lock_code = wire::OK) {
+    wire::Response r;
+    r.set_code(wire::OK);
+    for (int i = 0; i < request.keep_alive().locks_size(); ++i) {
+      r.mutable_keep_alive()->add_lock_codes(lock_code);
+    }
+    r.mutable_keep_alive()->set_losses(losses);
+    Reply(request, r);
+  }
   void Grant(const wire::Request& acquire, uint64_t token, absl::Duration ttl) {
     wire::Response r;
     r.set_code(wire::OK);
@@ -137,13 +160,13 @@ class ClientCoreTest : public ::testing::Test {
     return c.has_value() ? c->lease : nullptr;
   }
 
-  void Reconnect() {
+  void Reconnect(uint32_t version = 3) {
     core_->OnDisconnected(now_, conn_);
     Drain();
     ++conn_;
     Advance(absl::Milliseconds(1));
     ASSERT_FALSE(dials_.empty());
-    core_->OnDialed(now_, dials_.back().replica, conn_, 3);
+    core_->OnDialed(now_, dials_.back().replica, conn_, version);
     Drain();
   }
 
@@ -672,6 +695,145 @@ TEST_F(ClientCoreTest, ACyclesWorkDoesNotGrowWithTheLeasesHeld) {
   std::printf("entries looked at per cycle: %.1f with 10 leases held, %.1f with 10,000\n", few,
               many);
   EXPECT_LE(many, 2 * few + 4);
+}
+
+// ---- Renew (protocol version 6, ADR 0014) ----
+
+TEST_F(ClientCoreTest, ARenewNamesOnlyNewGrantsAndGivesEveryLeaseItsDeadline) {
+  Make({});
+  Connect(absl::Seconds(30), 6);
+  auto a = Hold("a", absl::Seconds(30), 1);
+  auto b = Hold("b", absl::Seconds(12), 2);
+  Advance(core_->HeartbeatInterval());
+  EXPECT_FALSE(Take(wire::Request::kKeepAlive).has_value());
+  wire::Request renew = MustTake(wire::Request::kRenew);
+  ASSERT_EQ(renew.renew().sessions_size(), 1);
+  EXPECT_EQ(renew.renew().sessions(0).confirm_size(), 2);  // both new: confirmed once
+  const MonoTime sent = now_;
+  Advance(absl::Milliseconds(50));
+  ReplyRenew(renew);
+  // D1 from the Renew's send, for each lease by its own TTL; the session's caps it.
+  EXPECT_EQ(a->deadline(), UsableDeadline(sent, absl::Seconds(30), 0.3));
+  EXPECT_EQ(b->deadline(), UsableDeadline(sent, absl::Seconds(12), 0.3));
+  Advance(core_->HeartbeatInterval());
+  renew = MustTake(wire::Request::kRenew);
+  EXPECT_EQ(renew.renew().sessions(0).confirm_size(), 0);  // nothing new: names nothing
+  ReplyRenew(renew);
+  EXPECT_EQ(a->deadline(), UsableDeadline(now_, absl::Seconds(30), 0.3));
+}
+
+TEST_F(ClientCoreTest, ALeasePublishedAfterARenewWasSentIsNotCoveredByIt) {
+  Make({});
+  Connect(absl::Seconds(30), 6);
+  auto a = Hold("a", absl::Seconds(30), 1);
+  Advance(core_->HeartbeatInterval());
+  wire::Request renew = MustTake(wire::Request::kRenew);
+  Advance(absl::Milliseconds(10));
+  // Granted while the Renew is on its way: lockd had not been told of it, so did not renew it.
+  auto late = Hold("late", absl::Seconds(30), 2);
+  const MonoTime own = late->deadline();
+  Advance(absl::Seconds(1));
+  ReplyRenew(renew);
+  // Its own lease from its Acquire's send, no longer cut short by the session's old deadline.
+  EXPECT_GT(late->deadline(), own);
+  EXPECT_EQ(late->deadline(), late->own_deadline());
+  EXPECT_EQ(late->covered_deadline(), MonoTime::Min());
+  EXPECT_GT(a->deadline(), own - absl::Seconds(1) - absl::Milliseconds(10));
+  // The next Renew names it, and covers it.
+  Advance(core_->HeartbeatInterval());
+  renew = MustTake(wire::Request::kRenew);
+  ASSERT_EQ(renew.renew().sessions(0).confirm_size(), 1);
+  EXPECT_EQ(renew.renew().sessions(0).confirm(0).token(), 2u);
+  ReplyRenew(renew);
+  EXPECT_EQ(late->deadline(), UsableDeadline(now_, absl::Seconds(30), 0.3));
+}
+
+TEST_F(ClientCoreTest, ALossLockdCountedIsLearnedByNamingEveryLock) {
+  Make({});
+  Connect(absl::Seconds(30), 6);
+  auto a = Hold("a", absl::Seconds(30), 1);
+  auto b = Hold("b", absl::Seconds(30), 2);
+  Advance(core_->HeartbeatInterval());
+  const MonoTime before = a->deadline();
+  ReplyRenew(MustTake(wire::Request::kRenew), /*losses=*/1);
+  // Nothing credited to the locks; which one was taken, a KeepAlive naming both tells, at once.
+  EXPECT_EQ(a->deadline(), before);
+  wire::Request beat = MustTake(wire::Request::kKeepAlive);
+  ASSERT_EQ(beat.keep_alive().locks_size(), 2);
+  wire::Response r;
+  r.mutable_keep_alive()->add_lock_codes(wire::OK);          // a
+  r.mutable_keep_alive()->add_lock_codes(wire::FENCED_OUT);  // b
+  r.mutable_keep_alive()->set_losses(1);
+  Reply(beat, r);
+  EXPECT_EQ(b->Check(now_), LossReason::kFencedOut);
+  EXPECT_EQ(a->Check(now_), LossReason::kNone);
+  // Known now: Renews again.
+  Advance(core_->HeartbeatInterval());
+  ReplyRenew(MustTake(wire::Request::kRenew), 1);
+  EXPECT_EQ(a->deadline(), UsableDeadline(now_, absl::Seconds(30), 0.3));
+}
+
+TEST_F(ClientCoreTest, AResumedSessionNamesEveryLockBeforeItRenewsWithout) {
+  Make({});
+  Connect(absl::Seconds(30), 6);
+  auto a = Hold("a", absl::Seconds(30), 1);
+  Advance(core_->HeartbeatInterval());
+  ReplyRenew(MustTake(wire::Request::kRenew));
+  Reconnect(6);
+  ReplyCode(MustTake(wire::Request::kResumeSession), wire::OK);
+  // lockd may have restarted: its count of losses, and what it knows confirmed, start anew.
+  EXPECT_FALSE(Take(wire::Request::kRenew).has_value());
+  wire::Request beat = MustTake(wire::Request::kKeepAlive);
+  EXPECT_EQ(beat.keep_alive().locks_size(), 1);
+  ReplyKeepAlive6(beat, /*losses=*/7);
+  Advance(core_->HeartbeatInterval());
+  ReplyRenew(MustTake(wire::Request::kRenew), 7);
+  EXPECT_EQ(a->deadline(), UsableDeadline(now_, absl::Seconds(30), 0.3));
+}
+
+TEST_F(ClientCoreTest, AgainstAnOlderLockdEveryHeartbeatNamesEveryLock) {
+  Make({});
+  Connect(absl::Seconds(30), 5);
+  Hold("a", absl::Seconds(30), 1);
+  for (int i = 0; i < 3; ++i) {
+    Advance(core_->HeartbeatInterval());
+    EXPECT_FALSE(Take(wire::Request::kRenew).has_value());
+    ReplyKeepAlive(MustTake(wire::Request::kKeepAlive));
+  }
+}
+
+TEST_F(ClientCoreTest, AHeartbeatsWorkDoesNotGrowWithTheLeasesHeld) {
+  // Per heartbeat, once every lease has been confirmed and has left the deadline heap (once
+  // in its life): entries looked at, and bytes sent.
+  auto per_beat = [&](int held) -> std::pair<double, double> {
+    done_.clear();
+    dials_.clear();
+    sent_.clear();
+    Make({});
+    Connect(absl::Seconds(30), 6);
+    for (int i = 0; i < held; ++i) Hold(absl::StrCat("held/", i), absl::Seconds(30), i + 1);
+    auto beat = [&] {
+      Advance(core_->HeartbeatInterval());
+      wire::Request renew = MustTake(wire::Request::kRenew);
+      ReplyRenew(renew);
+      return renew.ByteSizeLong();
+    };
+    for (int i = 0; i < 4; ++i) beat();
+    constexpr int kBeats = 20;
+    const uint64_t before = core_->index_visits();
+    size_t bytes = 0;
+    for (int i = 0; i < kBeats; ++i) bytes += beat();
+    EXPECT_EQ(core_->held(), static_cast<size_t>(held));
+    return {static_cast<double>(core_->index_visits() - before) / kBeats,
+            static_cast<double>(bytes) / kBeats};
+  };
+  const auto few = per_beat(10);
+  const auto many = per_beat(10'000);
+  std::printf("per heartbeat: %.1f entries looked at, %.0f bytes with 10 leases held; "
+              "%.1f and %.0f with 10,000\n",
+              few.first, few.second, many.first, many.second);
+  EXPECT_LE(many.first, 2 * few.first + 4);
+  EXPECT_LE(many.second, few.second + 8);
 }
 
 }  // namespace

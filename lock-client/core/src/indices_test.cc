@@ -91,5 +91,55 @@ TEST(TimedRequestsTest, TimeoutsComeDueInOrderAndFollowSetTimeout) {
   EXPECT_EQ(requests.NextTimeout(), MonoTime::Max());
 }
 
+TEST(HeldLeasesTest, LeasesARenewCoversLeaveTheHeapAndComeDueByTheirTtl) {
+  auto renewal = std::make_shared<client_internal::SessionRenewal>();
+  auto lease = [&](const std::string& lock, absl::Duration ttl) {
+    // Published at kT0, its own deadline 10 s later; a Renew gives it 0.7 of its TTL.
+    return std::make_shared<LeaseState>(lock, 1, ttl, kT0 + absl::Seconds(10), 0,
+                                        LockMode::kExclusive, renewal, ttl * 0.7, kT0);
+  };
+  HeldLeases held;
+  auto a = lease("a", absl::Seconds(30));
+  auto b = lease("b", absl::Seconds(20));
+  auto c = lease("c", absl::Seconds(20));
+  for (const auto& l : {a, b, c}) held.Put(l->lock(), HeldLeases::Held{l, l->deadline()});
+  // A Renew sent at kT0 itself does not cover them (it may have gone before they were known).
+  renewal->Advance(kT0, kT0 + absl::Seconds(100));
+  EXPECT_EQ(held.EarliestDeadline(), kT0 + absl::Seconds(10));
+  // One sent after does: each is due at base + 0.7 × its TTL, no later than the session's.
+  renewal->Advance(kT0 + absl::Seconds(5), kT0 + absl::Seconds(100));
+  EXPECT_EQ(held.NextDue(kT0 + absl::Seconds(10)), nullptr);  // they leave the heap here
+  EXPECT_EQ(held.covered_total(), 3u);
+  EXPECT_EQ(held.EarliestDeadline(), kT0 + absl::Seconds(19));
+  // Renewed again: nothing to move, the earliest moves with it.
+  renewal->Advance(kT0 + absl::Seconds(15), kT0 + absl::Seconds(100));
+  EXPECT_EQ(held.EarliestDeadline(), kT0 + absl::Seconds(29));
+  EXPECT_EQ(held.covered_total(), 3u);
+  // c renewed by name past the Renews: when its TTL's turn comes it goes back to the heap.
+  ASSERT_TRUE(c->Extend(kT0 + absl::Seconds(50), kT0 + absl::Seconds(16)));
+  held.Touch(c);
+  auto due = held.NextDue(kT0 + absl::Seconds(29));
+  ASSERT_NE(due, nullptr);
+  EXPECT_EQ(due, b);
+  EXPECT_EQ(held.NextDue(kT0 + absl::Seconds(29)), nullptr);
+  held.Erase(held.find("b"));
+  EXPECT_EQ(held.EarliestDeadline(), kT0 + absl::Seconds(36));  // a: 15 + 21
+  EXPECT_EQ(held.NextDue(kT0 + absl::Seconds(36)), a);
+  held.Erase(held.find("a"));
+  EXPECT_EQ(held.EarliestDeadline(), kT0 + absl::Seconds(50));  // c, in the heap again
+  // The session's deadline caps them all.
+  auto d = lease("d", absl::Seconds(30));
+  held.Put("d", HeldLeases::Held{d, d->deadline()});
+  EXPECT_EQ(held.NextDue(kT0 + absl::Seconds(10)), nullptr);
+  EXPECT_EQ(held.EarliestDeadline(), kT0 + absl::Seconds(36));
+  // The session's deadline caps what a Renew gives.
+  auto capped = std::make_shared<client_internal::SessionRenewal>();
+  capped->Advance(kT0 + absl::Seconds(5), kT0 + absl::Seconds(12));
+  LeaseState e("e", 2, absl::Seconds(30), kT0 + absl::Seconds(10), 0, LockMode::kExclusive,
+               capped, absl::Seconds(21), kT0);
+  EXPECT_EQ(e.deadline(), kT0 + absl::Seconds(12));
+  EXPECT_EQ(e.Check(kT0 + absl::Seconds(12)), LossReason::kDeadlinePassed);
+}
+
 }  // namespace
 }  // namespace fencelock::client_core

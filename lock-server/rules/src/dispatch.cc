@@ -44,6 +44,7 @@ struct Call {
   void OpenSession();
   void ResumeSession();
   void KeepAlive();
+  void Renew();
   void CloseSession();
   void Acquire();
   void WithdrawAcquire();
@@ -126,8 +127,10 @@ void Call::KeepAlive() {
   auto results = service.KeepAlive(session, refs, now);
   if (results.ok()) {
     auto* reply = resp.mutable_keep_alive();
-    reply->set_session_ttl_ms(protocol::ToWireMillis(service.state().FindSession(session)->ttl));
-    Dispatched::Reflects reflects{.session = session};
+    const SessionState* s = service.state().FindSession(session);
+    reply->set_session_ttl_ms(protocol::ToWireMillis(s->ttl));
+    if (conn.version >= protocol::kRenewProtocolVersion) reply->set_losses(s->losses);
+    Dispatched::Reflects reflects{.sessions = {session}};
     bool all_renewed = true;
     for (size_t i = 0; i < results->size(); ++i) {
       reply->add_lock_codes(protocol::CodeFromStatus((*results)[i]));
@@ -139,6 +142,49 @@ void Call::KeepAlive() {
     if (all_renewed) out.reflects = std::move(reflects);
   }
   return Finish(results.status());
+}
+
+void Call::Renew() {
+  if (!RequireVersion(conn, protocol::kRenewProtocolVersion, "Renew needs", host, resp)) return;
+  const auto& sessions = req.renew().sessions();
+  const size_t limit = host.max_sessions_per_connection();
+  if (sessions.empty() || static_cast<size_t>(sessions.size()) > limit) {
+    return Finish(absl::InvalidArgumentError(absl::StrCat(
+        "a Renew names 1 to ", limit, " sessions (lockd --max-sessions-per-connection), got ",
+        sessions.size())));
+  }
+  auto* reply = resp.mutable_renew();
+  Dispatched::Reflects reflects;
+  bool all_renewed = true;
+  for (const auto& renewal : sessions) {
+    const SessionId session(renewal.session_id());
+    auto* renewed = reply->add_sessions();
+    renewed->set_session_id(session.value());
+    const absl::Status authorized = Authorize(session);
+    std::vector<LockRef> confirm;
+    if (authorized.ok()) {
+      confirm.reserve(renewal.confirm_size());
+      for (const auto& l : renewal.confirm()) confirm.push_back({l.lock(), FenceToken(l.token())});
+    }
+    const absl::StatusOr<LockService::Renewed> r =
+        authorized.ok() ? service.Renew(session, confirm, now)
+                        : absl::StatusOr<LockService::Renewed>(authorized);
+    renewed->set_code(protocol::CodeFromStatus(r.status()));
+    if (!r.ok()) {
+      renewed->set_message(std::string(r.status().message()));
+      all_renewed = false;
+      continue;
+    }
+    renewed->set_session_ttl_ms(protocol::ToWireMillis(r->ttl));
+    renewed->set_losses(r->losses);
+    renewed->set_held(r->held);
+    renewed->set_renewed(r->tokens.size());
+    reflects.sessions.push_back(session);
+    reflects.grants.insert(reflects.grants.end(), r->tokens.begin(), r->tokens.end());
+  }
+  // A session not found reflects its end, which may still be on its way to the disk.
+  if (all_renewed) out.reflects = std::move(reflects);
+  return Finish(absl::OkStatus());
 }
 
 void Call::CloseSession() {
@@ -240,7 +286,7 @@ void Call::Release() {
   // reflects only the session and the grant it ended. Whatever shows the lock free to
   // anyone else (a grant, a push to a waiter, a FENCED_OUT, a listing) still waits.
   if (released.ok()) {
-    out.reflects = Dispatched::Reflects{.session = session, .grants = {token}};
+    out.reflects = Dispatched::Reflects{.sessions = {session}, .grants = {token}};
   }
   return Finish(released);
 }
@@ -390,6 +436,9 @@ Dispatched Dispatch(std::string_view payload, ConnectionState& conn, DispatchHos
       break;
     case wire::Request::kKeepAlive:
       call.KeepAlive();
+      break;
+    case wire::Request::kRenew:
+      call.Renew();
       break;
     case wire::Request::kCloseSession:
       call.CloseSession();

@@ -186,6 +186,33 @@ absl::StatusOr<std::vector<absl::Status>> LockService::KeepAlive(
   return results;
 }
 
+absl::StatusOr<LockService::Renewed> LockService::Renew(SessionId session,
+                                                        std::span<const LockRef> confirm,
+                                                        MonoTime now) {
+  Advance(now);
+  const SessionState* s = state_.FindSession(session);
+  if (s == nullptr) {
+    return absl::NotFoundError(absl::StrCat("session ", session, " does not exist"));
+  }
+  for (const LockRef& ref : confirm) {
+    const LockState* lock = state_.FindLock(ref.lock);
+    const HolderState* holder = lock == nullptr ? nullptr : lock->FindToken(ref.token);
+    // Renewing it confirms it (a stale one is no news: its loss is counted in `losses`).
+    if (holder != nullptr && holder->session == session) {
+      Commit(record::LockRenewed{ref.lock, ref.token}, now);
+    }
+  }
+  Commit(record::SessionRenewed{session, /*locks=*/true}, now);
+  s = state_.FindSession(session);
+  Renewed renewed{.ttl = s->ttl, .losses = s->losses, .held = s->locks.size()};
+  renewed.tokens.reserve(s->locks.size());
+  for (const std::string& lock : s->locks) {
+    const HolderState* holder = state_.FindLock(lock)->FindSession(session);
+    if (holder->confirmed) renewed.tokens.push_back(holder->token);
+  }
+  return renewed;
+}
+
 absl::Status LockService::CloseSession(SessionId session, MonoTime now) {
   Advance(now);
   if (state_.FindSession(session) == nullptr) {

@@ -126,6 +126,50 @@ TEST_F(LockServiceTest, KeepAliveRenewsSessionAndLocksFromReceipt) {
   EXPECT_EQ(service_.state().FindSession(a), nullptr);
 }
 
+TEST_F(LockServiceTest, ARenewRenewsEveryConfirmedLockAndLetsAnUnconfirmedOneRunOut) {
+  SessionId a = Open(0, absl::Seconds(10));
+  FenceToken x = Grant(a, "x", 0, absl::Seconds(1));
+  FenceToken y = Grant(a, "y", 0, absl::Seconds(2));
+  FenceToken orphan = Grant(a, "orphan", 0, absl::Seconds(1));  // its client never heard
+  std::vector<LockRef> confirm = {{"x", x}, {"y", y}, {"gone", FenceToken(99)}};
+  auto r = service_.Renew(a, confirm, At(900));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->held, 3u);
+  EXPECT_EQ(r->tokens.size(), 2u);
+  EXPECT_EQ(r->losses, 0u);
+  // Later Renews name nothing, and still renew what was confirmed, each by its own TTL.
+  r = service_.Renew(a, {}, At(1800));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->tokens.size(), 2u);
+  service_.Advance(At(2799));
+  EXPECT_NE(service_.state().FindHolder("x"), nullptr);
+  EXPECT_EQ(service_.state().FindHolder("orphan"), nullptr);  // ran out at 1000
+  // The orphan's end is a loss of the session's, counted (the client learns which by name).
+  r = service_.Renew(a, {}, At(2799));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->losses, 1u);
+  EXPECT_EQ(r->held, 2u);
+  service_.Advance(At(3799));
+  EXPECT_EQ(service_.state().FindHolder("x"), nullptr);  // renewed last at 2799, TTL 1 s
+  EXPECT_NE(service_.state().FindHolder("y"), nullptr);
+  EXPECT_EQ(service_.state().FindSession(a)->losses, 2u);
+  (void)orphan;
+}
+
+TEST_F(LockServiceTest, ARenewConfirmsNothingOfAnotherSession) {
+  SessionId a = Open(0, absl::Seconds(10));
+  SessionId b = Open(0, absl::Seconds(10));
+  FenceToken tb = Grant(b, "b-lock", 0, absl::Seconds(1));
+  std::vector<LockRef> confirm = {{"b-lock", tb}};
+  auto r = service_.Renew(a, confirm, At(900));
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->tokens.empty());
+  service_.Advance(At(1000));
+  EXPECT_EQ(service_.state().FindHolder("b-lock"), nullptr);  // not renewed by a's Renew
+  EXPECT_EQ(service_.Renew(SessionId(77), {}, At(1000)).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST_F(LockServiceTest, PostponedLeasesEndThatMuchLaterAndStillRenew) {
   SessionId a = Open(0, absl::Seconds(1));
   FenceToken t = Grant(a, "x", 0, absl::Seconds(1));

@@ -396,6 +396,16 @@ void StateMachine::ApplyOne(const record::SessionRenewed& r, MonoTime now) {
   session_expiry_.erase({it->second.expires_at, r.session});
   it->second.expires_at = now + it->second.ttl;
   session_expiry_.emplace(it->second.expires_at, r.session);
+  if (!r.locks) return;
+  for (const std::string& lock : it->second.locks) {
+    for (HolderState& h : locks_.at(lock).holders) {
+      if (h.session != r.session || !h.confirmed) continue;
+      auto indexed = lock_expiry_.extract({h.expires_at, h.token});
+      h.expires_at = now + h.ttl;
+      indexed.key() = {h.expires_at, h.token};
+      lock_expiry_.insert(std::move(indexed));
+    }
+  }
 }
 
 void StateMachine::ApplyOne(const record::SessionEnded& r, MonoTime now) {
@@ -422,6 +432,7 @@ void StateMachine::ApplyOne(const record::LockGranted& r, MonoTime now) {
 
 void StateMachine::ApplyOne(const record::LockRenewed& r, MonoTime now) {
   HolderState& h = *locks_.at(r.lock).FindToken(r.token);
+  h.confirmed = true;
   auto indexed = lock_expiry_.extract({h.expires_at, r.token});
   h.expires_at = now + h.ttl;
   indexed.key() = {h.expires_at, r.token};
@@ -434,7 +445,10 @@ void StateMachine::ApplyOne(const record::LockReleased& r, MonoTime now) {
   auto h = state.holders.begin() + (state.FindToken(r.token) - state.holders.data());
   lock_expiry_.erase({h->expires_at, r.token});
   auto session = sessions_.find(h->session);
-  if (session != sessions_.end()) session->second.locks.erase(r.lock);
+  if (session != sessions_.end()) {
+    session->second.locks.erase(r.lock);
+    if (r.reason == ReleaseReason::kLeaseExpired) ++session->second.losses;
+  }
   const LockMode mode = h->mode;
   const absl::Duration delay = h->lock_delay;
   state.holders.erase(h);

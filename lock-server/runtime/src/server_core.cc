@@ -55,7 +55,7 @@ std::optional<Act::Kind> ActOf(const wire::Response& r) {
   if (r.code() != wire::OK) return std::nullopt;
   if (r.has_acquire() && r.acquire().granted()) return Act::kGrant;
   if (r.has_pool_acquire() && r.pool_acquire().granted()) return Act::kGrant;
-  if (r.has_keep_alive()) return Act::kRenew;
+  if (r.has_keep_alive() || r.has_renew()) return Act::kRenew;
   if (r.has_validate()) return Act::kValidate;
   return std::nullopt;
 }
@@ -359,7 +359,11 @@ class ServerCore::Impl final : public DispatchHost, public CommitLogListener {
   // is committed.
   uint64_t BatchOf(const Dispatched::Reflects& facts) const {
     uint64_t batch = 0;
-    if (auto it = opened_in_.find(facts.session); it != opened_in_.end()) batch = it->second;
+    for (SessionId session : facts.sessions) {
+      if (auto it = opened_in_.find(session); it != opened_in_.end()) {
+        batch = std::max(batch, it->second);
+      }
+    }
     for (FenceToken token : facts.grants) {
       if (auto it = granted_in_.find(token); it != granted_in_.end()) {
         batch = std::max(batch, it->second);

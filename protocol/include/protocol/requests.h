@@ -5,6 +5,7 @@
 #define FENCELOCK_PROTOCOL_REQUESTS_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +21,8 @@ wire::Request Resume(uint64_t session, const std::string& secret);
 wire::Request KeepAlive(uint64_t session);
 void AddLock(wire::Request& keep_alive, const std::string& lock, uint64_t token);
 wire::Request KeepAlive(uint64_t session, const std::string& lock, uint64_t token);
+// Renews each of `sessions` and every lock each holds, naming none (protocol version 6).
+wire::Request Renew(std::initializer_list<uint64_t> sessions);
 // `wait` zero: answered at once (busy if held); `ttl` zero: lockd's default lease. A mode
 // other than exclusive, or a lock delay, needs protocol version 5; with neither, the request
 // is what every version reads.

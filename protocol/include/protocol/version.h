@@ -13,7 +13,7 @@ namespace fencelock::protocol {
 
 // The versions this build speaks, as client and as server.
 inline constexpr uint32_t kMinProtocolVersion = 1;
-inline constexpr uint32_t kMaxProtocolVersion = 5;
+inline constexpr uint32_t kMaxProtocolVersion = 6;
 // The first version with the admission pools' requests.
 inline constexpr uint32_t kPoolProtocolVersion = 2;
 // The first version with WithdrawAcquire.
@@ -22,6 +22,9 @@ inline constexpr uint32_t kWithdrawProtocolVersion = 3;
 inline constexpr uint32_t kPoolDeleteProtocolVersion = 4;
 // The first version with Acquire's mode and lock delay (ADR 0006).
 inline constexpr uint32_t kSharedLockProtocolVersion = 5;
+// The first version with Renew: a session and all its locks renewed without naming them, and
+// several sessions in one request (ADR 0014).
+inline constexpr uint32_t kRenewProtocolVersion = 6;
 
 struct VersionRange {
   uint32_t min = kMinProtocolVersion;

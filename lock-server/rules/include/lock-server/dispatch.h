@@ -81,12 +81,12 @@ struct Dispatched {
   wire::Response response;  // request_id set whenever the request parsed
   WaiterId waiter = 0;
   // Set when the reply reflects nothing but these facts, each already in the state: the
-  // session's opening and the grants of these tokens (a KeepAlive that renewed its session and
-  // every lock it named). Renewals are never logged, so such a reply needs only those records
-  // committed, not every record applied before it (docs/durability.md, "What a reply waits
-  // for").
+  // sessions' opening and the grants of these tokens (a KeepAlive that renewed its session and
+  // every lock it named, a Renew that renewed every session it named and all their locks).
+  // Renewals are never logged, so such a reply needs only those records committed, not every
+  // record applied before it (docs/durability.md, "What a reply waits for").
   struct Reflects {
-    SessionId session;
+    std::vector<SessionId> sessions;
     std::vector<FenceToken> grants;
   };
   std::optional<Reflects> reflects;

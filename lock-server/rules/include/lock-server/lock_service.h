@@ -143,6 +143,18 @@ class LockService {
                                                       std::span<const LockRef> locks,
                                                       MonoTime now);
 
+  // Confirms the session's grants in `confirm` (HolderState::confirmed; a token the session
+  // does not hold is passed over), then renews the session and every confirmed lock it holds
+  // from `now` (Renew, protocol version 6). Errors: kNotFound (no such session).
+  struct Renewed {
+    absl::Duration ttl;
+    uint64_t losses = 0;  // SessionState::losses
+    size_t held = 0;      // locks the session holds
+    std::vector<FenceToken> tokens;  // of the confirmed ones, renewed
+  };
+  absl::StatusOr<Renewed> Renew(SessionId session, std::span<const LockRef> confirm,
+                                MonoTime now);
+
   // Ends the session: releases its locks (granting waiters) and cancels its waiters.
   absl::Status CloseSession(SessionId session, MonoTime now);
 

@@ -58,6 +58,9 @@ struct SessionOpened {
 };
 struct SessionRenewed {
   SessionId session;
+  // Every lock the session holds that its client confirmed (HolderState::confirmed) is
+  // renewed with it (Renew, protocol version 6, ADR 0014).
+  bool locks = false;
 };
 // The session must hold no locks: its locks are released by their own records first.
 struct SessionEnded {
@@ -73,6 +76,7 @@ struct LockGranted {
   // The lock delay that this holder's loss (not its release) starts; zero: none.
   absl::Duration lock_delay = absl::ZeroDuration();
 };
+// Also confirms the grant (HolderState::confirmed): its client named it.
 struct LockRenewed {
   std::string lock;
   FenceToken token;
@@ -198,6 +202,10 @@ struct SessionState {
   absl::btree_set<std::string> locks;  // names of the locks this session holds
   std::string secret_digest;  // see record::SessionOpened
   std::string owner;
+  // Locks taken from this session because their lease ran out while it lived, since this
+  // state began (RenewedSession.losses, ADR 0014). Kept in memory only: neither logged as such
+  // nor in snapshots, for a client learns it afresh on every connection.
+  uint64_t losses = 0;
 };
 
 struct HolderState {
@@ -207,6 +215,10 @@ struct HolderState {
   MonoTime expires_at;
   LockMode mode = LockMode::kExclusive;
   absl::Duration lock_delay = absl::ZeroDuration();  // see record::LockGranted
+  // Its client named it since it was granted or restored (a KeepAlive, a Renew's confirm), so
+  // knows it holds it: only such a lock is renewed with its session by a Renew (ADR 0014). In
+  // memory only: false after a restore.
+  bool confirmed = false;
 };
 
 // A lock delay started by a lost holder (ADR 0006): grants it blocks wait until `until`. Its

@@ -47,6 +47,7 @@
 namespace fencelock::client_core {
 
 using client_internal::LeaseState;
+using client_internal::SessionRenewal;
 
 struct CoreOptions {
   // lockd's addresses: one, or the replicas on one etcd prefix. Never empty.
@@ -229,6 +230,10 @@ class ClientCore {
     uint64_t token = 0;
     std::vector<std::shared_ptr<LeaseState>> renewed;  // kKeepAlive: the leases it names
     bool background = false;   // kKeepAlive: the regular heartbeat
+    bool full = false;         // kKeepAlive: it names every lease held when it was sent
+    bool renew_all = false;    // kKeepAlive: a Renew, naming no lease (ADR 0014)
+    // kKeepAlive, a Renew: the grants it confirms (token, lock).
+    std::vector<std::pair<uint64_t, std::string>> confirms;
   };
   using Held = HeldLeases::Held;
   struct Unsettled {
@@ -261,6 +266,11 @@ class ClientCore {
   void OnOpenReply(MonoTime now, const Pending& p, const wire::Response& r);
   void OnResumeReply(MonoTime now, const Pending& p, const wire::Response& r);
   void OnKeepAliveReply(MonoTime now, Pending& p, const wire::Response& r);
+  void OnRenewReply(MonoTime now, Pending& p, const wire::Response& r);
+  // lock_lease_remaining_seconds: the earliest deadline held, from `now`.
+  void SetRemainingGauge(MonoTime now);
+  // After a heartbeat's answer: the acquires that waited for it go on.
+  void AfterRenewal(MonoTime now, const Pending& p, const absl::Status& status, bool answered);
   void OnAcquireReply(MonoTime now, Pending& p, const wire::Response& r);
   void OnGrantRenewalReply(MonoTime now, Pending& p, const wire::Response* r);
   void HeartbeatDone(MonoTime now, bool answered);
@@ -279,6 +289,7 @@ class ClientCore {
     return session_deadline_ - now <= options_.costliest_step;
   }
   absl::Duration KeepAliveTimeout() const;
+
   // The heartbeat period with one more lock of `ttl` held.
   absl::Duration HeartbeatIntervalWith(absl::Duration ttl) const;
 
@@ -312,6 +323,15 @@ class ClientCore {
   bool want_session_ = false;  // Start() or an operation asked for one
 
   HeldLeases held_;
+  // What the session's Renews give every lease it holds (ADR 0014); null without a session.
+  std::shared_ptr<SessionRenewal> renewal_;
+  // The session's losses (RenewedSession.losses) as a KeepAlive naming every lease learned
+  // them on this connection; until then (`renew_synced_` false) heartbeats name every lease.
+  bool renew_synced_ = false;
+  uint64_t losses_ = 0;
+  // Grants published since a Renew or a KeepAlive that named them was answered, by token: the
+  // next Renew confirms them to lockd, which renews with their session only what it confirmed.
+  std::map<uint64_t, std::string> unconfirmed_;
   std::map<uint64_t, Op> ops_;
   std::deque<uint64_t> waiting_;  // ops waiting for the link and session, in call order
   TimedRequests<Pending> pending_;  // by request id, on conn_

@@ -6,8 +6,12 @@
 //                  period) and the earliest deadline (the next wake-up, the sweep).
 //   TimedRequests  the requests in flight, by request id; the earliest timeout.
 //
-// A walk over every entry remains where the protocol asks for every entry: the heartbeat lists
-// every held lock, and a lost link fails every request.
+// A walk over every entry remains where the protocol asks for every entry: a KeepAlive lists
+// every held lock (protocol versions before 6, the first renewal on each connection, and after
+// lockd reports a loss), a lost session loses every lease, and a lost link fails every
+// request. A Renew (ADR 0014) names none: what it gives every lease is one SessionRenewal, and
+// a lease whose deadline it decides leaves the deadline heap for a set ordered by TTL, whose
+// shortest gives the earliest of them all.
 //
 // Each counts the entries it looks at (visits(): what its indices look at, and every entry for a
 // walk from begin()), so that a test can tell work that grows with the number held from work
@@ -40,6 +44,8 @@ class HeldLeases {
     MonoTime lock_deadline;  // D1 for the lock's own lease
     // The deadline of its newest entry in the index (HeldLeases' own bookkeeping; Max: none).
     mutable MonoTime indexed = MonoTime::Max();
+    // In the set of leases whose deadline their session's Renews decide, not in the heap.
+    mutable bool covered = false;
   };
   using Map = std::map<std::string, Held>;
   using iterator = Map::iterator;
@@ -80,6 +86,8 @@ class HeldLeases {
   // A held lease whose deadline is at or before `now` (or that was marked lost), taken off the
   // deadline index but left held; nullptr when there is none. Amortized O(log n) each.
   std::shared_ptr<LeaseState> NextDue(MonoTime now);
+  // Leases that leave the heap for the covered set, over the life of this object.
+  uint64_t covered_total() const { return covered_total_; }
 
   // Entries looked at so far: by EarliestDeadline and NextDue, and all of them by a walk.
   uint64_t visits() const { return visits_; }
@@ -91,13 +99,24 @@ class HeldLeases {
     bool operator>(const Entry& other) const { return deadline > other.deadline; }
   };
   // Drops (or refreshes) index entries that no longer say a held lease's deadline, until the
-  // top one does or none is left.
+  // top one does or none is left; a lease whose deadline its session's Renews now decide moves
+  // to the covered set.
   void Clean() const;
   // Indexes `held`'s lease at its deadline now.
   void Push(const Held& held) const;
+  // The earliest deadline of the covered set, or earlier (Max() when empty): what the Renews
+  // give its shortest TTL. A lease there whose own deadline a KeepAlive moved later is due
+  // later than that; NextDue then puts it back in the heap.
+  MonoTime CoveredEarliest() const {
+    return covered_.empty() ? MonoTime::Max() : covered_.begin()->second->covered_deadline();
+  }
 
   Map map_;
   std::multiset<absl::Duration> ttls_;
+  // Leases whose deadline their session's Renews decide (one SessionRenewal for them all), by
+  // TTL: the shortest has the earliest deadline.
+  mutable std::set<std::pair<absl::Duration, const LeaseState*>> covered_;
+  mutable uint64_t covered_total_ = 0;
   // A deadline per lease, and older ones left behind by renewals until they come to the top.
   mutable std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> deadlines_;
   mutable uint64_t visits_ = 0;

@@ -7,7 +7,9 @@
 #define FENCELOCK_LOCK_CLIENT_CORE_LEASE_H_
 
 #include <atomic>
+#include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/time/time.h"
@@ -24,19 +26,62 @@ inline MonoTime UsableDeadline(MonoTime t_send, absl::Duration ttl, double safet
 
 namespace client_internal {
 
+// What a Renew (protocol version 6, ADR 0014) gives every lease of one session at once: lockd
+// renewed the session and every lock it held when the Renew arrived, so each lease the session
+// held then, or was granted after, is valid until `base` (the Renew's t_send) plus its usable
+// TTL, and not past the session's deadline. One store per heartbeat instead of one per lease.
+// Thread-safe; both only ever move later.
+class SessionRenewal {
+ public:
+  MonoTime base() const { return MonoTime::FromNanos(base_ns_.load(std::memory_order_acquire)); }
+  MonoTime session_deadline() const {
+    return MonoTime::FromNanos(session_ns_.load(std::memory_order_acquire));
+  }
+  // What it gives a lease published at `known_at` whose usable TTL (ttl × (1 − margin)) is
+  // `usable`: nothing (Min()) until a Renew sent after `known_at` was answered, for only such a
+  // Renew confirmed it to lockd. (After, strictly: a Renew sent at the same reading of the
+  // clock may have gone before it was published.) Reading the two apart is sound: each alone
+  // is a bound that held when stored.
+  MonoTime Covers(MonoTime known_at, absl::Duration usable) const {
+    const MonoTime base = this->base();
+    if (base <= known_at) return MonoTime::Min();
+    return std::min(base + usable, session_deadline());
+  }
+  void Advance(MonoTime base, MonoTime session_deadline) {
+    Raise(session_ns_, session_deadline.nanos());
+    Raise(base_ns_, base.nanos());
+  }
+
+ private:
+  static void Raise(std::atomic<int64_t>& a, int64_t v) {
+    int64_t current = a.load(std::memory_order_acquire);
+    while (current < v && !a.compare_exchange_weak(current, v, std::memory_order_acq_rel)) {
+    }
+  }
+  std::atomic<int64_t> base_ns_{MonoTime::Min().nanos()};
+  std::atomic<int64_t> session_ns_{MonoTime::Min().nanos()};
+};
+
 // Thread-safe. Once lost (explicitly, or because `now` reached the deadline when an extension
 // was attempted), it never becomes held again.
 class LeaseState {
  public:
   // `owner` names the client core that holds the lease (ClientCore::id()), so that a handle
   // handed to another client is refused there rather than released under the wrong session.
+  // `renewal`, when set, is its session's (SessionRenewal): `usable` is what a Renew gives it,
+  // and `known_at` when its client published it.
   LeaseState(std::string lock, uint64_t token, absl::Duration ttl, MonoTime deadline,
-             uint64_t owner = 0, LockMode mode = LockMode::kExclusive)
+             uint64_t owner = 0, LockMode mode = LockMode::kExclusive,
+             std::shared_ptr<const SessionRenewal> renewal = nullptr,
+             absl::Duration usable = absl::ZeroDuration(), MonoTime known_at = MonoTime::Max())
       : lock_(std::move(lock)),
         token_(token),
         ttl_(ttl),
         owner_(owner),
         mode_(mode),
+        renewal_(std::move(renewal)),
+        usable_(usable),
+        known_at_(known_at),
         deadline_ns_(deadline.nanos()) {}
 
   const std::string& lock() const { return lock_; }
@@ -49,25 +94,35 @@ class LeaseState {
   LossReason Check(MonoTime now) const noexcept {
     const LossReason reason = reason_.load(std::memory_order_acquire);
     if (reason != LossReason::kNone) return reason;
-    if (now.nanos() >= deadline_ns_.load(std::memory_order_acquire)) {
-      return LossReason::kDeadlinePassed;
-    }
+    if (now >= deadline()) return LossReason::kDeadlinePassed;
     return LossReason::kNone;
   }
 
+  // The later of its own deadline (its grant, and renewals that named it) and what its
+  // session's Renews give it; MonoTime::Min() once lost.
   MonoTime deadline() const {
+    const int64_t own = deadline_ns_.load(std::memory_order_acquire);
+    if (own == MonoTime::Min().nanos() || renewal_ == nullptr) return MonoTime::FromNanos(own);
+    return std::max(MonoTime::FromNanos(own), renewal_->Covers(known_at_, usable_));
+  }
+  // The deadline from its grant and the renewals that named it alone.
+  MonoTime own_deadline() const {
     return MonoTime::FromNanos(deadline_ns_.load(std::memory_order_acquire));
   }
+  // What its session's Renews give it (Min() without any).
+  MonoTime covered_deadline() const {
+    return renewal_ == nullptr ? MonoTime::Min() : renewal_->Covers(known_at_, usable_);
+  }
 
-  // Moves the deadline to `candidate` if that is later (D5: never earlier). Refuses, and marks
-  // the lease lost, if the deadline had already passed at `now`: a lease that ran out stays
-  // lost even if a renewal sent before that moment succeeds afterwards. Returns whether the
-  // lease is still held.
+  // Moves its own deadline to `candidate` if that is later (D5: never earlier). Refuses, and
+  // marks the lease lost, if the deadline had already passed at `now`: a lease that ran out
+  // stays lost even if a renewal sent before that moment succeeds afterwards. Returns whether
+  // the lease is still held.
   bool Extend(MonoTime candidate, MonoTime now) {
     int64_t current = deadline_ns_.load(std::memory_order_acquire);
     for (;;) {
       if (reason_.load(std::memory_order_acquire) != LossReason::kNone) return false;
-      if (now.nanos() >= current) {
+      if (now >= deadline()) {
         MarkLost(LossReason::kDeadlinePassed);
         return false;
       }
@@ -92,6 +147,9 @@ class LeaseState {
   const absl::Duration ttl_;
   const uint64_t owner_;
   const LockMode mode_;
+  const std::shared_ptr<const SessionRenewal> renewal_;
+  const absl::Duration usable_;
+  const MonoTime known_at_;
   std::atomic<int64_t> deadline_ns_;
   std::atomic<LossReason> reason_{LossReason::kNone};
 };
