@@ -150,6 +150,21 @@ int main(int argc, char** argv) {
             Step(1, Resume(6, 1, "fuzz-secret-0002"), 1) + Step(1, Resume(7, 1, "fuzz-secret-0001"), 1) +
             Step(1, KeepAlive(8, 1, "a", 1), 1) + Step(1, KeepAlive(9, 1, "a", 1)) +
             Step(1, validate_as_holder, 1) + Step(1, Release(10, 1, "a", 1), 1) + Step(1, close));
+  // ADR 0014: a Renew confirming one grant of two (the other is left to run out), a Renew
+  // naming nothing, one naming a session of another connection and an unknown one, and a
+  // KeepAlive that names the lock after it.
+  {
+    wire::Request confirm = WithId(6, request::Renew({1}));
+    auto* ref = confirm.mutable_renew()->mutable_sessions(0)->add_confirm();
+    ref->set_lock("a");
+    ref->set_token(1);
+    Write(root / "dispatch_fuzz", "renew",
+          Step(0, Hello()) + Step(0, Open(2, 5000)) + Step(0, Acquire(3, 1, "a", 0)) +
+              Step(0, Acquire(4, 1, "b", 0)) + Step(1, confirm) +
+              Step(250, WithId(7, request::Renew({1}))) + Step(0, Hello(), 1) +
+              Step(1, WithId(2, request::Renew({1, 99})), 1) + Step(250, KeepAlive(8, 1, "a", 1)) +
+              Step(1, list));
+  }
   // Admission pools: publish, claim, demand, acquire, activate, release, a stranger's owner,
   // recover, drain, stop, status.
   {
