@@ -75,6 +75,38 @@ TEST_F(LockServiceTest, WaitersAreGrantedInArrivalOrderOnRelease) {
   EXPECT_EQ(service_.state().FindHolder("x")->session, c);
 }
 
+TEST_F(LockServiceTest, AThousandWaitersAreServedInOrderOneGrantPerRelease) {
+  // Issue 60: each release hands the lock to the first in line and wakes nobody else.
+  ServiceOptions options;
+  options.max_waiters_per_lock = 1000;
+  LockService service(options);
+  auto open = [&] { return service.OpenSession(absl::Seconds(60), At(0))->first; };
+  SessionId holder = open();
+  auto granted = service.Acquire(holder, "x", absl::Seconds(30), {}, 0, At(0));
+  ASSERT_TRUE(granted.ok());
+  FenceToken token = granted->token;
+  std::vector<SessionId> line;
+  for (int i = 0; i < 1000; ++i) {
+    line.push_back(open());
+    auto queued = service.Acquire(line.back(), "x", absl::Seconds(30), absl::Seconds(50),
+                                  WaiterId(1000 + i), At(1));
+    ASSERT_TRUE(queued.ok()) << queued.status();
+    ASSERT_EQ(queued->kind, AcquireResult::Kind::kQueued);
+  }
+  SessionId releasing = holder;
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_TRUE(service.Release(releasing, "x", token, At(2 + i)).ok());
+    auto out = service.TakeWaiterOutcomes();
+    ASSERT_EQ(out.size(), 1u) << "release " << i;
+    EXPECT_EQ(out[0].waiter, WaiterId(1000 + i));
+    ASSERT_TRUE(out[0].status.ok());
+    EXPECT_GT(out[0].token, token);
+    token = out[0].token;
+    releasing = line[i];
+    EXPECT_EQ(service.waiters_for("x"), static_cast<size_t>(999 - i));
+  }
+}
+
 TEST_F(LockServiceTest, SessionExpiryReleasesLocksAndGrantsWaiter) {
   SessionId a = Open(0, absl::Seconds(1));
   SessionId b = Open(0, absl::Seconds(100));
