@@ -1,6 +1,6 @@
 // A heartbeat whose reply is held does not hold up the rest of the client (issue 19): between
 // the client and a real lockd sits a proxy that understands frames and keeps back only
-// KeepAlive replies, until the test lets them go. Every other reply passes at once. While the
+// KeepAlive and Renew replies, until the test lets them go. Every other reply passes at once. While the
 // heartbeat waits, acquire, release and checkStillHeld on the same client must all finish.
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -115,7 +115,7 @@ class KeepAliveReplyHolder {
         EXPECT_TRUE(response.ParseFromString(payload));
         EXPECT_TRUE(protocol::AppendFrame(payload, &frame).ok());
         std::lock_guard<std::mutex> lock(mu_);
-        if (holding_ && response.has_keep_alive()) {
+        if (holding_ && (response.has_keep_alive() || response.has_renew())) {
           held_.push_back(std::move(frame));
         } else {
           WriteAll(client_, frame);
@@ -186,6 +186,46 @@ TEST(ClientHeartbeatStallTest, AHeldHeartbeatReplyHoldsUpNoAcquireReleaseOrCheck
   EXPECT_TRUE(heartbeat.get().ok());
   EXPECT_NO_THROW((*client)->checkStillHeld(*a));
   // lockd saw the KeepAlive that named c before c's release: nothing was fenced out.
+  EXPECT_EQ((*client)->metrics()->GetCounter("lock_client_fenced_out_total", "").value(), 0);
+  EXPECT_TRUE((*client)->release(*a).ok());
+}
+
+// The background heartbeat (a Renew on protocol 6, ADR 0014): while its reply is held the
+// client goes on, and once it arrives every lease's deadline counts from when it was sent.
+TEST(ClientHeartbeatStallTest, AHeldRenewHoldsUpNothingAndCountsFromItsSend) {
+  testing::LockdProcess lockd;
+  KeepAliveReplyHolder holder(lockd.port());
+  ClientOptions options;
+  options.server = "127.0.0.1:" + std::to_string(holder.port());
+  // The session outlasts the lock, so that the lock's own lease decides its deadline.
+  options.session_ttl = absl::Minutes(20);
+  options.default_lock_ttl = absl::Minutes(10);
+  options.heartbeat_interval = absl::Milliseconds(300);
+  options.request_timeout = absl::Seconds(60);
+  auto client = Client::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto a = (*client)->acquire("a", absl::Seconds(5));
+  ASSERT_TRUE(a.ok()) << a.status();
+  const absl::Duration before = (*client)->remaining(*a);
+  for (int i = 0; i < 10'000 && holder.held() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(holder.held(), 1u) << "no heartbeat reply reached the proxy";
+  absl::SleepFor(absl::Seconds(1));  // three periods: still the one heartbeat in flight
+  EXPECT_EQ(holder.held(), 1u);
+  auto b = (*client)->acquire("b", absl::Seconds(5));
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE((*client)->release(*b).ok());
+  EXPECT_NO_THROW((*client)->checkStillHeld(*a));
+  // Nothing was renewed meanwhile: what is left only shrank.
+  EXPECT_LT((*client)->remaining(*a), before);
+  const absl::Duration held = (*client)->remaining(*a);
+  holder.ReleaseHeld();
+  for (int i = 0; i < 10'000 && (*client)->remaining(*a) <= held; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  // Renewed, and counted from the send (over 1 s ago: before the sleep), not from the reply.
+  const absl::Duration after = (*client)->remaining(*a);
+  EXPECT_GT(after, held);
+  EXPECT_LT(after, absl::Minutes(10) * 0.7 - absl::Seconds(1));
   EXPECT_EQ((*client)->metrics()->GetCounter("lock_client_fenced_out_total", "").value(), 0);
   EXPECT_TRUE((*client)->release(*a).ok());
 }
