@@ -214,7 +214,10 @@ class ClientImpl final : public Client {
             .tls = std::move(tls),
             .tls_server_name = options.tls_server_name,
             .client_name = options.client_name,
-            .on_lost = [this] { watcher_->Poke(); },
+            .on_lost =
+                [this](std::vector<std::shared_ptr<LeaseState>> lost) {
+                  watcher_->Poke(std::move(lost));
+                },
             .log = [this](LogLevel level, const std::string& line) { Log(level, line); }})) {
     driver_->Read([&](const ClientCore& core) { owner_ = core.id(); });
   }
@@ -336,7 +339,7 @@ class ClientImpl final : public Client {
         driver_->Run([&](ClientCore& core, MonoTime now) {
                  return core.Release(now, handle.state_, await);
                }).status;
-    if (!Inherited()) watcher_->Poke();  // its watches end without a call
+    if (!Inherited()) watcher_->Poke({handle.state_});  // its watches end without a call
     return status;
   }
   // renewAsync's outcome for `handle` after a heartbeat that returned `beat`.
@@ -551,7 +554,7 @@ void ClientImpl::releaseAsync(const LockHandle& handle, std::function<void(absl:
   driver_->Start(
       [&](ClientCore& core, MonoTime now) { return core.Release(now, handle.state_, true); },
       [deliver](Completion c) { deliver(c.status); });
-  if (!Inherited()) watcher_->Poke();
+  if (!Inherited()) watcher_->Poke({handle.state_});
 }
 
 absl::Status ClientImpl::RenewOutcome(const LockHandle& handle, const absl::Status& beat) const {
@@ -621,7 +624,7 @@ void ClientImpl::checkStillHeld(const LockHandle& handle, Confirm confirm) const
   // Lost for certain (fenced out, or the hop outlasted the lease) before unconfirmed.
   reason = state->Check(end);
   if (reason != LossReason::kNone || absl::IsAborted(answer)) {
-    watcher_->Poke();
+    watcher_->Poke({handle.state_});
     ThrowLost(*state, reason != LossReason::kNone ? reason : LossReason::kFencedOut);
   }
   if (!answer.ok()) {

@@ -205,7 +205,7 @@ void DriverImpl::Collect(Batch& batch) {
   }
   batch.dial = std::move(actions.dial);
   if (batch.dial) last_dial_ = batch.dial;
-  batch.lost = !actions.lost.empty();
+  batch.lost = std::move(actions.lost);
   batch.logs = std::move(actions.logs);
   const MonoTime wake = core_.NextWakeup();
   if (wake < armed_at_) {
@@ -235,7 +235,7 @@ void DriverImpl::Carry(Batch& batch, std::shared_ptr<Conn>* lead) {
       handler.done(std::move(completion));
     }
   }
-  if (batch.lost && options_.on_lost) options_.on_lost();
+  if (!batch.lost.empty() && options_.on_lost) options_.on_lost(std::move(batch.lost));
   for (const auto& line : batch.logs) {
     if (options_.log) options_.log(line.level, line.message);
   }

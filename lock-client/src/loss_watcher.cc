@@ -1,5 +1,7 @@
 #include "loss_watcher.h"
 
+#include <algorithm>
+#include <tuple>
 #include <utility>
 
 namespace fencelock::client_internal {
@@ -12,7 +14,7 @@ LossWatcher::LossWatcher(Clock* clock, TaskThread* callbacks)
 LossWatcher::~LossWatcher() {
   // The owner's Stop() waited for a running callback already; here nothing waits, for the
   // owner may be destroyed from that very callback (whose thread then no longer says so).
-  std::vector<Entry> dropped;
+  std::unordered_multimap<const LeaseState*, Entry> dropped;
   {
     StdMutexLock lock(&shared_->mu);
     shared_->stop = true;
@@ -22,7 +24,7 @@ LossWatcher::~LossWatcher() {
 }
 
 void LossWatcher::Stop() {
-  std::vector<Entry> dropped;
+  std::unordered_multimap<const LeaseState*, Entry> dropped;
   {
     StdMutexLock lock(&shared_->mu);
     shared_->stop = true;
@@ -53,7 +55,10 @@ void LossWatcher::Watch(std::shared_ptr<LeaseState> state,
   {
     StdMutexLock lock(&shared_->mu);
     if (shared_->stop) return;  // stopped: dropped without a call
-    shared_->entries.push_back({std::move(state), std::move(on_lost)});
+    const LeaseState* key = state.get();
+    shared_->look_at.push_back(state);  // it may be lost already
+    shared_->entries.emplace(key, Entry{std::move(state), std::move(on_lost),
+                                        shared_->next_order++});
     post = NeedsLook(*shared_);
   }
   if (post) PostLook();
@@ -63,6 +68,20 @@ void LossWatcher::Poke() {
   bool post = false;
   {
     StdMutexLock lock(&shared_->mu);
+    shared_->look_all = true;
+    post = NeedsLook(*shared_);
+  }
+  if (post) PostLook();
+}
+
+void LossWatcher::Poke(std::vector<std::shared_ptr<LeaseState>> leases) {
+  bool post = false;
+  {
+    StdMutexLock lock(&shared_->mu);
+    if (shared_->stop || shared_->entries.empty()) return;
+    for (auto& lease : leases) {
+      if (shared_->entries.contains(lease.get())) shared_->look_at.push_back(std::move(lease));
+    }
     post = NeedsLook(*shared_);
   }
   if (post) PostLook();
@@ -73,29 +92,50 @@ size_t LossWatcher::pending() const {
   return shared_->entries.size();
 }
 
+uint64_t LossWatcher::looked() const {
+  StdMutexLock lock(&shared_->mu);
+  return shared_->looked;
+}
+
 void LossWatcher::Look(const std::shared_ptr<Shared>& s) {
   StdMutexLock lock(&s->mu);
   s->posted = false;
   if (s->stop) return;
   const MonoTime now = s->clock->Now();
-  std::vector<std::pair<std::function<void(LossReason)>, LossReason>> due;
-  for (auto it = s->entries.begin(); it != s->entries.end();) {
-    LossReason reason = it->state->Check(now);
+  // The leases to look at: every watched one, or those named since the last look.
+  std::vector<const LeaseState*> leases;
+  if (s->look_all) {
+    for (const auto& [key, entry] : s->entries) leases.push_back(key);
+  } else {
+    for (const auto& lease : s->look_at) leases.push_back(lease.get());
+  }
+  s->look_all = false;
+  s->look_at.clear();
+  std::vector<std::tuple<uint64_t, std::function<void(LossReason)>, LossReason>> due;
+  for (const LeaseState* lease : leases) {
+    auto [first, last] = s->entries.equal_range(lease);
+    if (first == last) continue;  // looked at already (named twice), or not watched
+    ++s->looked;
+    LossReason reason = lease->Check(now);
     if (reason == LossReason::kDeadlinePassed) {
       // Recorded, so that a release racing with this moment cannot also claim the lease: the
       // first reason recorded wins, and a lease lost here stays lost.
-      it->state->MarkLost(LossReason::kDeadlinePassed);
-      reason = it->state->Check(now);
+      first->second.state->MarkLost(LossReason::kDeadlinePassed);
+      reason = lease->Check(now);
     }
-    if (reason == LossReason::kNone) {
-      ++it;
-      continue;
+    if (reason == LossReason::kNone) continue;
+    if (reason != LossReason::kReleased) {
+      for (auto it = first; it != last; ++it) {
+        due.emplace_back(it->second.order, std::move(it->second.on_lost), reason);
+      }
     }
-    if (reason != LossReason::kReleased) due.emplace_back(std::move(it->on_lost), reason);
-    it = s->entries.erase(it);
+    s->entries.erase(first, last);
   }
+  // In the order they were watched.
+  std::sort(due.begin(), due.end(),
+            [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
   s->running = true;
-  for (auto& [on_lost, reason] : due) {
+  for (auto& [order, on_lost, reason] : due) {
     if (s->stop) break;  // a callback destroyed the client: the others are dropped
     lock.Unlock();
     on_lost(reason);

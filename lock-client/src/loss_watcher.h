@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <functional>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "clock/clock.h"
@@ -37,8 +38,12 @@ class LossWatcher {
   // but kReleased; soon after this call if it already is.
   void Watch(std::shared_ptr<LeaseState> state, std::function<void(LossReason)> on_lost);
   // Something may have been lost or released: look at every watch again. Harmless after
-  // Stop(); posts nothing while nothing is watched.
+  // Stop(); posts nothing while nothing is watched. (A SimulatedClock's moves; O(watches).)
   void Poke();
+  // These leases may have been lost or released: look at their watches only (O(leases)).
+  void Poke(std::vector<std::shared_ptr<LeaseState>> leases);
+  // Watches looked at so far (what a test watches to see that a release does not walk them).
+  uint64_t looked() const;
   // No callback starts after this returns, and none is running then unless this is called
   // from a callback (the client destroyed in its onLost). The watches still pending are
   // dropped without a call; a Watch() after it is dropped too.
@@ -50,6 +55,7 @@ class LossWatcher {
   struct Entry {
     std::shared_ptr<LeaseState> state;
     std::function<void(LossReason)> on_lost;
+    uint64_t order = 0;  // when it was watched
   };
   // What a posted look holds, so that it may run after the watcher is gone.
   struct Shared {
@@ -57,7 +63,13 @@ class LossWatcher {
     Clock* const clock;
     StdMutex mu;
     std::condition_variable idle;
-    std::vector<Entry> entries ABSL_GUARDED_BY(mu);
+    // By lease: a lease may have several watches (onLost, whenLost), called in watch order.
+    std::unordered_multimap<const LeaseState*, Entry> entries ABSL_GUARDED_BY(mu);
+    uint64_t next_order ABSL_GUARDED_BY(mu) = 0;
+    // What the posted look is to look at: every watch, or those of these leases.
+    bool look_all ABSL_GUARDED_BY(mu) = false;
+    std::vector<std::shared_ptr<LeaseState>> look_at ABSL_GUARDED_BY(mu);
+    uint64_t looked ABSL_GUARDED_BY(mu) = 0;
     bool stop ABSL_GUARDED_BY(mu) = false;
     bool posted ABSL_GUARDED_BY(mu) = false;   // a look is on its way
     bool running ABSL_GUARDED_BY(mu) = false;  // callbacks are being called

@@ -145,6 +145,29 @@ TEST_F(LossWatcherTest, ManyLeasesEachFireAtTheirOwnDeadline) {
   }
 }
 
+TEST_F(LossWatcherTest, ALookAtNamedLeasesLooksAtThemAloneAndKeepsWatchOrder) {
+  // Issue 60: a release, or a loss the core reports, looks at its own lease, not every watch.
+  std::vector<std::shared_ptr<LeaseState>> leases;
+  for (int i = 0; i < 10'000; ++i) {
+    leases.push_back(NewLease("l" + std::to_string(i)));
+    Watch(leases.back());
+  }
+  for (int i = 0; i < 10'000 && watcher_.looked() < 10'000; ++i) Settle();  // the watches' own
+  const uint64_t before = watcher_.looked();
+  leases[5]->MarkLost(LossReason::kReleased);
+  watcher_.Poke({leases[5]});
+  leases[7]->MarkLost(LossReason::kFencedOut);
+  leases[3]->MarkLost(LossReason::kSessionLost);
+  watcher_.Poke({leases[7], leases[3]});
+  auto calls = AwaitCalls(2);
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0].lock, "l3");  // watched first, called first
+  EXPECT_EQ(calls[1].lock, "l7");
+  Settle();
+  EXPECT_LE(watcher_.looked() - before, 3u);
+  EXPECT_EQ(watcher_.pending(), 9'997u);
+}
+
 TEST(LossWatcherStopTest, DestroyingTheWatcherDropsPendingWatchesWithoutACall) {
   SimulatedClock clock;
   TaskThread callbacks;

@@ -31,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "clock/clock.h"
@@ -62,9 +63,9 @@ class Driver {
     std::shared_ptr<net::ReloadingTlsContext> tls;
     std::string tls_server_name;
     std::string client_name;
-    // Leases the core reports lost; called outside every lock of the driver, never after
-    // Shutdown() returned.
-    std::function<void()> on_lost;
+    // Leases the core reports lost, with them; called outside every lock of the driver, never
+    // after Shutdown() returned.
+    std::function<void(std::vector<std::shared_ptr<LeaseState>>)> on_lost;
     std::function<void(LogLevel, const std::string&)> log;
   };
   using Done = std::function<void(client_core::Completion)>;

@@ -285,7 +285,7 @@ class DriverImpl final : public Driver, public std::enable_shared_from_this<Driv
     std::vector<std::pair<uint64_t, bool>> leave;  // connection, retire
     std::vector<Runtime::Write> flush;
     std::vector<std::pair<Handler, Completion>> done;
-    bool lost = false;
+    std::vector<std::shared_ptr<LeaseState>> lost;
     std::vector<client_core::LogLine> logs;
     bool rearm = false;
   };
