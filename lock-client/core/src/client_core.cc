@@ -167,6 +167,7 @@ uint64_t ClientCore::Release(MonoTime now, const std::shared_ptr<LeaseState>& le
   bool was_held = false;
   if (auto it = held_.find(lease->lock()); it != held_.end() && it->second.state == lease) {
     held_.Erase(it);
+    unconfirmed_.erase(lease->token());
     was_held = true;
   }
   if (const LossReason lost = lease->Check(now); lost != LossReason::kNone) {
@@ -418,6 +419,12 @@ void ClientCore::SendKeepAlive(MonoTime now, uint64_t op, bool background) {
   Sweep(now);
   Pending p{.kind = Kind::kKeepAlive, .op = op, .timeout_at = now + KeepAliveTimeout(),
             .session = session_id_, .background = background};
+  // Grants released or lost since they were published: nothing to confirm.
+  for (auto it = unconfirmed_.begin(); it != unconfirmed_.end();) {
+    auto h = held_.find(it->second);
+    const bool held = h != held_.end() && h->second.state->token() == it->first;
+    it = held ? std::next(it) : unconfirmed_.erase(it);
+  }
   wire::Request request;
   if (op == 0 && renew_synced_ && version_ >= protocol::kRenewProtocolVersion) {
     // ADR 0014: the session and all its confirmed locks, naming only the grants it confirms
@@ -425,17 +432,11 @@ void ClientCore::SendKeepAlive(MonoTime now, uint64_t op, bool background) {
     // so that its answer says which (if any) was fenced out.
     request = req::Renew({session_id_});
     auto* renewal = request.mutable_renew()->mutable_sessions(0);
-    for (auto it = unconfirmed_.begin(); it != unconfirmed_.end();) {
-      auto h = held_.find(it->second);
-      if (h == held_.end() || h->second.state->token() != it->first) {
-        it = unconfirmed_.erase(it);  // released or lost: nothing to confirm
-        continue;
-      }
+    for (const auto& [token, lock] : unconfirmed_) {
       auto* ref = renewal->add_confirm();
-      ref->set_lock(it->second);
-      ref->set_token(it->first);
-      p.confirms.emplace_back(it->first, it->second);
-      ++it;
+      ref->set_lock(lock);
+      ref->set_token(token);
+      p.confirms.emplace_back(token, lock);
     }
     p.renew_all = true;
   } else {
@@ -498,7 +499,8 @@ void ClientCore::Publish(MonoTime now, uint64_t id, Op& op, uint64_t token,
     return;
   }
   held_.Put(op.lock, Held{state, lock_deadline});
-  unconfirmed_.emplace(token, op.lock);
+  // On an older lockd nothing is confirmed (a newer one's first heartbeat names every lock).
+  if (version_ >= protocol::kRenewProtocolVersion) unconfirmed_.emplace(token, op.lock);
   // A lock with a shorter TTL than those held so far shortens the period from now on.
   if (!beat_in_flight_) next_beat_ = std::min(next_beat_, now + HeartbeatInterval());
   Complete(id, absl::OkStatus(), std::move(state));

@@ -800,6 +800,26 @@ TEST_F(ClientCoreTest, AgainstAnOlderLockdEveryHeartbeatNamesEveryLock) {
     EXPECT_FALSE(Take(wire::Request::kRenew).has_value());
     ReplyKeepAlive(MustTake(wire::Request::kKeepAlive));
   }
+  EXPECT_EQ(core_->unconfirmed(), 0u);  // nothing kept for Renews it will never send
+}
+
+TEST_F(ClientCoreTest, GrantsReleasedBeforeARenewAreNotKeptNorConfirmed) {
+  Make({});
+  Connect(absl::Seconds(30), 6);
+  auto kept = Hold("kept", absl::Seconds(30), 1);
+  for (int i = 0; i < 1000; ++i) {
+    auto lease = Hold("cycle", absl::Seconds(30), 2 + i);
+    core_->Release(now_, lease, /*await=*/true);
+    Drain();
+    ReplyCode(MustTake(wire::Request::kRelease), wire::OK);
+  }
+  EXPECT_EQ(core_->unconfirmed(), 1u);  // a release takes its grant off at once
+  Advance(core_->HeartbeatInterval());
+  wire::Request renew = MustTake(wire::Request::kRenew);
+  ASSERT_EQ(renew.renew().sessions(0).confirm_size(), 1);
+  EXPECT_EQ(renew.renew().sessions(0).confirm(0).lock(), "kept");
+  ReplyRenew(renew);
+  EXPECT_EQ(core_->unconfirmed(), 0u);
 }
 
 TEST_F(ClientCoreTest, AHeartbeatsWorkDoesNotGrowWithTheLeasesHeld) {

@@ -185,6 +185,8 @@ class ClientCore {
   size_t pending_ops() const { return ops_.size(); }
   // Locks given up whose release lockd has not confirmed.
   size_t unsettled() const { return unsettled_.size(); }
+  // Grants published that no answered renewal has confirmed to lockd yet (ADR 0014).
+  size_t unconfirmed() const { return unconfirmed_.size(); }
   const std::shared_ptr<metrics::Registry>& metrics() const { return metrics_; }
 
  private:
