@@ -141,19 +141,27 @@ bool Finishes(std::future<T>& f) {
   return f.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
 }
 
+// A client through `holder`, with a 10 min lock TTL, a session of `session_ttl` and a
+// heartbeat every `heartbeat`.
+absl::StatusOr<std::unique_ptr<Client>> ThroughHolder(const KeepAliveReplyHolder& holder,
+                                                      absl::Duration session_ttl,
+                                                      absl::Duration heartbeat) {
+  ClientOptions options;
+  options.server = "127.0.0.1:" + std::to_string(holder.port());
+  options.session_ttl = session_ttl;
+  options.default_lock_ttl = absl::Minutes(10);
+  options.heartbeat_interval = heartbeat;
+  options.request_timeout = absl::Seconds(60);
+  return Client::Create(options);
+}
+
 TEST(ClientHeartbeatStallTest, AHeldHeartbeatReplyHoldsUpNoAcquireReleaseOrCheck) {
   testing::LockdProcess lockd;
   KeepAliveReplyHolder holder(lockd.port());
-  ClientOptions options;
-  options.server = "127.0.0.1:" + std::to_string(holder.port());
   // The test sends the one heartbeat: the background one is a minute away. The leases are
   // long enough that no grant needs a renewal before it is returned (that would be a KeepAlive
   // too, and held).
-  options.session_ttl = absl::Minutes(10);
-  options.default_lock_ttl = absl::Minutes(10);
-  options.heartbeat_interval = absl::Minutes(1);
-  options.request_timeout = absl::Seconds(60);
-  auto client = Client::Create(options);
+  auto client = ThroughHolder(holder, absl::Minutes(10), absl::Minutes(1));
   ASSERT_TRUE(client.ok()) << client.status();
   auto a = (*client)->acquire("a", absl::Seconds(5));
   auto c = (*client)->acquire("c", absl::Seconds(5));
@@ -195,14 +203,8 @@ TEST(ClientHeartbeatStallTest, AHeldHeartbeatReplyHoldsUpNoAcquireReleaseOrCheck
 TEST(ClientHeartbeatStallTest, AHeldRenewHoldsUpNothingAndCountsFromItsSend) {
   testing::LockdProcess lockd;
   KeepAliveReplyHolder holder(lockd.port());
-  ClientOptions options;
-  options.server = "127.0.0.1:" + std::to_string(holder.port());
   // The session outlasts the lock, so that the lock's own lease decides its deadline.
-  options.session_ttl = absl::Minutes(20);
-  options.default_lock_ttl = absl::Minutes(10);
-  options.heartbeat_interval = absl::Milliseconds(300);
-  options.request_timeout = absl::Seconds(60);
-  auto client = Client::Create(options);
+  auto client = ThroughHolder(holder, absl::Minutes(20), absl::Milliseconds(300));
   ASSERT_TRUE(client.ok()) << client.status();
   auto a = (*client)->acquire("a", absl::Seconds(5));
   ASSERT_TRUE(a.ok()) << a.status();

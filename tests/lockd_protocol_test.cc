@@ -161,11 +161,11 @@ TEST_F(ProtocolErrorTest, RenewIsRefusedOnAnOlderConnectionAndBoundedOnANewOne) 
   EXPECT_EQ(reply.code(), wire::INVALID_ARGUMENT);
   EXPECT_THAT(reply.message(), HasSubstr("a Renew names 1 to"));
   wire::Request many;
-  for (int i = 0; i < 100'000; ++i) many.mutable_renew()->add_sessions()->set_session_id(session);
+  for (int i = 0; i < 100'000; ++i) many.mutable_renew()->add_sessions()->set_session_id(i + 1);
   reply = conn.Call(many);
   EXPECT_EQ(reply.code(), wire::INVALID_ARGUMENT);
   EXPECT_THAT(reply.message(), HasSubstr("--max-sessions-per-connection"));
-  // A grant named in `confirm` is renewed with its session from then on.
+  // A grant named in `confirm` is confirmed (lock_service_test: renewed from then on).
   reply = conn.Call(testing::request::Acquire(session, "confirmed"));
   ASSERT_TRUE(reply.acquire().granted());
   wire::Request confirm = testing::request::Renew({session});
@@ -173,10 +173,12 @@ TEST_F(ProtocolErrorTest, RenewIsRefusedOnAnOlderConnectionAndBoundedOnANewOne) 
   ref->set_lock("confirmed");
   ref->set_token(reply.acquire().token());
   reply = conn.Call(confirm);
+  EXPECT_EQ(reply.renew().sessions(0).code(), wire::OK);
   EXPECT_EQ(reply.renew().sessions(0).held(), 1u);
-  EXPECT_EQ(reply.renew().sessions(0).renewed(), 1u);
-  reply = conn.Call(testing::request::Renew({session}));
-  EXPECT_EQ(reply.renew().sessions(0).renewed(), 1u);
+  // A session named twice would renew its locks twice for one frame: refused.
+  reply = conn.Call(testing::request::Renew({session, session}));
+  EXPECT_EQ(reply.code(), wire::INVALID_ARGUMENT);
+  EXPECT_THAT(reply.message(), HasSubstr("more than once"));
   ExpectBystanderStillWorks();
 }
 

@@ -296,7 +296,7 @@ void ClientCore::OnRenewReply(MonoTime now, Pending& p, const wire::Response& r)
                        ": renewing every lock by name to learn which"));
       renew_synced_ = false;
     }
-    Sweep(now);
+    // (Nothing is due that the sweep above left: deadlines only moved later since.)
     SetRemainingGauge(now);
   }
   AfterRenewal(now, p, status, answered);

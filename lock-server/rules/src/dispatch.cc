@@ -153,6 +153,14 @@ void Call::Renew() {
         "a Renew names 1 to ", limit, " sessions (lockd --max-sessions-per-connection), got ",
         sessions.size())));
   }
+  for (int i = 1; i < sessions.size(); ++i) {
+    for (int j = 0; j < i; ++j) {
+      if (sessions[i].session_id() != sessions[j].session_id()) continue;
+      // Each would renew the session's locks again: one frame, many passes over them.
+      return Finish(absl::InvalidArgumentError(absl::StrCat(
+          "a Renew names session ", sessions[i].session_id(), " more than once")));
+    }
+  }
   auto* reply = resp.mutable_renew();
   Dispatched::Reflects reflects;
   bool all_renewed = true;
@@ -178,9 +186,10 @@ void Call::Renew() {
     renewed->set_session_ttl_ms(protocol::ToWireMillis(r->ttl));
     renewed->set_losses(r->losses);
     renewed->set_held(r->held);
-    renewed->set_renewed(r->tokens.size());
+    // What it asserts: the sessions, and the grants it confirms. A lock confirmed before was
+    // named by its client after the grant's answer, which left only once it was committed.
     reflects.sessions.push_back(session);
-    reflects.grants.insert(reflects.grants.end(), r->tokens.begin(), r->tokens.end());
+    for (const LockRef& ref : confirm) reflects.grants.push_back(ref.token);
   }
   // A session not found reflects its end, which may still be on its way to the disk.
   if (all_renewed) out.reflects = std::move(reflects);

@@ -204,13 +204,7 @@ absl::StatusOr<LockService::Renewed> LockService::Renew(SessionId session,
   }
   Commit(record::SessionRenewed{session, /*locks=*/true}, now);
   s = state_.FindSession(session);
-  Renewed renewed{.ttl = s->ttl, .losses = s->losses, .held = s->locks.size()};
-  renewed.tokens.reserve(s->locks.size());
-  for (const std::string& lock : s->locks) {
-    const HolderState* holder = state_.FindLock(lock)->FindSession(session);
-    if (holder->confirmed) renewed.tokens.push_back(holder->token);
-  }
-  return renewed;
+  return Renewed{.ttl = s->ttl, .losses = s->losses, .held = s->locks.size()};
 }
 
 absl::Status LockService::CloseSession(SessionId session, MonoTime now) {

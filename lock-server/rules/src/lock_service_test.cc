@@ -167,12 +167,10 @@ TEST_F(LockServiceTest, ARenewRenewsEveryConfirmedLockAndLetsAnUnconfirmedOneRun
   auto r = service_.Renew(a, confirm, At(900));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->held, 3u);
-  EXPECT_EQ(r->tokens.size(), 2u);
   EXPECT_EQ(r->losses, 0u);
   // Later Renews name nothing, and still renew what was confirmed, each by its own TTL.
   r = service_.Renew(a, {}, At(1800));
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->tokens.size(), 2u);
   service_.Advance(At(2799));
   EXPECT_NE(service_.state().FindHolder("x"), nullptr);
   EXPECT_EQ(service_.state().FindHolder("orphan"), nullptr);  // ran out at 1000
@@ -195,7 +193,6 @@ TEST_F(LockServiceTest, ARenewConfirmsNothingOfAnotherSession) {
   std::vector<LockRef> confirm = {{"b-lock", tb}};
   auto r = service_.Renew(a, confirm, At(900));
   ASSERT_TRUE(r.ok());
-  EXPECT_TRUE(r->tokens.empty());
   service_.Advance(At(1000));
   EXPECT_EQ(service_.state().FindHolder("b-lock"), nullptr);  // not renewed by a's Renew
   EXPECT_EQ(service_.Renew(SessionId(77), {}, At(1000)).status().code(),

@@ -150,7 +150,6 @@ class LockService {
     absl::Duration ttl;
     uint64_t losses = 0;  // SessionState::losses
     size_t held = 0;      // locks the session holds
-    std::vector<FenceToken> tokens;  // of the confirmed ones, renewed
   };
   absl::StatusOr<Renewed> Renew(SessionId session, std::span<const LockRef> confirm,
                                 MonoTime now);
