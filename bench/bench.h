@@ -37,6 +37,10 @@ absl::StatusOr<std::unique_ptr<testing::LocalLockd>> StartLockd(const std::strin
 // A connection to lockd as the benchmark's raw driver, with --timeout.
 absl::StatusOr<std::unique_ptr<net::BlockingConnection>> Connect(const std::string& address);
 
+// Receives the replies to `ids` (in any order) into `out`, in the order of `ids`.
+absl::Status ReceiveAll(net::BlockingConnection& conn, const std::vector<uint64_t>& ids,
+                        std::vector<wire::Response>& out);
+
 // --- heartbeat RTT (heartbeat.cc) ---
 // One connection's sessions, each holding the lock hb/<id>.
 struct Heartbeater {
@@ -155,7 +159,8 @@ struct Settings {
   std::string redis_binary, etcd_binary;
   double threshold_ms;  // ADR-006 6.5: lease x margin / 3
   bool run_heartbeat = true, run_cycles = true, run_margin = true, run_payout = true;  // --workloads
-  std::vector<size_t> scale_held;  // --scale-held (empty: no scale workload)
+  std::vector<size_t> scale_held;   // --scale-held (empty: none of that dimension)
+  std::vector<size_t> scale_names;  // --scale-names (likewise)
   double scale_seconds = 5;
   std::string root;     // where the servers' data goes, under $TMPDIR
 };
@@ -164,8 +169,10 @@ struct Settings {
 // plots' data, and whether any figure is not to be trusted.
 struct Report {
   Json json = Json::object();
-  std::string table, library_table, cycles_table, margin_table, scaling_table, scale_table;
+  std::string table, library_table, cycles_table, margin_table, scaling_table, scale_table,
+      scale_names_table;
   Json scale_points = Json::array();  // results.json's scale.held_locks
+  Json scale_names = Json::array();   // results.json's scale.names
   std::vector<HeartbeatVariant> variants;
   std::vector<System> systems;
   std::vector<std::vector<Runs>> runs;  // [system][client count]

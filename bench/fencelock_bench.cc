@@ -102,6 +102,8 @@ ABSL_FLAG(std::string, workloads, "heartbeat,cycles,margin,payout,scale",
           "scale");
 ABSL_FLAG(std::string, scale_held, "1000,10000,100000",
           "the scale workload: locks held by the benchmark's process at each point");
+ABSL_FLAG(std::string, scale_names, "1000,100000,1000000",
+          "the scale workload: lock names held in lockd at each point (empty: none)");
 ABSL_FLAG(double, scale_seconds, 15.0,
           "the scale workload: measuring time of each point (at least three heartbeat periods of "
           "the default 15 s session, so that what holding costs is in every point)");
@@ -316,6 +318,11 @@ absl::StatusOr<Settings> ReadSettings() {
                          &scale_held, &error)) {
     return absl::InvalidArgumentError(error);
   }
+  std::vector<size_t> scale_names;
+  if (!ParseList<size_t>("scale-names", absl::GetFlag(FLAGS_scale_names), 1, 100'000'000,
+                         &scale_names, &error)) {
+    return absl::InvalidArgumentError(error);
+  }
   const double scale_seconds = absl::GetFlag(FLAGS_scale_seconds);
   if (!(scale_seconds > 0 && scale_seconds <= 600)) {
     return absl::InvalidArgumentError("--scale-seconds must be in (0, 600]");
@@ -354,6 +361,7 @@ absl::StatusOr<Settings> ReadSettings() {
                   .run_heartbeat = wants("heartbeat"), .run_cycles = wants("cycles"),
                   .run_margin = wants("margin"), .run_payout = wants("payout"),
                   .scale_held = wants("scale") ? scale_held : std::vector<size_t>(),
+                  .scale_names = wants("scale") ? scale_names : std::vector<size_t>(),
                   .scale_seconds = scale_seconds};
 }
 

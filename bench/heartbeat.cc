@@ -90,7 +90,6 @@ absl::StatusOr<std::unique_ptr<BlockingConnection>> Connect(const std::string& a
       {.server = address, .timeout = absl::GetFlag(FLAGS_timeout), .client_name = "bench"});
 }
 
-// Receives the replies to `ids` (in any order) into `out`, in the order of `ids`.
 absl::Status ReceiveAll(BlockingConnection& conn, const std::vector<uint64_t>& ids,
                         std::vector<wire::Response>& out) {
   std::map<uint64_t, size_t> where;

@@ -37,16 +37,18 @@ void RecoverAndCheck(server::MemEnv& env) {
     std::fprintf(stderr, "recovered state broken: %s\n", what);
     std::abort();
   };
-  for (const auto& [lock, held] : state.locks()) {
-    for (const server::HolderState& holder : held.holders) {
+  for (const server::LockState* held : state.locks()) {
+    for (const server::HolderState& holder : held->holders()) {
       const server::SessionState* session = state.FindSession(holder.session);
-      if (session == nullptr || !session->locks.contains(lock)) {
+      if (session == nullptr || !session->locks.contains(held->name())) {
         fail("a holder without its session");
       }
       if (holder.token > state.last_token()) fail("a token above the sequence");
-      if (holder.mode != held.holders.front().mode) fail("shared and exclusive holders together");
+      if (holder.mode != held->holders().front().mode) {
+        fail("shared and exclusive holders together");
+      }
     }
-    if (held.holders.size() > 1 && held.mode() == server::LockMode::kExclusive) {
+    if (held->holders().size() > 1 && held->mode() == server::LockMode::kExclusive) {
       fail("two exclusive holders");
     }
   }

@@ -138,8 +138,8 @@ class EtcdLogTest : public ::testing::Test {
     EXPECT_TRUE(r.status().ok()) << r.status();
     std::map<std::string, FenceToken> out;
     if (!r.status().ok()) return out;
-    for (const auto& [lock, h] : r.service().state().locks()) {
-      if (h.held()) out[lock] = h.holders.front().token;
+    for (const server::LockState* h : r.service().state().locks()) {
+      if (h->held()) out[std::string(h->name())] = h->holders().front().token;
     }
     return out;
   }

@@ -36,13 +36,13 @@ const char* Shared(server::LockMode mode) {
 
 void Simulation::ResetShadow(const ServerCore& core) {
   shadow_.clear();
-  for (const auto& [lock, held] : core.service().state().locks()) {
-    ShadowLock& s = shadow_[lock];
-    for (const server::HolderState& h : held.holders) {
+  for (const server::LockState* held : core.service().state().locks()) {
+    ShadowLock& s = shadow_[std::string(held->name())];
+    for (const server::HolderState& h : held->holders()) {
       s.holders[h.token] = ShadowHolder{h.mode, h.lock_delay, h.expires_at};
     }
-    if (held.delay_all) s.all_until = held.delay_all->until;
-    if (held.delay_writers) s.writers_until = held.delay_writers->until;
+    if (held->delay_all()) s.all_until = held->delay_all()->until;
+    if (held->delay_writers()) s.writers_until = held->delay_writers()->until;
   }
 }
 
@@ -91,8 +91,8 @@ void Simulation::OnApplied(int replica, const Record& r) {
     ++result_.delays_started;
     const server::LockState* held = state.FindLock(released->lock);
     const auto& delay = gone.mode == server::LockMode::kExclusive
-                            ? (held ? held->delay_all : std::nullopt)
-                            : (held ? held->delay_writers : std::nullopt);
+                            ? (held ? held->delay_all() : std::nullopt)
+                            : (held ? held->delay_writers() : std::nullopt);
     // A lease that ran out was lost at its end, which this shadow knows (renewals included);
     // when lockd stalled, it postponed that end, so the delay can only be later than this.
     MonoTime until = delay ? delay->until : MonoTime::Min();
@@ -266,7 +266,7 @@ void Simulation::CheckHeld(int client, const std::string& lock, FenceToken token
   if (held == nullptr || !held->held() || held->FindToken(token) != nullptr) return;
   ++result_.overlaps;
   if (bounds_hold() && !ended_by_fault(session)) {
-    const server::HolderState& holder = held->holders.front();
+    const server::HolderState& holder = held->holders().front();
     Fail(absl::StrCat("client ", client, " passed checkStillHeld for ", lock, " with token ",
                       token, " while session ", holder.session, " holds it with token ",
                       holder.token, Shared(holder.mode)));

@@ -356,7 +356,7 @@ void Simulation::EndASession() {
     const server::LockState* held =
         ServingCore()->service().state().FindLock(absl::StrCat("lock-", l));
     if (held == nullptr) continue;
-    for (const server::HolderState& h : held->holders) {
+    for (const server::HolderState& h : held->holders()) {
       if (secrets_by_session_.contains(h.session)) candidates.push_back(h.session);
     }
   }

@@ -19,7 +19,9 @@ absl::StatusOr<std::unique_ptr<LocalLockd>> LocalLockd::Start(LocalLockdOptions 
   const process::SpawnOptions quiet{.stdout_file = log, .stderr_file = log};
   std::vector<std::string> serve = {"serve", "--port=0", "--port-file=" + port_file,
                                     "--metrics-port=-1"};
-  if (options.etcd.empty()) {
+  if (options.etcd.empty() && options.existing_state) {
+    serve.push_back("--data-dir=" + options.dir + "/state");
+  } else if (options.etcd.empty()) {
     std::vector<std::string> init = {"init", "--data-dir=" + options.dir + "/state"};
     init.insert(init.end(), options.init_args.begin(), options.init_args.end());
     if (absl::Status s = process::RunToSuccess(options.binary, init, quiet, options.start_timeout);

@@ -501,17 +501,17 @@ void FillList(const LockService& service, const wire::ListLocks& query, wire::Li
     // The first name after start_after that can carry the prefix.
     auto it = query.start_after() < prefix ? locks.lower_bound(prefix)
                                            : locks.upper_bound(query.start_after());
-    for (; it != locks.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+    for (; it != locks.end() && (*it)->name().starts_with(prefix); ++it) {
       if (entries_left == 0) {
         list->set_more(true);
         return;
       }
-      const LockState& state = it->second;
+      const LockState& state = **it;
       wire::LockInfo info;
-      info.set_lock(it->first);
+      info.set_lock(std::string(state.name()));
       info.set_mode(state.mode() == LockMode::kShared ? wire::SHARED : wire::EXCLUSIVE);
-      info.set_holder_count(static_cast<uint32_t>(state.holders.size()));
-      for (const HolderState& h : state.holders) {
+      info.set_holder_count(static_cast<uint32_t>(state.holders().size()));
+      for (const HolderState& h : state.holders()) {
         if (info.holders_size() >= static_cast<int>(protocol::kMaxListedHolders)) break;
         auto* holder = info.add_holders();
         holder->set_session_id(h.session.value());
@@ -520,7 +520,7 @@ void FillList(const LockService& service, const wire::ListLocks& query, wire::Li
         holder->set_expires_in_ms(left_ms(h.expires_at));
       }
       if (state.held()) {
-        const HolderState& first = state.holders.front();
+        const HolderState& first = state.holders().front();
         info.set_session_id(first.session.value());
         info.set_token(first.token.value());
         info.set_ttl_ms(protocol::ToWireMillis(first.ttl));
@@ -532,7 +532,7 @@ void FillList(const LockService& service, const wire::ListLocks& query, wire::Li
         info.set_delay_left_ms(left_ms(delayed));
         info.set_delay_blocks_shared(state.DelayedUntil(LockMode::kShared) > now);
       }
-      const std::vector<LockMode> queued = service.QueuedModes(it->first);
+      const std::vector<LockMode> queued = service.QueuedModes(std::string(state.name()));
       info.set_waiters(static_cast<uint32_t>(queued.size()));
       info.set_exclusive_waiters(
           static_cast<uint32_t>(std::count(queued.begin(), queued.end(), LockMode::kExclusive)));

@@ -143,10 +143,11 @@ absl::Status LockService::CheckHolder(std::optional<SessionId> session, const st
   }
   std::string now_held = "the lock is free";
   if (held != nullptr && held->held()) {
-    now_held = held->holders.size() == 1
-                   ? absl::StrCat("current token ", held->holders.front().token)
-                   : absl::StrCat("held shared by ", held->holders.size(),
-                                  " holders, newest token ", held->holders.back().token);
+    const auto holders = held->holders();
+    now_held = holders.size() == 1
+                   ? absl::StrCat("current token ", holders.front().token)
+                   : absl::StrCat("held shared by ", holders.size(),
+                                  " holders, newest token ", holders.back().token);
   }
   absl::Status fenced = absl::AbortedError(absl::StrCat(
       "FENCED_OUT: token ", token, " no longer holds lock \"", lock, "\" (", now_held, ")"));
@@ -389,7 +390,9 @@ void LockService::EndSession(SessionId session, EndReason reason, MonoTime now) 
                   reason == EndReason::kExpired ? "expired while waiting" : "closed while waiting",
                   now);
   const SessionState* s = state_.FindSession(session);
-  std::vector<std::string> held(s->locks.begin(), s->locks.end());
+  std::vector<std::string> held;
+  held.reserve(s->locks.size());
+  for (const LockState* lock : s->locks) held.emplace_back(lock->name());
   for (const std::string& lock : held) {
     ReleaseAndHandOff(lock, state_.FindLock(lock)->FindSession(session)->token,
                       ReleaseReason::kSessionEnded, now);

@@ -2,6 +2,7 @@
 // rules with injected time.
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
 #include "lock-server/lock_service.h"
 
 namespace fencelock::server {
@@ -55,7 +56,7 @@ class SharedLockTest : public ::testing::Test {
   }
   size_t Holders(const std::string& lock) const {
     const LockState* l = service_.state().FindLock(lock);
-    return l == nullptr ? 0 : l->holders.size();
+    return l == nullptr ? 0 : l->holders().size();
   }
 
   LockService service_;
@@ -218,6 +219,42 @@ TEST_F(SharedLockTest, TheStateRefusesASharedGrantWhileAnExclusiveHolds) {
   EXPECT_THAT(copy.Check(record::LockGranted{"y", b, copy.last_token() + 1, absl::Seconds(1)})
                   .message(),
               HasSubstr("grant of held lock y"));
+}
+
+// A lock state keeps one holder in place and moves to a second allocation for several holders
+// or a delay (state_machine.h): each transition keeps the holders in token order, the indexes
+// (the sessions' locks, the expiry index) in step, and a copy of the state independent of it.
+TEST_F(SharedLockTest, HoldersMoveBetweenOneAndManyWithTheIndexesInStep) {
+  const SessionId a = Open(0), b = Open(0), c = Open(0);
+  const FenceToken ta = Grant(a, "x", 1, kShared);
+  const FenceToken tb = Grant(b, "x", 2, kShared, absl::Seconds(5));
+  const FenceToken tc = Grant(c, "x", 3, kShared);
+  const StateMachine before = service_.state();
+  ASSERT_TRUE(service_.Release(b, "x", tb, At(4)).ok());
+  const LockState* x = service_.state().FindLock("x");
+  ASSERT_NE(x, nullptr);
+  EXPECT_EQ(x->name(), "x");
+  ASSERT_EQ(x->holders().size(), 2u);
+  EXPECT_EQ(x->holders()[0].token, ta);
+  EXPECT_EQ(x->holders()[1].token, tc);
+  ASSERT_TRUE(service_.Release(a, "x", ta, At(5)).ok());
+  ASSERT_EQ(Holders("x"), 1u);
+  EXPECT_EQ(service_.state().FindHolder("x")->token, tc);
+  EXPECT_EQ(service_.state().FindSession(c)->locks.size(), 1u);
+  EXPECT_TRUE(service_.state().FindSession(a)->locks.empty());
+  // The copy taken before still has all three, each in its session's locks, and its own
+  // expiry index: b's 5 s lease runs out in it and not in the service's state.
+  ASSERT_NE(before.FindLock("x"), nullptr);
+  EXPECT_EQ(before.FindLock("x")->holders().size(), 3u);
+  EXPECT_TRUE(before.FindSession(b)->locks.contains(std::string_view("x")));
+  EXPECT_EQ(before.ExpiredLock(At(2 + 5'000)), std::make_optional(std::make_pair(std::string("x"), tb)));
+  EXPECT_EQ(service_.state().ExpiredLock(At(2 + 5'000)), std::nullopt);
+  // The last holder leaves: the name is forgotten.
+  ASSERT_TRUE(service_.Release(c, "x", tc, At(6)).ok());
+  EXPECT_EQ(service_.state().FindLock("x"), nullptr);
+  EXPECT_TRUE(service_.state().locks().empty());
+  EXPECT_EQ(service_.state().DebugString(), absl::StrCat("s", a, "/1m40s s", b, "/1m40s s", c,
+                                                         "/1m40s"));
 }
 
 class LockDelayTest : public SharedLockTest {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <new>
 #include <vector>
 
 #include <openssl/evp.h>
@@ -136,7 +138,7 @@ absl::Status StateMachine::CheckOne(const record::LockGranted& r) const {
           r.mode == LockMode::kShared ? " (shared, while held exclusive)" : ""));
     }
   }
-  if (session->second.locks.contains(r.lock)) {
+  if (session->second.locks.contains(std::string_view(r.lock))) {
     return absl::FailedPreconditionError(
         absl::StrCat("grant of ", r.lock, " to session ", r.session, " that holds it"));
   }
@@ -173,21 +175,26 @@ const SessionState* StateMachine::FindSession(SessionId id) const {
   return it == sessions_.end() ? nullptr : &it->second;
 }
 
-const LockState* StateMachine::FindLock(const std::string& lock) const {
+const LockState* StateMachine::FindLock(std::string_view lock) const {
   auto it = locks_.find(lock);
-  return it == locks_.end() ? nullptr : &it->second;
+  return it == locks_.end() ? nullptr : *it;
 }
 
-const HolderState* StateMachine::FindHolder(const std::string& lock) const {
+LockState* StateMachine::MutableLock(std::string_view lock) {
+  auto it = locks_.find(lock);
+  return it == locks_.end() ? nullptr : *it;
+}
+
+const HolderState* StateMachine::FindHolder(std::string_view lock) const {
   const LockState* state = FindLock(lock);
-  return state == nullptr || !state->held() ? nullptr : &state->holders.front();
+  return state == nullptr || !state->held() ? nullptr : &state->holders().front();
 }
 
 namespace {
 
 // The holder in `holders` (ascending token) with `token`, or null.
 template <typename Holders>
-auto FindInHolders(Holders& holders, FenceToken token) -> decltype(&holders.front()) {
+auto FindInHolders(Holders holders, FenceToken token) -> decltype(&holders.front()) {
   auto it = std::lower_bound(holders.begin(), holders.end(), token,
                              [](const HolderState& h, FenceToken t) { return h.token < t; });
   return it != holders.end() && it->token == token ? &*it : nullptr;
@@ -195,41 +202,169 @@ auto FindInHolders(Holders& holders, FenceToken token) -> decltype(&holders.fron
 
 }  // namespace
 
-const HolderState* LockState::FindToken(FenceToken token) const {
-  return FindInHolders(holders, token);
+const std::optional<LockDelay> LockState::kNoDelay;
+
+void LockState::Free::operator()(LockState* state) const {
+  const size_t size = sizeof(LockState) + state->name_size_;
+  state->~LockState();
+  ::operator delete(static_cast<void*>(state), size);
 }
 
-HolderState* LockState::FindToken(FenceToken token) { return FindInHolders(holders, token); }
+LockState::Owned LockState::Make(std::string_view name) {
+  void* place = ::operator new(sizeof(LockState) + name.size());
+  Owned state(new (place) LockState(name.size()));
+  std::memcpy(reinterpret_cast<char*>(state.get() + 1), name.data(), name.size());
+  return state;
+}
+
+const HolderState* LockState::FindToken(FenceToken token) const {
+  return FindInHolders(holders(), token);
+}
+
+HolderState* LockState::FindToken(FenceToken token) {
+  return FindInHolders(mutable_holders(), token);
+}
 
 const HolderState* LockState::FindSession(SessionId session) const {
-  for (const HolderState& h : holders) {
+  for (const HolderState& h : holders()) {
     if (h.session == session) return &h;
   }
   return nullptr;
 }
 
+void LockState::Add(const HolderState& holder) {
+  if (holder_count_ == 0 && (extra_ == nullptr || extra_->holders.empty())) {
+    one_ = holder;
+  } else {
+    if (extra_ == nullptr) extra_ = std::make_unique<Extra>();
+    if (extra_->holders.empty()) extra_->holders.push_back(one_);
+    extra_->holders.push_back(holder);
+  }
+  ++holder_count_;
+}
+
+void LockState::Remove(FenceToken token) {
+  if (extra_ != nullptr && !extra_->holders.empty()) {
+    std::vector<HolderState>& all = extra_->holders;
+    all.erase(all.begin() + (FindToken(token) - all.data()));
+    if (all.size() == 1) {
+      one_ = all.front();
+      all.clear();
+      all.shrink_to_fit();
+    }
+  } else {
+    one_ = HolderState{};
+  }
+  --holder_count_;
+  Compact();
+}
+
+std::optional<LockDelay>& LockState::mutable_delay(LockMode lost) {
+  if (extra_ == nullptr) extra_ = std::make_unique<Extra>();
+  return lost == LockMode::kExclusive ? extra_->delay_all : extra_->delay_writers;
+}
+
+void LockState::Compact() {
+  if (extra_ != nullptr && extra_->holders.empty() && !extra_->delay_all.has_value() &&
+      !extra_->delay_writers.has_value()) {
+    extra_.reset();
+  }
+}
+
 MonoTime LockState::DelayedUntil(LockMode mode) const {
   MonoTime until = MonoTime::Min();
-  if (delay_all.has_value()) until = std::max(until, delay_all->until);
-  if (mode == LockMode::kExclusive && delay_writers.has_value()) {
-    until = std::max(until, delay_writers->until);
+  if (delay_all().has_value()) until = std::max(until, delay_all()->until);
+  if (mode == LockMode::kExclusive && delay_writers().has_value()) {
+    until = std::max(until, delay_writers()->until);
   }
   return until;
 }
 
-void StateMachine::SetDelay(const std::string& lock, LockState& state, LockMode lost,
-                            std::optional<LockDelay> value) {
-  std::optional<LockDelay>& slot =
-      lost == LockMode::kExclusive ? state.delay_all : state.delay_writers;
+StateMachine::StateMachine(const StateMachine& other) { *this = other; }
+
+// Every field is copied here; the lock states are made anew, and the indexes that refer to
+// them (each session's locks, the expiry index) point at the copies.
+StateMachine& StateMachine::operator=(const StateMachine& other) {
+  if (this == &other) return *this;
+  locks_.Free();
+  lock_expiry_.clear();
+  sessions_ = other.sessions_;
+  held_locks_ = other.held_locks_;
+  session_expiry_ = other.session_expiry_;
+  delay_ends_ = other.delay_ends_;
+  pools_ = other.pools_;
+  pool_expiry_ = other.pool_expiry_;
+  last_token_ = other.last_token_;
+  last_session_id_ = other.last_session_id_;
+  secrets_read_in_clear_ = other.secrets_read_in_clear_;
+  for (auto& [id, session] : sessions_) session.locks.clear();
+  for (const LockState* from : other.locks_) {
+    LockState::Owned to = LockState::Make(from->name());
+    to->one_ = from->one_;
+    to->holder_count_ = from->holder_count_;
+    if (from->extra_ != nullptr) to->extra_ = std::make_unique<LockState::Extra>(*from->extra_);
+    LockState* state = to.release();
+    locks_.insert(locks_.end(), state);
+    for (const HolderState& h : state->holders()) {
+      lock_expiry_.emplace(std::make_pair(h.expires_at, h.token), state);
+      sessions_.at(h.session).locks.insert(state);
+    }
+  }
+  return *this;
+}
+
+StateMachine::LockTable::LockTable(LockTable&& other) noexcept : LockSet(std::move(other)) {
+  other.clear();
+}
+
+StateMachine::LockTable& StateMachine::LockTable::operator=(LockTable&& other) noexcept {
+  if (this == &other) return *this;
+  Free();
+  LockSet::operator=(std::move(other));
+  other.clear();
+  return *this;
+}
+
+void StateMachine::LockTable::Forget(LockState* state) {
+  erase(state);
+  LockState::Free()(state);
+}
+
+void StateMachine::LockTable::Free() {
+  for (LockState* state : *this) LockState::Free()(state);
+  clear();
+}
+
+LockState& StateMachine::LockOf(std::string_view lock) {
+  auto it = locks_.find(lock);
+  if (it != locks_.end()) return **it;
+  LockState::Owned made = LockState::Make(lock);
+  LockState* state = made.release();
+  locks_.insert(state);
+  return *state;
+}
+
+void StateMachine::MoveExpiry(LockState* state, HolderState& h, MonoTime at) {
+  lock_expiry_.erase({h.expires_at, h.token});
+  h.expires_at = at;
+  lock_expiry_.emplace(std::make_pair(at, h.token), state);
+}
+
+void StateMachine::SetDelay(LockState& state, LockMode lost, std::optional<LockDelay> value) {
+  const std::string lock(state.name());
+  const std::optional<LockDelay>& now_set =
+      lost == LockMode::kExclusive ? state.delay_all() : state.delay_writers();
+  if (!now_set.has_value() && !value.has_value()) return;
+  std::optional<LockDelay>& slot = state.mutable_delay(lost);
   if (slot.has_value()) delay_ends_.erase({slot->until, lock, lost});
   slot = value;
   if (slot.has_value()) delay_ends_.emplace(slot->until, lock, lost);
+  state.Compact();
 }
 
-void StateMachine::ForgetIfUnused(absl::btree_map<std::string, LockState>::iterator it) {
-  if (!it->second.held() && !it->second.delay_all.has_value() &&
-      !it->second.delay_writers.has_value()) {
-    locks_.erase(it);
+void StateMachine::ForgetIfUnused(LockState* state) {
+  if (!state->held() && !state->delay_all().has_value() && !state->delay_writers().has_value()) {
+    locks_.Forget(state);
   }
 }
 
@@ -239,20 +374,19 @@ absl::Status StateMachine::RestoreDelay(const std::string& lock, LockMode lost,
     return absl::FailedPreconditionError(
         absl::StrCat("lock ", lock, " has a delay of ", absl::FormatDuration(length)));
   }
-  LockState& state = locks_[lock];
-  SetDelay(lock, state, lost, LockDelay{length, now + length});
+  SetDelay(LockOf(lock), lost, LockDelay{length, now + length});
   return absl::OkStatus();
 }
 
 void StateMachine::ForgetEndedDelays(const std::string& lock, MonoTime now) {
-  auto it = locks_.find(lock);
-  if (it == locks_.end()) return;
+  LockState* state = MutableLock(lock);
+  if (state == nullptr) return;
   for (LockMode lost : {LockMode::kExclusive, LockMode::kShared}) {
     const std::optional<LockDelay>& slot =
-        lost == LockMode::kExclusive ? it->second.delay_all : it->second.delay_writers;
-    if (slot.has_value() && slot->until <= now) SetDelay(lock, it->second, lost, std::nullopt);
+        lost == LockMode::kExclusive ? state->delay_all() : state->delay_writers();
+    if (slot.has_value() && slot->until <= now) SetDelay(*state, lost, std::nullopt);
   }
-  ForgetIfUnused(it);
+  ForgetIfUnused(state);
 }
 
 std::optional<std::string> StateMachine::EndedDelay(MonoTime now) const {
@@ -265,18 +399,19 @@ std::string StateMachine::DebugString() const {
   for (const auto& [id, s] : sessions_) {
     parts.push_back(absl::StrCat("s", id, "/", absl::FormatDuration(s.ttl)));
   }
-  for (const auto& [lock, state] : locks_) {
-    for (const HolderState& h : state.holders) {
+  for (const LockState* state : locks_) {
+    const std::string lock(state->name());
+    for (const HolderState& h : state->holders()) {
       parts.push_back(absl::StrCat(lock, "=", h.token, "@s", h.session,
                                    h.mode == LockMode::kShared ? "/shared" : ""));
     }
-    if (state.delay_all.has_value()) {
+    if (state->delay_all().has_value()) {
       parts.push_back(
-          absl::StrCat(lock, "/delay-all:", absl::FormatDuration(state.delay_all->length)));
+          absl::StrCat(lock, "/delay-all:", absl::FormatDuration(state->delay_all()->length)));
     }
-    if (state.delay_writers.has_value()) {
+    if (state->delay_writers().has_value()) {
       parts.push_back(absl::StrCat(lock, "/delay-writers:",
-                                   absl::FormatDuration(state.delay_writers->length)));
+                                   absl::FormatDuration(state->delay_writers()->length)));
     }
   }
   for (const auto& [name, pool] : pools_) {
@@ -303,18 +438,17 @@ void StateMachine::PostponeExpiries(absl::Duration d) {
     session_expiry_.emplace(s.expires_at, id);
   }
   delay_ends_.clear();
-  for (auto& [lock, state] : locks_) {
-    for (HolderState& h : state.holders) {
+  for (LockState* state : locks_) {
+    for (HolderState& h : state->mutable_holders()) {
       h.expires_at = h.expires_at + d;
-      lock_expiry_.emplace(std::make_pair(h.expires_at, h.token), lock);
+      lock_expiry_.emplace(std::make_pair(h.expires_at, h.token), state);
     }
-    if (state.delay_all.has_value()) {
-      state.delay_all->until = state.delay_all->until + d;
-      delay_ends_.emplace(state.delay_all->until, lock, LockMode::kExclusive);
-    }
-    if (state.delay_writers.has_value()) {
-      state.delay_writers->until = state.delay_writers->until + d;
-      delay_ends_.emplace(state.delay_writers->until, lock, LockMode::kShared);
+    for (LockMode lost : {LockMode::kExclusive, LockMode::kShared}) {
+      if (state->extra_ == nullptr) break;
+      std::optional<LockDelay>& delay = state->mutable_delay(lost);
+      if (!delay.has_value()) continue;
+      delay->until = delay->until + d;
+      delay_ends_.emplace(delay->until, std::string(state->name()), lost);
     }
   }
   pool_expiry_.clear();
@@ -336,19 +470,17 @@ void StateMachine::RestartLeases(MonoTime now) {
     session_expiry_.emplace(s.expires_at, id);
   }
   delay_ends_.clear();
-  for (auto& [lock, state] : locks_) {
-    for (HolderState& h : state.holders) {
+  for (LockState* state : locks_) {
+    for (HolderState& h : state->mutable_holders()) {
       h.expires_at = std::max(h.expires_at, now + h.ttl);
-      lock_expiry_.emplace(std::make_pair(h.expires_at, h.token), lock);
+      lock_expiry_.emplace(std::make_pair(h.expires_at, h.token), state);
     }
-    if (state.delay_all.has_value()) {
-      state.delay_all->until = std::max(state.delay_all->until, now + state.delay_all->length);
-      delay_ends_.emplace(state.delay_all->until, lock, LockMode::kExclusive);
-    }
-    if (state.delay_writers.has_value()) {
-      state.delay_writers->until =
-          std::max(state.delay_writers->until, now + state.delay_writers->length);
-      delay_ends_.emplace(state.delay_writers->until, lock, LockMode::kShared);
+    for (LockMode lost : {LockMode::kExclusive, LockMode::kShared}) {
+      if (state->extra_ == nullptr) break;
+      std::optional<LockDelay>& delay = state->mutable_delay(lost);
+      if (!delay.has_value()) continue;
+      delay->until = std::max(delay->until, now + delay->length);
+      delay_ends_.emplace(delay->until, std::string(state->name()), lost);
     }
   }
   for (auto& [name, pool] : pools_) {
@@ -376,8 +508,8 @@ std::optional<SessionId> StateMachine::ExpiredSession(MonoTime now) const {
 
 std::optional<std::pair<std::string, FenceToken>> StateMachine::ExpiredLock(MonoTime now) const {
   if (lock_expiry_.empty() || lock_expiry_.begin()->first.first > now) return std::nullopt;
-  const auto& [key, lock] = *lock_expiry_.begin();
-  return std::make_pair(lock, key.second);
+  const auto& [key, state] = *lock_expiry_.begin();
+  return std::make_pair(std::string(state->name()), key.second);
 }
 
 void StateMachine::ApplyOne(const record::SessionOpened& r, MonoTime now) {
@@ -397,13 +529,10 @@ void StateMachine::ApplyOne(const record::SessionRenewed& r, MonoTime now) {
   it->second.expires_at = now + it->second.ttl;
   session_expiry_.emplace(it->second.expires_at, r.session);
   if (!r.locks) return;
-  for (const std::string& lock : it->second.locks) {
-    for (HolderState& h : locks_.at(lock).holders) {
+  for (LockState* state : it->second.locks) {
+    for (HolderState& h : state->mutable_holders()) {
       if (h.session != r.session || !h.confirmed) continue;
-      auto indexed = lock_expiry_.extract({h.expires_at, h.token});
-      h.expires_at = now + h.ttl;
-      indexed.key() = {h.expires_at, h.token};
-      lock_expiry_.insert(std::move(indexed));
+      MoveExpiry(state, h, now + h.ttl);
     }
   }
 }
@@ -416,56 +545,57 @@ void StateMachine::ApplyOne(const record::SessionEnded& r, MonoTime now) {
 
 void StateMachine::ApplyOne(const record::LockGranted& r, MonoTime now) {
   auto session = sessions_.find(r.session);
-  LockState& state = locks_[r.lock];
+  LockState& state = LockOf(r.lock);
   last_token_ = r.token;
   if (!state.held()) ++held_locks_;
   // A grant is made only once the delays that block it have passed (LockService), so they
   // are over; a shared grant leaves a delay that blocks writers only in place.
-  SetDelay(r.lock, state, LockMode::kExclusive, std::nullopt);
-  if (r.mode == LockMode::kExclusive) SetDelay(r.lock, state, LockMode::kShared, std::nullopt);
+  SetDelay(state, LockMode::kExclusive, std::nullopt);
+  if (r.mode == LockMode::kExclusive) SetDelay(state, LockMode::kShared, std::nullopt);
   // Tokens only rise, so the new holder goes last and the holders stay in token order.
-  state.holders.push_back(
-      HolderState{r.session, r.token, r.ttl, now + r.ttl, r.mode, r.lock_delay});
-  lock_expiry_.emplace(std::make_pair(now + r.ttl, r.token), r.lock);
-  session->second.locks.insert(r.lock);
+  state.Add(HolderState{.session = r.session,
+                        .token = r.token,
+                        .ttl = r.ttl,
+                        .expires_at = now + r.ttl,
+                        .mode = r.mode,
+                        .lock_delay = r.lock_delay});
+  lock_expiry_.emplace(std::make_pair(now + r.ttl, r.token), &state);
+  session->second.locks.insert(&state);
 }
 
 void StateMachine::ApplyOne(const record::LockRenewed& r, MonoTime now) {
-  HolderState& h = *locks_.at(r.lock).FindToken(r.token);
+  LockState* state = MutableLock(r.lock);
+  HolderState& h = *state->FindToken(r.token);
   h.confirmed = true;
-  auto indexed = lock_expiry_.extract({h.expires_at, r.token});
-  h.expires_at = now + h.ttl;
-  indexed.key() = {h.expires_at, r.token};
-  lock_expiry_.insert(std::move(indexed));
+  MoveExpiry(state, h, now + h.ttl);
 }
 
 void StateMachine::ApplyOne(const record::LockReleased& r, MonoTime now) {
-  auto it = locks_.find(r.lock);
-  LockState& state = it->second;
-  auto h = state.holders.begin() + (state.FindToken(r.token) - state.holders.data());
-  lock_expiry_.erase({h->expires_at, r.token});
-  auto session = sessions_.find(h->session);
+  LockState& state = *MutableLock(r.lock);
+  const HolderState& h = *state.FindToken(r.token);
+  lock_expiry_.erase({h.expires_at, r.token});
+  auto session = sessions_.find(h.session);
   if (session != sessions_.end()) {
-    session->second.locks.erase(r.lock);
+    session->second.locks.erase(&state);
     if (r.reason == ReleaseReason::kLeaseExpired) ++session->second.losses;
   }
-  const LockMode mode = h->mode;
-  const absl::Duration delay = h->lock_delay;
-  state.holders.erase(h);
+  const LockMode mode = h.mode;
+  const absl::Duration delay = h.lock_delay;
+  state.Remove(r.token);
   if (!state.held()) --held_locks_;
   // A loss, not a release, starts the holder's delay; one already running ends at the later
   // of the two ends.
   if (r.reason != ReleaseReason::kReleased && delay > absl::ZeroDuration()) {
     const std::optional<LockDelay>& running =
-        mode == LockMode::kExclusive ? state.delay_all : state.delay_writers;
+        mode == LockMode::kExclusive ? state.delay_all() : state.delay_writers();
     LockDelay started{delay, now + delay};
     if (running.has_value()) {
       started.length = std::max(started.length, running->length);
       started.until = std::max(started.until, running->until);
     }
-    SetDelay(r.lock, state, mode, started);
+    SetDelay(state, mode, started);
   }
-  ForgetIfUnused(it);
+  ForgetIfUnused(&state);
 }
 
 }  // namespace fencelock::server

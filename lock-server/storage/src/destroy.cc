@@ -28,9 +28,9 @@ absl::Status Stopped(const absl::Status& why, const std::string& dir,
 
 std::vector<std::string> HeldInState(const StateMachine& state) {
   std::vector<std::string> held;
-  for (const auto& [lock, state_of_lock] : state.locks()) {
-    for (const HolderState& h : state_of_lock.holders) {
-      held.push_back(absl::StrCat("lock ", lock, " token ", h.token,
+  for (const LockState* state_of_lock : state.locks()) {
+    for (const HolderState& h : state_of_lock->holders()) {
+      held.push_back(absl::StrCat("lock ", std::string(state_of_lock->name()), " token ", h.token,
                                   h.mode == LockMode::kShared ? " held shared" : " held",
                                   " by session ", h.session));
     }

@@ -437,10 +437,11 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
     s->set_owner(session.owner);
   }
   std::vector<std::pair<std::string, HolderState>> holders;
-  for (const auto& [lock, held] : state.locks()) {  // ascending lock
-    for (const HolderState& h : held.holders) holders.emplace_back(lock, h);
-    for (const auto& [delay, lost] : {std::pair(&held.delay_all, LockMode::kExclusive),
-                                      std::pair(&held.delay_writers, LockMode::kShared)}) {
+  for (const LockState* held : state.locks()) {  // ascending lock
+    const std::string lock(held->name());
+    for (const HolderState& h : held->holders()) holders.emplace_back(lock, h);
+    for (const auto& [delay, lost] : {std::pair(&held->delay_all(), LockMode::kExclusive),
+                                      std::pair(&held->delay_writers(), LockMode::kShared)}) {
       if (!delay->has_value()) continue;
       auto* out = snap.add_delays();
       out->set_lock(lock);

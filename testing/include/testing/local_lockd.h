@@ -29,6 +29,8 @@ struct LocalLockdOptions {
   // More flags for `lockd init` (e.g. --wal-segment-bytes) and for `lockd serve` (TLS, limits).
   std::vector<std::string> init_args;
   std::vector<std::string> serve_args;
+  // Serve the state already in <dir>/state (a restart) instead of running `lockd init`.
+  bool existing_state = false;
   // The state in etcd instead of <dir>/state: lockd's --etcd endpoints and --etcd-prefix, which
   // must already be initialized (`lockd init --etcd`). Default: empty, a state directory.
   std::string etcd;

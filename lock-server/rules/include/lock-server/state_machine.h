@@ -14,7 +14,9 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -196,10 +198,23 @@ using Record = std::variant<record::SessionOpened, record::SessionRenewed, recor
                             record::PoolLeaseReleased, record::PoolLeaseRecovered,
                             record::PoolDrainSet, record::PoolDeleted>;
 
+class LockState;
+
+// Orders lock states by name, and finds one by its name: the lock table and each session's
+// locks are sets of pointers in this order.
+struct LockNameLess {
+  using is_transparent = void;
+  bool operator()(const LockState* a, const LockState* b) const;
+  bool operator()(const LockState* a, std::string_view b) const;
+  bool operator()(std::string_view a, const LockState* b) const;
+};
+using LockSet = absl::btree_set<LockState*, LockNameLess>;
+
 struct SessionState {
   absl::Duration ttl;
   MonoTime expires_at;
-  absl::btree_set<std::string> locks;  // names of the locks this session holds
+  // The locks this session holds, in name order. Their states belong to the lock table.
+  LockSet locks;
   std::string secret_digest;  // see record::SessionOpened
   std::string owner;
   // Locks taken from this session because their lease ran out while it lived, since this
@@ -214,11 +229,11 @@ struct HolderState {
   absl::Duration ttl;
   MonoTime expires_at;
   LockMode mode = LockMode::kExclusive;
-  absl::Duration lock_delay = absl::ZeroDuration();  // see record::LockGranted
   // Its client named it since it was granted or restored (a KeepAlive, a Renew's confirm), so
   // knows it holds it: only such a lock is renewed with its session by a Renew (ADR 0014). In
   // memory only: false after a restore.
   bool confirmed = false;
+  absl::Duration lock_delay = absl::ZeroDuration();  // see record::LockGranted
 };
 
 // A lock delay started by a lost holder (ADR 0006): grants it blocks wait until `until`. Its
@@ -229,31 +244,104 @@ struct LockDelay {
 };
 
 // One lock name: its holders and the delays its lost holders started. A name with neither is
-// not kept.
-struct LockState {
+// not kept. One allocation holds the state and its name; it does not move while the name is
+// kept, so the indexes refer to it by address. Only the StateMachine changes or makes one.
+//
+// Its size is the cost of a held lock (docs/benchmarks.md, "Cost as the work grows"): the one
+// holder of an exclusive lock is kept in place, and only a lock with several holders or a
+// pending delay has a second allocation.
+class LockState {
+ public:
+  LockState(const LockState&) = delete;
+  LockState& operator=(const LockState&) = delete;
+  // Frees a state the StateMachine made (with its name).
+  struct Free {
+    void operator()(LockState* state) const;
+  };
+
+  std::string_view name() const {
+    return std::string_view(reinterpret_cast<const char*>(this + 1), name_size_);
+  }
   // Ascending token: one exclusive holder, or any number of shared ones.
-  std::vector<HolderState> holders;
+  std::span<const HolderState> holders() const {
+    return extra_ != nullptr && !extra_->holders.empty()
+               ? std::span<const HolderState>(extra_->holders)
+               : std::span<const HolderState>(&one_, holder_count_);
+  }
   // A lost exclusive holder's delay, which blocks every grant.
-  std::optional<LockDelay> delay_all;
+  const std::optional<LockDelay>& delay_all() const {
+    return extra_ == nullptr ? kNoDelay : extra_->delay_all;
+  }
   // A lost shared holder's delay, which blocks exclusive grants only (a late reader can return
   // stale data, never change the resource).
-  std::optional<LockDelay> delay_writers;
+  const std::optional<LockDelay>& delay_writers() const {
+    return extra_ == nullptr ? kNoDelay : extra_->delay_writers;
+  }
 
-  bool held() const { return !holders.empty(); }
+  bool held() const { return holder_count_ > 0; }
   // kShared iff it is held and its holders are shared.
   LockMode mode() const {
-    return !holders.empty() && holders.front().mode == LockMode::kShared ? LockMode::kShared
-                                                                          : LockMode::kExclusive;
+    return held() && holders().front().mode == LockMode::kShared ? LockMode::kShared
+                                                                 : LockMode::kExclusive;
   }
   const HolderState* FindToken(FenceToken token) const;
-  HolderState* FindToken(FenceToken token);
   const HolderState* FindSession(SessionId session) const;
   // The end of the delays that block a grant in `mode`; MonoTime::Min() when none does.
   MonoTime DelayedUntil(LockMode mode) const;
+
+ private:
+  friend class StateMachine;
+  struct Extra {
+    std::vector<HolderState> holders;  // all of them, when there are two or more
+    std::optional<LockDelay> delay_all;
+    std::optional<LockDelay> delay_writers;
+  };
+  using Owned = std::unique_ptr<LockState, Free>;
+  static const std::optional<LockDelay> kNoDelay;
+
+  explicit LockState(size_t name_size) : name_size_(static_cast<uint32_t>(name_size)) {}
+  // A state with no holder and no delay, named `name`.
+  static Owned Make(std::string_view name);
+
+  std::span<HolderState> mutable_holders() {
+    return extra_ != nullptr && !extra_->holders.empty()
+               ? std::span<HolderState>(extra_->holders)
+               : std::span<HolderState>(&one_, holder_count_);
+  }
+  HolderState* FindToken(FenceToken token);
+  // Adds a holder whose token is above every current one.
+  void Add(const HolderState& holder);
+  void Remove(FenceToken token);
+  std::optional<LockDelay>& mutable_delay(LockMode lost);
+  // Drops the second allocation once it keeps nothing that the state in place cannot.
+  void Compact();
+
+  HolderState one_{};
+  uint32_t holder_count_ = 0;
+  uint32_t name_size_;
+  std::unique_ptr<Extra> extra_;
+  // The name's bytes follow the object, in the same allocation.
 };
+
+inline bool LockNameLess::operator()(const LockState* a, const LockState* b) const {
+  return a->name() < b->name();
+}
+inline bool LockNameLess::operator()(const LockState* a, std::string_view b) const {
+  return a->name() < b;
+}
+inline bool LockNameLess::operator()(std::string_view a, const LockState* b) const {
+  return a < b->name();
+}
 
 class StateMachine {
  public:
+  StateMachine() = default;
+  // A deep copy: the copy owns lock states of its own.
+  StateMachine(const StateMachine& other);
+  StateMachine& operator=(const StateMachine& other);
+  StateMachine(StateMachine&&) = default;
+  StateMachine& operator=(StateMachine&&) = default;
+
   // OK if `r` can be applied to the current state; otherwise kFailedPrecondition saying which
   // invariant it breaks. Recovery uses this to refuse a log that does not replay.
   absl::Status Check(const Record& r) const;
@@ -282,9 +370,9 @@ class StateMachine {
 
   // Null when absent. Pointers are invalidated by the next Apply().
   const SessionState* FindSession(SessionId id) const;
-  const LockState* FindLock(const std::string& lock) const;
+  const LockState* FindLock(std::string_view lock) const;
   // The holder of `lock` with the lowest token: its only holder when it is held exclusive.
-  const HolderState* FindHolder(const std::string& lock) const;
+  const HolderState* FindHolder(std::string_view lock) const;
   const PoolState* FindPool(const std::string& pool) const;
 
   // Restores one pool from a snapshot as of server time `now` (each provisional lease gets its
@@ -336,9 +424,10 @@ class StateMachine {
   };
   std::optional<PoolLeaseKey> ExpiredPoolLease(MonoTime now) const;
 
-  // Both in key order, so that listing a page costs a seek and the page, not a sort of all.
+  // Both in key order, so that listing a page costs a seek and the page, not a sort of all
+  // (the locks by name: lower_bound takes a name).
   const absl::btree_map<SessionId, SessionState>& sessions() const { return sessions_; }
-  const absl::btree_map<std::string, LockState>& locks() const { return locks_; }
+  const LockSet& locks() const { return locks_; }
   const absl::btree_map<std::string, PoolState>& pools() const { return pools_; }
 
  private:
@@ -383,19 +472,37 @@ class StateMachine {
 
   // Replaces the delay of `lock` that a lost holder of mode `lost` starts (kExclusive:
   // delay_all, kShared: delay_writers), keeping delay_ends_ in step.
-  void SetDelay(const std::string& lock, LockState& state, LockMode lost,
-                std::optional<LockDelay> value);
-  // Forgets `it` if it has neither holder nor delay left.
-  void ForgetIfUnused(absl::btree_map<std::string, LockState>::iterator it);
+  void SetDelay(LockState& state, LockMode lost, std::optional<LockDelay> value);
+  // The state of `lock`, made (with no holder and no delay) if there is none.
+  LockState& LockOf(std::string_view lock);
+  LockState* MutableLock(std::string_view lock);
+  // Forgets `state` if it has neither holder nor delay left.
+  void ForgetIfUnused(LockState* state);
+  // Moves the expiry of `h`, a holder of `state`, to `at`.
+  void MoveExpiry(LockState* state, HolderState& h, MonoTime at);
 
   absl::btree_map<SessionId, SessionState> sessions_;
-  absl::btree_map<std::string, LockState> locks_;
+  // The lock set that owns its states: a state is freed when it leaves it, and a moved-from
+  // table is empty.
+  class LockTable : public LockSet {
+   public:
+    LockTable() = default;
+    LockTable(const LockTable&) = delete;
+    LockTable& operator=(const LockTable&) = delete;
+    LockTable(LockTable&& other) noexcept;
+    LockTable& operator=(LockTable&& other) noexcept;
+    ~LockTable() { Free(); }
+    // Takes `state` out of the table and frees it.
+    void Forget(LockState* state);
+    void Free();
+  };
+  LockTable locks_;
   size_t held_locks_ = 0;
   // Expiry indexes, kept in step with the maps above.
   std::set<std::pair<MonoTime, SessionId>> session_expiry_;
-  // Lock leases by (expiry, token) with the lock's name: tokens are unique, so the order
+  // Lock leases by (expiry, token) with the lock's state: tokens are unique, so the order
   // compares integers only (a KeepAlive's renewals share one expiry).
-  std::map<std::pair<MonoTime, FenceToken>, std::string> lock_expiry_;
+  absl::btree_map<std::pair<MonoTime, FenceToken>, LockState*> lock_expiry_;
   // (until, lock, mode of the lost holder that started it) of every pending delay.
   std::set<std::tuple<MonoTime, std::string, LockMode>> delay_ends_;
   absl::btree_map<std::string, PoolState> pools_;
