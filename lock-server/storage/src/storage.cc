@@ -221,6 +221,20 @@ absl::Status CheckSegmentHeader(std::string_view data, const std::string& path, 
   return absl::OkStatus();
 }
 
+// Whether `data` from `at` is a seal of segment `number` that reached the disk in part: every
+// byte is the seal's or zero, past the seal only zeros, and some byte is not zero.
+bool IncompleteSeal(std::string_view data, uint64_t at, uint64_t number) {
+  if (at > data.size()) return false;
+  const std::string seal = EncodeSealFrame(number + 1);
+  const std::string_view tail = data.substr(at);
+  if (AllZero(tail)) return false;
+  for (size_t i = 0; i < tail.size(); ++i) {
+    const char expected = i < seal.size() ? seal[i] : '\0';
+    if (tail[i] != expected && tail[i] != '\0') return false;
+  }
+  return true;
+}
+
 // A segment's bytes after its last good record (or seal), from `at`: unused zeros; or, in the
 // final segment while it is open (`open_final`: not sealed), an append that never completed,
 // none of it acknowledged, which is dropped with a warning in `report`.
@@ -400,6 +414,15 @@ absl::StatusOr<Recovered> internal::RecoverThrough(Env* env, const std::string& 
       at = frame->next;
     }
     report.segment_last_lsn[number] = segment_last;
+    // A segment that is not the last and has no seal: a move to the next one that did not
+    // complete (the next is made before this one is sealed). Its seal may have reached the disk
+    // in part; nothing was appended after it, for a failure stops the writer.
+    if (!final && !expect_next_segment && IncompleteSeal(data, at, number)) {
+      report.warnings.push_back(absl::StrCat(
+          path, ": offset ", at, ": a seal that did not complete (a move to segment ",
+          number + 1, " interrupted); the log goes on in segment ", number + 1));
+      continue;
+    }
     // `at` is the end of the last good record (or seal). What follows must be unused zeros,
     // except that the final segment may end in a torn append that was never acknowledged.
     if (absl::Status s = CheckSegmentTail(data, at, final && !expect_next_segment, path, report);

@@ -432,6 +432,43 @@ TEST_F(StorageTest, SegmentsAcrossASealRecover) {
   EXPECT_EQ(r->report.last_segment, 2u);
 }
 
+// A move to a new segment makes the new one durably, then seals the old one. When the seal's
+// sync fails, or power goes before it completes, part of the seal may be on disk: the writer
+// stopped there (nothing follows the seal), and the log goes on in the new segment. Found by
+// the simulator with 4 KiB segments, where it refused such a directory for good.
+TEST_F(StorageTest, ASealThatDidNotCompleteEndsItsSegmentAndTheLogGoesOnInTheNext) {
+  auto frames = ThreeRecords();
+  const std::string seal = EncodeSealFrame(2);
+  for (const size_t kept : {size_t{1}, seal.size() / 2, seal.size() - 1}) {
+    SCOPED_TRACE(absl::StrCat(kept, " bytes of the seal"));
+    WriteSegment(1, {frames[0], frames[1]});
+    std::string one = *env_.ReadFile(P(SegmentName(1)));
+    one.replace(FrameOffset(frames, 2), kept, seal.substr(0, kept));
+    env_.PutFile(P(SegmentName(1)), one);
+    WriteSegment(2, {});  // the move stopped: nothing appended yet
+    auto r = Recover(&env_, kDir, kNow);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->report.last_lsn, 2u);
+    EXPECT_EQ(r->report.last_segment, 2u);
+    ASSERT_FALSE(r->report.warnings.empty());
+    EXPECT_THAT(r->report.warnings.back(), HasSubstr("a seal that did not complete"));
+    WriteSegment(2, {frames[2]});  // a later run appended there
+    r = Recover(&env_, kDir, kNow);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->report.last_lsn, 3u);
+  }
+  // Bytes that are not a seal's are damage, as before.
+  WriteSegment(1, {frames[0], frames[1]});
+  std::string one = *env_.ReadFile(P(SegmentName(1)));
+  std::string wrong = seal.substr(0, seal.size() / 2);
+  wrong.back() ^= 0x01;
+  one.replace(FrameOffset(frames, 2), wrong.size(), wrong);
+  env_.PutFile(P(SegmentName(1)), one);
+  auto r = Recover(&env_, kDir, kNow);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("damaged data after the last record of a closed"));
+}
+
 TEST_F(StorageTest, SealedSegmentWithoutItsSuccessorIsRefused) {
   auto frames = ThreeRecords();
   WriteSegment(1, frames, /*sealed=*/true);
