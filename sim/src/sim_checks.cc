@@ -2,6 +2,9 @@
 // holders and delays (ADR 0006), tokens, the reply gate, FIFO waiters, and checkStillHeld.
 #include "simulation.h"
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+
 namespace fencelock::sim::internal {
 
 void Simulation::CheckRecovered(const server::OpenedCommitLog& opened, MonoTime now,
@@ -15,12 +18,28 @@ void Simulation::CheckRecovered(const server::OpenedCommitLog& opened, MonoTime 
   appended_.erase(appended_.upper_bound(recovered_lsn), appended_.end());
   max_token_appended_ = FenceToken();
   committed_lsn_ = recovered_lsn;
+  // From the snapshot recovery began with: the state when lockd began it (not the log up to
+  // it: see snapshot_states_), then the log after it. snapshot-0 is the empty state.
   StateMachine replayed;
-  for (const auto& [lsn, r] : appended_) replayed.Apply(r, now);
-  if (replayed.DebugString() != opened.state.DebugString()) {
-    Fail(absl::StrCat(who, ": recovered state differs from the committed log: recovered {",
-                      opened.state.DebugString(), "} log {", replayed.DebugString(), "}"));
+  uint64_t from = 0;
+  if (auto it = snapshot_states_.find(opened.snapshot_lsn);
+      opened.snapshot_lsn > 0 && it != snapshot_states_.end()) {
+    replayed = it->second;
+    from = opened.snapshot_lsn;
   }
+  for (auto it = appended_.upper_bound(from); it != appended_.end(); ++it) {
+    replayed.Apply(it->second, now);
+  }
+  if (replayed.DebugString() != opened.state.DebugString()) {
+    Fail(absl::StrCat(who, ": recovered state differs from the committed log",
+                      from > 0 ? absl::StrCat(" after the snapshot at lsn ", from) : "",
+                      ": recovered {", opened.state.DebugString(), "} log {",
+                      replayed.DebugString(), "}"));
+  }
+  // Later recoveries begin from this snapshot or a later one; none begins past what was kept.
+  snapshot_states_.erase(snapshot_states_.begin(), snapshot_states_.lower_bound(from));
+  snapshot_states_.erase(snapshot_states_.upper_bound(recovered_lsn), snapshot_states_.end());
+  snapshot_checked_lsn_ = std::min(snapshot_checked_lsn_, recovered_lsn);
   if (!acked_tokens_.empty() && opened.state.last_token() < *acked_tokens_.rbegin()) {
     Fail(absl::StrCat(who, ": after recovery the next token would be ", opened.state.last_token() + 1,
                       ", but token ", *acked_tokens_.rbegin(), " was acknowledged"));
@@ -107,6 +126,39 @@ void Simulation::OnApplied(int replica, const Record& r) {
     MonoTime& shadow_until =
         gone.mode == server::LockMode::kExclusive ? s->second.all_until : s->second.writers_until;
     shadow_until = std::max(shadow_until, until);
+  }
+}
+
+void Simulation::OnSnapshot(int replica, uint64_t lsn, const StateMachine& state) {
+  if (replica != current_) return;
+  snapshot_states_.insert_or_assign(lsn, state);
+}
+
+void Simulation::CheckSnapshots(int replica) {
+  if (replica != current_ || options_.replicas > 1) return;  // etcd keeps no snapshot files
+  auto names = disk_.ListDir(kDataDir);
+  if (!names.ok()) return;
+  for (const std::string& name : *names) {
+    uint64_t lsn = 0;
+    if (!absl::StartsWith(name, "snapshot-") ||
+        !absl::SimpleAtoi(name.substr(sizeof("snapshot-") - 1), &lsn) ||
+        lsn <= snapshot_checked_lsn_) {
+      continue;
+    }
+    auto then = snapshot_states_.find(lsn);
+    if (then == snapshot_states_.end()) continue;
+    const std::string path = absl::StrCat(kDataDir, "/", name);
+    auto data = disk_.ReadFile(path);
+    if (!data.ok()) continue;
+    auto held = server::DecodeSnapshot(path, *data, lsn, MonoTime());
+    if (!held.ok()) {
+      Fail(absl::StrCat("lockd wrote a snapshot it cannot read: ", held.status().ToString()));
+    } else if (held->DebugString() != then->second.DebugString()) {
+      Fail(absl::StrCat("the snapshot at lsn ", lsn, " holds {", held->DebugString(),
+                        "} but the state when lockd began it was {",
+                        then->second.DebugString(), "}"));
+    }
+    snapshot_checked_lsn_ = std::max(snapshot_checked_lsn_, lsn);
   }
 }
 

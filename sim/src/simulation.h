@@ -83,7 +83,7 @@ class RecordingLog final : public CommitLog, public CommitLogListener {
   void Append(const Record& record) override;
   void Flush() override { inner_->Flush(); }
   void StartIfIdle() override { inner_->StartIfIdle(); }
-  void Snapshot(const StateMachine& state) override { inner_->Snapshot(state); }
+  void Snapshot(const StateMachine& state) override;
   uint64_t newest_batch() const override { return inner_->newest_batch(); }
   uint64_t committed_batch() const override { return inner_->committed_batch(); }
   uint64_t last_lsn() const override { return inner_->last_lsn(); }
@@ -97,6 +97,7 @@ class RecordingLog final : public CommitLog, public CommitLogListener {
 
  private:
   std::unique_ptr<CommitLog> inner_;
+  uint64_t snapshots_seen_ = 0;  // the inner log's stats().snapshots when last looked at
   Simulation* sim_;
   const int replica_;
   CommitLogListener* listener_ = nullptr;
@@ -229,6 +230,11 @@ class Simulation {
   void ClientSend(int conn, const wire::Request& r);
   void CutConnection(int conn);
   void OnAppended(int replica, uint64_t lsn, const Record& r);
+  // Replica `replica` begins a snapshot of `state`, after record `lsn`.
+  void OnSnapshot(int replica, uint64_t lsn, const StateMachine& state);
+  // Replica `replica` wrote a snapshot: each snapshot file not checked yet must hold the state
+  // as it was when lockd began it (OnSnapshot), however the state changed while it was read.
+  void CheckSnapshots(int replica);
   // Every record the serving replica applied (renewals too), just after it was applied.
   void OnApplied(int replica, const Record& r);
   void OnCommittedLsn(int replica, uint64_t lsn) {
@@ -380,6 +386,11 @@ class Simulation {
   std::vector<std::unique_ptr<SimClient>> clients_;
   // What lockd appended, by lsn, across incarnations (lost records are cut off at recovery).
   std::map<uint64_t, Record> appended_;
+  // The state at each lsn lockd began a snapshot at (on its local log): a snapshot holds the
+  // state as it was then, which is not the log replayed (a delay that ended was forgotten, and
+  // the end is no record), so recovery from it is checked against this plus the log after it.
+  std::map<uint64_t, StateMachine> snapshot_states_;
+  uint64_t snapshot_checked_lsn_ = 0;  // the newest snapshot file CheckSnapshots read
   uint64_t committed_lsn_ = 0;
   FenceToken max_token_appended_;                 // in this run of lockd
   FenceToken max_token_sent_;                     // the highest token in any reply that left lockd

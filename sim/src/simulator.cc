@@ -15,6 +15,11 @@ void RecordingLog::Append(const Record& record) {
   sim_->OnAppended(replica_, inner_->last_lsn(), record);
 }
 
+void RecordingLog::Snapshot(const StateMachine& state) {
+  sim_->OnSnapshot(replica_, inner_->last_lsn(), state);
+  inner_->Snapshot(state);
+}
+
 void RecordingLog::OnCommitted(uint64_t batch) {
   // What the log says is committed never goes back. If it did, a reply tagged with a batch
   // already durable would wait for a later batch, and on a quiet lockd none comes: the reply
@@ -27,6 +32,10 @@ void RecordingLog::OnCommitted(uint64_t batch) {
                             inner_->committed_batch()));
   }
   reported_ = std::max(reported_, batch);
+  if (const uint64_t written = inner_->stats().snapshots; written > snapshots_seen_) {
+    snapshots_seen_ = written;
+    sim_->CheckSnapshots(replica_);
+  }
   for (auto it = batch_last_lsn_.begin(); it != batch_last_lsn_.end() && it->first <= batch;) {
     sim_->OnCommittedLsn(replica_, it->second);
     it = batch_last_lsn_.erase(it);
@@ -183,11 +192,15 @@ void Simulation::CutConnection(int conn) {
 void Simulation::StartLockd() {
   server::LocalCommitLogOptions log_options{.env = &disk_,
                                             .dir = kDataDir,
-                                            .segment_bytes = 16 << 10,
+                                            .segment_bytes = 4 << 10,
                                             .reservation_block = 7,
                                             // Half the runs sync small batches on lockd's own
                                             // thread when no batch is in flight, as lockd does.
                                             .inline_sync_max_records = rng_.Chance(0.5) ? 4u : 0u,
+                                            // Most runs read snapshots a few entries a slice,
+                                            // so that requests change the state in between.
+                                            .snapshot_slice = rng_.Chance(0.8) ? 1 + rng_.Below(4)
+                                                                               : size_t{2048},
                                             .now = [this] { return replicas_[0].time->Now(); },
                                             .log = [](const std::string&) {}};
   log_options.schedule_writer = [this](std::function<void()> step) {
@@ -427,7 +440,7 @@ SimResult Simulation::Run() {
                 [this, i] { StartReplica(i); });
     }
   } else {
-    if (absl::Status s = server::InitDataDir(&disk_, kDataDir, 16 << 10); !s.ok()) {
+    if (absl::Status s = server::InitDataDir(&disk_, kDataDir, 4 << 10); !s.ok()) {
       Fail(absl::StrCat("init: ", s.ToString()));
       return result_;
     }

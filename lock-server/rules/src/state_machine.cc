@@ -126,6 +126,10 @@ absl::Status StateMachine::CheckOne(const record::LockGranted& r) const {
     return absl::FailedPreconditionError(
         absl::StrCat("token ", r.token, " not above last token ", last_token_));
   }
+  return CheckHolder(r);
+}
+
+absl::Status StateMachine::CheckHolder(const record::LockGranted& r) const {
   auto session = sessions_.find(r.session);
   if (session == sessions_.end()) {
     return absl::FailedPreconditionError(
@@ -286,6 +290,7 @@ StateMachine::StateMachine(const StateMachine& other) { *this = other; }
 // them (each session's locks, the expiry index) point at the copies.
 StateMachine& StateMachine::operator=(const StateMachine& other) {
   if (this == &other) return *this;
+  frozen_.reset();  // a reading is the original's alone
   locks_.Free();
   lock_expiry_.clear();
   sessions_ = other.sessions_;
@@ -374,6 +379,7 @@ absl::Status StateMachine::RestoreDelay(const std::string& lock, LockMode lost,
     return absl::FailedPreconditionError(
         absl::StrCat("lock ", lock, " has a delay of ", absl::FormatDuration(length)));
   }
+  KeepLock(lock);
   SetDelay(LockOf(lock), lost, LockDelay{length, now + length});
   return absl::OkStatus();
 }
@@ -381,6 +387,7 @@ absl::Status StateMachine::RestoreDelay(const std::string& lock, LockMode lost,
 void StateMachine::ForgetEndedDelays(const std::string& lock, MonoTime now) {
   LockState* state = MutableLock(lock);
   if (state == nullptr) return;
+  KeepLock(lock);
   for (LockMode lost : {LockMode::kExclusive, LockMode::kShared}) {
     const std::optional<LockDelay>& slot =
         lost == LockMode::kExclusive ? state->delay_all() : state->delay_writers();
@@ -538,15 +545,37 @@ void StateMachine::ApplyOne(const record::SessionRenewed& r, MonoTime now) {
 }
 
 void StateMachine::ApplyOne(const record::SessionEnded& r, MonoTime now) {
+  KeepSession(r.session);
   auto it = sessions_.find(r.session);
   session_expiry_.erase({it->second.expires_at, r.session});
   sessions_.erase(it);
 }
 
 void StateMachine::ApplyOne(const record::LockGranted& r, MonoTime now) {
+  last_token_ = r.token;
+  AddHolder(r, now);
+}
+
+absl::Status StateMachine::RestoreHolder(const record::LockGranted& r, MonoTime now) {
+  if (r.token == FenceToken() || r.token > last_token_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "holder of ", r.lock, " with token ", r.token, " outside the token sequence (1 to ",
+        last_token_, ")"));
+  }
+  if (const LockState* lock = FindLock(r.lock);
+      lock != nullptr && lock->held() && lock->holders().back().token >= r.token) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("holders of ", r.lock, " not in ascending token order at token ", r.token));
+  }
+  if (absl::Status s = CheckHolder(r); !s.ok()) return s;
+  AddHolder(r, now);
+  return absl::OkStatus();
+}
+
+void StateMachine::AddHolder(const record::LockGranted& r, MonoTime now) {
+  KeepLock(r.lock);
   auto session = sessions_.find(r.session);
   LockState& state = LockOf(r.lock);
-  last_token_ = r.token;
   if (!state.held()) ++held_locks_;
   // A grant is made only once the delays that block it have passed (LockService), so they
   // are over; a shared grant leaves a delay that blocks writers only in place.
@@ -571,6 +600,7 @@ void StateMachine::ApplyOne(const record::LockRenewed& r, MonoTime now) {
 }
 
 void StateMachine::ApplyOne(const record::LockReleased& r, MonoTime now) {
+  KeepLock(r.lock);
   LockState& state = *MutableLock(r.lock);
   const HolderState& h = *state.FindToken(r.token);
   lock_expiry_.erase({h.expires_at, r.token});
@@ -596,6 +626,110 @@ void StateMachine::ApplyOne(const record::LockReleased& r, MonoTime now) {
     SetDelay(state, mode, started);
   }
   ForgetIfUnused(&state);
+}
+
+// ---- Reading as of one moment (Freeze) ----
+
+void StateMachine::Freeze() const {
+  frozen_ = std::make_unique<Frozen>();
+  frozen_->last_token = last_token_;
+  frozen_->last_session_id = last_session_id_;
+}
+
+FenceToken StateMachine::frozen_last_token() const {
+  return frozen_ == nullptr ? FenceToken() : frozen_->last_token;
+}
+
+SessionId StateMachine::frozen_last_session_id() const {
+  return frozen_ == nullptr ? SessionId() : frozen_->last_session_id;
+}
+
+size_t StateMachine::frozen_copies() const {
+  return frozen_ == nullptr ? 0 : frozen_->locks.size() + frozen_->sessions.size();
+}
+
+void StateMachine::KeepLock(std::string_view lock) {
+  Frozen* f = frozen_.get();
+  if (f == nullptr || (f->locks_started && lock <= f->locks_read) || f->locks.contains(lock)) {
+    return;
+  }
+  Frozen::LockCopy copy;
+  if (const LockState* state = FindLock(lock); state != nullptr) {
+    copy.holders.assign(state->holders().begin(), state->holders().end());
+    copy.delay_all = state->delay_all();
+    copy.delay_writers = state->delay_writers();
+  }
+  f->locks.emplace(std::string(lock), std::move(copy));
+}
+
+void StateMachine::KeepSession(SessionId session) {
+  Frozen* f = frozen_.get();
+  if (f == nullptr || session <= f->sessions_read || session > f->last_session_id) return;
+  if (auto it = sessions_.find(session); it != sessions_.end()) {
+    SessionState& copy = f->sessions[session];
+    copy.ttl = it->second.ttl;
+    copy.secret_digest = it->second.secret_digest;
+    copy.owner = it->second.owner;
+  }
+}
+
+bool StateMachine::ReadFrozen(size_t max, const FrozenSessionVisitor& session,
+                              const FrozenLockVisitor& lock) const {
+  if (frozen_ == nullptr) return true;
+  Frozen& f = *frozen_;
+  size_t visited = 0;
+  // Sessions: the live ones up to the moment's last id, and the copies of those ended since.
+  if (!f.sessions_done) {
+    auto live = sessions_.upper_bound(f.sessions_read);
+    auto kept = f.sessions.upper_bound(f.sessions_read);
+    for (; visited < max; ++visited) {
+      const bool live_left = live != sessions_.end() && live->first <= f.last_session_id;
+      const bool kept_left = kept != f.sessions.end();
+      if (!live_left && !kept_left) {
+        f.sessions_done = true;
+        break;
+      }
+      // An ended session's id is never live again, so the two never name the same id.
+      if (kept_left && (!live_left || kept->first < live->first)) {
+        session(kept->first, kept->second);
+        f.sessions_read = kept->first;
+        kept = f.sessions.erase(kept);
+      } else {
+        session(live->first, live->second);
+        f.sessions_read = live->first;
+        ++live;
+      }
+    }
+  }
+  if (!f.sessions_done) return false;
+  // Locks: the live ones, or the copy kept of a name changed since the moment (a copy with
+  // nothing in it: the name was not kept then).
+  auto live = f.locks_started ? locks_.upper_bound(f.locks_read) : locks_.begin();
+  auto kept = f.locks_started ? f.locks.upper_bound(f.locks_read) : f.locks.begin();
+  for (; visited < max; ++visited) {
+    const bool live_left = live != locks_.end();
+    const bool kept_left = kept != f.locks.end();
+    if (!live_left && !kept_left) {
+      frozen_.reset();
+      return true;
+    }
+    f.locks_started = true;
+    if (kept_left && (!live_left || kept->first <= (*live)->name())) {
+      if (live_left && kept->first == (*live)->name()) ++live;
+      const Frozen::LockCopy& copy = kept->second;
+      if (!copy.holders.empty() || copy.delay_all.has_value() || copy.delay_writers.has_value()) {
+        lock(kept->first, copy.holders, copy.delay_all, copy.delay_writers);
+      }
+      f.locks_read.assign(kept->first);
+      kept = f.locks.erase(kept);
+    } else {
+      const LockState& state = **live;
+      lock(state.name(), state.holders(), state.delay_all(), state.delay_writers());
+      f.locks_read.assign(state.name());
+      ++live;
+    }
+  }
+  return false;
 }
 
 }  // namespace fencelock::server

@@ -102,6 +102,8 @@ class LocalCommitLog final : public CommitLog {
                           uint64_t records);
   absl::Status Rotate(uint64_t needed);
   absl::Status WriteSnapshot(const std::string& bytes, uint64_t lsn);
+  // Encodes the next slice of the snapshot in progress; queues its write once it is whole.
+  void SnapshotStep();
   void OnJobDone(const absl::Status& s);
   // Queues a COMMITTED write of the newest lsn the writer has synced.
   void QueueCommittedMark();
@@ -129,6 +131,9 @@ class LocalCommitLog final : public CommitLog {
   Sequences reserved_;
   absl::Status fault_;
   uint64_t last_snapshot_bytes_ = 0;
+  // The snapshot being encoded (Snapshot), and the lsn it is after.
+  std::unique_ptr<SnapshotEncoder> snapshot_;
+  uint64_t snapshot_lsn_ = 0;
   uint64_t wal_bytes_at_snapshot_ = 0;  // bytes_ when the last snapshot was queued
   uint64_t wal_bytes_queued_ = 0;       // bytes of every batch handed to the writer
   MonoTime last_mark_at_ = MonoTime::Min();
@@ -215,6 +220,9 @@ absl::StatusOr<std::unique_ptr<LocalCommitLog>> LocalCommitLog::Open(
 
 LocalCommitLog::~LocalCommitLog() {
   if (mark_timer_) mark_timer_->Cancel();
+  // An unfinished snapshot ends its reading of the state, which outlives the log (the core
+  // holds the state before its log).
+  snapshot_.reset();
   // A clean stop records how far the log reached. An injected writer stands for a crash: it
   // abandons its queue and writes nothing more.
   if (!options_.schedule_writer && fault_.ok()) QueueCommittedMark();
@@ -393,12 +401,33 @@ bool LocalCommitLog::RunInlineIfIdle(Job& job) {
 }
 
 void LocalCommitLog::Snapshot(const StateMachine& state) {
+  // One at a time: the one in progress covers what this one asked for (its records, up to
+  // its lsn, leave the log once it is written), and a later one follows the log's growth.
+  if (snapshot_ != nullptr || !fault_.ok()) return;
+  // Its records go to the writer ahead of the snapshot, which is written after them.
   if (!pending_.empty()) SendPending();
-  const uint64_t lsn = last_lsn();
-  auto bytes = std::make_shared<std::string>(EncodeSnapshot(state, lsn));
-  last_snapshot_bytes_ = bytes->size();
+  snapshot_lsn_ = last_lsn();
+  snapshot_ = std::make_unique<SnapshotEncoder>(state, snapshot_lsn_);
   wal_bytes_at_snapshot_ = wal_bytes_queued_;
-  Enqueue(Job{[this, bytes, lsn] { return WriteSnapshot(*bytes, lsn); },
+  SnapshotStep();
+}
+
+void LocalCommitLog::SnapshotStep() {
+  if (snapshot_ == nullptr) return;
+  if (!fault_.ok()) {
+    snapshot_.reset();
+    return;
+  }
+  if (!snapshot_->EncodeSome(options_.snapshot_slice)) {
+    post_([this, alive = alive_] {
+      if (*alive) SnapshotStep();
+    });
+    return;
+  }
+  auto encoder = std::shared_ptr<SnapshotEncoder>(std::move(snapshot_));
+  last_snapshot_bytes_ = encoder->size();
+  const uint64_t lsn = snapshot_lsn_;
+  Enqueue(Job{[this, encoder, lsn] { return WriteSnapshot(std::move(*encoder).Finish(), lsn); },
               [this](const absl::Status& s) { OnJobDone(s); }});
 }
 
@@ -637,6 +666,7 @@ absl::StatusOr<OpenedCommitLog> OpenLocalCommitLog(const LocalCommitLogOptions& 
   if (recovered->state.secrets_read_in_clear() > 0) (*log)->RotateAtNextSnapshot();
   OpenedCommitLog out;
   out.summary = Summary(recovered->state, options.dir, recovered->report);
+  out.snapshot_lsn = recovered->report.snapshot_lsn;
   out.state = std::move(recovered->state);
   out.log = std::move(*log);
   return out;

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "crc32c.h"
 #include "logging/logging.h"
@@ -264,7 +265,7 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
   if (GetU32(data, 20) != Crc32c(data.substr(0, 20))) {
     return DamagedAt(path, 0, "header checksum mismatch");
   }
-  if (GetU32(data, 4) != kFileVersion && GetU32(data, 4) != kSnapshotVersion) {
+  if (GetU32(data, 4) < kFileVersion || GetU32(data, 4) > kSnapshotVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
         path, ": unsupported snapshot version ", GetU32(data, 4), " (this lockd reads ",
         kFileVersion, " to ", kSnapshotVersion, ")"));
@@ -300,16 +301,34 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
       return st;
     }
   }
+  // The sequences before the holders: a holder's token must be within them, in whatever
+  // order the holders come (by token up to version 2, by lock name from 3).
+  if (SessionId(snap.last_session_id()) < state.last_session_id()) {
+    return Damaged(path, "sequence marks below the ids it contains");
+  }
+  if (absl::Status s =
+          state.RaiseFloors(FenceToken(snap.last_token()), SessionId(snap.last_session_id()));
+      !s.ok()) {
+    return Damaged(path, std::string(s.message()));
+  }
+  absl::flat_hash_set<uint64_t> tokens;
+  tokens.reserve(snap.holders_size());
   for (const auto& h : snap.holders()) {
     auto mode = ModeFromProto(h.mode());
     if (!mode.ok()) {
       return Damaged(path, absl::StrCat("lock ", h.lock(), ": ", mode.status().message()));
     }
-    if (absl::Status st = apply(record::LockGranted{
-            h.lock(), SessionId(h.session_id()), FenceToken(h.token()),
-            absl::Nanoseconds(h.ttl_ns()), *mode, absl::Nanoseconds(h.lock_delay_ns())});
+    if (!tokens.insert(h.token()).second) {
+      return Damaged(path, absl::StrCat("inconsistent snapshot: token ", h.token(),
+                                        " is held twice (again by ", h.lock(), ")"));
+    }
+    if (absl::Status st = state.RestoreHolder(
+            record::LockGranted{h.lock(), SessionId(h.session_id()), FenceToken(h.token()),
+                                absl::Nanoseconds(h.ttl_ns()), *mode,
+                                absl::Nanoseconds(h.lock_delay_ns())},
+            now);
         !st.ok()) {
-      return st;
+      return Damaged(path, absl::StrCat("inconsistent snapshot: ", st.message()));
     }
   }
   for (const auto& d : snap.delays()) {
@@ -318,15 +337,6 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
                                                      absl::Nanoseconds(d.length_ns()), now)
                                 : lost.status();
     if (!st.ok()) return Damaged(path, absl::StrCat("inconsistent snapshot: ", st.message()));
-  }
-  if (FenceToken(snap.last_token()) < state.last_token() ||
-      SessionId(snap.last_session_id()) < state.last_session_id()) {
-    return Damaged(path, "sequence marks below the ids it contains");
-  }
-  if (absl::Status s =
-          state.RaiseFloors(FenceToken(snap.last_token()), SessionId(snap.last_session_id()));
-      !s.ok()) {
-    return Damaged(path, std::string(s.message()));
   }
   uint64_t keys_in_clear = 0;  // pool owner keys an older lockd wrote in clear
   for (const auto& sp : snap.pools()) {
@@ -424,42 +434,44 @@ std::string EncodeSealFrame(uint64_t next_segment) {
   return Frame(p);
 }
 
-std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
-  state::Snapshot snap;
-  snap.set_last_lsn(last_lsn);
-  snap.set_last_token(state.last_token().value());
-  snap.set_last_session_id(state.last_session_id().value());
-  for (const auto& [id, session] : state.sessions()) {  // ascending id
-    auto* s = snap.add_sessions();
-    s->set_session_id(id.value());
-    s->set_ttl_ns(Nanos(session.ttl));
-    s->set_secret_digest(session.secret_digest);
-    s->set_owner(session.owner);
-  }
-  std::vector<std::pair<std::string, HolderState>> holders;
-  for (const LockState* held : state.locks()) {  // ascending lock
-    const std::string lock(held->name());
-    for (const HolderState& h : held->holders()) holders.emplace_back(lock, h);
-    for (const auto& [delay, lost] : {std::pair(&held->delay_all(), LockMode::kExclusive),
-                                      std::pair(&held->delay_writers(), LockMode::kShared)}) {
-      if (!delay->has_value()) continue;
-      auto* out = snap.add_delays();
-      out->set_lock(lock);
-      out->set_lost(ModeToProto(lost));
-      out->set_length_ns(Nanos((*delay)->length));
-    }
-  }
-  std::sort(holders.begin(), holders.end(),
-            [](const auto& a, const auto& b) { return a.second.token < b.second.token; });
-  for (const auto& [lock, h] : holders) {
+namespace {
+
+void AddSession(state::Snapshot& snap, SessionId id, const SessionState& session) {
+  auto* s = snap.add_sessions();
+  s->set_session_id(id.value());
+  s->set_ttl_ns(Nanos(session.ttl));
+  s->set_secret_digest(session.secret_digest);
+  s->set_owner(session.owner);
+}
+
+void AddLock(state::Snapshot& snap, std::string_view lock, std::span<const HolderState> holders,
+             const std::optional<LockDelay>& delay_all,
+             const std::optional<LockDelay>& delay_writers) {
+  for (const HolderState& h : holders) {  // ascending token
     auto* out = snap.add_holders();
-    out->set_lock(lock);
+    out->set_lock(std::string(lock));
     out->set_session_id(h.session.value());
     out->set_token(h.token.value());
     out->set_ttl_ns(Nanos(h.ttl));
     out->set_mode(ModeToProto(h.mode));
     out->set_lock_delay_ns(Nanos(h.lock_delay));
   }
+  for (const auto& [delay, lost] : {std::pair(&delay_all, LockMode::kExclusive),
+                                    std::pair(&delay_writers, LockMode::kShared)}) {
+    if (!delay->has_value()) continue;
+    auto* out = snap.add_delays();
+    out->set_lock(std::string(lock));
+    out->set_lost(ModeToProto(lost));
+    out->set_length_ns(Nanos((*delay)->length));
+  }
+}
+
+// The snapshot's sequences and its pools (few and small: read whole at the moment).
+void AddHead(state::Snapshot& snap, const StateMachine& state, uint64_t last_lsn,
+             FenceToken last_token, SessionId last_session_id) {
+  snap.set_last_lsn(last_lsn);
+  snap.set_last_token(last_token.value());
+  snap.set_last_session_id(last_session_id.value());
   for (const auto& [name, pool] : state.pools()) {  // ascending name
     auto* out = snap.add_pools();
     out->set_name(name);
@@ -497,7 +509,61 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
     out->set_decision(pool.decision);
     out->set_draining(pool.draining);
   }
+}
+
+// Fills in the header in front of `file`'s payload (kSnapshotHeaderBytes reserved for it).
+void PutSnapshotHeader(std::string& file) {
+  const std::string_view payload = std::string_view(file).substr(kSnapshotHeaderBytes);
+  std::string header(kSnapshotMagic, 4);
+  PutU32(&header, kSnapshotVersion);
+  PutU64(&header, payload.size());
+  PutU32(&header, Crc32c(payload));
+  PutU32(&header, Crc32c(header));
+  file.replace(0, kSnapshotHeaderBytes, header);
+}
+
+}  // namespace
+
+std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
+  state::Snapshot snap;
+  AddHead(snap, state, last_lsn, state.last_token(), state.last_session_id());
+  for (const auto& [id, session] : state.sessions()) AddSession(snap, id, session);
+  for (const LockState* lock : state.locks()) {  // ascending name
+    AddLock(snap, lock->name(), lock->holders(), lock->delay_all(), lock->delay_writers());
+  }
   return EncodeRawSnapshot(snap.SerializeAsString());
+}
+
+SnapshotEncoder::SnapshotEncoder(const StateMachine& state, uint64_t last_lsn)
+    : state_(&state), file_(kSnapshotHeaderBytes, '\0') {
+  state.Freeze();
+  state::Snapshot head;
+  AddHead(head, state, last_lsn, state.frozen_last_token(), state.frozen_last_session_id());
+  head.AppendToString(&file_);
+}
+
+SnapshotEncoder::~SnapshotEncoder() {
+  if (!done_) state_->Thaw();
+}
+
+bool SnapshotEncoder::EncodeSome(size_t max) {
+  if (done_) return true;
+  // Concatenated serializations of one message type parse as one message whose repeated
+  // fields hold every part's entries in order: each slice appends a message of its own.
+  state::Snapshot part;
+  done_ = state_->ReadFrozen(
+      max, [&](SessionId id, const SessionState& s) { AddSession(part, id, s); },
+      [&](std::string_view lock, std::span<const HolderState> holders,
+          const std::optional<LockDelay>& all, const std::optional<LockDelay>& writers) {
+        AddLock(part, lock, holders, all, writers);
+      });
+  part.AppendToString(&file_);
+  return done_;
+}
+
+std::string SnapshotEncoder::Finish() && {
+  PutSnapshotHeader(file_);
+  return std::move(file_);
 }
 
 std::string EncodeRawSnapshot(std::string_view payload) {

@@ -25,8 +25,11 @@ constexpr uint64_t kCommittedBytes = 20;
 constexpr char kRecordMagic[4] = {'F', 'L', 'R', '1'};
 constexpr uint32_t kFileVersion = 1;
 // Snapshots: 2 adds shared holders and lock delays (ADR 0006). A version-1 snapshot reads as
-// exclusive holders without delays; a lockd that knows only 1 refuses a 2 by name.
-constexpr uint32_t kSnapshotVersion = 2;
+// exclusive holders without delays; a lockd that knows only 1 refuses a 2 by name. 3 lists the
+// holders by lock name (each lock's in token order) instead of by token, for it is read a slice
+// at a time in name order (SnapshotEncoder); a lockd that knows only 2 refuses a 3 by name, and
+// this one reads all three.
+constexpr uint32_t kSnapshotVersion = 3;
 constexpr uint64_t kSequencesBytes = 28;
 constexpr uint64_t kSnapshotHeaderBytes = 24;
 

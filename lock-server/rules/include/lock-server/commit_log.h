@@ -124,6 +124,7 @@ struct OpenedCommitLog {
   // (etcd's does): it is destroyed first, and the two move together. Null: SoleLeadership().
   std::unique_ptr<Leadership> leadership;
   std::vector<std::string> summary;     // what recovery found, one line per fact, for the log
+  uint64_t snapshot_lsn = 0;  // the snapshot recovery began from (the local log); else 0
 };
 
 }  // namespace fencelock::server

@@ -12,6 +12,7 @@
 #define FENCELOCK_LOCK_SERVER_STATE_MACHINE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <memory>
@@ -368,6 +369,38 @@ class StateMachine {
   // ran from a request sent before the restore) always ends first.
   void RestartLeases(MonoTime now);
 
+  // ---- Reading the state as of one moment, in slices (a snapshot off the request path) ----
+  //
+  // Freeze() marks the moment; ReadFrozen() then visits the sessions (by id) and the locks (by
+  // name) as they were at that moment, a few at a time, while records go on being applied in
+  // between. Before a record changes a lock or ends a session that the reading has not reached,
+  // the state keeps a copy of what it was (copy on write, per lock and per session), and the
+  // reading visits the copy; what the reading already passed, and what began after the moment
+  // (sessions opened, names first held), it leaves alone. Only what a snapshot holds is kept:
+  // expiries and confirmations are not part of it. One reading at a time; `mutable`, for reading
+  // changes nothing the rules see.
+  //
+  // The sessions, then the locks, each visited once; the views are valid during the call.
+  using FrozenSessionVisitor = std::function<void(SessionId, const SessionState&)>;
+  using FrozenLockVisitor =
+      std::function<void(std::string_view lock, std::span<const HolderState> holders,
+                         const std::optional<LockDelay>& delay_all,
+                         const std::optional<LockDelay>& delay_writers)>;
+  // Begins a reading as of now, replacing one in progress.
+  void Freeze() const;
+  bool frozen() const { return frozen_ != nullptr; }
+  // The sequences as of the moment of the reading in progress.
+  FenceToken frozen_last_token() const;
+  SessionId frozen_last_session_id() const;
+  // Visits up to `max` more sessions and locks of the reading in progress; true when it has
+  // visited them all, and the reading is over.
+  bool ReadFrozen(size_t max, const FrozenSessionVisitor& session,
+                  const FrozenLockVisitor& lock) const;
+  // Ends the reading in progress, if any, and drops what it kept.
+  void Thaw() const { frozen_.reset(); }
+  // How many locks and sessions the reading in progress keeps copies of (for tests).
+  size_t frozen_copies() const;
+
   // Null when absent. Pointers are invalidated by the next Apply().
   const SessionState* FindSession(SessionId id) const;
   const LockState* FindLock(std::string_view lock) const;
@@ -379,6 +412,14 @@ class StateMachine {
   // full TTL again). kFailedPrecondition when the pool breaks an invariant: a lease of no
   // profile, a token above the token sequence, units above the budget, a name already restored.
   absl::Status RestorePool(const std::string& name, PoolState pool, MonoTime now);
+
+  // Restores one holder from a snapshot as of server time `now` (its lease runs its full TTL
+  // from there), after the snapshot's sessions and floors (RaiseFloors): `r` as the grant that
+  // made it, in any order of names, each lock's holders in ascending token order. The token
+  // sequence does not move. kFailedPrecondition for what no grant could have left: a holder of
+  // no session, a token above the token sequence or not above the lock's other holders', a
+  // holder the lock's holders exclude. Tokens held by two locks are the caller's to refuse.
+  absl::Status RestoreHolder(const record::LockGranted& r, MonoTime now);
 
   // Restores the delay that a lost holder of mode `lost` started, from a snapshot, as of server
   // time `now`: it runs its full `length` from there. kFailedPrecondition for a delay that is
@@ -435,6 +476,9 @@ class StateMachine {
   absl::Status CheckOne(const record::SessionRenewed& r) const;
   absl::Status CheckOne(const record::SessionEnded& r) const;
   absl::Status CheckOne(const record::LockGranted& r) const;
+  // What a grant and a restored holder must both satisfy (all but the token's rise).
+  absl::Status CheckHolder(const record::LockGranted& r) const;
+  void AddHolder(const record::LockGranted& r, MonoTime now);
   absl::Status CheckOne(const record::LockRenewed& r) const;
   absl::Status CheckOne(const record::LockReleased& r) const;
   absl::Status CheckOne(const record::PoolPolicyPublished& r) const;
@@ -476,6 +520,10 @@ class StateMachine {
   // The state of `lock`, made (with no holder and no delay) if there is none.
   LockState& LockOf(std::string_view lock);
   LockState* MutableLock(std::string_view lock);
+  // Before a change to `lock` (its holders or delays) or the end of `session`: keeps a copy of
+  // it for the reading in progress (Freeze), if it has not read it yet.
+  void KeepLock(std::string_view lock);
+  void KeepSession(SessionId session);
   // Forgets `state` if it has neither holder nor delay left.
   void ForgetIfUnused(LockState* state);
   // Moves the expiry of `h`, a holder of `state`, to `at`.
@@ -511,6 +559,25 @@ class StateMachine {
   FenceToken last_token_;
   SessionId last_session_id_;
   uint64_t secrets_read_in_clear_ = 0;
+
+  // The reading in progress (Freeze): how far it has read, and the copies kept of what changed
+  // ahead of it.
+  struct Frozen {
+    struct LockCopy {  // empty: the name was not kept at the moment
+      std::vector<HolderState> holders;
+      std::optional<LockDelay> delay_all;
+      std::optional<LockDelay> delay_writers;
+    };
+    FenceToken last_token;
+    SessionId last_session_id;
+    SessionId sessions_read;  // every session up to this id was visited
+    bool sessions_done = false;
+    std::map<SessionId, SessionState> sessions;  // ended since the moment, not yet visited
+    bool locks_started = false;
+    std::string locks_read;  // once started: every name up to this one was visited
+    std::map<std::string, LockCopy, std::less<>> locks;  // changed since, not yet visited
+  };
+  mutable std::unique_ptr<Frozen> frozen_;
 };
 
 }  // namespace fencelock::server

@@ -41,6 +41,10 @@ struct LocalCommitLogOptions {
   // batches go to the writer so that the owner keeps serving while they sync. Default: 4. Zero
   // always uses the writer.
   uint64_t inline_sync_max_records = 4;
+  // A snapshot is encoded this many sessions and locks at a time on the owner's thread, each
+  // slice posted behind what is already due there (requests in between see no pause longer
+  // than a slice), and checksummed and written by the writer. Default: 2048.
+  size_t snapshot_slice = 2048;
   // How often, at most, the log records in COMMITTED the newest lsn it knows committed, so that
   // recovery can refuse a log that ends below it (lost committed records). It is also written
   // when the log is closed cleanly. Default: 1 s.

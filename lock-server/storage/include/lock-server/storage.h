@@ -68,8 +68,34 @@ std::string EncodeCommittedMark(uint64_t lsn);
 std::string EncodeRecordFrame(uint64_t lsn, const Record& r);
 std::string EncodeSealFrame(uint64_t next_segment);
 std::string EncodeSegmentHeader(uint64_t number, uint64_t size);
-// The whole state after `last_lsn`, as a snapshot file.
+// The whole state after `last_lsn`, as a snapshot file, encoded at once.
 std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn);
+
+// The same file, encoded a slice at a time while records go on being applied to `state` in
+// between (StateMachine::Freeze): the snapshot is of the state as it was when the encoder was
+// made, after record `last_lsn`. `state` must outlive the encoder; destroying an unfinished
+// encoder ends its reading. One encoder per state at a time. Not thread-safe: the state's
+// thread, except Finish(), which touches only the encoder.
+class SnapshotEncoder {
+ public:
+  SnapshotEncoder(const StateMachine& state, uint64_t last_lsn);
+  SnapshotEncoder(const SnapshotEncoder&) = delete;
+  SnapshotEncoder& operator=(const SnapshotEncoder&) = delete;
+  ~SnapshotEncoder();
+
+  // Encodes up to `max` more sessions and locks; true once all are encoded.
+  bool EncodeSome(size_t max);
+  // The file's bytes so far (the payload grows; the header is written by Finish).
+  size_t size() const { return file_.size(); }
+  // The snapshot file, once EncodeSome() returned true: the header (with the payload's
+  // checksum) in front of the payload. The checksum is the costly part, for any thread.
+  std::string Finish() &&;
+
+ private:
+  const StateMachine* state_;
+  std::string file_;
+  bool done_ = false;
+};
 // For fuzzing and tests: `payload` (any bytes, meant as a serialized LogRecord or Snapshot)
 // behind a valid record-frame or snapshot header, checksums included, so that what follows
 // the checksums is reached.
