@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "logging/logging.h"
@@ -101,9 +102,15 @@ class LocalCommitLog final : public CommitLog {
   absl::Status WriteBatch(const std::string& bytes, uint64_t last_lsn, bool* rotated,
                           uint64_t records);
   absl::Status Rotate(uint64_t needed);
-  absl::Status WriteSnapshot(const std::string& bytes, uint64_t lsn);
-  // Encodes the next slice of the snapshot in progress; queues its write once it is whole.
+  // Encodes the next slice of the snapshot in progress.
   void SnapshotStep();
+  // Writes the encoded snapshot once the batch holding its last record is committed: on a
+  // thread of its own (or an injected step), never in the writer's queue, where the WAL's
+  // syncs would wait behind it.
+  void MaybeWriteSnapshot();
+  void OnSnapshotWritten(uint64_t lsn, const absl::Status& s);
+  // Writer only: the snapshot after `lsn` is durable; drops what it covers.
+  absl::Status DropCoveredBy(uint64_t lsn);
   void OnJobDone(const absl::Status& s);
   // Queues a COMMITTED write of the newest lsn the writer has synced.
   void QueueCommittedMark();
@@ -131,9 +138,17 @@ class LocalCommitLog final : public CommitLog {
   Sequences reserved_;
   absl::Status fault_;
   uint64_t last_snapshot_bytes_ = 0;
-  // The snapshot being encoded (Snapshot), and the lsn it is after.
+  // The snapshot being encoded (Snapshot), the lsn it is after and the batch that holds that
+  // record; then encoded, waiting for that batch; then being written. One at a time.
   std::unique_ptr<SnapshotEncoder> snapshot_;
+  std::shared_ptr<SnapshotEncoder> encoded_;
+  bool snapshot_writing_ = false;
+  // A snapshot was asked for while one was in progress: the next follows it, of that state.
+  const StateMachine* snapshot_again_ = nullptr;
   uint64_t snapshot_lsn_ = 0;
+  uint64_t snapshot_batch_ = 0;
+  std::thread snapshot_thread_;
+  bool rotate_at_next_snapshot_ = false;  // see RotateAtNextSnapshot()
   uint64_t wal_bytes_at_snapshot_ = 0;  // bytes_ when the last snapshot was queued
   uint64_t wal_bytes_queued_ = 0;       // bytes of every batch handed to the writer
   MonoTime last_mark_at_ = MonoTime::Min();
@@ -151,12 +166,12 @@ class LocalCommitLog final : public CommitLog {
   absl::Status writer_fault_;
   uint64_t writer_synced_lsn_ = 0;  // every record up to it is synced
   uint64_t writer_marked_lsn_ = 0;  // as written to COMMITTED
-  bool rotate_at_next_snapshot_ = false;  // see RotateAtNextSnapshot()
 
   // Shared, read by stats().
   std::atomic<uint64_t> syncs_{0}, records_{0}, bytes_{0}, snapshots_{0}, reservations_{0},
       current_segment_{0};
   std::atomic<int64_t> last_sync_ns_{0}, total_sync_ns_{0};
+  std::atomic<bool> snapshot_busy_{false};
 
   // The writer's state above is handed over by writer_busy_: the owner touches it only while
   // holding mu_ with no job queued or running (RunInlineIfIdle).
@@ -232,6 +247,7 @@ LocalCommitLog::~LocalCommitLog() {
     stopping_ = true;
   }
   if (writer_.joinable()) writer_.join();  // Open() may fail before starting it
+  if (snapshot_thread_.joinable()) snapshot_thread_.join();
 }
 
 CommitLogStats LocalCommitLog::stats() const {
@@ -240,6 +256,7 @@ CommitLogStats LocalCommitLog::stats() const {
   s.records = records_.load();
   s.bytes = bytes_.load();
   s.snapshots = snapshots_.load();
+  s.snapshot_in_progress = snapshot_busy_.load();
   s.reservations = reservations_.load();
   s.segment = current_segment_.load();
   s.last_commit_ns = last_sync_ns_.load();
@@ -301,6 +318,7 @@ void LocalCommitLog::SendPending() {
             if (!s.ok()) return;
             durable_batch_ = batch;
             if (listener_ != nullptr) listener_->OnCommitted(batch);
+            MaybeWriteSnapshot();
             const MonoTime now = now_();
             if (now - last_mark_at_ >= options_.committed_mark_interval) {
               last_mark_at_ = now;
@@ -403,10 +421,25 @@ bool LocalCommitLog::RunInlineIfIdle(Job& job) {
 void LocalCommitLog::Snapshot(const StateMachine& state) {
   // One at a time: the one in progress covers what this one asked for (its records, up to
   // its lsn, leave the log once it is written), and a later one follows the log's growth.
-  if (snapshot_ != nullptr || !fault_.ok()) return;
-  // Its records go to the writer ahead of the snapshot, which is written after them.
+  if (!fault_.ok()) return;
+  if (snapshot_ != nullptr || encoded_ != nullptr || snapshot_writing_) {
+    snapshot_again_ = &state;
+    return;
+  }
+  snapshot_busy_ = true;
+  // Its records go to the writer now; the snapshot is written once they are committed.
   if (!pending_.empty()) SendPending();
   snapshot_lsn_ = last_lsn();
+  snapshot_batch_ = newest_batch_;
+  if (rotate_at_next_snapshot_) {
+    // The records from here on go to a new segment, so that the snapshot covers every segment
+    // up to it and they can all go (see RotateAtNextSnapshot).
+    rotate_at_next_snapshot_ = false;
+    Enqueue(Job{[this] {
+                  return segment_last_lsn_[segment_] != 0 ? Rotate(0) : absl::OkStatus();
+                },
+                [this](const absl::Status& s) { OnJobDone(s); }});
+  }
   snapshot_ = std::make_unique<SnapshotEncoder>(state, snapshot_lsn_);
   wal_bytes_at_snapshot_ = wal_bytes_queued_;
   SnapshotStep();
@@ -416,6 +449,7 @@ void LocalCommitLog::SnapshotStep() {
   if (snapshot_ == nullptr) return;
   if (!fault_.ok()) {
     snapshot_.reset();
+    snapshot_busy_ = false;
     return;
   }
   if (!snapshot_->EncodeSome(options_.snapshot_slice)) {
@@ -424,11 +458,43 @@ void LocalCommitLog::SnapshotStep() {
     });
     return;
   }
-  auto encoder = std::shared_ptr<SnapshotEncoder>(std::move(snapshot_));
-  last_snapshot_bytes_ = encoder->size();
-  const uint64_t lsn = snapshot_lsn_;
-  Enqueue(Job{[this, encoder, lsn] { return WriteSnapshot(std::move(*encoder).Finish(), lsn); },
-              [this](const absl::Status& s) { OnJobDone(s); }});
+  encoded_ = std::shared_ptr<SnapshotEncoder>(std::move(snapshot_));
+  last_snapshot_bytes_ = encoded_->size();
+  MaybeWriteSnapshot();
+}
+
+void LocalCommitLog::MaybeWriteSnapshot() {
+  if (encoded_ == nullptr || durable_batch_ < snapshot_batch_ || !fault_.ok()) return;
+  snapshot_writing_ = true;
+  auto write = [this, encoder = std::move(encoded_), lsn = snapshot_lsn_, alive = alive_] {
+    const absl::Status s = options_.env->WriteFileAtomically(
+        Path(options_.dir, SnapshotName(lsn)), std::move(*encoder).Finish());
+    post_([this, alive, lsn, s] {
+      if (*alive) OnSnapshotWritten(lsn, s);
+    });
+  };
+  if (options_.schedule_writer) {
+    options_.schedule_writer([alive = alive_, write = std::move(write)] {
+      if (*alive) write();
+    });
+    return;
+  }
+  if (snapshot_thread_.joinable()) snapshot_thread_.join();  // the last one, long done
+  snapshot_thread_ = std::thread(std::move(write));
+}
+
+void LocalCommitLog::OnSnapshotWritten(uint64_t lsn, const absl::Status& s) {
+  // Through the writer either way: a failure becomes its fault (nothing more is written), and
+  // what the snapshot covers is its to drop.
+  Enqueue(Job{[this, lsn, s] { return s.ok() ? DropCoveredBy(lsn) : s; },
+              [this](const absl::Status& st) {
+                OnJobDone(st);
+                snapshot_writing_ = false;
+                snapshot_busy_ = false;
+                if (const StateMachine* again = std::exchange(snapshot_again_, nullptr)) {
+                  Snapshot(*again);
+                }
+              }});
 }
 
 void LocalCommitLog::QueueCommittedMark() {
@@ -590,18 +656,7 @@ absl::Status LocalCommitLog::Rotate(uint64_t needed) {
   return absl::OkStatus();
 }
 
-absl::Status LocalCommitLog::WriteSnapshot(const std::string& bytes, uint64_t lsn) {
-  if (rotate_at_next_snapshot_) {
-    rotate_at_next_snapshot_ = false;
-    if (segment_last_lsn_[segment_] != 0) {
-      if (absl::Status s = Rotate(0); !s.ok()) return s;
-    }
-  }
-  if (absl::Status s = options_.env->WriteFileAtomically(Path(options_.dir, SnapshotName(lsn)),
-                                                         bytes);
-      !s.ok()) {
-    return s;
-  }
+absl::Status LocalCommitLog::DropCoveredBy(uint64_t lsn) {
   ++snapshots_;
   // The snapshot is durable: older snapshots, and the oldest segments whose records it holds,
   // are no longer needed. Removal failures are not faults: recovery copes with leftovers.

@@ -283,7 +283,10 @@ TEST_F(DurableLogTest, RotationTakesASnapshotAndDropsWhatItCovers) {
     Workload(9, round);
     WaitDurable();
   }
-  loop_.RunUntil([&] { return log_->stats().snapshots >= 2; });
+  // A snapshot is read, written and applied while the log goes on: wait until none is.
+  loop_.RunUntil([&] {
+    return log_->stats().snapshots >= 2 && !log_->stats().snapshot_in_progress;
+  });
   WaitDurable();
   const std::string before = service_->state().DebugString();
   const uint64_t segment = log_->stats().segment;

@@ -61,6 +61,7 @@ struct CommitLogStats {
   uint64_t records = 0;   // records committed
   uint64_t bytes = 0;     // bytes of committed batches
   uint64_t snapshots = 0;
+  bool snapshot_in_progress = false;  // local log: one is being read, written or applied
   uint64_t reservations = 0;
   uint64_t segment = 0;   // local log: the current WAL segment
   int64_t last_commit_ns = 0;

@@ -43,7 +43,8 @@ struct LocalCommitLogOptions {
   uint64_t inline_sync_max_records = 4;
   // A snapshot is encoded this many sessions and locks at a time on the owner's thread, each
   // slice posted behind what is already due there (requests in between see no pause longer
-  // than a slice), and checksummed and written by the writer. Default: 2048.
+  // than a slice), then checksummed and written on a thread of its own once its records are
+  // committed, so that the WAL's syncs never wait behind it. Default: 2048.
   size_t snapshot_slice = 2048;
   // How often, at most, the log records in COMMITTED the newest lsn it knows committed, so that
   // recovery can refuse a log that ends below it (lost committed records). It is also written
@@ -65,10 +66,11 @@ struct LocalCommitLogOptions {
   std::string owner;
   // Where the log reports its fault state (once). Default: standard error, "lockd: " first.
   std::function<void(const std::string&)> log;
-  // Runs the writer's disk work, one step per call, in the order given. Default: empty, a
-  // writer thread of the log's own. The simulator passes one that runs each step at a
-  // simulated time; it must not run a step after the log is destroyed, and destroying the log
-  // then abandons the queued work, as a crash would.
+  // Runs the writer's disk work, one step per call, in the order given, and each snapshot's
+  // write, a step of its own beside them (in order with nothing). Default: empty, a writer
+  // thread of the log's own and a thread for each snapshot's write. The simulator passes one
+  // that runs each step at a simulated time; it must not run a step after the log is
+  // destroyed, and destroying the log then abandons the queued work, as a crash would.
   std::function<void(std::function<void()>)> schedule_writer;
 };
 
