@@ -71,6 +71,10 @@ absl::Status StateMachine::Check(const Record& r) const {
 
 void StateMachine::Apply(const Record& r, MonoTime now) {
   if (absl::Status s = Check(r); !s.ok()) InvariantBroken(std::string(s.message()));
+  ApplyChecked(r, now);
+}
+
+void StateMachine::ApplyChecked(const Record& r, MonoTime now) {
   std::visit([&](const auto& rec) { ApplyOne(rec, now); }, r);
 }
 
@@ -556,11 +560,44 @@ void StateMachine::ApplyOne(const record::LockGranted& r, MonoTime now) {
   AddHolder(r, now);
 }
 
+namespace {
+
+// The holder a grant (or a restored holder) makes as of `now`.
+HolderState HolderOf(const record::LockGranted& r, MonoTime now) {
+  return HolderState{.session = r.session,
+                     .token = r.token,
+                     .ttl = r.ttl,
+                     .expires_at = now + r.ttl,
+                     .mode = r.mode,
+                     .lock_delay = r.lock_delay};
+}
+
+}  // namespace
+
 absl::Status StateMachine::RestoreHolder(const record::LockGranted& r, MonoTime now) {
   if (r.token == FenceToken() || r.token > last_token_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "holder of ", r.lock, " with token ", r.token, " outside the token sequence (1 to ",
         last_token_, ")"));
+  }
+  // A name after every name held so far (a snapshot of version 3 lists them in order): a lock
+  // of its own, which no holder excludes, so it goes at the end of the table and of its
+  // session's locks without a search by name.
+  if (locks_.empty() || (*locks_.rbegin())->name() < r.lock) {
+    auto session = sessions_.find(r.session);
+    if (session == sessions_.end()) return CheckHolder(r);  // says why
+    if (r.ttl <= absl::ZeroDuration() || r.lock_delay < absl::ZeroDuration()) {
+      return CheckHolder(r);
+    }
+    LockState* state = LockState::Make(r.lock).release();
+    locks_.insert(locks_.end(), state);
+    ++held_locks_;
+    state->Add(HolderOf(r, now));
+    lock_expiry_.emplace(std::make_pair(now + r.ttl, r.token), state);
+    LockSet& mine = session->second.locks;
+    mine.insert(mine.empty() || (*mine.rbegin())->name() < r.lock ? mine.end() : mine.begin(),
+                state);
+    return absl::OkStatus();
   }
   if (const LockState* lock = FindLock(r.lock);
       lock != nullptr && lock->held() && lock->holders().back().token >= r.token) {
@@ -582,12 +619,7 @@ void StateMachine::AddHolder(const record::LockGranted& r, MonoTime now) {
   SetDelay(state, LockMode::kExclusive, std::nullopt);
   if (r.mode == LockMode::kExclusive) SetDelay(state, LockMode::kShared, std::nullopt);
   // Tokens only rise, so the new holder goes last and the holders stay in token order.
-  state.Add(HolderState{.session = r.session,
-                        .token = r.token,
-                        .ttl = r.ttl,
-                        .expires_at = now + r.ttl,
-                        .mode = r.mode,
-                        .lock_delay = r.lock_delay});
+  state.Add(HolderOf(r, now));
   lock_expiry_.emplace(std::make_pair(now + r.ttl, r.token), &state);
   session->second.locks.insert(&state);
 }

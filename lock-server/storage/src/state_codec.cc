@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "google/protobuf/arena.h"
 #include "absl/strings/str_cat.h"
 #include "crc32c.h"
 #include "logging/logging.h"
@@ -279,7 +280,10 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
   if (Crc32c(payload) != GetU32(data, 16)) {
     return DamagedAt(path, kSnapshotHeaderBytes, "payload checksum mismatch");
   }
-  state::Snapshot snap;
+  // On an arena: a snapshot of millions of holders is as many small messages and strings,
+  // allocated one by one and freed at once.
+  google::protobuf::Arena arena;
+  state::Snapshot& snap = *google::protobuf::Arena::CreateMessage<state::Snapshot>(&arena);
   if (!snap.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     return DamagedAt(path, kSnapshotHeaderBytes, "payload does not decode");
   }
@@ -292,7 +296,7 @@ absl::StatusOr<StateMachine> LoadSnapshot(const std::string& path, std::string_v
     if (absl::Status s = state.Check(r); !s.ok()) {
       return Damaged(path, absl::StrCat("inconsistent snapshot: ", s.message()));
     }
-    state.Apply(r, now);
+    state.ApplyChecked(r, now);
     return absl::OkStatus();
   };
   for (const auto& s : snap.sessions()) {
@@ -415,7 +419,7 @@ absl::Status ReplayRecordFrames(const std::string& where, std::string_view data,
         return DamagedAt(where, at,
                          absl::StrCat("record lsn ", p.lsn(), " does not apply: ", s.message()));
       }
-      state->Apply(*r, now);
+      state->ApplyChecked(*r, now);
       *last_lsn = p.lsn();
       ++*replayed;
     }

@@ -407,7 +407,7 @@ absl::StatusOr<Recovered> internal::RecoverThrough(Env* env, const std::string& 
           return DamagedAt(path, at, absl::StrCat("record lsn ", p.lsn(),
                                                   " does not apply: ", s.message()));
         }
-        out.state.Apply(*r, now);
+        out.state.ApplyChecked(*r, now);
         ++report.records_replayed;
         report.last_lsn = p.lsn();
       }

@@ -2,6 +2,7 @@
 // as a torn tail, and what is refused (with the file named).
 #include "lock-server/storage.h"
 #include "crc32c.h"
+#include "fencelock/state.pb.h"
 #include "lock-server/destroy.h"
 #include "lock-server/local_commit_log.h"
 #include "lock-server/testing/recovery.h"
@@ -270,6 +271,51 @@ TEST_F(StorageTest, SequenceMarksThatWouldWrapAreRefused) {
 
 // The same refusal when the id comes from a snapshot (its marks, or a lock it holds) or from a
 // logged record: every path into the state raises the floors through the one check.
+// Version 3 lists holders by name, version 2 by token: a snapshot restores in either order,
+// and what no grant could have left is refused by name whichever path a holder takes (a name
+// after every name so far skips the searches by name).
+TEST(SnapshotHoldersTest, AnyOrderRestoresAndImpossibleHoldersAreRefused) {
+  auto decode = [](const std::vector<std::tuple<std::string, uint64_t, uint64_t>>& holders,
+                   uint64_t last_token = 10) {
+    state::Snapshot snap;
+    snap.set_last_token(last_token);
+    snap.set_last_session_id(2);
+    for (uint64_t id : {1, 2}) {
+      auto* s = snap.add_sessions();
+      s->set_session_id(id);
+      s->set_ttl_ns(absl::ToInt64Nanoseconds(absl::Seconds(10)));
+    }
+    for (const auto& [lock, session, token] : holders) {
+      auto* h = snap.add_holders();
+      h->set_lock(lock);
+      h->set_session_id(session);
+      h->set_token(token);
+      h->set_ttl_ns(absl::ToInt64Nanoseconds(absl::Seconds(30)));
+    }
+    return DecodeSnapshot("snap", EncodeRawSnapshot(snap.SerializeAsString()), 0, kNow);
+  };
+  auto by_name = decode({{"a", 1, 5}, {"b", 2, 3}, {"c", 1, 9}});
+  ASSERT_TRUE(by_name.ok()) << by_name.status();
+  auto by_token = decode({{"b", 2, 3}, {"a", 1, 5}, {"c", 1, 9}});
+  ASSERT_TRUE(by_token.ok()) << by_token.status();
+  EXPECT_EQ(by_name->DebugString(), by_token->DebugString());
+  EXPECT_EQ(by_name->FindSession(SessionId(1))->locks.size(), 2u);
+  EXPECT_EQ(by_name->held_lock_count(), 3u);
+  for (const auto& [holders, why] :
+       std::vector<std::pair<std::vector<std::tuple<std::string, uint64_t, uint64_t>>,
+                             std::string>>{
+           {{{"a", 1, 5}, {"b", 3, 6}}, "unknown session 3"},
+           {{{"a", 1, 5}, {"b", 2, 11}}, "outside the token sequence"},
+           {{{"a", 1, 5}, {"b", 2, 5}}, "token 5 is held twice"},
+           {{{"a", 1, 5}, {"a", 2, 6}}, "grant of held lock a"},
+           {{{"b", 1, 5}, {"a", 2, 6}, {"a", 1, 7}}, "grant of held lock a"},
+       }) {
+    auto r = decode(holders);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << why;
+    EXPECT_THAT(r.status().message(), HasSubstr(why));
+  }
+}
+
 TEST_F(StorageTest, IdsAboveTwoToTheSixtyThirdInASnapshotOrTheLogAreRefused) {
   const uint64_t high = ~uint64_t{0} - 2;
   StateMachine s;
