@@ -213,9 +213,8 @@ auto FindInHolders(Holders holders, FenceToken token) -> decltype(&holders.front
 const std::optional<LockDelay> LockState::kNoDelay;
 
 void LockState::Free::operator()(LockState* state) const {
-  const size_t size = sizeof(LockState) + state->name_size_;
   state->~LockState();
-  ::operator delete(static_cast<void*>(state), size);
+  ::operator delete(static_cast<void*>(state));
 }
 
 LockState::Owned LockState::Make(std::string_view name) {
