@@ -266,7 +266,8 @@ absl::Status RunNames(const Settings& s, Report& report) {
                                   {"lockd_bytes_per_held_lock", per_lock},
                                   {"restart_seconds", point->restart_seconds},
                                   {"errors", point->cycles.errors}});
-    absl::StrAppendFormat(&table, "| %d | %.0f | %s / %s | %.0f | %s | %s | %.1f MB | %.0f | %.2f |\n",
+    absl::StrAppendFormat(&table,
+                          "| %d | %.0f | %s / %s | %.0f | %s | %s | %.1f MB | %.0f | %.2f |\n",
                           n, fill_rate, Ms(point->probe.p99), Ms(point->probe.max),
                           point->cycles.cycles_per_second, Ms(acquire.p50), Ms(acquire.p99),
                           point->lockd_rss / 1e6, per_lock, point->restart_seconds);

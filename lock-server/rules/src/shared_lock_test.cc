@@ -247,7 +247,8 @@ TEST_F(SharedLockTest, HoldersMoveBetweenOneAndManyWithTheIndexesInStep) {
   ASSERT_NE(before.FindLock("x"), nullptr);
   EXPECT_EQ(before.FindLock("x")->holders().size(), 3u);
   EXPECT_TRUE(before.FindSession(b)->locks.contains(std::string_view("x")));
-  EXPECT_EQ(before.ExpiredLock(At(2 + 5'000)), std::make_optional(std::make_pair(std::string("x"), tb)));
+  EXPECT_EQ(before.ExpiredLock(At(2 + 5'000)),
+            std::make_optional(std::make_pair(std::string("x"), tb)));
   EXPECT_EQ(service_.state().ExpiredLock(At(2 + 5'000)), std::nullopt);
   // The last holder leaves: the name is forgotten.
   ASSERT_TRUE(service_.Release(c, "x", tc, At(6)).ok());
