@@ -198,95 +198,6 @@ const HolderState* StateMachine::FindHolder(std::string_view lock) const {
   return state == nullptr || !state->held() ? nullptr : &state->holders().front();
 }
 
-namespace {
-
-// The holder in `holders` (ascending token) with `token`, or null.
-template <typename Holders>
-auto FindInHolders(Holders holders, FenceToken token) -> decltype(&holders.front()) {
-  auto it = std::lower_bound(holders.begin(), holders.end(), token,
-                             [](const HolderState& h, FenceToken t) { return h.token < t; });
-  return it != holders.end() && it->token == token ? &*it : nullptr;
-}
-
-}  // namespace
-
-const std::optional<LockDelay> LockState::kNoDelay;
-
-void LockState::Free::operator()(LockState* state) const {
-  state->~LockState();
-  ::operator delete(static_cast<void*>(state));
-}
-
-LockState::Owned LockState::Make(std::string_view name) {
-  void* place = ::operator new(sizeof(LockState) + name.size());
-  Owned state(new (place) LockState(name.size()));
-  std::memcpy(reinterpret_cast<char*>(state.get() + 1), name.data(), name.size());
-  return state;
-}
-
-const HolderState* LockState::FindToken(FenceToken token) const {
-  return FindInHolders(holders(), token);
-}
-
-HolderState* LockState::FindToken(FenceToken token) {
-  return FindInHolders(mutable_holders(), token);
-}
-
-const HolderState* LockState::FindSession(SessionId session) const {
-  for (const HolderState& h : holders()) {
-    if (h.session == session) return &h;
-  }
-  return nullptr;
-}
-
-void LockState::Add(const HolderState& holder) {
-  if (holder_count_ == 0 && (extra_ == nullptr || extra_->holders.empty())) {
-    one_ = holder;
-  } else {
-    if (extra_ == nullptr) extra_ = std::make_unique<Extra>();
-    if (extra_->holders.empty()) extra_->holders.push_back(one_);
-    extra_->holders.push_back(holder);
-  }
-  ++holder_count_;
-}
-
-void LockState::Remove(FenceToken token) {
-  if (extra_ != nullptr && !extra_->holders.empty()) {
-    std::vector<HolderState>& all = extra_->holders;
-    all.erase(all.begin() + (FindToken(token) - all.data()));
-    if (all.size() == 1) {
-      one_ = all.front();
-      all.clear();
-      all.shrink_to_fit();
-    }
-  } else {
-    one_ = HolderState{};
-  }
-  --holder_count_;
-  Compact();
-}
-
-std::optional<LockDelay>& LockState::mutable_delay(LockMode lost) {
-  if (extra_ == nullptr) extra_ = std::make_unique<Extra>();
-  return lost == LockMode::kExclusive ? extra_->delay_all : extra_->delay_writers;
-}
-
-void LockState::Compact() {
-  if (extra_ != nullptr && extra_->holders.empty() && !extra_->delay_all.has_value() &&
-      !extra_->delay_writers.has_value()) {
-    extra_.reset();
-  }
-}
-
-MonoTime LockState::DelayedUntil(LockMode mode) const {
-  MonoTime until = MonoTime::Min();
-  if (delay_all().has_value()) until = std::max(until, delay_all()->until);
-  if (mode == LockMode::kExclusive && delay_writers().has_value()) {
-    until = std::max(until, delay_writers()->until);
-  }
-  return until;
-}
-
 StateMachine::StateMachine(const StateMachine& other) { *this = other; }
 
 // Every field is copied here; the lock states are made anew, and the indexes that refer to
@@ -344,11 +255,12 @@ void StateMachine::LockTable::Free() {
 }
 
 LockState& StateMachine::LockOf(std::string_view lock) {
-  auto it = locks_.find(lock);
-  if (it != locks_.end()) return **it;
-  LockState::Owned made = LockState::Make(lock);
-  LockState* state = made.release();
-  locks_.insert(state);
+  // One search: where the name is, or where it goes (a name after every other, as a snapshot
+  // of version 3 restores them, goes at the end at no cost).
+  auto it = locks_.lower_bound(lock);
+  if (it != locks_.end() && (*it)->name() == lock) return **it;
+  LockState* state = LockState::Make(lock).release();
+  locks_.insert(it, state);
   return *state;
 }
 
@@ -359,10 +271,10 @@ void StateMachine::MoveExpiry(LockState* state, HolderState& h, MonoTime at) {
 }
 
 void StateMachine::SetDelay(LockState& state, LockMode lost, std::optional<LockDelay> value) {
-  const std::string lock(state.name());
   const std::optional<LockDelay>& now_set =
       lost == LockMode::kExclusive ? state.delay_all() : state.delay_writers();
-  if (!now_set.has_value() && !value.has_value()) return;
+  if (!now_set.has_value() && !value.has_value()) return;  // every grant: nothing to do
+  const std::string lock(state.name());
   std::optional<LockDelay>& slot = state.mutable_delay(lost);
   if (slot.has_value()) delay_ends_.erase({slot->until, lock, lost});
   slot = value;
@@ -559,43 +471,22 @@ void StateMachine::ApplyOne(const record::LockGranted& r, MonoTime now) {
   AddHolder(r, now);
 }
 
-namespace {
-
-// The holder a grant (or a restored holder) makes as of `now`.
-HolderState HolderOf(const record::LockGranted& r, MonoTime now) {
-  return HolderState{.session = r.session,
-                     .token = r.token,
-                     .ttl = r.ttl,
-                     .expires_at = now + r.ttl,
-                     .mode = r.mode,
-                     .lock_delay = r.lock_delay};
-}
-
-}  // namespace
-
 absl::Status StateMachine::RestoreHolder(const record::LockGranted& r, MonoTime now) {
   if (r.token == FenceToken() || r.token > last_token_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "holder of ", r.lock, " with token ", r.token, " outside the token sequence (1 to ",
         last_token_, ")"));
   }
-  // A name after every name held so far (a snapshot of version 3 lists them in order): a lock
-  // of its own, which no holder excludes, so it goes at the end of the table and of its
-  // session's locks without a search by name.
+  // A name after every name held so far (a snapshot of version 3 lists them in order) is a
+  // lock of its own, which no holder excludes: only the checks by session remain, and
+  // AddHolder puts it at the table's end without a search.
   if (locks_.empty() || (*locks_.rbegin())->name() < r.lock) {
-    auto session = sessions_.find(r.session);
-    if (session == sessions_.end()) return CheckHolder(r);  // says why
-    if (r.ttl <= absl::ZeroDuration() || r.lock_delay < absl::ZeroDuration()) {
-      return CheckHolder(r);
+    const auto session = sessions_.find(r.session);
+    if (session == sessions_.end() || r.ttl <= absl::ZeroDuration() ||
+        r.lock_delay < absl::ZeroDuration()) {
+      return CheckHolder(r);  // says why
     }
-    LockState* state = LockState::Make(r.lock).release();
-    locks_.insert(locks_.end(), state);
-    ++held_locks_;
-    state->Add(HolderOf(r, now));
-    lock_expiry_.emplace(std::make_pair(now + r.ttl, r.token), state);
-    LockSet& mine = session->second.locks;
-    mine.insert(mine.empty() || (*mine.rbegin())->name() < r.lock ? mine.end() : mine.begin(),
-                state);
+    AddHolder(r, now);
     return absl::OkStatus();
   }
   if (const LockState* lock = FindLock(r.lock);
@@ -618,7 +509,12 @@ void StateMachine::AddHolder(const record::LockGranted& r, MonoTime now) {
   SetDelay(state, LockMode::kExclusive, std::nullopt);
   if (r.mode == LockMode::kExclusive) SetDelay(state, LockMode::kShared, std::nullopt);
   // Tokens only rise, so the new holder goes last and the holders stay in token order.
-  state.Add(HolderOf(r, now));
+  state.Add(HolderState{.session = r.session,
+                        .token = r.token,
+                        .ttl = r.ttl,
+                        .expires_at = now + r.ttl,
+                        .mode = r.mode,
+                        .lock_delay = r.lock_delay});
   lock_expiry_.emplace(std::make_pair(now + r.ttl, r.token), &state);
   session->second.locks.insert(&state);
 }
@@ -657,110 +553,6 @@ void StateMachine::ApplyOne(const record::LockReleased& r, MonoTime now) {
     SetDelay(state, mode, started);
   }
   ForgetIfUnused(&state);
-}
-
-// ---- Reading as of one moment (Freeze) ----
-
-void StateMachine::Freeze() const {
-  frozen_ = std::make_unique<Frozen>();
-  frozen_->last_token = last_token_;
-  frozen_->last_session_id = last_session_id_;
-}
-
-FenceToken StateMachine::frozen_last_token() const {
-  return frozen_ == nullptr ? FenceToken() : frozen_->last_token;
-}
-
-SessionId StateMachine::frozen_last_session_id() const {
-  return frozen_ == nullptr ? SessionId() : frozen_->last_session_id;
-}
-
-size_t StateMachine::frozen_copies() const {
-  return frozen_ == nullptr ? 0 : frozen_->locks.size() + frozen_->sessions.size();
-}
-
-void StateMachine::KeepLock(std::string_view lock) {
-  Frozen* f = frozen_.get();
-  if (f == nullptr || (f->locks_started && lock <= f->locks_read) || f->locks.contains(lock)) {
-    return;
-  }
-  Frozen::LockCopy copy;
-  if (const LockState* state = FindLock(lock); state != nullptr) {
-    copy.holders.assign(state->holders().begin(), state->holders().end());
-    copy.delay_all = state->delay_all();
-    copy.delay_writers = state->delay_writers();
-  }
-  f->locks.emplace(std::string(lock), std::move(copy));
-}
-
-void StateMachine::KeepSession(SessionId session) {
-  Frozen* f = frozen_.get();
-  if (f == nullptr || session <= f->sessions_read || session > f->last_session_id) return;
-  if (auto it = sessions_.find(session); it != sessions_.end()) {
-    SessionState& copy = f->sessions[session];
-    copy.ttl = it->second.ttl;
-    copy.secret_digest = it->second.secret_digest;
-    copy.owner = it->second.owner;
-  }
-}
-
-bool StateMachine::ReadFrozen(size_t max, const FrozenSessionVisitor& session,
-                              const FrozenLockVisitor& lock) const {
-  if (frozen_ == nullptr) return true;
-  Frozen& f = *frozen_;
-  size_t visited = 0;
-  // Sessions: the live ones up to the moment's last id, and the copies of those ended since.
-  if (!f.sessions_done) {
-    auto live = sessions_.upper_bound(f.sessions_read);
-    auto kept = f.sessions.upper_bound(f.sessions_read);
-    for (; visited < max; ++visited) {
-      const bool live_left = live != sessions_.end() && live->first <= f.last_session_id;
-      const bool kept_left = kept != f.sessions.end();
-      if (!live_left && !kept_left) {
-        f.sessions_done = true;
-        break;
-      }
-      // An ended session's id is never live again, so the two never name the same id.
-      if (kept_left && (!live_left || kept->first < live->first)) {
-        session(kept->first, kept->second);
-        f.sessions_read = kept->first;
-        kept = f.sessions.erase(kept);
-      } else {
-        session(live->first, live->second);
-        f.sessions_read = live->first;
-        ++live;
-      }
-    }
-  }
-  if (!f.sessions_done) return false;
-  // Locks: the live ones, or the copy kept of a name changed since the moment (a copy with
-  // nothing in it: the name was not kept then).
-  auto live = f.locks_started ? locks_.upper_bound(f.locks_read) : locks_.begin();
-  auto kept = f.locks_started ? f.locks.upper_bound(f.locks_read) : f.locks.begin();
-  for (; visited < max; ++visited) {
-    const bool live_left = live != locks_.end();
-    const bool kept_left = kept != f.locks.end();
-    if (!live_left && !kept_left) {
-      frozen_.reset();
-      return true;
-    }
-    f.locks_started = true;
-    if (kept_left && (!live_left || kept->first <= (*live)->name())) {
-      if (live_left && kept->first == (*live)->name()) ++live;
-      const Frozen::LockCopy& copy = kept->second;
-      if (!copy.holders.empty() || copy.delay_all.has_value() || copy.delay_writers.has_value()) {
-        lock(kept->first, copy.holders, copy.delay_all, copy.delay_writers);
-      }
-      f.locks_read.assign(kept->first);
-      kept = f.locks.erase(kept);
-    } else {
-      const LockState& state = **live;
-      lock(state.name(), state.holders(), state.delay_all(), state.delay_writers());
-      f.locks_read.assign(state.name());
-      ++live;
-    }
-  }
-  return false;
 }
 
 }  // namespace fencelock::server
