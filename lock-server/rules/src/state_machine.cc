@@ -255,9 +255,11 @@ void StateMachine::LockTable::Free() {
 }
 
 LockState& StateMachine::LockOf(std::string_view lock) {
-  // One search: where the name is, or where it goes (a name after every other, as a snapshot
-  // of version 3 restores them, goes at the end at no cost).
-  auto it = locks_.lower_bound(lock);
+  // A name after every other (a version-3 snapshot restores them so) goes at the end without a
+  // search, which at 10,000,000 names is a cache miss per level; else one search, where the
+  // name is or where it goes.
+  auto it = locks_.empty() || (*locks_.rbegin())->name() < lock ? locks_.end()
+                                                                 : locks_.lower_bound(lock);
   if (it != locks_.end() && (*it)->name() == lock) return **it;
   LockState* state = LockState::Make(lock).release();
   locks_.insert(it, state);
@@ -516,7 +518,10 @@ void StateMachine::AddHolder(const record::LockGranted& r, MonoTime now) {
                         .mode = r.mode,
                         .lock_delay = r.lock_delay});
   lock_expiry_.emplace(std::make_pair(now + r.ttl, r.token), &state);
-  session->second.locks.insert(&state);
+  LockSet& mine = session->second.locks;
+  mine.insert(mine.empty() || (*mine.rbegin())->name() < state.name() ? mine.end()
+                                                                       : mine.begin(),
+              &state);
 }
 
 void StateMachine::ApplyOne(const record::LockRenewed& r, MonoTime now) {
