@@ -6,9 +6,12 @@
 #define FENCELOCK_BENCH_BENCH_H_
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -136,6 +139,49 @@ std::string ScalePlot(const Json& points, const std::string& data_path);
 absl::Status Gnuplot(const std::string& gnuplot, const std::string& dir, const std::string& name,
                      const std::string& body);
 
+// --- the scale workload (scale.cc, scale_storms.cc) ---
+// VmRSS of process `pid`, in bytes; 0 if it cannot be read.
+uint64_t ResidentBytes(pid_t pid);
+// A Client of this process acquiring and releasing one lock in a closed loop on a thread of its
+// own, from Start to Stop: how long lockd keeps an unrelated request waiting beside the work
+// being measured. Each acquire and each release is a sample.
+class Probe {
+ public:
+  struct Sample {
+    MonoTime start;  // when the request was made
+    int64_t ns;      // how long it took
+  };
+  static absl::StatusOr<std::unique_ptr<Probe>> Start(const std::string& address,
+                                                      const std::string& lock);
+  ~Probe();
+  // Stops the loop: every request's sample. Then failures() says how many failed.
+  std::vector<Sample> Stop();
+  size_t failures() const { return failures_; }
+  const absl::Status& first_error() const { return first_error_; }
+  // The times of the requests made in [from, to).
+  static std::vector<int64_t> Between(const std::vector<Sample>& samples, MonoTime from,
+                                      MonoTime to);
+
+ private:
+  Probe() = default;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::vector<Sample> samples_;  // written by thread_ until it is joined
+  size_t failures_ = 0;          // likewise
+  absl::Status first_error_;     // likewise
+};
+// Held locks put into lockd by the raw driver: `locks` names `prefix` + 8 digits, in sessions
+// of 1,000 locks (an hour's TTL), from 8 threads, 64 acquires in flight per connection; each
+// acquire's lease TTL is `ttl(i)` for lock i when it is sent (refused under a second: the fill
+// fell behind).
+struct FillPlan {
+  size_t locks = 0;
+  std::string prefix;
+  std::function<absl::Duration(size_t)> ttl;
+};
+// The fill's time, in seconds.
+absl::StatusOr<double> FillLocks(const std::string& address, const FillPlan& plan);
+
 // --- the run ---
 // The run's settings: every flag, read and checked once (ReadSettings), before anything starts.
 struct Settings {
@@ -161,6 +207,8 @@ struct Settings {
   bool run_heartbeat = true, run_cycles = true, run_margin = true, run_payout = true;  // --workloads
   std::vector<size_t> scale_held;   // --scale-held (empty: none of that dimension)
   std::vector<size_t> scale_names;  // --scale-names (likewise)
+  std::vector<size_t> scale_waiters;   // --scale-waiters (likewise)
+  std::vector<size_t> scale_expiries;  // --scale-expiries (likewise)
   double scale_seconds = 5;
   std::string root;     // where the servers' data goes, under $TMPDIR
 };
@@ -170,7 +218,7 @@ struct Settings {
 struct Report {
   Json json = Json::object();
   std::string table, library_table, cycles_table, margin_table, scaling_table, scale_table,
-      scale_names_table;
+      scale_names_table, scale_waiters_table, scale_expiries_table;
   Json scale_points = Json::array();  // results.json's scale.held_locks
   Json scale_names = Json::array();   // results.json's scale.names
   std::vector<HeartbeatVariant> variants;
@@ -190,8 +238,14 @@ absl::Status RunCycleWorkloads(const Settings& s, Report& report);
 void RunMarginSweepWorkload(const Settings& s, Report& report);
 // payout_scaling.cc, with --demo.
 void RunPayoutScaling(const Settings& s, Report& report);
-// scale.cc: the cost at each size of the work (--scale-held).
-absl::Status RunScaleWorkloads(const Settings& s, Report& report);
+// scale.cc: the cost at each size of the work (--scale-names, --scale-waiters,
+// --scale-expiries, --scale-held); the floors, for the waiters' hand-offs.
+absl::Status RunScaleWorkloads(const Settings& s, const Percentiles& fsync,
+                               const Percentiles& loopback, Report& report);
+// scale_storms.cc: its waiters and its leases ending at one moment.
+absl::Status RunWaiters(const Settings& s, const Percentiles& fsync, const Percentiles& loopback,
+                        Report& report);
+absl::Status RunExpiries(const Settings& s, Report& report);
 // report.cc: prints the summary; with --out, writes results.json, summary.md and the plots.
 void WriteReport(const Settings& s, const Percentiles& fsync, const Percentiles& loopback,
                  Report& report);

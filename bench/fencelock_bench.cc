@@ -104,6 +104,10 @@ ABSL_FLAG(std::string, scale_held, "1000,10000,100000",
           "the scale workload: locks held by the benchmark's process at each point");
 ABSL_FLAG(std::string, scale_names, "1000,100000,1000000",
           "the scale workload: lock names held in lockd at each point (empty: none)");
+ABSL_FLAG(std::string, scale_waiters, "1,10,100,1000,10000",
+          "the scale workload: waiters queued on one lock at each point (empty: none)");
+ABSL_FLAG(std::string, scale_expiries, "1000,10000,100000",
+          "the scale workload: held leases that end at one moment at each point (empty: none)");
 ABSL_FLAG(double, scale_seconds, 15.0,
           "the scale workload: measuring time of each point (at least three heartbeat periods of "
           "the default 15 s session, so that what holding costs is in every point)");
@@ -323,6 +327,13 @@ absl::StatusOr<Settings> ReadSettings() {
                          &scale_names, &error)) {
     return absl::InvalidArgumentError(error);
   }
+  std::vector<size_t> scale_waiters, scale_expiries;
+  if (!ParseList<size_t>("scale-waiters", absl::GetFlag(FLAGS_scale_waiters), 1, 100'000,
+                         &scale_waiters, &error) ||
+      !ParseList<size_t>("scale-expiries", absl::GetFlag(FLAGS_scale_expiries), 1, 10'000'000,
+                         &scale_expiries, &error)) {
+    return absl::InvalidArgumentError(error);
+  }
   const double scale_seconds = absl::GetFlag(FLAGS_scale_seconds);
   if (!(scale_seconds > 0 && scale_seconds <= 600)) {
     return absl::InvalidArgumentError("--scale-seconds must be in (0, 600]");
@@ -362,6 +373,8 @@ absl::StatusOr<Settings> ReadSettings() {
                   .run_margin = wants("margin"), .run_payout = wants("payout"),
                   .scale_held = wants("scale") ? scale_held : std::vector<size_t>(),
                   .scale_names = wants("scale") ? scale_names : std::vector<size_t>(),
+                  .scale_waiters = wants("scale") ? scale_waiters : std::vector<size_t>(),
+                  .scale_expiries = wants("scale") ? scale_expiries : std::vector<size_t>(),
                   .scale_seconds = scale_seconds};
 }
 
@@ -388,7 +401,9 @@ int Main() {
   }
   if (s.run_margin) RunMarginSweepWorkload(s, report);
   if (s.run_payout) RunPayoutScaling(s, report);
-  if (absl::Status st = RunScaleWorkloads(s, report); !st.ok()) return Fail(std::string(st.message()));
+  if (absl::Status st = RunScaleWorkloads(s, fsync, loopback, report); !st.ok()) {
+    return Fail(std::string(st.message()));
+  }
   report.json["versions"] = report.versions;
   report.json["total_seconds"] = absl::ToDoubleSeconds(Now() - run_start);
   WriteReport(s, fsync, loopback, report);

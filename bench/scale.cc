@@ -11,7 +11,7 @@
 // Lock names held in lockd (--scale-names): the raw driver fills a fresh lockd with N held
 // locks (sessions of 1,000 locks each, 8 threads, 64 requests in flight per connection, names
 // of 20 bytes, an hour's TTL so that nothing needs renewing), while one Client acquires and
-// releases a lock of its own beside the fill (a probe: its longest acquire is the longest stall
+// releases a lock of its own beside the fill (a probe: its longest request is the longest stall
 // the fill caused, snapshots included, for lockd writes one after each 64 MiB of log once the
 // log has grown by the last snapshot's size). Then 8 Clients cycle as above, lockd's resident
 // memory per held lock is read, and lockd is stopped and served again from its state
@@ -33,11 +33,7 @@
 #include "protocol/requests.h"
 
 namespace fencelock::bench {
-namespace {
 
-constexpr int kCyclers = 8;
-
-// VmRSS of process `pid`, in bytes; 0 if it cannot be read.
 uint64_t ResidentBytes(pid_t pid) {
   std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
   std::string line;
@@ -47,6 +43,58 @@ uint64_t ResidentBytes(pid_t pid) {
   }
   return 0;
 }
+
+absl::StatusOr<std::unique_ptr<Probe>> Probe::Start(const std::string& address,
+                                                    const std::string& lock) {
+  auto client = Client::Create({.server = address, .client_name = "scale-probe"});
+  if (!client.ok()) return client.status();
+  std::unique_ptr<Probe> probe(new Probe());
+  probe->thread_ = std::thread([p = probe.get(), c = std::move(*client), lock] {
+    // A request that fails is counted and the loop goes on (after 10 ms, so that a lockd that
+    // is gone is not spun on): a stall long enough to fail one is a figure too.
+    auto failed = [p](const absl::Status& s) {
+      if (p->failures_++ == 0) p->first_error_ = s;
+      absl::SleepFor(absl::Milliseconds(10));
+    };
+    while (!p->stop_.load()) {
+      const MonoTime start = Now();
+      auto handle = c->acquire(lock, absl::Seconds(10));
+      if (!handle.ok()) {
+        failed(handle.status());
+        continue;
+      }
+      p->samples_.push_back({start, NanosSince(start)});
+      const MonoTime release = Now();
+      if (absl::Status s = c->release(*handle); !s.ok()) {
+        failed(s);
+        continue;
+      }
+      p->samples_.push_back({release, NanosSince(release)});
+    }
+  });
+  return probe;
+}
+
+Probe::~Probe() { Stop(); }
+
+std::vector<Probe::Sample> Probe::Stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  return std::move(samples_);
+}
+
+std::vector<int64_t> Probe::Between(const std::vector<Sample>& samples, MonoTime from,
+                                    MonoTime to) {
+  std::vector<int64_t> ns;
+  for (const Sample& s : samples) {
+    if (s.start >= from && s.start < to) ns.push_back(s.ns);
+  }
+  return ns;
+}
+
+namespace {
+
+constexpr int kCyclers = 8;
 
 struct HeldPoint {
   size_t held = 0;
@@ -118,23 +166,22 @@ constexpr int kFillers = 8;
 struct NamesPoint {
   size_t names = 0;
   double fill_seconds = 0;
-  Percentiles probe;  // the probe's acquires during the fill
+  Percentiles probe;  // the probe's requests during the fill
   CycleResult cycles;
   uint64_t lockd_rss_before = 0, lockd_rss = 0;
   double restart_seconds = 0;
 };
 
-std::string NameOf(size_t i) { return absl::StrFormat("scale/names/%08d", i); }
-
 // Sessions first, last (of kLocksPerSession locks each, the last one short) on one connection:
 // each opened, then its locks acquired kInFlight at a time.
-absl::Status FillSessions(const std::string& address, size_t n, size_t first, size_t last) {
+absl::Status FillSessions(const std::string& address, const FillPlan& plan, size_t first,
+                          size_t last) {
   namespace req = protocol::request;
   auto conn = Connect(address);
   if (!conn.ok()) return conn.status();
-  const absl::Duration ttl = absl::Hours(1);
+  const size_t n = plan.locks;
   for (size_t session = first; session < last; ++session) {
-    auto opened = (*conn)->Call(req::OpenSession(ttl));
+    auto opened = (*conn)->Call(req::OpenSession(absl::Hours(1)));
     if (!opened.ok()) return opened.status();
     if (opened->code() != wire::OK) return absl::UnavailableError(opened->message());
     const uint64_t id = opened->open_session().session_id();
@@ -142,7 +189,14 @@ absl::Status FillSessions(const std::string& address, size_t n, size_t first, si
     for (size_t i = session * kLocksPerSession; i < end; i += kInFlight) {
       std::vector<wire::Request> acquires;
       for (size_t j = i; j < std::min(end, i + kInFlight); ++j) {
-        acquires.push_back(req::Acquire(id, NameOf(j), absl::ZeroDuration(), ttl));
+        const absl::Duration ttl = plan.ttl(j);
+        if (ttl < absl::Seconds(1)) {
+          return absl::DeadlineExceededError(
+              absl::StrCat("filling: a lease would last only ", absl::FormatDuration(ttl),
+                           "; the fill is slower than the plan allows"));
+        }
+        acquires.push_back(req::Acquire(id, absl::StrFormat("%s%08d", plan.prefix, j),
+                                        absl::ZeroDuration(), ttl));
       }
       auto ids = (*conn)->SendAll(std::move(acquires));
       if (!ids.ok()) return ids.status();
@@ -158,32 +212,12 @@ absl::Status FillSessions(const std::string& address, size_t n, size_t first, si
   return absl::OkStatus();
 }
 
-// N held locks in lockd, from kFillers threads (a connection each per 64 sessions, for
-// lockd's sessions-per-connection limit), the probe cycling beside them.
-absl::Status Fill(const std::string& address, size_t n, NamesPoint& point) {
-  const size_t sessions = (n + kLocksPerSession - 1) / kLocksPerSession;
+}  // namespace
+
+absl::StatusOr<double> FillLocks(const std::string& address, const FillPlan& plan) {
+  const size_t sessions = (plan.locks + kLocksPerSession - 1) / kLocksPerSession;
   constexpr size_t kSessionsPerConnection = 64;
   const size_t connections = (sessions + kSessionsPerConnection - 1) / kSessionsPerConnection;
-  auto probe_client = Client::Create({.server = address, .client_name = "scale-probe"});
-  if (!probe_client.ok()) return probe_client.status();
-  std::atomic<bool> filled{false};
-  std::vector<int64_t> probe_ns;
-  absl::Status probe_error;
-  std::thread probe([&] {
-    while (!filled.load()) {
-      const MonoTime start = Now();
-      auto handle = (*probe_client)->acquire("scale/probe", absl::Seconds(10));
-      if (!handle.ok()) {
-        probe_error = handle.status();
-        return;
-      }
-      probe_ns.push_back(NanosSince(start));
-      if (absl::Status s = (*probe_client)->release(*handle); !s.ok()) {
-        probe_error = s;
-        return;
-      }
-    }
-  });
   std::mutex mu;
   absl::Status error;
   std::atomic<size_t> next{0};
@@ -192,7 +226,7 @@ absl::Status Fill(const std::string& address, size_t n, NamesPoint& point) {
   for (int t = 0; t < kFillers; ++t) {
     fillers.emplace_back([&] {
       for (size_t c = next++; c < connections; c = next++) {
-        absl::Status s = FillSessions(address, n, c * kSessionsPerConnection,
+        absl::Status s = FillSessions(address, plan, c * kSessionsPerConnection,
                                       std::min(sessions, (c + 1) * kSessionsPerConnection));
         if (!s.ok()) {
           std::lock_guard<std::mutex> lock(mu);
@@ -203,12 +237,28 @@ absl::Status Fill(const std::string& address, size_t n, NamesPoint& point) {
     });
   }
   for (std::thread& t : fillers) t.join();
-  point.fill_seconds = absl::ToDoubleSeconds(Now() - start);
-  filled = true;
-  probe.join();
   if (!error.ok()) return error;
-  if (!probe_error.ok()) return probe_error;
-  point.probe = Summarize(probe_ns);
+  return absl::ToDoubleSeconds(Now() - start);
+}
+
+namespace {
+
+// N held locks in lockd, the probe cycling beside the fill.
+absl::Status Fill(const std::string& address, size_t n, NamesPoint& point) {
+  auto probe = Probe::Start(address, "scale/probe");
+  if (!probe.ok()) return probe.status();
+  auto seconds = FillLocks(address, {.locks = n, .prefix = "scale/names/",
+                                     .ttl = [](size_t) { return absl::Hours(1); }});
+  const std::vector<Probe::Sample> samples = (*probe)->Stop();
+  if (!seconds.ok()) return seconds.status();
+  if ((*probe)->failures() > 0) {
+    return absl::Status((*probe)->first_error().code(),
+                        absl::StrCat("the probe beside the fill: ", (*probe)->failures(),
+                                     " requests failed, the first: ",
+                                     (*probe)->first_error().message()));
+  }
+  point.fill_seconds = *seconds;
+  point.probe = Summarize(Probe::Between(samples, MonoTime::Min(), MonoTime::Max()));
   return absl::OkStatus();
 }
 
@@ -279,9 +329,16 @@ absl::Status RunNames(const Settings& s, Report& report) {
 
 }  // namespace
 
-absl::Status RunScaleWorkloads(const Settings& s, Report& report) {
+absl::Status RunScaleWorkloads(const Settings& s, const Percentiles& fsync,
+                               const Percentiles& loopback, Report& report) {
   if (!s.scale_names.empty()) {
     if (absl::Status names = RunNames(s, report); !names.ok()) return names;
+  }
+  if (!s.scale_waiters.empty()) {
+    if (absl::Status st = RunWaiters(s, fsync, loopback, report); !st.ok()) return st;
+  }
+  if (!s.scale_expiries.empty()) {
+    if (absl::Status st = RunExpiries(s, report); !st.ok()) return st;
   }
   if (s.scale_held.empty()) return absl::OkStatus();
   Json points = Json::array();
