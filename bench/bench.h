@@ -53,6 +53,10 @@ struct Heartbeater {
 // Opens `count` sessions on one connection, each acquiring hb/<first + i>.
 absl::Status OpenSessions(Heartbeater& h, const std::string& address, size_t count,
                           size_t first);
+// The durable load beside a heartbeat run: a connection of its own that acquires and releases
+// `lock` as fast as lockd answers, counting each cycle, until `stop` (or a failure).
+void CycleLoad(const std::string& address, const std::string& lock, const std::atomic<bool>& stop,
+               std::atomic<uint64_t>& cycles);
 struct HeartbeatResult {
   Percentiles rtt;
   std::vector<int64_t> rtt_ns;  // every sample, for the histogram
@@ -209,6 +213,7 @@ struct Settings {
   std::vector<size_t> scale_names;  // --scale-names (likewise)
   std::vector<size_t> scale_waiters;   // --scale-waiters (likewise)
   std::vector<size_t> scale_expiries;  // --scale-expiries (likewise)
+  std::vector<size_t> scale_sessions;  // --scale-sessions (likewise)
   double scale_seconds = 5;
   std::string root;     // where the servers' data goes, under $TMPDIR
 };
@@ -218,7 +223,7 @@ struct Settings {
 struct Report {
   Json json = Json::object();
   std::string table, library_table, cycles_table, margin_table, scaling_table, scale_table,
-      scale_names_table, scale_waiters_table, scale_expiries_table;
+      scale_names_table, scale_waiters_table, scale_expiries_table, scale_sessions_table;
   Json scale_points = Json::array();  // results.json's scale.held_locks
   Json scale_names = Json::array();   // results.json's scale.names
   std::vector<HeartbeatVariant> variants;
@@ -238,14 +243,16 @@ absl::Status RunCycleWorkloads(const Settings& s, Report& report);
 void RunMarginSweepWorkload(const Settings& s, Report& report);
 // payout_scaling.cc, with --demo.
 void RunPayoutScaling(const Settings& s, Report& report);
-// scale.cc: the cost at each size of the work (--scale-names, --scale-waiters,
-// --scale-expiries, --scale-held); the floors, for the waiters' hand-offs.
+// scale.cc: the cost at each size of the work (--scale-names, --scale-sessions,
+// --scale-waiters, --scale-expiries, --scale-held); the floors, for the waiters' hand-offs.
 absl::Status RunScaleWorkloads(const Settings& s, const Percentiles& fsync,
                                const Percentiles& loopback, Report& report);
 // scale_storms.cc: its waiters and its leases ending at one moment.
 absl::Status RunWaiters(const Settings& s, const Percentiles& fsync, const Percentiles& loopback,
                         Report& report);
 absl::Status RunExpiries(const Settings& s, Report& report);
+// scale_sessions.cc: its sessions on one lockd.
+absl::Status RunSessions(const Settings& s, Report& report);
 // report.cc: prints the summary; with --out, writes results.json, summary.md and the plots.
 void WriteReport(const Settings& s, const Percentiles& fsync, const Percentiles& loopback,
                  Report& report);

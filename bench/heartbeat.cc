@@ -139,6 +139,24 @@ absl::Status OpenSessions(Heartbeater& h, const std::string& address, size_t cou
   return absl::OkStatus();
 }
 
+void CycleLoad(const std::string& address, const std::string& lock, const std::atomic<bool>& stop,
+               std::atomic<uint64_t>& cycles) {
+  auto conn = Connect(address);
+  if (!conn.ok()) return;
+  auto opened = (*conn)->Call(req::OpenSession(absl::Minutes(1)));
+  if (!opened.ok() || opened->code() != wire::OK) return;
+  const uint64_t session = opened->open_session().session_id();
+  while (!stop.load()) {
+    auto g = (*conn)->Call(req::Acquire(session, lock));
+    if (!g.ok() || g->code() != wire::OK) break;
+    if (auto rel = (*conn)->Call(req::Release(session, lock, g->acquire().token()));
+        !rel.ok() || rel->code() != wire::OK) {
+      break;
+    }
+    ++cycles;
+  }
+}
+
 HeartbeatResult RunHeartbeats(std::vector<Heartbeater>& hs, double seconds, const std::string& label,
                               const std::string& address, int load_clients) {
   const absl::Duration period = absl::GetFlag(FLAGS_heartbeat);
@@ -191,25 +209,8 @@ HeartbeatResult RunHeartbeats(std::vector<Heartbeater>& hs, double seconds, cons
       all.insert(all.end(), mine.begin(), mine.end());
     });
   }
-  // The durable load: each client acquires and releases its own lock as fast as it can.
   for (int c = 0; c < load_clients; ++c) {
-    threads.emplace_back([&, c] {
-      auto conn = Connect(address);
-      if (!conn.ok()) return;
-      auto opened = (*conn)->Call(req::OpenSession(absl::Minutes(1)));
-      if (!opened.ok() || opened->code() != wire::OK) return;
-      const uint64_t session = opened->open_session().session_id();
-      const std::string lock = absl::StrCat("load/", c);
-      while (!stop.load()) {
-        auto g = (*conn)->Call(req::Acquire(session, lock));
-        if (!g.ok() || g->code() != wire::OK) break;
-        if (auto rel = (*conn)->Call(req::Release(session, lock, g->acquire().token()));
-            !rel.ok() || rel->code() != wire::OK) {
-          break;
-        }
-        ++cycles;
-      }
-    });
+    threads.emplace_back([&, c] { CycleLoad(address, absl::StrCat("load/", c), stop, cycles); });
   }
   size_t last_done = 0;
   for (MonoTime t = Now(); t < end; t = Now()) {

@@ -44,7 +44,8 @@ void WriteReport(const Settings& s, const Percentiles& fsync, const Percentiles&
                     " payouts, rail latency 20 ms + up to 10 ms; ", s.rounds,
                     " interleaved rounds; paid counts summed over the rounds)\n\n", report.scaling_table);
   }
-  absl::StrAppend(&summary, report.scale_names_table, report.scale_waiters_table,
+  absl::StrAppend(&summary, report.scale_names_table, report.scale_sessions_table,
+                  report.scale_waiters_table,
                   report.scale_expiries_table, report.scale_table);
   std::printf("%s", summary.c_str());
   if (!s.out.empty()) {

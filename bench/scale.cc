@@ -334,6 +334,9 @@ absl::Status RunScaleWorkloads(const Settings& s, const Percentiles& fsync,
   if (!s.scale_names.empty()) {
     if (absl::Status names = RunNames(s, report); !names.ok()) return names;
   }
+  if (!s.scale_sessions.empty()) {
+    if (absl::Status st = RunSessions(s, report); !st.ok()) return st;
+  }
   if (!s.scale_waiters.empty()) {
     if (absl::Status st = RunWaiters(s, fsync, loopback, report); !st.ok()) return st;
   }

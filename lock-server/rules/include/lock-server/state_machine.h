@@ -550,7 +550,7 @@ class StateMachine {
   LockTable locks_;
   size_t held_locks_ = 0;
   // Expiry indexes, kept in step with the maps above.
-  std::set<std::pair<MonoTime, SessionId>> session_expiry_;
+  absl::btree_set<std::pair<MonoTime, SessionId>> session_expiry_;
   // Lock leases by (expiry, token) with the lock's state: tokens are unique, so the order
   // compares integers only (a KeepAlive's renewals share one expiry).
   absl::btree_map<std::pair<MonoTime, FenceToken>, LockState*> lock_expiry_;
