@@ -214,6 +214,7 @@ struct Settings {
   std::vector<size_t> scale_waiters;   // --scale-waiters (likewise)
   std::vector<size_t> scale_expiries;  // --scale-expiries (likewise)
   std::vector<size_t> scale_sessions;  // --scale-sessions (likewise)
+  std::vector<size_t> scale_standby;   // --scale-standby (likewise)
   double scale_seconds = 5;
   std::string root;     // where the servers' data goes, under $TMPDIR
 };
@@ -223,7 +224,8 @@ struct Settings {
 struct Report {
   Json json = Json::object();
   std::string table, library_table, cycles_table, margin_table, scaling_table, scale_table,
-      scale_names_table, scale_waiters_table, scale_expiries_table, scale_sessions_table;
+      scale_names_table, scale_waiters_table, scale_expiries_table, scale_sessions_table,
+      scale_standby_table;
   Json scale_points = Json::array();  // results.json's scale.held_locks
   Json scale_names = Json::array();   // results.json's scale.names
   std::vector<HeartbeatVariant> variants;
@@ -244,7 +246,8 @@ void RunMarginSweepWorkload(const Settings& s, Report& report);
 // payout_scaling.cc, with --demo.
 void RunPayoutScaling(const Settings& s, Report& report);
 // scale.cc: the cost at each size of the work (--scale-names, --scale-sessions,
-// --scale-waiters, --scale-expiries, --scale-held); the floors, for the waiters' hand-offs.
+// --scale-waiters, --scale-expiries, --scale-standby, --scale-held); the floors, for the
+// waiters' hand-offs.
 absl::Status RunScaleWorkloads(const Settings& s, const Percentiles& fsync,
                                const Percentiles& loopback, Report& report);
 // scale_storms.cc: its waiters and its leases ending at one moment.
@@ -253,6 +256,8 @@ absl::Status RunWaiters(const Settings& s, const Percentiles& fsync, const Perce
 absl::Status RunExpiries(const Settings& s, Report& report);
 // scale_sessions.cc: its sessions on one lockd.
 absl::Status RunSessions(const Settings& s, Report& report);
+// scale_standby.cc: a standby taking over held locks on etcd (with --etcd's binary).
+absl::Status RunStandby(const Settings& s, Report& report);
 // report.cc: prints the summary; with --out, writes results.json, summary.md and the plots.
 void WriteReport(const Settings& s, const Percentiles& fsync, const Percentiles& loopback,
                  Report& report);

@@ -107,6 +107,9 @@ ABSL_FLAG(std::string, scale_names, "1000,100000,1000000",
 ABSL_FLAG(std::string, scale_sessions, "1000,10000,100000,1000000",
           "the scale workload: sessions on one lockd at each point, renewed 1,024 to a Renew "
           "(empty: none)");
+ABSL_FLAG(std::string, scale_standby, "1000,100000,1000000",
+          "the scale workload: locks held on the etcd backend when its serving lockd is killed "
+          "and a standby takes over, at each point (with --etcd; empty: none)");
 ABSL_FLAG(std::string, scale_waiters, "1,10,100,1000,10000",
           "the scale workload: waiters queued on one lock at each point (empty: none)");
 ABSL_FLAG(std::string, scale_expiries, "1000,10000,100000",
@@ -330,8 +333,10 @@ absl::StatusOr<Settings> ReadSettings() {
                          &scale_names, &error)) {
     return absl::InvalidArgumentError(error);
   }
-  std::vector<size_t> scale_waiters, scale_expiries, scale_sessions;
-  if (!ParseList<size_t>("scale-sessions", absl::GetFlag(FLAGS_scale_sessions), 1, 4'000'000,
+  std::vector<size_t> scale_waiters, scale_expiries, scale_sessions, scale_standby;
+  if (!ParseList<size_t>("scale-standby", absl::GetFlag(FLAGS_scale_standby), 1, 10'000'000,
+                         &scale_standby, &error) ||
+      !ParseList<size_t>("scale-sessions", absl::GetFlag(FLAGS_scale_sessions), 1, 4'000'000,
                          &scale_sessions, &error) ||
       !ParseList<size_t>("scale-waiters", absl::GetFlag(FLAGS_scale_waiters), 1, 100'000,
                          &scale_waiters, &error) ||
@@ -381,6 +386,7 @@ absl::StatusOr<Settings> ReadSettings() {
                   .scale_waiters = wants("scale") ? scale_waiters : std::vector<size_t>(),
                   .scale_expiries = wants("scale") ? scale_expiries : std::vector<size_t>(),
                   .scale_sessions = wants("scale") ? scale_sessions : std::vector<size_t>(),
+                  .scale_standby = wants("scale") ? scale_standby : std::vector<size_t>(),
                   .scale_seconds = scale_seconds};
 }
 

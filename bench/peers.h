@@ -57,6 +57,8 @@ class EtcdPeer {
 
   CyclerFactory Cyclers() const;
   const std::string& version() const { return version_; }
+  // The client endpoint, host:port.
+  const std::string& endpoint() const { return endpoint_; }
 
  private:
   EtcdPeer() = default;

@@ -46,7 +46,7 @@ void WriteReport(const Settings& s, const Percentiles& fsync, const Percentiles&
   }
   absl::StrAppend(&summary, report.scale_names_table, report.scale_sessions_table,
                   report.scale_waiters_table,
-                  report.scale_expiries_table, report.scale_table);
+                  report.scale_expiries_table, report.scale_standby_table, report.scale_table);
   std::printf("%s", summary.c_str());
   if (!s.out.empty()) {
     std::ofstream(s.out + "/results.json") << report.json.dump(2) << "\n";

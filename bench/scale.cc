@@ -343,6 +343,9 @@ absl::Status RunScaleWorkloads(const Settings& s, const Percentiles& fsync,
   if (!s.scale_expiries.empty()) {
     if (absl::Status st = RunExpiries(s, report); !st.ok()) return st;
   }
+  if (!s.scale_standby.empty()) {
+    if (absl::Status st = RunStandby(s, report); !st.ok()) return st;
+  }
   if (s.scale_held.empty()) return absl::OkStatus();
   Json points = Json::array();
   std::string table = absl::StrFormat(
