@@ -216,6 +216,7 @@ struct Settings {
   std::vector<size_t> scale_sessions;  // --scale-sessions (likewise)
   std::vector<size_t> scale_standby;   // --scale-standby (likewise)
   double scale_seconds = 5;
+  int scale_restarts = 1;  // --scale-restarts: of each --scale-names point
   std::string root;     // where the servers' data goes, under $TMPDIR
 };
 

@@ -114,6 +114,9 @@ ABSL_FLAG(std::string, scale_waiters, "1,10,100,1000,10000",
           "the scale workload: waiters queued on one lock at each point (empty: none)");
 ABSL_FLAG(std::string, scale_expiries, "1000,10000,100000",
           "the scale workload: held leases that end at one moment at each point (empty: none)");
+ABSL_FLAG(int, scale_restarts, 1,
+          "the scale workload: times each --scale-names point's lockd is restarted on the same "
+          "state directory (1 to 20)");
 ABSL_FLAG(double, scale_seconds, 15.0,
           "the scale workload: measuring time of each point (at least three heartbeat periods of "
           "the default 15 s session, so that what holding costs is in every point)");
@@ -344,6 +347,11 @@ absl::StatusOr<Settings> ReadSettings() {
                          &scale_expiries, &error)) {
     return absl::InvalidArgumentError(error);
   }
+  const int scale_restarts = absl::GetFlag(FLAGS_scale_restarts);
+  if (scale_restarts < 1 || scale_restarts > 20) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--scale-restarts must be from 1 to 20, got ", scale_restarts));
+  }
   const double scale_seconds = absl::GetFlag(FLAGS_scale_seconds);
   if (!(scale_seconds > 0 && scale_seconds <= 600)) {
     return absl::InvalidArgumentError("--scale-seconds must be in (0, 600]");
@@ -387,7 +395,7 @@ absl::StatusOr<Settings> ReadSettings() {
                   .scale_expiries = wants("scale") ? scale_expiries : std::vector<size_t>(),
                   .scale_sessions = wants("scale") ? scale_sessions : std::vector<size_t>(),
                   .scale_standby = wants("scale") ? scale_standby : std::vector<size_t>(),
-                  .scale_seconds = scale_seconds};
+                  .scale_seconds = scale_seconds, .scale_restarts = scale_restarts};
 }
 
 int Main() {
