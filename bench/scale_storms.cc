@@ -148,8 +148,10 @@ absl::StatusOr<WaitersPoint> MeasureWaiters(const Settings& s, size_t n) {
   holder.releases.insert(*sent);
   uint64_t last_token = held->acquire().token();
   std::vector<int64_t> handoff_ns;
+  std::vector<bool> granted(n, false);  // out of turn, before its place in line came
   MonoTime last = start;
   for (size_t i = 0; i < n; ++i) {
+    if (granted[i]) continue;
     WaiterConnection& w = conns[i / kSessionsPerConnection];
     const size_t expected = i % kSessionsPerConnection;
     while (true) {
@@ -180,8 +182,9 @@ absl::StatusOr<WaitersPoint> MeasureWaiters(const Settings& s, size_t n) {
       if (!release.ok()) return release.status();
       w.releases.insert(*release);
       if (index != expected) {
-        ++point.out_of_turn;  // and the one expected is still to come on this
-                              // connection
+        // A waiter behind the next in line: counted, and passed over when its place comes.
+        ++point.out_of_turn;
+        granted[(i / kSessionsPerConnection) * kSessionsPerConnection + index] = true;
         continue;
       }
       break;
