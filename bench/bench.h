@@ -217,6 +217,8 @@ struct Settings {
   std::vector<size_t> scale_standby;   // --scale-standby (likewise)
   double scale_seconds = 5;
   int scale_restarts = 1;  // --scale-restarts: of each --scale-names point
+  bool scale_snapshot = true;  // --scale-snapshot: churn each such point until a snapshot
+  uint64_t scale_wal_segment_bytes = 0;  // --scale-wal-segment-bytes (0: lockd's own)
   std::string root;     // where the servers' data goes, under $TMPDIR
 };
 

@@ -117,6 +117,12 @@ ABSL_FLAG(std::string, scale_expiries, "1000,10000,100000",
 ABSL_FLAG(int, scale_restarts, 1,
           "the scale workload: times each --scale-names point's lockd is restarted on the same "
           "state directory (1 to 20)");
+ABSL_FLAG(bool, scale_snapshot, true,
+          "the scale workload: at each --scale-names point, cycle locks until lockd writes one "
+          "more snapshot (its grants' latency meanwhile)");
+ABSL_FLAG(uint64_t, scale_wal_segment_bytes, 0,
+          "the scale workload: `lockd init --wal-segment-bytes` of the --scale-names points (0: "
+          "lockd's default); smaller segments let a snapshot come sooner");
 ABSL_FLAG(double, scale_seconds, 15.0,
           "the scale workload: measuring time of each point (at least three heartbeat periods of "
           "the default 15 s session, so that what holding costs is in every point)");
@@ -395,7 +401,9 @@ absl::StatusOr<Settings> ReadSettings() {
                   .scale_expiries = wants("scale") ? scale_expiries : std::vector<size_t>(),
                   .scale_sessions = wants("scale") ? scale_sessions : std::vector<size_t>(),
                   .scale_standby = wants("scale") ? scale_standby : std::vector<size_t>(),
-                  .scale_seconds = scale_seconds, .scale_restarts = scale_restarts};
+                  .scale_seconds = scale_seconds, .scale_restarts = scale_restarts,
+                  .scale_snapshot = absl::GetFlag(FLAGS_scale_snapshot),
+                  .scale_wal_segment_bytes = absl::GetFlag(FLAGS_scale_wal_segment_bytes)};
 }
 
 int Main() {

@@ -15,7 +15,9 @@
 // the fill caused, snapshots included, for lockd writes one after each 64 MiB of log once the
 // log has grown by the last snapshot's size). Then 8 Clients cycle as above, lockd's resident
 // memory per held lock is read, and lockd is stopped and served again from its state
-// directory, --scale-restarts times: each restart's time, until it answers.
+// directory, --scale-restarts times: each restart's time, until it answers. Before the
+// restarts (--scale-snapshot), 8 raw connections cycle a lock each until lockd has written one
+// more snapshot: the longest a grant waited while one was taken.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -164,11 +166,21 @@ constexpr size_t kLocksPerSession = 1000;
 constexpr size_t kInFlight = 64;
 constexpr int kFillers = 8;
 
+// Churn until lockd has written one more snapshot: what a grant waits while one is taken.
+struct SnapshotRun {
+  bool done = false;     // a snapshot completed within the limit
+  double seconds = 0;    // from the churn's start until lockd counted it
+  size_t cycles = 0;     // the churn's
+  Percentiles acquire;   // the churn's acquires
+  Percentiles probe;     // the probe's requests
+};
+
 struct NamesPoint {
   size_t names = 0;
   double fill_seconds = 0;
   Percentiles probe;  // the probe's requests during the fill
   CycleResult cycles;
+  SnapshotRun snapshot;
   uint64_t lockd_rss_before = 0, lockd_rss = 0;
   std::vector<double> restart_seconds;  // each restart's, ascending
 };
@@ -263,6 +275,86 @@ absl::Status Fill(const std::string& address, size_t n, NamesPoint& point) {
   return absl::OkStatus();
 }
 
+// kCyclers raw connections cycle a lock each (a grant and a release logged per cycle) and the
+// probe beside them, until lockd's snapshots_total rises (a snapshot follows a new WAL segment
+// once the log since the last one is as large as it) or `limit` passes.
+absl::StatusOr<SnapshotRun> UntilSnapshot(const std::string& address, absl::Duration limit) {
+  namespace req = protocol::request;
+  auto control = Connect(address);
+  if (!control.ok()) return control.status();
+  auto first = (*control)->Call(req::GetStats());
+  if (!first.ok()) return first.status();
+  const uint64_t before = first->stats().snapshots_total();
+  auto probe = Probe::Start(address, "scale/probe");
+  if (!probe.ok()) return probe.status();
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> cycles{0};
+  std::mutex mu;
+  std::vector<int64_t> acquire_ns;
+  absl::Status error;
+  std::vector<std::thread> churn;
+  for (int c = 0; c < kCyclers; ++c) {
+    churn.emplace_back([&, c] {
+      std::vector<int64_t> mine;
+      absl::Status failed = [&]() -> absl::Status {
+        auto conn = Connect(address);
+        if (!conn.ok()) return conn.status();
+        auto opened = (*conn)->Call(req::OpenSession(absl::Minutes(10)));
+        if (!opened.ok()) return opened.status();
+        const uint64_t session = opened->open_session().session_id();
+        const std::string lock = absl::StrCat("scale/churn/", c);
+        while (!stop.load()) {
+          const MonoTime start = Now();
+          auto g = (*conn)->Call(req::Acquire(session, lock));
+          if (!g.ok()) return g.status();
+          if (g->code() != wire::OK) return absl::UnavailableError(g->message());
+          mine.push_back(NanosSince(start));
+          auto r = (*conn)->Call(req::Release(session, lock, g->acquire().token()));
+          if (!r.ok()) return r.status();
+          ++cycles;
+        }
+        return absl::OkStatus();
+      }();
+      std::lock_guard<std::mutex> lock(mu);
+      acquire_ns.insert(acquire_ns.end(), mine.begin(), mine.end());
+      if (error.ok()) error = failed;
+    });
+  }
+  SnapshotRun run;
+  const MonoTime start = Now();
+  int shown = -1;  // the last whole second the progress line was given
+  while (Now() - start < limit) {
+    absl::SleepFor(absl::Milliseconds(50));
+    auto stats = (*control)->Call(req::GetStats());
+    if (!stats.ok()) {
+      error = stats.status();
+      break;
+    }
+    const double elapsed = absl::ToDoubleSeconds(Now() - start);
+    if (static_cast<int>(elapsed) != shown) {
+      shown = static_cast<int>(elapsed);
+      Progress(absl::StrFormat("  until a snapshot %5.1fs  %8lu cycles", elapsed,
+                               static_cast<unsigned long>(cycles.load())),
+               elapsed);
+    }
+    if (stats->stats().snapshots_total() > before) {
+      run.done = true;
+      break;
+    }
+  }
+  run.seconds = absl::ToDoubleSeconds(Now() - start);
+  stop = true;
+  for (std::thread& t : churn) t.join();
+  EndProgress();
+  const std::vector<Probe::Sample> samples = (*probe)->Stop();
+  if (!error.ok()) return error;
+  if ((*probe)->failures() > 0) return (*probe)->first_error();
+  run.cycles = cycles;
+  run.acquire = Summarize(std::move(acquire_ns));
+  run.probe = Summarize(Probe::Between(samples, MonoTime::Min(), MonoTime::Max()));
+  return run;
+}
+
 absl::StatusOr<NamesPoint> MeasureNames(const Settings& s, size_t n) {
   testing::LocalLockdOptions options{
       .binary = s.binary,
@@ -270,6 +362,10 @@ absl::StatusOr<NamesPoint> MeasureNames(const Settings& s, size_t n) {
       .serve_args = {"--max-connections=4096", "--max-connections-per-peer=4096",
                      absl::StrCat("--max-locks-per-session=", kLocksPerSession)},
       .start_timeout = absl::Minutes(10)};
+  if (s.scale_wal_segment_bytes > 0) {
+    options.init_args.push_back(
+        absl::StrCat("--wal-segment-bytes=", s.scale_wal_segment_bytes));
+  }
   auto lockd = testing::LocalLockd::Start(options);
   if (!lockd.ok()) return lockd.status();
   NamesPoint point;
@@ -280,6 +376,11 @@ absl::StatusOr<NamesPoint> MeasureNames(const Settings& s, size_t n) {
   point.cycles = RunCycles(HoldingCyclers((*lockd)->address(), 0), kCyclers, s.scale_seconds,
                            absl::StrCat("scale: ", n, " names held in lockd"));
   point.lockd_rss = ResidentBytes((*lockd)->child().pid());
+  if (s.scale_snapshot) {
+    auto snapshot = UntilSnapshot((*lockd)->address(), absl::Minutes(10));
+    if (!snapshot.ok()) return snapshot.status();
+    point.snapshot = *snapshot;
+  }
   (*lockd)->child().Stop(absl::Minutes(1));
   lockd->reset();
   options.existing_state = true;
@@ -305,8 +406,9 @@ absl::Status RunNames(const Settings& s, Report& report) {
       "\n### Cost as the work grows: lock names held in lockd (8 cycling Clients beside them)\n\n"
       "| names held | fill (acquires/s) | probe p99 / max during the fill (ms) | cycles/s | "
       "acquire p50 (ms) | acquire p99 (ms) | lockd RSS | bytes per held lock | "
+      "until a snapshot: s, churn acquire p99 / max, probe p99 / max (ms) | "
       "restart min / median / max (s) |\n"
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (size_t n : s.scale_names) {
     auto point = MeasureNames(s, n);
     if (!point.ok()) return point.status();
@@ -326,15 +428,30 @@ absl::Status RunNames(const Settings& s, Report& report) {
                                   {"acquire", ToJson(acquire)},
                                   {"lockd_rss_bytes", point->lockd_rss},
                                   {"lockd_bytes_per_held_lock", per_lock},
+                                  {"snapshot",
+                                   {{"completed", point->snapshot.done},
+                                    {"churn_seconds", point->snapshot.seconds},
+                                    {"churn_cycles", point->snapshot.cycles},
+                                    {"churn_acquire", ToJson(point->snapshot.acquire)},
+                                    {"probe", ToJson(point->snapshot.probe)}}},
                                   {"restart_seconds", point->restart_seconds},
                                   {"restart_median_seconds", Median(point->restart_seconds)},
                                   {"errors", point->cycles.errors}});
     absl::StrAppendFormat(&table,
-                          "| %d | %.0f | %s / %s | %.0f | %s | %s | %.1f MB | %.0f | %.2f / %.2f / "
-                          "%.2f |\n",
+                          "| %d | %.0f | %s / %s | %.0f | %s | %s | %.1f MB | %.0f | %s | "
+                          "%.2f / %.2f / %.2f |\n",
                           n, fill_rate, Ms(point->probe.p99), Ms(point->probe.max),
                           point->cycles.cycles_per_second, Ms(acquire.p50), Ms(acquire.p99),
-                          point->lockd_rss / 1e6, per_lock, point->restart_seconds.front(),
+                          point->lockd_rss / 1e6, per_lock,
+                          !s.scale_snapshot ? std::string("-")
+                          : !point->snapshot.done
+                              ? absl::StrFormat("none in %.0f s", point->snapshot.seconds)
+                              : absl::StrFormat("%.1f, %s / %s, %s / %s", point->snapshot.seconds,
+                                                Ms(point->snapshot.acquire.p99),
+                                                Ms(point->snapshot.acquire.max),
+                                                Ms(point->snapshot.probe.p99),
+                                                Ms(point->snapshot.probe.max)),
+                          point->restart_seconds.front(),
                           Median(point->restart_seconds), point->restart_seconds.back());
   }
   report.json["scale"]["names"] = report.scale_names;
