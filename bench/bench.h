@@ -40,6 +40,9 @@ absl::StatusOr<std::unique_ptr<testing::LocalLockd>> StartLockd(const std::strin
 // A connection to lockd as the benchmark's raw driver, with --timeout.
 absl::StatusOr<std::unique_ptr<net::BlockingConnection>> Connect(const std::string& address);
 
+// lockd's GetStats through `conn`; an error for a failed call or a refusal.
+absl::StatusOr<wire::StatsReply> Stats(net::BlockingConnection& conn);
+
 // Receives the replies to `ids` (in any order) into `out`, in the order of `ids`.
 absl::Status ReceiveAll(net::BlockingConnection& conn, const std::vector<uint64_t>& ids,
                         std::vector<wire::Response>& out);
@@ -103,12 +106,7 @@ struct Runs {
   std::string first_error;
   double min() const { return rates.empty() ? 0 : *std::min_element(rates.begin(), rates.end()); }
   double max() const { return rates.empty() ? 0 : *std::max_element(rates.begin(), rates.end()); }
-  double median() const {
-    if (rates.empty()) return 0;
-    std::vector<double> r = rates;
-    std::sort(r.begin(), r.end());
-    return r.size() % 2 == 1 ? r[r.size() / 2] : (r[r.size() / 2 - 1] + r[r.size() / 2]) / 2;
-  }
+  double median() const { return Median(rates); }
 };
 
 // --- payout scaling (payout_scaling.cc) ---

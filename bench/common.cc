@@ -18,6 +18,13 @@
 
 namespace fencelock::bench {
 
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
 Percentiles Summarize(std::vector<int64_t> ns) {
   Percentiles p;
   p.samples = ns.size();

@@ -29,6 +29,8 @@ struct Percentiles {
 };
 
 Percentiles Summarize(std::vector<int64_t> ns);
+// The median of `values` (0 if there are none).
+double Median(std::vector<double> values);
 Json ToJson(const Percentiles& p);
 // "%.3f" of a figure in milliseconds.
 std::string Ms(double ms);

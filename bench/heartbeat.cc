@@ -90,6 +90,13 @@ absl::StatusOr<std::unique_ptr<BlockingConnection>> Connect(const std::string& a
       {.server = address, .timeout = absl::GetFlag(FLAGS_timeout), .client_name = "bench"});
 }
 
+absl::StatusOr<wire::StatsReply> Stats(BlockingConnection& conn) {
+  auto r = conn.Call(req::GetStats());
+  if (!r.ok()) return r.status();
+  if (r->code() != wire::OK) return absl::UnavailableError(r->message());
+  return r->stats();
+}
+
 absl::Status ReceiveAll(BlockingConnection& conn, const std::vector<uint64_t>& ids,
                         std::vector<wire::Response>& out) {
   std::map<uint64_t, size_t> where;

@@ -282,9 +282,9 @@ absl::StatusOr<SnapshotRun> UntilSnapshot(const std::string& address, absl::Dura
   namespace req = protocol::request;
   auto control = Connect(address);
   if (!control.ok()) return control.status();
-  auto first = (*control)->Call(req::GetStats());
+  auto first = Stats(**control);
   if (!first.ok()) return first.status();
-  const uint64_t before = first->stats().snapshots_total();
+  const uint64_t before = first->snapshots_total();
   auto probe = Probe::Start(address, "scale/probe");
   if (!probe.ok()) return probe.status();
   std::atomic<bool> stop{false};
@@ -325,7 +325,7 @@ absl::StatusOr<SnapshotRun> UntilSnapshot(const std::string& address, absl::Dura
   int shown = -1;  // the last whole second the progress line was given
   while (Now() - start < limit) {
     absl::SleepFor(absl::Milliseconds(50));
-    auto stats = (*control)->Call(req::GetStats());
+    auto stats = Stats(**control);
     if (!stats.ok()) {
       error = stats.status();
       break;
@@ -337,7 +337,7 @@ absl::StatusOr<SnapshotRun> UntilSnapshot(const std::string& address, absl::Dura
                                static_cast<unsigned long>(cycles.load())),
                elapsed);
     }
-    if (stats->stats().snapshots_total() > before) {
+    if (stats->snapshots_total() > before) {
       run.done = true;
       break;
     }
@@ -393,12 +393,6 @@ absl::StatusOr<NamesPoint> MeasureNames(const Settings& s, size_t n) {
   }
   std::sort(point.restart_seconds.begin(), point.restart_seconds.end());
   return point;
-}
-
-double Median(const std::vector<double>& sorted) {
-  if (sorted.empty()) return 0;
-  const size_t n = sorted.size();
-  return n % 2 == 1 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
 }
 
 absl::Status RunNames(const Settings& s, Report& report) {

@@ -92,9 +92,8 @@ absl::StatusOr<StandbyPoint> MeasureStandby(const Settings& s, size_t n) {
   if (error.ok()) {
     point.fill_seconds = *filled;
     auto conn = Connect((*serving)->address());
-    auto stats = conn.ok() ? (*conn)->Call(protocol::request::GetStats())
-                           : absl::StatusOr<wire::Response>(conn.status());
-    if (stats.ok()) point.lsn = stats->stats().last_lsn();
+    auto stats = conn.ok() ? Stats(**conn) : absl::StatusOr<wire::StatsReply>(conn.status());
+    if (stats.ok()) point.lsn = stats->last_lsn();
   }
   if (!LogSays(log, "standing by")) {
     error.Update(absl::UnavailableError(absl::StrCat("the standby did not stand by; see ", log)));
@@ -122,10 +121,10 @@ absl::StatusOr<StandbyPoint> MeasureStandby(const Settings& s, size_t n) {
     }
   }
   point.serving_after = absl::ToDoubleSeconds(Now() - killed);
-  auto stats = conn->Call(protocol::request::GetStats());
+  auto stats = Stats(*conn);
   if (!stats.ok()) return stats.status();
   point.answered_after = absl::ToDoubleSeconds(Now() - killed);
-  point.restored = stats->stats().locks_held();
+  point.restored = stats->locks_held();
   if (point.restored != n) {
     return absl::InternalError(
         absl::StrCat("the standby holds ", point.restored, " locks, not ", n));

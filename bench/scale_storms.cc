@@ -37,13 +37,6 @@ namespace req = protocol::request;
 constexpr size_t kSessionsPerConnection = 64;  // lockd's default --max-sessions-per-connection
 const char kQueuedLock[] = "scale/queue";
 
-absl::StatusOr<wire::StatsReply> Stats(net::BlockingConnection& conn) {
-  auto r = conn.Call(req::GetStats());
-  if (!r.ok()) return r.status();
-  if (r->code() != wire::OK) return absl::UnavailableError(r->message());
-  return r->stats();
-}
-
 struct WaitersPoint {
   size_t waiters = 0;
   double queue_seconds = 0;  // queueing them all, in order

@@ -159,9 +159,10 @@ void Call::Renew() {
         "a Renew names 1 to ", limit, " sessions (lockd --max-sessions-per-connection), got ",
         sessions.size())));
   }
-  {
+  if (sessions.size() > 1) {
     // Each would renew the session's locks again: one frame, many passes over them. Sorted,
-    // so that a Renew of many sessions costs k log k here, not k squared.
+    // so that a Renew of many sessions costs k log k here, not k squared; a client's usual
+    // Renew of one session pays nothing.
     std::vector<uint64_t> ids;
     ids.reserve(sessions.size());
     for (const auto& renewal : sessions) ids.push_back(renewal.session_id());
