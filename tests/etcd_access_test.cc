@@ -64,13 +64,13 @@ class EtcdAccessTest : public ::testing::Test {
   // A lockd serving `prefix` (already initialized) with `args`; a lock taken and confirmed
   // through it, a snapshot every 4 KiB of log.
   void ServeAndLock(const std::string& prefix, const std::vector<std::string>& args) {
-    LockdProcess::Options options{.extra_args = {"--etcd-owner-ttl=2s",
-                                                 "--etcd-snapshot-bytes=4096"},
-                                  .stderr_file = tmp_.path() + "/lockd.err",
-                                  .etcd = etcd_.endpoint(),
-                                  .etcd_prefix = prefix,
-                                  .etcd_init = false,
-                                  .etcd_args = args};
+    LockdProcess::Options options{
+        .extra_args = {testing::OwnerTtlFlag(), "--etcd-snapshot-bytes=4096"},
+        .stderr_file = tmp_.path() + "/lockd.err",
+        .etcd = etcd_.endpoint(),
+        .etcd_prefix = prefix,
+        .etcd_init = false,
+        .etcd_args = args};
     uint64_t token = 0;
     {
       LockdProcess lockd(options);

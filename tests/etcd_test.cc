@@ -39,21 +39,21 @@ namespace request = testing::request;
 class EtcdTest : public ::testing::Test {
  protected:
   LockdProcess::Options Options(const std::string& prefix, bool init = true) {
-    return {.extra_args = {"--etcd-owner-ttl=2s"},
+    return {.extra_args = {testing::OwnerTtlFlag()},
             .stderr_file = tmp_.path() + "/" + std::to_string(++lockds_) + ".stderr",
             .etcd = etcd_.endpoint(),
             .etcd_prefix = prefix,
             .etcd_init = init};
   }
-  // A standby replica on `prefix` (owner TTL 2 s) on TCP `port`; it writes that port to
-  // PortFile(name) once it serves, its output to <name>.out and <name>.err in the test's
+  // A standby replica on `prefix` (owner TTL kOwnerTtlSeconds) on TCP `port`; it writes that port
+  // to PortFile(name) once it serves, its output to <name>.out and <name>.err in the test's
   // directory.
   absl::StatusOr<process::Child> Standby(const std::string& prefix, int port,
                                          const std::string& name) {
     return process::Child::Spawn(
         LOCKD_BINARY,
         {"serve", "--etcd=" + etcd_.endpoint(), "--etcd-prefix=" + prefix, "--etcd-standby",
-         "--etcd-owner-ttl=2s", absl::StrCat("--port=", port), "--port-file=" + PortFile(name),
+         testing::OwnerTtlFlag(), absl::StrCat("--port=", port), "--port-file=" + PortFile(name),
          "--metrics-port=-1"},
         {.stdout_file = tmp_.path() + "/" + name + ".out",
          .stderr_file = tmp_.path() + "/" + name + ".err"});
@@ -95,7 +95,7 @@ TEST_F(EtcdTest, StateSurvivesAKilledLockdAndTokensKeepIncreasing) {
   const wire::StatsReply stats = c.Call(request::GetStats()).stats();
   EXPECT_EQ(stats.storage(), "etcd prefix /fencelock/a on " + etcd_.endpoint());
   EXPECT_GT(stats.ownership_left_ms(), 0u);
-  EXPECT_LE(stats.ownership_left_ms(), 1400u);  // 2 s x (1 - 0.30)
+  EXPECT_LE(stats.ownership_left_ms(), testing::kOwnerTtlSeconds * 700u);  // TTL x (1 - 0.30)
   EXPECT_EQ(stats.term(), 1u);  // the first lockd to serve the prefix
   // The member's health, polled once a second: reachable, and the leader of its cluster of one.
   wire::StatsReply health = stats;
@@ -176,7 +176,7 @@ TEST_F(EtcdTest, DestroyDeletesExactlyThePrefixOnceNoLeaseRemains) {
   ASSERT_TRUE((*c)->activate("p", "a", "s1", g->token, *owner).ok());
 
   const std::vector<std::string> destroy = {"destroy", "--etcd=" + etcd_.endpoint(),
-                                            "--etcd-prefix=/fencelock/d", "--etcd-owner-ttl=2s"};
+                                            "--etcd-prefix=/fencelock/d", testing::OwnerTtlFlag()};
   auto [served, served_err] = testing::RunLockdToExit(destroy);
   EXPECT_EQ(WEXITSTATUS(served), 1) << served_err;
   EXPECT_THAT(served_err, HasSubstr("is served by lockd pid"));
@@ -231,9 +231,9 @@ TEST_F(EtcdTest, InitRefusesNestedPrefixesInEitherOrder) {
 
 TEST_F(EtcdTest, ASecondLockdOnThePrefixIsRefusedNamingTheFirst) {
   LockdProcess first(Options("/fencelock/b"));
-  auto [status, err] = testing::RunLockdToExit(
-      {"serve", "--etcd=" + etcd_.endpoint(), "--etcd-prefix=/fencelock/b", "--port=0",
-       "--metrics-port=-1", "--etcd-owner-ttl=2s"});
+  auto [status, err] =
+      testing::RunLockdToExit({"serve", "--etcd=" + etcd_.endpoint(), "--etcd-prefix=/fencelock/b",
+                               "--port=0", "--metrics-port=-1", testing::OwnerTtlFlag()});
   EXPECT_NE(status, 0);
   EXPECT_THAT(err, HasSubstr("is served by lockd pid"));
   // A prefix that was never initialized, and one initialized twice.
@@ -258,7 +258,7 @@ TEST_F(EtcdTest, AFrozenLockdThatLostThePrefixAnswersNothingWhenItWakes) {
       to_a.Call(request::Acquire(session.session_id(), "payout/1")).acquire().token();
   ASSERT_GT(token, 0u);
   ASSERT_EQ(kill(a.pid(), SIGSTOP), 0);
-  // b takes the prefix once a's lease (2 s) has run out, and restores a's lock.
+  // b takes the prefix once a's lease (kOwnerTtlSeconds) has run out, and restores a's lock.
   LockdProcess b(Options("/fencelock/c", /*init=*/false));
   ASSERT_EQ(kill(a.pid(), SIGCONT), 0);
   // a woke past its ownership deadline: nothing it would answer from its state is answered
@@ -324,8 +324,8 @@ TEST_F(EtcdTest, AStandbyTakesOverAndTheClientKeepsItsLockAcrossTheFailover) {
       absl::SleepFor(absl::Milliseconds(100));
     }
   }
-  std::printf("failover: the standby served %s after the first lockd was killed (owner TTL 2s)\n",
-              absl::FormatDuration(failover).c_str());
+  std::printf("failover: the standby served %s after the first lockd was killed (owner TTL %ds)\n",
+              absl::FormatDuration(failover).c_str(), testing::kOwnerTtlSeconds);
   EXPECT_TRUE(confirmed);
   RawConnection to_standby = RawConnection::Tcp(standby_port);
   to_standby.Hello();
@@ -363,15 +363,16 @@ TEST_F(EtcdTest, ALockDelaySurvivesAFailoverInFull) {
   RawConnection other = RawConnection::Tcp(standby_port);
   const wire::OpenSessionReply next = Open(other);
   // The first lockd's delay would have ended 2.7 s after the kill. The standby cannot serve
-  // before the first one's lease on the prefix (2 s, renewed every third of it) has run out,
-  // at least 1.3 s after the kill, and gives the delay its 3 s from there.
+  // before the first one's lease on the prefix (2 s, or 4 s under a sanitizer, renewed every
+  // third of it) has run out, at least 1.3 s after the kill, and gives the delay its 3 s from
+  // there.
   const wire::Response granted = other.Call(request::Acquire(
       next.session_id(), "ledger", absl::Seconds(10), absl::ZeroDuration()));
   const absl::Duration after_kill = Clock::Real()->Now() - killed;
   ASSERT_EQ(granted.code(), wire::OK) << granted.message();
   std::printf(
-      "lock delay across a failover: granted %s after the kill (3 s delay, 2 s owner TTL)\n",
-      absl::FormatDuration(after_kill).c_str());
+      "lock delay across a failover: granted %s after the kill (3 s delay, %d s owner TTL)\n",
+      absl::FormatDuration(after_kill).c_str(), testing::kOwnerTtlSeconds);
   EXPECT_GE(after_kill, kDelay + absl::Seconds(1));
   EXPECT_EQ(other.Call(request::GetStats()).stats().lock_delay_blocked_acquires_total(), 1u);
   standby->Stop();
@@ -492,7 +493,8 @@ TEST_F(EtcdTest, DeletingTheOwnerKeyEndsTheServingReplicaBeforeAnotherServes) {
   EXPECT_THAT(said, HasSubstr("deposed (1 time in this process)"));
   // Its key was taken away: it campaigns only after its owner TTL, so that the standby that
   // was waiting takes over (campaigning at once, it re-took the prefix first now and then).
-  EXPECT_THAT(said, HasSubstr("standing by: not taking etcd prefix /fencelock/o for 2s"));
+  EXPECT_THAT(said, HasSubstr(absl::StrCat("standing by: not taking etcd prefix /fencelock/o for ",
+                                           testing::kOwnerTtlSeconds, "s")));
   EXPECT_THAT(said, HasSubstr("standing by: etcd prefix /fencelock/o is served by"));
   EXPECT_FALSE(std::filesystem::exists(first.port_file())) << "a standby's port file says it serves";
   auto refused = net::BlockingConnection::Connect(
@@ -577,8 +579,9 @@ TEST_F(EtcdTest, AStandbyWaitsOutTheLeaseOfADeletedOwnerKey) {
   auto bound = process::AwaitPortFile(PortFile("p"), *standby, absl::Seconds(20));
   ASSERT_TRUE(bound.ok()) << bound.status();
   EXPECT_THAT(testing::ReadTextFile(tmp_.path() + "/p.err"),
-              HasSubstr("was deleted by hand and the lockd that held it may still think it serves; "
-                        "revoking that lease and waiting 2s before taking over"));
+              HasSubstr(absl::StrCat("was deleted by hand and the lockd that held it may still "
+                                     "think it serves; revoking that lease and waiting ",
+                                     testing::kOwnerTtlSeconds, "s before taking over")));
   ASSERT_EQ(kill(first.pid(), SIGCONT), 0);
   if (v.SendRequest(request::Validate("payout/1", granted.acquire().token()))) {
     std::optional<wire::Response> r = v.ReadResponse();
@@ -806,16 +809,16 @@ TEST_F(EtcdTest, AClientLeavesAFrozenReplicaForTheOneThatTookOver) {
 TEST(EtcdNoSpaceTest, NothingAcknowledgedIsLostAndAReplicaServesOnceTheAlarmIsDisarmed) {
   testing::TempDir tmp;
   EtcdProcess etcd(EtcdProcess::Options{.extra_args = {"--quota-backend-bytes=4194304"}});
-  LockdProcess first({.extra_args = {"--etcd-owner-ttl=2s"},
+  LockdProcess first({.extra_args = {testing::OwnerTtlFlag()},
                       .stderr_file = tmp.path() + "/first.err",
                       .etcd = etcd.endpoint(),
                       .etcd_prefix = "/fencelock/n"});
-  auto standby = process::Child::Spawn(
-      LOCKD_BINARY,
-      {"serve", "--etcd=" + etcd.endpoint(), "--etcd-prefix=/fencelock/n", "--etcd-standby",
-       "--etcd-owner-ttl=2s", "--port=0", "--port-file=" + tmp.path() + "/standby.port",
-       "--metrics-port=-1"},
-      {.stderr_file = tmp.path() + "/standby.err"});
+  auto standby =
+      process::Child::Spawn(LOCKD_BINARY,
+                            {"serve", "--etcd=" + etcd.endpoint(), "--etcd-prefix=/fencelock/n",
+                             "--etcd-standby", testing::OwnerTtlFlag(), "--port=0",
+                             "--port-file=" + tmp.path() + "/standby.port", "--metrics-port=-1"},
+                            {.stderr_file = tmp.path() + "/standby.err"});
   ASSERT_TRUE(standby.ok()) << standby.status();
   RawConnection v = RawConnection::Tcp(first.port());
   const uint64_t session = v.HelloAndOpenSession(absl::Minutes(5));
@@ -839,7 +842,8 @@ TEST(EtcdNoSpaceTest, NothingAcknowledgedIsLostAndAReplicaServesOnceTheAlarmIsDi
     absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_FALSE(std::filesystem::exists(first.port_file()));
-  absl::SleepFor(absl::Seconds(4));  // past the owner TTL: a lease that was not revoked is gone
+  // Past the owner TTL: a lease that was not revoked is gone.
+  absl::SleepFor(absl::Seconds(2 * testing::kOwnerTtlSeconds));
   EXPECT_FALSE(std::filesystem::exists(first.port_file()));
   EXPECT_FALSE(std::filesystem::exists(tmp.path() + "/standby.port"));
   EXPECT_FALSE(first.WaitForExit(absl::ZeroDuration()).has_value());
