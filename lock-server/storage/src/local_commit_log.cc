@@ -72,6 +72,7 @@ absl::StatusOr<std::unique_ptr<LocalCommitLog>> LocalCommitLog::Open(
     (void)env->RemoveFile(Path(options.dir, name));
   }
   log->current_segment_ = log->segment_;
+  env->PrepareSegment(Path(options.dir, SegmentName(log->segment_ + 1)), options.segment_bytes);
   if (!options.schedule_writer) {
     log->writer_ = std::thread([l = log.get()] { l->WriterLoop(); });
   }
@@ -419,6 +420,7 @@ absl::Status LocalCommitLog::Rotate(uint64_t needed) {
   offset_ = kSegmentHeaderBytes;
   segment_last_lsn_[next] = 0;
   current_segment_ = next;
+  options_.env->PrepareSegment(Path(options_.dir, SegmentName(next + 1)), options_.segment_bytes);
   return absl::OkStatus();
 }
 

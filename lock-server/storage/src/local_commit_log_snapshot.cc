@@ -30,7 +30,12 @@ void LocalCommitLog::Snapshot(const StateMachine& state) {
                 },
                 [this](const absl::Status& s) { OnJobDone(s); }});
   }
-  snapshot_ = std::make_unique<SnapshotEncoder>(state, snapshot_lsn_);
+  // At most about as large as the last one plus what the log added since: a record adds no
+  // more to the state than its own bytes. (After a restart the log replayed is not counted: the
+  // buffer may then double once.)
+  const uint64_t expected =
+      last_snapshot_bytes_ + (wal_bytes_queued_ - wal_bytes_at_snapshot_) + 4096;
+  snapshot_ = std::make_unique<SnapshotEncoder>(state, snapshot_lsn_, expected);
   wal_bytes_at_snapshot_ = wal_bytes_queued_;
   SnapshotStep();
 }

@@ -2,9 +2,13 @@
 // in-memory Env, with the lock service producing the records as it does in lockd.
 #include "lock-server/local_commit_log.h"
 
+#include <stdlib.h>
+#include <sys/stat.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
 #include <mutex>
 #include <vector>
 
@@ -62,7 +66,7 @@ class DurableLogTest : public ::testing::Test, public CommitLogListener {
              std::function<void(LocalCommitLogOptions&)> adjust = nullptr) {
     env_ = env;
     LocalCommitLogOptions options{
-        .env = env, .dir = kDir, .segment_bytes = segment_bytes, .reservation_block = block};
+        .env = env, .dir = dir_, .segment_bytes = segment_bytes, .reservation_block = block};
     if (adjust) adjust(options);
     auto opened = OpenLocalCommitLog(
         options, kNow, [this](std::function<void()> f) { loop_.Post(std::move(f)); });
@@ -125,6 +129,7 @@ class DurableLogTest : public ::testing::Test, public CommitLogListener {
   }
 
   MemEnv mem_;
+  std::string dir_ = kDir;
   Env* env_ = nullptr;
   std::deque<std::function<void()>> steps_;
   std::vector<uint64_t> committed_;
@@ -448,6 +453,54 @@ TEST_F(DurableLogTest, ASecondLogOnTheSameDirectoryIsRefusedNamingTheFirst) {
   first->log.reset();  // the first server stops: the directory is free again
   auto third = OpenLocalCommitLog({.env = &mem_, .dir = kDir}, kNow, post);
   EXPECT_TRUE(third.ok()) << third.status();
+}
+
+// Issue 60: a rotation wrote its new segment's zeros (64 MiB by default) on the WAL's writer,
+// and every grant waited behind them: 39 to 43 ms at each rotation, beside a snapshot or not.
+// On the real file system the next segment is now made ahead under a temporary name, and the
+// rotation only writes its header and renames it.
+TEST_F(DurableLogTest, OnTheRealFileSystemTheNextSegmentIsMadeAheadAndTakenAtTheRotation) {
+  char made[] = "/tmp/fencelock-log-XXXXXX";
+  ASSERT_NE(mkdtemp(made), nullptr);
+  dir_ = made;
+  Env* env = Env::Posix();
+  constexpr uint64_t kSegment = 1 << 20;
+  ASSERT_TRUE(InitDataDir(env, dir_, kSegment).ok());
+  Start(env, kSegment);
+  const auto size_of = [](const std::string& path) -> int64_t {
+    struct stat st {};
+    return stat(path.c_str(), &st) == 0 ? st.st_size : -1;
+  };
+  const std::string second = dir_ + "/" + SegmentName(2);
+  for (int i = 0; i < 1000 && size_of(second + ".tmp") != int64_t{kSegment}; ++i) {
+    usleep(10'000);
+  }
+  EXPECT_EQ(size_of(second + ".tmp"), int64_t{kSegment}) << "segment 2 was not made ahead";
+  EXPECT_EQ(size_of(second), -1) << "a segment made ahead is there before its rotation";
+  for (int round = 0; round < 40 && log_->stats().segment < 3; ++round) {
+    Workload(2000, round);
+    WaitDurable();
+  }
+  ASSERT_TRUE(fault_.ok()) << fault_;
+  ASSERT_GE(log_->stats().segment, 3u);
+  loop_.RunUntil([&] { return !log_->stats().snapshot_in_progress; });
+  WaitDurable();
+  // Taken whole: its own name, its size, no temporary file left of it.
+  EXPECT_EQ(size_of(dir_ + "/" + SegmentName(3)), int64_t{kSegment});
+  EXPECT_EQ(size_of(dir_ + "/" + SegmentName(3) + ".tmp"), -1);
+  const std::string before = service_->state().DebugString();
+  Stop();
+  // The segment made ahead and never taken is a stale temporary file to recovery, which the
+  // next open removes before it makes its own.
+  auto r = Recover(env, dir_, kNow);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state.DebugString(), before);
+  Start(env, kSegment);
+  Workload(10, 99);
+  WaitDurable();
+  EXPECT_TRUE(fault_.ok()) << fault_;
+  Stop();
+  std::filesystem::remove_all(dir_);
 }
 
 }  // namespace

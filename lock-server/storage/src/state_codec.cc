@@ -538,8 +538,10 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn) {
   return EncodeRawSnapshot(snap.SerializeAsString());
 }
 
-SnapshotEncoder::SnapshotEncoder(const StateMachine& state, uint64_t last_lsn)
+SnapshotEncoder::SnapshotEncoder(const StateMachine& state, uint64_t last_lsn,
+                                 uint64_t expected_bytes)
     : state_(&state), file_(kSnapshotHeaderBytes, '\0') {
+  file_.reserve(expected_bytes);
   state.Freeze();
   state::Snapshot head;
   AddHead(head, state, last_lsn, state.frozen_last_token(), state.frozen_last_session_id());

@@ -70,6 +70,12 @@ class Env {
   virtual absl::StatusOr<std::unique_ptr<SegmentFile>> CreateSegment(const std::string& path,
                                                                      std::string_view header,
                                                                      uint64_t size) = 0;
+  // Begins to make, in the background, the segment a later CreateSegment(path, header, size)
+  // will ask for, so that the writer does not wait while a segment's zeros are written. Nothing
+  // of it is under `path` until that CreateSegment; a process that ends first leaves a
+  // temporary file, which the next open removes. Default: nothing (CreateSegment makes it);
+  // the real file system's makes segments of 64 KiB and more ahead, on a thread of their own.
+  virtual void PrepareSegment(const std::string& path, uint64_t size) {}
   // Opens an existing segment for writing in place.
   virtual absl::StatusOr<std::unique_ptr<SegmentFile>> OpenSegment(const std::string& path) = 0;
   // What `path` itself is, never following a symbolic link (lstat). kNotFound if missing.

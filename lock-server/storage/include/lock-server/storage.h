@@ -78,7 +78,10 @@ std::string EncodeSnapshot(const StateMachine& state, uint64_t last_lsn);
 // thread, except Finish(), which touches only the encoder.
 class SnapshotEncoder {
  public:
-  SnapshotEncoder(const StateMachine& state, uint64_t last_lsn);
+  // `expected_bytes`: about how large the file will be. Its buffer is reserved at that size at
+  // once (address space only, until written), so that the thread encoding it does not copy
+  // all it has encoded so far each time the buffer doubles (13 ms at 21 MB, 1,000,000 locks).
+  SnapshotEncoder(const StateMachine& state, uint64_t last_lsn, uint64_t expected_bytes = 0);
   SnapshotEncoder(const SnapshotEncoder&) = delete;
   SnapshotEncoder& operator=(const SnapshotEncoder&) = delete;
   ~SnapshotEncoder();
