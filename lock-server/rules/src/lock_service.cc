@@ -46,7 +46,7 @@ absl::StatusOr<std::pair<SessionId, absl::Duration>> LockService::OpenSession(
   // Only the digest is kept: whoever reads the log or etcd cannot resume the session.
   Commit(record::SessionOpened{id, *resolved, SessionSecretDigest(id, secret), caller.identity},
          now);
-  bound_[id] = caller.connection;
+  state_.BindSession(id, caller.connection);
   return std::make_pair(id, *resolved);
 }
 
@@ -62,8 +62,7 @@ absl::Status LockService::Authorize(SessionId session, const Caller& caller) {
   if (s->owner != caller.identity) {
     return Deny(absl::StrCat("session ", session, " belongs to another identity"));
   }
-  auto it = bound_.find(session);
-  if (it == bound_.end() || it->second != caller.connection) {
+  if (s->connection != caller.connection) {
     return Deny(absl::StrCat("session ", session,
                              " is not bound to this connection: resume it with its secret "
                              "(ResumeSession) first"));
@@ -98,10 +97,10 @@ absl::StatusOr<absl::Duration> LockService::Resume(SessionId session, std::strin
   // The session moves to another connection: its Acquires still waiting were sent on the old
   // one, whose requester gave it up. They are cancelled (answered there), so that none is left
   // that a grant would come to unseen, or that nobody could withdraw.
-  if (auto it = bound_.find(session); it != bound_.end() && it->second != caller.connection) {
+  if (s->connection.has_value() && s->connection != caller.connection) {
     CancelWaitersOf(session, "was resumed on another connection while waiting", now_);
   }
-  bound_[session] = caller.connection;
+  state_.BindSession(session, caller.connection);
   return s->ttl;
 }
 
@@ -397,8 +396,7 @@ void LockService::EndSession(SessionId session, EndReason reason, MonoTime now) 
     ReleaseAndHandOff(lock, state_.FindLock(lock)->FindSession(session)->token,
                       ReleaseReason::kSessionEnded, now);
   }
-  const auto bound = bound_.find(session);
-  const EndedSession who{bound == bound_.end() ? ConnectionId{0} : bound->second,
+  const EndedSession who{s->connection.value_or(ConnectionId{0}),
                          s->owner.empty() ? size_t{0} : std::hash<std::string>{}(s->owner)};
   Commit(record::SessionEnded{session, reason}, now);  // `s` is gone from here on
   if (options_.remembered_lease_ends > 0) {
@@ -409,7 +407,6 @@ void LockService::EndSession(SessionId session, EndReason reason, MonoTime now) 
       ended_sessions_order_.pop_front();
     }
   }
-  bound_.erase(session);
 }
 
 void LockService::RemoveWaiter(WaiterId waiter, absl::Status outcome,

@@ -183,6 +183,10 @@ const SessionState* StateMachine::FindSession(SessionId id) const {
   return it == sessions_.end() ? nullptr : &it->second;
 }
 
+void StateMachine::BindSession(SessionId id, uint64_t connection) {
+  sessions_.at(id).connection = connection;
+}
+
 const LockState* StateMachine::FindLock(std::string_view lock) const {
   auto it = locks_.find(lock);
   return it == locks_.end() ? nullptr : *it;

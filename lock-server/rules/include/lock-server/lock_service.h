@@ -308,9 +308,6 @@ class LockService {
   absl::flat_hash_map<std::string, std::deque<Waiter>> queues_;
   absl::flat_hash_map<WaiterId, WaiterPlace> waiter_index_;
   absl::flat_hash_map<SessionId, size_t> waiting_;  // queued waiters per session
-  // The connection each session is bound to. Not durable: after a restart every session is
-  // resumed with its secret.
-  absl::flat_hash_map<SessionId, ConnectionId> bound_;
   std::set<std::pair<MonoTime, WaiterId>> waiter_deadlines_;
   std::vector<WaiterOutcome> outcomes_;
   ServiceStats stats_;
