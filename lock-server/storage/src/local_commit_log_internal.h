@@ -112,9 +112,16 @@ class LocalCommitLog final : public CommitLog {
   // thread of its own (or an injected step), never in the writer's queue, where the WAL's
   // syncs would wait behind it.
   void MaybeWriteSnapshot();
+  // Runs `work` on the snapshot's thread (joining the last one first), or as an injected step.
+  void OffTheWriter(std::function<void()> work);
   void OnSnapshotWritten(uint64_t lsn, const absl::Status& s);
-  // Writer only: the snapshot after `lsn` is durable; drops what it covers.
-  absl::Status DropCoveredBy(uint64_t lsn);
+  // Writer only: the snapshot after `lsn` is durable; forgets what it covers and names the
+  // files that can go, for RemoveCovered.
+  std::vector<std::string> DropCoveredBy(uint64_t lsn);
+  // Removes `files` and syncs the directory, on the snapshot's thread (or an injected step):
+  // unlinking hundreds of MB on the writer held the WAL's syncs behind it.
+  void RemoveCovered(std::vector<std::string> files);
+  void OnCoveredRemoved(const absl::Status& s);
   void OnJobDone(const absl::Status& s);
   // Queues a COMMITTED write of the newest lsn the writer has synced.
   void QueueCommittedMark();

@@ -62,51 +62,76 @@ void LocalCommitLog::SnapshotStep() {
 void LocalCommitLog::MaybeWriteSnapshot() {
   if (encoded_ == nullptr || durable_batch_ < snapshot_batch_ || !fault_.ok()) return;
   snapshot_writing_ = true;
-  auto write = [this, encoder = std::move(encoded_), lsn = snapshot_lsn_, alive = alive_] {
+  OffTheWriter([this, encoder = std::move(encoded_), lsn = snapshot_lsn_, alive = alive_] {
     const absl::Status s = options_.env->WriteFileAtomically(
         Path(options_.dir, SnapshotName(lsn)), std::move(*encoder).Finish());
     post_([this, alive, lsn, s] {
       if (*alive) OnSnapshotWritten(lsn, s);
     });
-  };
+  });
+}
+
+void LocalCommitLog::OffTheWriter(std::function<void()> work) {
   if (options_.schedule_writer) {
-    options_.schedule_writer([alive = alive_, write = std::move(write)] {
-      if (*alive) write();
+    options_.schedule_writer([alive = alive_, work = std::move(work)] {
+      if (*alive) work();
     });
     return;
   }
   if (snapshot_thread_.joinable()) snapshot_thread_.join();  // the last one, long done
-  snapshot_thread_ = std::thread(std::move(write));
+  snapshot_thread_ = std::thread(std::move(work));
 }
 
 void LocalCommitLog::OnSnapshotWritten(uint64_t lsn, const absl::Status& s) {
   // Through the writer either way: a failure becomes its fault (nothing more is written), and
-  // what the snapshot covers is its to drop.
-  Enqueue(Job{[this, lsn, s] { return s.ok() ? DropCoveredBy(lsn) : s; },
-              [this](const absl::Status& st) {
+  // what the snapshot covers is its to forget. The files themselves go off the writer.
+  auto covered = std::make_shared<std::vector<std::string>>();
+  Enqueue(Job{[this, lsn, s, covered] {
+                if (!s.ok()) return s;
+                *covered = DropCoveredBy(lsn);
+                return absl::OkStatus();
+              },
+              [this, covered](const absl::Status& st) {
                 OnJobDone(st);
-                snapshot_writing_ = false;
-                snapshot_busy_ = false;
-                if (const StateMachine* again = std::exchange(snapshot_again_, nullptr)) {
-                  Snapshot(*again);
-                }
+                if (!st.ok()) return OnCoveredRemoved(absl::OkStatus());
+                RemoveCovered(std::move(*covered));
               }});
 }
 
-absl::Status LocalCommitLog::DropCoveredBy(uint64_t lsn) {
+std::vector<std::string> LocalCommitLog::DropCoveredBy(uint64_t lsn) {
   ++snapshots_;
   // The snapshot is durable: older snapshots, and the oldest segments whose records it holds,
-  // are no longer needed. Removal failures are not faults: recovery copes with leftovers.
+  // are no longer needed.
+  std::vector<std::string> files;
   for (uint64_t old : snapshot_lsns_) {
-    if (old < lsn) (void)options_.env->RemoveFile(Path(options_.dir, SnapshotName(old)));
+    if (old < lsn) files.push_back(Path(options_.dir, SnapshotName(old)));
   }
   snapshot_lsns_.assign(1, lsn);
   for (auto it = segment_last_lsn_.begin(); it != segment_last_lsn_.end();) {
     if (it->first >= segment_ || it->second > lsn) break;
-    (void)options_.env->RemoveFile(Path(options_.dir, SegmentName(it->first)));
+    files.push_back(Path(options_.dir, SegmentName(it->first)));
     it = segment_last_lsn_.erase(it);
   }
-  return options_.env->SyncDir(options_.dir);
+  return files;
+}
+
+void LocalCommitLog::RemoveCovered(std::vector<std::string> files) {
+  OffTheWriter([this, files = std::move(files), alive = alive_] {
+    // Oldest first, so that a crash between two leaves the log contiguous. Removal failures
+    // are not faults: recovery copes with leftovers.
+    for (const std::string& file : files) (void)options_.env->RemoveFile(file);
+    const absl::Status s = files.empty() ? absl::OkStatus() : options_.env->SyncDir(options_.dir);
+    post_([this, alive, s] {
+      if (*alive) OnCoveredRemoved(s);
+    });
+  });
+}
+
+void LocalCommitLog::OnCoveredRemoved(const absl::Status& s) {
+  OnJobDone(s);
+  snapshot_writing_ = false;
+  snapshot_busy_ = false;
+  if (const StateMachine* again = std::exchange(snapshot_again_, nullptr)) Snapshot(*again);
 }
 
 }  // namespace fencelock::server::local_log
