@@ -44,8 +44,8 @@ struct LocalCommitLogOptions {
   // A snapshot is encoded this many sessions and locks at a time on the owner's thread, each
   // slice posted behind what is already due there (requests in between see no pause longer
   // than a slice), then checksummed and written on a thread of its own once its records are
-  // committed, so that the WAL's syncs never wait behind it. Default: 512 (about 0.8 ms at
-  // 1,000,000 locks on the benchmark machine; 2,048 took 3 ms).
+  // committed, so that the WAL's syncs never wait behind it. Default: 512 (slices of 2,048
+  // took about 3 ms at 1,000,000 locks on the benchmark machine).
   size_t snapshot_slice = 512;
   // How often, at most, the log records in COMMITTED the newest lsn it knows committed, so that
   // recovery can refuse a log that ends below it (lost committed records). It is also written
