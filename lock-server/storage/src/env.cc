@@ -206,16 +206,17 @@ class PosixEnv final : public Env {
     const std::string tmp = path + ".tmp";
     if (TakePrepared(path, size)) {
       // Made ahead: only its header, the rename and the directory's sync are left.
-      const int fd = open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
-      struct stat st {};
-      if (fd >= 0 && fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) == size &&
-          WriteAll(fd, tmp, header, 0).ok() && fdatasync(fd) == 0 && close(fd) == 0 &&
-          rename(tmp.c_str(), path.c_str()) == 0) {
-        if (absl::Status s = SyncDir(Parent(path)); !s.ok()) return s;
-        return OpenSegment(path);
+      if (const int fd = open(tmp.c_str(), O_WRONLY | O_CLOEXEC); fd >= 0) {
+        struct stat st {};
+        const bool ready = fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) == size &&
+                           WriteAll(fd, tmp, header, 0).ok() && fdatasync(fd) == 0;
+        close(fd);
+        if (ready && rename(tmp.c_str(), path.c_str()) == 0) {
+          if (absl::Status s = SyncDir(Parent(path)); !s.ok()) return s;
+          return OpenSegment(path);
+        }
       }
       // Gone or damaged in between (a stale temporary file removed at open): made here.
-      if (fd >= 0) close(fd);
     }
     int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return ErrnoStatus("create", tmp, errno);
