@@ -60,6 +60,12 @@ absl::Status WriteAll(int fd, const std::string& path, std::string_view data, ui
   return absl::OkStatus();
 }
 
+// A large file lockd writes beside the WAL (a snapshot, a segment's zeros) goes to the disk
+// this much at a time, each piece synced: with more of it dirty at once, the WAL's next
+// fdatasync waits for the device to take all of it (46 ms for 16 MiB on the benchmark machine,
+// 1 ms for 1 MiB), and with all of it, ext4 may order a journal commit after it.
+constexpr uint64_t kSyncedPiece = uint64_t{1} << 20;
+
 class PosixSegment final : public SegmentFile {
  public:
   PosixSegment(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
@@ -178,15 +184,12 @@ class PosixEnv final : public Env {
     const std::string tmp = path + ".tmp";
     const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return ErrnoStatus("create", tmp, errno);
-    // A large file (a snapshot of millions of locks is hundreds of MB) goes to the disk a MiB
-    // at a time, each synced: with more of it dirty at once, the WAL's next fdatasync waits
-    // for the device to take all of it (46 ms for 16 MiB on the benchmark machine, 1 ms for
-    // 1 MiB), and with all of it, ext4 may order a journal commit after it.
-    constexpr size_t kPiece = size_t{1} << 20;
+    // A large file (a snapshot of millions of locks is hundreds of MB) goes kSyncedPiece at a
+    // time.
     absl::Status s;
-    for (size_t at = 0; s.ok() && at < contents.size(); at += kPiece) {
-      s = WriteAll(fd, tmp, contents.substr(at, kPiece), at);
-      if (s.ok() && contents.size() > kPiece && fdatasync(fd) != 0) {
+    for (size_t at = 0; s.ok() && at < contents.size(); at += kSyncedPiece) {
+      s = WriteAll(fd, tmp, contents.substr(at, kSyncedPiece), at);
+      if (s.ok() && contents.size() > kSyncedPiece && fdatasync(fd) != 0) {
         s = ErrnoStatus("fdatasync", tmp, errno);
       }
     }
@@ -218,6 +221,8 @@ class PosixEnv final : public Env {
       }
       // Gone or damaged in between (a stale temporary file removed at open): made here.
     }
+    // A new file, never one left at the temporary name truncated.
+    unlink(tmp.c_str());
     int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return ErrnoStatus("create", tmp, errno);
     absl::Status s = WriteZeros(fd, tmp, size);
@@ -343,11 +348,9 @@ class PosixEnv final : public Env {
 
   // Real zeros rather than a sparse file or unwritten extents: a segment's later fdatasyncs
   // then flush data only, and a full disk shows up where it is made, not in the middle of a
-  // commit. A MiB at a time, each synced: with all of it dirty at once, a WAL fdatasync beside
-  // it would wait for the device to take the whole of it (46 ms for 16 MiB on the benchmark
-  // machine, 1 ms for 1 MiB).
+  // commit. kSyncedPiece at a time.
   static absl::Status WriteZeros(int fd, const std::string& path, uint64_t size) {
-    const std::string zeros(std::min<uint64_t>(size, 1 << 20), '\0');
+    const std::string zeros(std::min<uint64_t>(size, kSyncedPiece), '\0');
     for (uint64_t at = 0; at < size; at += zeros.size()) {
       const uint64_t n = std::min<uint64_t>(zeros.size(), size - at);
       if (absl::Status s = WriteAll(fd, path, std::string_view(zeros).substr(0, n), at); !s.ok()) {

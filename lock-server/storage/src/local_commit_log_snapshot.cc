@@ -2,6 +2,7 @@
 // the owner's thread while it serves, written on a thread of their own once their records are
 // committed, then what they cover dropped by the writer.
 #include <algorithm>
+#include <system_error>
 #include <utility>
 
 #include "local_commit_log_internal.h"
@@ -79,7 +80,17 @@ void LocalCommitLog::OffTheWriter(std::function<void()> work) {
     return;
   }
   if (snapshot_thread_.joinable()) snapshot_thread_.join();  // the last one, long done
-  snapshot_thread_ = std::thread(std::move(work));
+  try {
+    snapshot_thread_ = std::thread(work);
+  } catch (const std::system_error&) {
+    // No thread to be had (the process or the host at its limit): on the writer, as before
+    // issue 60, where the WAL's syncs wait behind it but nothing is lost.
+    Enqueue(Job{[work = std::move(work)] {
+                  work();
+                  return absl::OkStatus();
+                },
+                [](const absl::Status&) {}});
+  }
 }
 
 void LocalCommitLog::OnSnapshotWritten(uint64_t lsn, const absl::Status& s) {

@@ -4,9 +4,12 @@
 
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <mutex>
@@ -517,12 +520,23 @@ TEST_F(DurableLogTest, OnTheRealFileSystemTheNextSegmentIsMadeAheadAndTakenAtThe
   }
   EXPECT_EQ(size_of(second + ".tmp"), int64_t{kSegment}) << "segment 2 was not made ahead";
   EXPECT_EQ(size_of(second), -1) << "a segment made ahead is there before its rotation";
+  // A second name for the file made ahead: the rotation must put that very file in place (a
+  // segment made again at the rotation is a new file).
+  const std::string probe = dir_ + "/probe";
+  ASSERT_EQ(link((second + ".tmp").c_str(), probe.c_str()), 0) << std::strerror(errno);
+  const auto inode_of = [](const std::string& path) -> ino_t {
+    struct stat st {};
+    return stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
+  };
   for (int round = 0; round < 40 && log_->stats().segment < 3; ++round) {
     Workload(2000, round);
     WaitDurable();
   }
   ASSERT_TRUE(fault_.ok()) << fault_;
   ASSERT_GE(log_->stats().segment, 3u);
+  EXPECT_NE(inode_of(probe), ino_t{0});
+  EXPECT_EQ(inode_of(second), inode_of(probe)) << "segment 2 was made again at its rotation";
+  ASSERT_EQ(unlink(probe.c_str()), 0);
   loop_.RunUntil([&] { return !log_->stats().snapshot_in_progress; });
   WaitDurable();
   // Taken whole: its own name, its size, no temporary file left of it.
